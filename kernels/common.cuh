@@ -1,0 +1,161 @@
+// kernels/common.cuh — helpers shared by the kvtier kernels: vector loads and
+// stores with the cache behaviour each direction wants, a warp-cooperative
+// entry copy that picks its access width per entry, and error reporting into
+// the device-side error word.
+#pragma once
+
+#include <stdint.h>
+
+#include "abi.h"
+
+// Threads per block for every kvtier kernel; host launchers use the same value
+// (src/cuda/launch.rs, KVT_BLOCK_THREADS).
+#define KVT_BLOCK_THREADS 256
+#define KVT_WARP 32
+// 16-byte vectors each lane keeps in flight per pass over an entry: a warp
+// issues up to 32 * 4 * 16 = 2 KiB of loads before its first store, which
+// covers a 1152-byte entry in one pass.
+#define KVT_UNROLL 4
+
+namespace kvt {
+
+// Vector loads for both directions. They are weak `ld.global` loads with
+// L1::no_allocate (single-use data stays out of L1), not `ld.global.nc`:
+// ptxas may move a store above a later .nc load (no ordering is owed to the
+// read-only path), and in SASS for sm_90 it does, placing the first store of a
+// pass right after its own load; the warp then waits one PCIe round trip
+// before issuing the rest of the pass. With weak loads every load of a pass is
+// issued before the first store (checked with cuobjdump -sass).
+__device__ __forceinline__ uint4 load16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 load8(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+// Gather: loads from the host-mapped pool, stores into HBM with .cg, which
+// skips L1 and keeps the lines in L2, where the attention kernel that runs
+// next reads them.
+struct PoolToDevice {
+    static __device__ __forceinline__ uint4 load16(const void* p) { return kvt::load16(p); }
+    static __device__ __forceinline__ uint2 load8(const void* p) { return kvt::load8(p); }
+    static __device__ __forceinline__ void store16(void* p, uint4 v) {
+        asm volatile("st.global.cg.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
+                     "r"(v.z), "r"(v.w)
+                     : "memory");
+    }
+    static __device__ __forceinline__ void store8(void* p, uint2 v) {
+        asm volatile("st.global.cg.v2.u32 [%0], {%1,%2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+    }
+};
+
+// Writeback: loads from an HBM KV buffer, stores into the host-mapped pool
+// with .cs (evict-first): the GPU never reads those lines back.
+struct DeviceToPool {
+    static __device__ __forceinline__ uint4 load16(const void* p) { return kvt::load16(p); }
+    static __device__ __forceinline__ uint2 load8(const void* p) { return kvt::load8(p); }
+    static __device__ __forceinline__ void store16(void* p, uint4 v) {
+        asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
+                     "r"(v.z), "r"(v.w)
+                     : "memory");
+    }
+    static __device__ __forceinline__ void store8(void* p, uint2 v) {
+        asm volatile("st.global.cs.v2.u32 [%0], {%1,%2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+    }
+};
+
+// Copies one entry of `bytes` (a multiple of 8) from src to dst with the whole
+// warp; every lane must call it with the same arguments. Alignment is decided
+// here, per entry: when src and dst sit at the same offset modulo 16 the body
+// moves in 16-byte vectors with an 8-byte head and/or tail; otherwise (entry
+// sizes such as 584 put every other entry at 8 mod 16) the entry moves in
+// 8-byte pieces. All loads of a pass are issued before its stores so that many
+// requests are in flight on the link.
+template <class P>
+__device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, char* __restrict__ dst,
+                                                uint32_t bytes, uint32_t lane) {
+    const uint32_t src_phase = (uint32_t)(uintptr_t)src & 15u;
+    const uint32_t dst_phase = (uint32_t)(uintptr_t)dst & 15u;
+    if (src_phase == dst_phase) {
+        const uint32_t head = src_phase;  // 0 or 8
+        const uint32_t body = (bytes - head) & ~15u;
+        const uint32_t tail = bytes - head - body;  // 0 or 8
+        uint2 head_v = make_uint2(0, 0), tail_v = make_uint2(0, 0);
+        if (head != 0 && lane == 0) head_v = P::load8(src);
+        if (tail != 0 && lane == 1) tail_v = P::load8(src + head + body);
+        const uint4* s = reinterpret_cast<const uint4*>(src + head);
+        uint4* d = reinterpret_cast<uint4*>(dst + head);
+        const uint32_t n = body >> 4;
+        for (uint32_t base = 0; base < n; base += KVT_WARP * KVT_UNROLL) {
+            uint4 v[KVT_UNROLL];
+#pragma unroll
+            for (uint32_t u = 0; u < KVT_UNROLL; ++u) {
+                const uint32_t i = base + u * KVT_WARP + lane;
+                if (i < n) v[u] = P::load16(s + i);
+            }
+#pragma unroll
+            for (uint32_t u = 0; u < KVT_UNROLL; ++u) {
+                const uint32_t i = base + u * KVT_WARP + lane;
+                if (i < n) P::store16(d + i, v[u]);
+            }
+        }
+        if (head != 0 && lane == 0) P::store8(dst, head_v);
+        if (tail != 0 && lane == 1) P::store8(dst + head + body, tail_v);
+    } else {
+        const uint2* s = reinterpret_cast<const uint2*>(src);
+        uint2* d = reinterpret_cast<uint2*>(dst);
+        const uint32_t n = bytes >> 3;
+        for (uint32_t base = 0; base < n; base += KVT_WARP * KVT_UNROLL * 2) {
+            uint2 v[KVT_UNROLL * 2];
+#pragma unroll
+            for (uint32_t u = 0; u < KVT_UNROLL * 2; ++u) {
+                const uint32_t i = base + u * KVT_WARP + lane;
+                if (i < n) v[u] = P::load8(s + i);
+            }
+#pragma unroll
+            for (uint32_t u = 0; u < KVT_UNROLL * 2; ++u) {
+                const uint32_t i = base + u * KVT_WARP + lane;
+                if (i < n) P::store8(d + i, v[u]);
+            }
+        }
+    }
+}
+
+// Zero-fills one entry with the whole warp (same calling rule as above).
+template <class P>
+__device__ __forceinline__ void warp_zero_entry(char* __restrict__ dst, uint32_t bytes, uint32_t lane) {
+    const uint32_t head = (uint32_t)(uintptr_t)dst & 15u;
+    const uint32_t body = (bytes - head) & ~15u;
+    const uint32_t tail = bytes - head - body;
+    if (head != 0 && lane == 0) P::store8(dst, make_uint2(0, 0));
+    if (tail != 0 && lane == 1) P::store8(dst + head + body, make_uint2(0, 0));
+    uint4* d = reinterpret_cast<uint4*>(dst + head);
+    const uint32_t n = body >> 4;
+    for (uint32_t i = lane; i < n; i += KVT_WARP) P::store16(d + i, make_uint4(0, 0, 0, 0));
+}
+
+// Records one bad entry in the error word (call from one lane per entry). The
+// key orders by position first, so the recorded "first" entry of each kind is
+// the same whatever order the warps run in; see kvt_error_word in abi.h.
+__device__ __forceinline__ void report(kvt_error_word* e, uint32_t kind, uint32_t position, int64_t value) {
+    const int64_t clamped = value < INT32_MIN ? INT32_MIN : (value > INT32_MAX ? INT32_MAX : value);
+    const uint32_t biased = (uint32_t)(int32_t)clamped ^ 0x80000000u;
+    const unsigned long long key = ((unsigned long long)position << 32) | biased;
+    atomicOr(&e->flags, 1u << kind);
+    atomicAdd(&e->count, 1u);
+    atomicMin(reinterpret_cast<unsigned long long*>(&e->first[kind]), key);
+}
+
+// Index of this thread's warp in the grid, and the number of warps in the grid.
+__device__ __forceinline__ uint32_t global_warp() {
+    return (blockIdx.x * blockDim.x + threadIdx.x) / KVT_WARP;
+}
+__device__ __forceinline__ uint32_t grid_warps() { return gridDim.x * blockDim.x / KVT_WARP; }
+
+}  // namespace kvt

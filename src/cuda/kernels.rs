@@ -1,0 +1,232 @@
+//! The kernels compiled by build.rs: the embedded fatbin, what it holds, and
+//! the registry of kernel functions loaded from it.
+
+use std::ffi::CString;
+
+use cudarc::driver::{result, sys};
+
+#[cfg(not(kvtier_kernels))]
+use crate::error::Error;
+use crate::error::{DriverContext, Result};
+
+include!(concat!(env!("OUT_DIR"), "/kernels_info.rs"));
+
+/// How this build of kvtier got its kernels.
+#[derive(Clone, Copy, Debug)]
+pub enum KernelBuild {
+    /// build.rs compiled `kernels/*.cu` with nvcc.
+    Built {
+        /// The nvcc that compiled them.
+        nvcc: &'static str,
+        /// Its version, e.g. `V13.0.88`.
+        nvcc_version: &'static str,
+        /// Architectures with SASS in the fatbin.
+        sass: &'static [&'static str],
+        /// The virtual architecture of the PTX fallback.
+        ptx: &'static str,
+    },
+    /// build.rs found no nvcc; the reason says how to get one.
+    NotBuilt { reason: &'static str },
+}
+
+#[cfg(kvtier_kernels)]
+static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kvtier.fatbin"));
+
+/// The embedded fatbin, or `KernelsNotBuilt`.
+pub fn fatbin() -> Result<&'static [u8]> {
+    #[cfg(kvtier_kernels)]
+    {
+        Ok(FATBIN)
+    }
+    #[cfg(not(kvtier_kernels))]
+    {
+        match BUILD {
+            KernelBuild::NotBuilt { reason } => Err(Error::KernelsNotBuilt(reason)),
+            KernelBuild::Built { .. } => {
+                unreachable!("kernels_info.rs and the kvtier_kernels cfg disagree")
+            }
+        }
+    }
+}
+
+/// One image in a fatbin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FatbinImage {
+    /// Machine code (SASS) for `sm_<arch>`.
+    Sass { arch: u32 },
+    /// PTX for `compute_<arch>`, JIT-compiled by the driver on newer GPUs.
+    Ptx { arch: u32 },
+}
+
+/// Lists the images of a fatbin container, by reading its headers
+/// (magic 0xBA55ED50; per entry: kind 1 = PTX, 2 = ELF; SM version at +28).
+pub fn fatbin_images(fatbin: &[u8]) -> Result<Vec<FatbinImage>> {
+    let bad = |why: &str| crate::error::invalid("fatbin", format!("is malformed: {why}"));
+    let u16_at = |o: usize| {
+        fatbin
+            .get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u32_at = |o: usize| {
+        fatbin
+            .get(o..o + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    let u64_at = |o: usize| {
+        fatbin
+            .get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
+    if u32_at(0) != Some(0xBA55_ED50) {
+        return Err(bad("no fatbin magic"));
+    }
+    let header = u16_at(6).ok_or_else(|| bad("short header"))? as usize;
+    let size = u64_at(8).ok_or_else(|| bad("short header"))? as usize;
+    let end = header
+        .checked_add(size)
+        .filter(|&e| e <= fatbin.len())
+        .ok_or_else(|| bad("size"))?;
+    let mut images = Vec::new();
+    let mut off = header;
+    while off < end {
+        let kind = u16_at(off).ok_or_else(|| bad("short entry"))?;
+        let entry_header = u32_at(off + 4).ok_or_else(|| bad("short entry"))? as usize;
+        let payload = u32_at(off + 8).ok_or_else(|| bad("short entry"))? as usize;
+        let arch = u32_at(off + 28).ok_or_else(|| bad("short entry"))?;
+        match kind {
+            1 => images.push(FatbinImage::Ptx { arch }),
+            2 => images.push(FatbinImage::Sass { arch }),
+            _ => {}
+        }
+        if entry_header == 0 {
+            return Err(bad("zero-sized entry header"));
+        }
+        off += entry_header + payload;
+    }
+    Ok(images)
+}
+
+/// The kernels kvtier launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Gather = 0,
+    Writeback = 1,
+}
+
+impl Kernel {
+    const ALL: [Kernel; 2] = [Kernel::Gather, Kernel::Writeback];
+
+    /// The kernel's symbol in the fatbin.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Kernel::Gather => "kvt_gather",
+            Kernel::Writeback => "kvt_writeback",
+        }
+    }
+}
+
+/// Threads per block for every kernel; equals `KVT_BLOCK_THREADS` in
+/// `kernels/common.cuh`.
+pub const BLOCK_THREADS: u32 = 256;
+
+/// The loaded module and its functions (a small registry, one entry per
+/// [`Kernel`]), with each function's resident blocks per SM.
+pub(crate) struct Kernels {
+    pub(crate) module: sys::CUmodule,
+    functions: [sys::CUfunction; 2],
+    blocks_per_sm: [u32; 2],
+}
+
+// SAFETY: module and function handles are plain driver handles, usable from any
+// thread once their context is current.
+unsafe impl Send for Kernels {}
+unsafe impl Sync for Kernels {}
+
+impl Kernels {
+    /// Loads the embedded fatbin into the current context.
+    pub(crate) fn load() -> Result<Self> {
+        let image = fatbin()?;
+        // cuModuleLoadData wants an aligned image; include_bytes! gives none.
+        let mut aligned = vec![0u64; image.len().div_ceil(8)];
+        // SAFETY: `aligned` holds at least image.len() bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                image.as_ptr(),
+                aligned.as_mut_ptr() as *mut u8,
+                image.len(),
+            )
+        };
+        // SAFETY: a well-formed fatbin produced by build.rs; a context is current.
+        let module = unsafe { result::module::load_data(aligned.as_ptr() as *const _) }
+            .call("cuModuleLoadData")?;
+        let mut kernels = Kernels {
+            module,
+            functions: [std::ptr::null_mut(); 2],
+            blocks_per_sm: [0; 2],
+        };
+        for k in Kernel::ALL {
+            let name = CString::new(k.symbol()).unwrap();
+            // SAFETY: the module was just loaded and is not unloaded while `kernels` lives.
+            let f = unsafe { result::module::get_function(module, name) }
+                .call("cuModuleGetFunction")?;
+            // SAFETY: `f` is a function of the loaded module.
+            let blocks = unsafe {
+                result::occupancy::max_active_block_per_multiprocessor(f, BLOCK_THREADS as i32, 0)
+            }
+            .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+            kernels.functions[k as usize] = f;
+            kernels.blocks_per_sm[k as usize] = blocks.max(1) as u32;
+        }
+        Ok(kernels)
+    }
+
+    pub(crate) fn function(&self, k: Kernel) -> sys::CUfunction {
+        self.functions[k as usize]
+    }
+
+    pub(crate) fn blocks_per_sm(&self, k: Kernel) -> u32 {
+        self.blocks_per_sm[k as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_fatbin_matches_the_build() {
+        match BUILD {
+            KernelBuild::Built { sass, ptx, .. } => {
+                let images = fatbin_images(fatbin().unwrap()).unwrap();
+                for s in ["sm_80", "sm_90"] {
+                    assert!(sass.contains(&s), "{sass:?}");
+                }
+                for s in sass {
+                    let arch: u32 = s.trim_start_matches("sm_").parse().unwrap();
+                    assert!(
+                        images.contains(&FatbinImage::Sass { arch }),
+                        "{images:?} lacks {s}"
+                    );
+                }
+                let arch: u32 = ptx.trim_start_matches("compute_").parse().unwrap();
+                assert!(
+                    images.contains(&FatbinImage::Ptx { arch }),
+                    "{images:?} lacks PTX {ptx}"
+                );
+            }
+            KernelBuild::NotBuilt { reason } => {
+                assert!(std::env::var("KVTIER_REQUIRE_KERNELS").as_deref() != Ok("1"));
+                let err = fatbin().unwrap_err().to_string();
+                assert!(err.contains("nvcc") && err == reason, "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn fatbin_parser_rejects_garbage() {
+        assert!(fatbin_images(b"not a fatbin").is_err());
+        let mut truncated = vec![0x50, 0xED, 0x55, 0xBA, 1, 0, 16, 0];
+        truncated.extend_from_slice(&1000u64.to_le_bytes());
+        assert!(fatbin_images(&truncated).is_err());
+    }
+}

@@ -1,0 +1,368 @@
+//! RAII types over driver resources: device allocations, host memory
+//! registered for device access, streams and timing events.
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys};
+
+use super::{CudaDevice, Stream};
+use crate::error::{DriverContext, Result};
+use crate::mem::{Buf, BufMut};
+
+/// A device allocation of `len` elements of `T` (set-up and test code; the
+/// per-layer path never allocates).
+pub struct DeviceBuffer<T: Copy> {
+    dev: Arc<CudaDevice>,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T: Copy> DeviceBuffer<T> {
+    /// `len` zeroed elements.
+    pub fn zeroed(dev: &Arc<CudaDevice>, len: usize) -> Result<Self> {
+        dev.bind()?;
+        let bytes = len * size_of::<T>();
+        let ptr = if bytes == 0 {
+            0
+        } else {
+            // SAFETY: plain allocation followed by a full memset, waited for
+            // (cuMemsetD8 may return before it has run).
+            unsafe {
+                let ptr = result::malloc_sync(bytes).call("cuMemAlloc")?;
+                result::memset_d8_sync(ptr, 0, bytes).call("cuMemsetD8")?;
+                result::ctx::synchronize().call("cuCtxSynchronize")?;
+                ptr
+            }
+        };
+        Ok(DeviceBuffer {
+            dev: dev.clone(),
+            ptr,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// A copy of `data` on the device.
+    pub fn from_host(dev: &Arc<CudaDevice>, data: &[T]) -> Result<Self> {
+        let mut b = Self::zeroed(dev, data.len())?;
+        b.copy_from_host(data)?;
+        Ok(b)
+    }
+
+    /// Overwrites the buffer's first `data.len()` elements; the copy has
+    /// landed when this returns (a plain cuMemcpyHtoD from pageable memory
+    /// may return before its DMA completes, so this also waits for the
+    /// context).
+    pub fn copy_from_host(&mut self, data: &[T]) -> Result<()> {
+        assert!(
+            data.len() <= self.len,
+            "copy of {} elements into a buffer of {}",
+            data.len(),
+            self.len
+        );
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.dev.bind()?;
+        // SAFETY: the allocation holds at least data.len() elements.
+        unsafe { result::memcpy_htod_sync(self.ptr, data) }.call("cuMemcpyHtoD")?;
+        result::ctx::synchronize().call("cuCtxSynchronize")
+    }
+
+    /// Overwrites the buffer's first `data.len()` elements, in stream order.
+    /// The source may be reused once this returns: the copy is from pageable
+    /// memory, which the driver stages before returning.
+    pub fn copy_from_host_async(&mut self, data: &[T], stream: Stream) -> Result<()> {
+        assert!(
+            data.len() <= self.len,
+            "copy of {} elements into a buffer of {}",
+            data.len(),
+            self.len
+        );
+        copy_to_device_async(&self.dev, self.ptr, data, stream)
+    }
+
+    /// The buffer's contents (synchronous; waits for all work on the device).
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let mut v = Vec::with_capacity(self.len);
+        if self.len > 0 {
+            self.dev.bind()?;
+            result::ctx::synchronize().call("cuCtxSynchronize")?;
+            // SAFETY: copies len * size_of::<T>() bytes into the vector's
+            // capacity, then marks them initialised; T: Copy is plain data.
+            unsafe {
+                sys::cuMemcpyDtoH_v2(
+                    v.as_mut_ptr() as *mut c_void,
+                    self.ptr,
+                    self.len * size_of::<T>(),
+                )
+                .result()
+                .call("cuMemcpyDtoH")?;
+                v.set_len(self.len);
+            }
+        }
+        Ok(v)
+    }
+
+    /// Length in elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device address.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// A read view for kvtier calls.
+    pub fn as_buf(&self) -> Buf<'_, T> {
+        // SAFETY: the allocation lives as long as the borrow of self.
+        unsafe { Buf::device(self.ptr, self.len) }
+    }
+
+    /// A write view for kvtier calls.
+    pub fn as_buf_mut(&mut self) -> BufMut<'_, T> {
+        // SAFETY: the allocation lives as long as the exclusive borrow of self.
+        unsafe { BufMut::device(self.ptr, self.len) }
+    }
+
+    /// A read view of elements `start..start + len`.
+    pub fn slice(&self, start: usize, len: usize) -> Buf<'_, T> {
+        assert!(
+            start + len <= self.len,
+            "slice {start}..{} of {}",
+            start + len,
+            self.len
+        );
+        // SAFETY: within the allocation, which outlives the borrow.
+        unsafe { Buf::device(self.ptr + (start * size_of::<T>()) as u64, len) }
+    }
+
+    /// A write view of elements `start..start + len`.
+    pub fn slice_mut(&mut self, start: usize, len: usize) -> BufMut<'_, T> {
+        assert!(
+            start + len <= self.len,
+            "slice {start}..{} of {}",
+            start + len,
+            self.len
+        );
+        // SAFETY: within the allocation, exclusively borrowed.
+        unsafe { BufMut::device(self.ptr + (start * size_of::<T>()) as u64, len) }
+    }
+}
+
+impl<T: Copy> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        if self.ptr != 0 && self.dev.bind().is_ok() {
+            // SAFETY: allocated by cuMemAlloc in this context; freed once.
+            unsafe {
+                let _ = result::free_sync(self.ptr);
+            }
+        }
+    }
+}
+
+/// Copies `data` to device address `dst` in stream order from pageable
+/// memory (the driver stages it before returning, so `data` may be dropped).
+pub(crate) fn copy_to_device_async<T>(
+    dev: &CudaDevice,
+    dst: u64,
+    data: &[T],
+    stream: Stream,
+) -> Result<()> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    dev.bind()?;
+    // SAFETY: the caller passes a device range of at least size_of_val(data) bytes.
+    unsafe { result::memcpy_htod_async(dst, data, stream.raw()) }.call("cuMemcpyHtoDAsync")
+}
+
+/// Flags kvtier registers pool memory with: portable (every context sees the
+/// registration) and device-mapped (kernels address it directly).
+pub const REGISTER_FLAGS: u32 =
+    sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+
+/// Host memory registered with the driver (`cuMemHostRegister`) so that GPU
+/// kernels load from and store to it over the link; unregistered on drop.
+pub struct HostRegistration {
+    dev: Arc<CudaDevice>,
+    host: *mut c_void,
+    len: usize,
+    device_addr: u64,
+}
+
+// SAFETY: the registration is a driver-side record about a host range; the
+// raw pointer is only handed back to the driver.
+unsafe impl Send for HostRegistration {}
+unsafe impl Sync for HostRegistration {}
+
+impl HostRegistration {
+    /// Registers `len` bytes at `host` with `flags` (see [`REGISTER_FLAGS`])
+    /// and looks up the address kernels use for byte 0.
+    ///
+    /// # Safety
+    /// `host..host + len` must be mapped for as long as the registration
+    /// lives, and must not already be registered.
+    pub unsafe fn register(
+        dev: &Arc<CudaDevice>,
+        host: *mut u8,
+        len: usize,
+        flags: u32,
+    ) -> Result<Self> {
+        dev.bind()?;
+        // SAFETY: per this function's contract.
+        unsafe { sys::cuMemHostRegister_v2(host as *mut c_void, len, flags) }
+            .result()
+            .call("cuMemHostRegister")?;
+        // From here on, Drop unregisters, also if the lookup below fails.
+        let mut reg = HostRegistration {
+            dev: dev.clone(),
+            host: host as *mut c_void,
+            len,
+            device_addr: 0,
+        };
+        // SAFETY: `host` was just registered with DEVICEMAP.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut reg.device_addr, host as *mut c_void, 0) }
+            .result()
+            .call("cuMemHostGetDevicePointer")?;
+        Ok(reg)
+    }
+
+    /// The device address of the first registered byte.
+    pub fn device_addr(&self) -> u64 {
+        self.device_addr
+    }
+
+    /// Registered bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        if self.dev.bind().is_ok() {
+            // SAFETY: registered by `register` and not unregistered since.
+            unsafe {
+                let _ = sys::cuMemHostUnregister(self.host);
+            }
+        }
+    }
+}
+
+/// A stream created by kvtier, destroyed on drop.
+pub struct OwnedStream {
+    dev: Arc<CudaDevice>,
+    raw: sys::CUstream,
+}
+
+// SAFETY: driver stream handles are thread-safe.
+unsafe impl Send for OwnedStream {}
+unsafe impl Sync for OwnedStream {}
+
+impl OwnedStream {
+    pub(crate) fn new(dev: Arc<CudaDevice>) -> Result<Self> {
+        dev.bind()?;
+        let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .call("cuStreamCreate")?;
+        Ok(OwnedStream { dev, raw })
+    }
+
+    /// The stream, to pass to kvtier calls.
+    pub fn stream(&self) -> Stream {
+        // SAFETY: live until self drops.
+        unsafe { Stream::from_raw(self.raw) }
+    }
+
+    /// Waits for all work on the stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.dev.synchronize(self.stream())
+    }
+}
+
+impl Drop for OwnedStream {
+    fn drop(&mut self) {
+        if self.dev.bind().is_ok() {
+            // SAFETY: created by `new`, destroyed once.
+            unsafe {
+                let _ = result::stream::synchronize(self.raw);
+                let _ = result::stream::destroy(self.raw);
+            }
+        }
+    }
+}
+
+/// A pair of CUDA events timing work enqueued between `start` and `stop`.
+pub struct EventTimer {
+    dev: Arc<CudaDevice>,
+    start: sys::CUevent,
+    stop: sys::CUevent,
+}
+
+impl EventTimer {
+    /// Two timing events on `dev`.
+    pub fn new(dev: &Arc<CudaDevice>) -> Result<Self> {
+        dev.bind()?;
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let start = result::event::create(flags).call("cuEventCreate")?;
+        let stop = result::event::create(flags).call("cuEventCreate")?;
+        Ok(EventTimer {
+            dev: dev.clone(),
+            start,
+            stop,
+        })
+    }
+
+    /// Records the start event on `stream`.
+    pub fn start(&self, stream: Stream) -> Result<()> {
+        self.dev.bind()?;
+        // SAFETY: live event and stream.
+        unsafe { result::event::record(self.start, stream.raw()) }.call("cuEventRecord")
+    }
+
+    /// Records the stop event on `stream`.
+    pub fn stop(&self, stream: Stream) -> Result<()> {
+        self.dev.bind()?;
+        // SAFETY: live event and stream.
+        unsafe { result::event::record(self.stop, stream.raw()) }.call("cuEventRecord")
+    }
+
+    /// Waits for the stop event and returns the elapsed time in microseconds.
+    pub fn elapsed_us(&self) -> Result<f64> {
+        self.dev.bind()?;
+        // SAFETY: both events were recorded.
+        unsafe {
+            result::event::synchronize(self.stop).call("cuEventSynchronize")?;
+            Ok(
+                result::event::elapsed(self.start, self.stop).call("cuEventElapsedTime")? as f64
+                    * 1000.0,
+            )
+        }
+    }
+}
+
+impl Drop for EventTimer {
+    fn drop(&mut self) {
+        if self.dev.bind().is_ok() {
+            // SAFETY: created by `new`, destroyed once.
+            unsafe {
+                let _ = result::event::destroy(self.start);
+                let _ = result::event::destroy(self.stop);
+            }
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! The CUDA side: driver probe, the device (primary context plus loaded
+//! kernels), streams, launches, device memory and host registration.
+//!
+//! libcuda is loaded at run time (cudarc's `dynamic-loading`), so the binary
+//! builds and starts on a machine without CUDA. Every entry point probes for
+//! the library first and returns [`Error::NoDriver`] instead of letting the
+//! loader panic.
+
+pub mod kernels;
+mod memory;
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, result, sys};
+
+pub use kernels::{BLOCK_THREADS, FatbinImage, Kernel, KernelBuild};
+pub(crate) use memory::copy_to_device_async;
+pub use memory::{DeviceBuffer, EventTimer, HostRegistration, OwnedStream, REGISTER_FLAGS};
+
+use crate::error::{DriverContext, Error, Result};
+
+/// What the machine's CUDA driver offers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DriverStatus {
+    /// libcuda could not be loaded.
+    Missing,
+    /// libcuda loaded but `cuInit` failed (e.g. no GPU, or a driver mismatch).
+    InitFailed(String),
+    /// The driver is usable.
+    Ready {
+        /// Driver API version, e.g. 13000 for CUDA 13.0.
+        version: i32,
+        /// GPUs visible to this process.
+        devices: i32,
+    },
+}
+
+/// Probes for libcuda and initialises it. Safe to call on any machine.
+pub fn probe_driver() -> DriverStatus {
+    // SAFETY: only tries to dlopen the library.
+    if !unsafe { sys::is_culib_present() } {
+        return DriverStatus::Missing;
+    }
+    if let Err(e) = result::init() {
+        return DriverStatus::InitFailed(format!("cuInit failed: {e}"));
+    }
+    let mut version = 0;
+    // SAFETY: the out-pointer is valid; the driver is initialised.
+    unsafe { sys::cuDriverGetVersion(&mut version) };
+    let devices = result::device::get_count().unwrap_or(0);
+    DriverStatus::Ready { version, devices }
+}
+
+/// Fails with [`Error::NoDriver`] unless the driver is usable and has a GPU.
+pub fn require_driver() -> Result<()> {
+    match probe_driver() {
+        DriverStatus::Missing => Err(Error::NoDriver(
+            "libcuda.so could not be loaded (no NVIDIA driver on this machine); the CPU executor \
+             still works"
+                .into(),
+        )),
+        DriverStatus::InitFailed(why) => Err(Error::NoDriver(why)),
+        DriverStatus::Ready { devices: 0, .. } => {
+            Err(Error::NoDriver("the driver sees no GPU".into()))
+        }
+        DriverStatus::Ready { .. } => Ok(()),
+    }
+}
+
+/// A CUDA stream by its raw handle: the engine's own stream, one kvtier
+/// created ([`OwnedStream`]), or the legacy default stream ([`Stream::null`]).
+/// The CPU executor ignores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stream(sys::CUstream);
+
+// SAFETY: a CUstream is a driver handle that may be used from any thread.
+unsafe impl Send for Stream {}
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// The legacy default stream (and the value to pass to the CPU executor).
+    pub const fn null() -> Self {
+        Stream(std::ptr::null_mut())
+    }
+
+    /// Wraps a raw stream, e.g. `torch.cuda.current_stream().cuda_stream`.
+    ///
+    /// # Safety
+    /// `raw` must be a live stream of the device's primary context (or null)
+    /// for as long as it is used.
+    pub const unsafe fn from_raw(raw: sys::CUstream) -> Self {
+        Stream(raw)
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> sys::CUstream {
+        self.0
+    }
+}
+
+impl Default for Stream {
+    fn default() -> Self {
+        Stream::null()
+    }
+}
+
+/// One GPU: its primary context (the one torch and other engines use, so
+/// their pointers and streams are valid here), the loaded kernels, and the
+/// properties launches are sized by.
+pub struct CudaDevice {
+    // Field order matters for Drop: the module is unloaded (in Drop::drop)
+    // while `ctx` is still retained.
+    kernels: kernels::Kernels,
+    ctx: Arc<CudaContext>,
+    name: String,
+    compute_capability: (i32, i32),
+    sm_count: u32,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`: probes the driver, retains the primary context and
+    /// loads the embedded kernels. Fails with [`Error::NoDriver`] or
+    /// [`Error::KernelsNotBuilt`] where those are missing.
+    pub fn open(ordinal: usize) -> Result<Arc<Self>> {
+        kernels::fatbin()?;
+        require_driver()?;
+        let count = result::device::get_count().call("cuDeviceGetCount")?;
+        if ordinal >= count as usize {
+            return Err(crate::error::invalid(
+                "ordinal",
+                format!("GPU {ordinal} does not exist; this machine has {count}"),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
+        let name = ctx.name().call("cuDeviceGetName")?;
+        let compute_capability = ctx.compute_capability().call("cuDeviceGetAttribute")?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .call("cuDeviceGetAttribute")? as u32;
+        let kernels = kernels::Kernels::load()?;
+        Ok(Arc::new(CudaDevice {
+            kernels,
+            ctx,
+            name,
+            compute_capability,
+            sm_count,
+        }))
+    }
+
+    /// The GPU's name, e.g. "NVIDIA H100 80GB HBM3".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// (major, minor) compute capability.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    /// Streaming multiprocessors.
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// Device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// Makes the device's context current on the calling thread (engines call
+    /// kvtier from threads that may have another context current).
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().call("cuCtxSetCurrent")
+    }
+
+    /// A new non-blocking stream.
+    pub fn create_stream(self: &Arc<Self>) -> Result<OwnedStream> {
+        OwnedStream::new(self.clone())
+    }
+
+    /// Waits for all work on `stream`.
+    pub fn synchronize(&self, stream: Stream) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `stream` is a live stream of this context (Stream's contract).
+        unsafe { result::stream::synchronize(stream.raw()) }.call("cuStreamSynchronize")
+    }
+
+    /// Waits for all work in the device's context, on every stream.
+    pub fn synchronize_all(&self) -> Result<()> {
+        self.bind()?;
+        result::ctx::synchronize().call("cuCtxSynchronize")
+    }
+
+    /// Enqueues a copy of `bytes` bytes from host memory to device memory on
+    /// `stream` (the copy engine; the benchmark's limit).
+    ///
+    /// # Safety
+    /// `src..src + bytes` must be host memory (registered or pinned for the
+    /// copy to be asynchronous) and `dst..dst + bytes` device memory of this
+    /// device, both valid until the copy completes.
+    pub unsafe fn copy_host_to_device_async(
+        &self,
+        dst: u64,
+        src: *const u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: per this function's contract.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, stream.raw()) }
+            .result()
+            .call("cuMemcpyHtoDAsync")
+    }
+
+    /// Grid size for a kernel that runs one warp per work row over `rows`
+    /// rows with a grid-stride loop: enough blocks to cover the rows, capped at
+    /// what is resident at once.
+    pub(crate) fn grid_for_rows(&self, kernel: Kernel, rows: u64) -> u32 {
+        let warps_per_block = (BLOCK_THREADS / 32) as u64;
+        let needed = rows.div_ceil(warps_per_block);
+        let resident = self.sm_count as u64 * self.kernels.blocks_per_sm(kernel) as u64;
+        needed.min(resident).max(1) as u32
+    }
+
+    /// Launches `kernel` with its parameter struct passed by value.
+    ///
+    /// # Safety
+    /// `params` must be the struct `kernel` takes, and every address in it
+    /// must satisfy that kernel's contract (see `kernels/abi.h`) until the
+    /// launch completes on `stream`.
+    pub(crate) unsafe fn launch<P>(
+        &self,
+        kernel: Kernel,
+        grid: u32,
+        params: &P,
+        stream: Stream,
+    ) -> Result<()> {
+        self.bind()?;
+        let mut args = [params as *const P as *mut c_void];
+        // SAFETY: per this function's contract; cuLaunchKernel copies the
+        // parameter bytes before returning.
+        unsafe {
+            result::launch_kernel(
+                self.kernels.function(kernel),
+                (grid, 1, 1),
+                (BLOCK_THREADS, 1, 1),
+                0,
+                stream.raw(),
+                &mut args,
+            )
+        }
+        .call("cuLaunchKernel")
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        if self.bind().is_ok() {
+            // SAFETY: the module was loaded in this context and nothing uses it
+            // any more (every user holds an Arc<CudaDevice>).
+            unsafe {
+                let _ = result::module::unload(self.kernels.module);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.ordinal())
+            .field("name", &self.name)
+            .field("compute_capability", &self.compute_capability)
+            .field("sm_count", &self.sm_count)
+            .finish()
+    }
+}

@@ -1,0 +1,282 @@
+//! The device-side error word (`kvt_error_word` in `kernels/abi.h`) and its
+//! decoding into a report a person can act on.
+//!
+//! Kernels record each refused entry with atomics; the CPU executor records
+//! into the same struct with [`ErrorWord::report`], which mirrors
+//! `kvt::report` in `kernels/common.cuh` bit for bit, so both executors produce
+//! identical words for identical inputs and GPU tests compare them directly.
+
+use std::fmt;
+
+use crate::abi::{
+    KVT_ERR_FIRST_NONE, KVT_ERR_GATHER_INDEX, KVT_ERR_GATHER_SEQ_LEN, KVT_ERR_GATHER_SLOT,
+    KVT_ERR_KINDS, KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW, KVT_ERR_WRITEBACK_TOKEN,
+    kvt_error_word,
+};
+use crate::error::{Error, Result};
+
+/// An error word: which kinds of bad index occurred, how many entries were
+/// refused, and the first (lowest-position) bad entry of each kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct ErrorWord(pub kvt_error_word);
+
+impl Default for ErrorWord {
+    fn default() -> Self {
+        Self::clear()
+    }
+}
+
+impl ErrorWord {
+    /// A word with nothing recorded.
+    pub const fn clear() -> Self {
+        ErrorWord(kvt_error_word {
+            flags: 0,
+            count: 0,
+            first: [KVT_ERR_FIRST_NONE; KVT_ERR_KINDS as usize],
+        })
+    }
+
+    /// True when nothing was recorded.
+    pub fn is_clear(&self) -> bool {
+        self.0.flags == 0 && self.0.count == 0
+    }
+
+    /// Records one refused entry, exactly as the kernels do.
+    pub fn report(&mut self, kind: u32, position: u32, value: i64) {
+        let clamped = value.clamp(i32::MIN as i64, i32::MAX as i64) as i32;
+        let key = ((position as u64) << 32) | ((clamped as u32) ^ 0x8000_0000) as u64;
+        self.0.flags |= 1 << kind;
+        self.0.count = self.0.count.wrapping_add(1);
+        let slot = &mut self.0.first[kind as usize];
+        *slot = (*slot).min(key);
+    }
+
+    /// Ok when clear, else [`Error::BadIndices`] with the decoded report.
+    pub fn into_result(self) -> Result<()> {
+        if self.is_clear() {
+            Ok(())
+        } else {
+            Err(Error::BadIndices(BadIndexReport::decode(&self)))
+        }
+    }
+}
+
+/// What was wrong with a refused entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadIndexKind {
+    /// `req_slots[row]` is below -1, beyond the slot table, or unbound.
+    GatherSlot,
+    /// `seq_lens[row]` is negative or beyond the region capacity.
+    GatherSeqLen,
+    /// `topk[row][col]` is below -1 or not below `seq_lens[row]`.
+    GatherIndex,
+    /// `slots[item]` is below -1, beyond the slot table, or unbound.
+    WritebackSlot,
+    /// `tokens[item]` is negative or beyond the region capacity.
+    WritebackToken,
+    /// `src_rows[item]` is negative or beyond the source buffer.
+    WritebackSrcRow,
+}
+
+impl BadIndexKind {
+    const ALL: [(u32, BadIndexKind); 6] = [
+        (KVT_ERR_GATHER_SLOT, BadIndexKind::GatherSlot),
+        (KVT_ERR_GATHER_SEQ_LEN, BadIndexKind::GatherSeqLen),
+        (KVT_ERR_GATHER_INDEX, BadIndexKind::GatherIndex),
+        (KVT_ERR_WRITEBACK_SLOT, BadIndexKind::WritebackSlot),
+        (KVT_ERR_WRITEBACK_TOKEN, BadIndexKind::WritebackToken),
+        (KVT_ERR_WRITEBACK_SRC_ROW, BadIndexKind::WritebackSrcRow),
+    ];
+
+    /// The kind's bit number in the error word (`KVT_ERR_*`).
+    pub fn code(self) -> u32 {
+        Self::ALL.iter().find(|(_, k)| *k == self).unwrap().0
+    }
+
+    fn is_gather(self) -> bool {
+        matches!(
+            self,
+            Self::GatherSlot | Self::GatherSeqLen | Self::GatherIndex
+        )
+    }
+}
+
+/// The first refused entry of one kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadIndex {
+    pub kind: BadIndexKind,
+    /// Gather: the batch row; writeback: the item.
+    pub row: u32,
+    /// Gather: the top-k column; writeback: 0.
+    pub col: u32,
+    /// The offending value, clamped to the i32 range.
+    pub value: i32,
+}
+
+/// A decoded error word.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadIndexReport {
+    /// Entries refused in total.
+    pub count: u32,
+    /// The first refused entry of each kind that occurred, in kind order.
+    pub first: Vec<BadIndex>,
+    /// Kind bits that are set but unknown to this build (a newer kernel ABI).
+    pub unknown_flags: u32,
+}
+
+impl BadIndexReport {
+    /// Decodes an error word.
+    pub fn decode(word: &ErrorWord) -> Self {
+        let mut first = Vec::new();
+        let mut known = 0u32;
+        for (code, kind) in BadIndexKind::ALL {
+            known |= 1 << code;
+            if word.0.flags & (1 << code) == 0 {
+                continue;
+            }
+            let key = word.0.first[code as usize];
+            let position = (key >> 32) as u32;
+            let value = ((key as u32) ^ 0x8000_0000) as i32;
+            let (row, col) = if kind.is_gather() {
+                (position >> 16, position & 0xffff)
+            } else {
+                (position, 0)
+            };
+            first.push(BadIndex {
+                kind,
+                row,
+                col,
+                value,
+            });
+        }
+        BadIndexReport {
+            count: word.0.count,
+            first,
+            unknown_flags: word.0.flags & !known,
+        }
+    }
+
+    /// True when an entry of `kind` was refused.
+    pub fn has(&self, kind: BadIndexKind) -> bool {
+        self.first.iter().any(|b| b.kind == kind)
+    }
+}
+
+impl fmt::Display for BadIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (r, c, v) = (self.row, self.col, self.value);
+        match self.kind {
+            BadIndexKind::GatherSlot => write!(
+                f,
+                "req_slots[{r}] = {v} is not a bound slot (bind the request's region with \
+                 Tier::bind_slot, or pass -1 for a padding row)"
+            ),
+            BadIndexKind::GatherSeqLen => write!(
+                f,
+                "seq_lens[{r}] = {v} is outside [0, tokens_per_region] of the pool's layout"
+            ),
+            BadIndexKind::GatherIndex => write!(
+                f,
+                "topk[{r}][{c}] = {v} is outside [-1, seq_lens[{r}]) (-1 marks padding)"
+            ),
+            BadIndexKind::WritebackSlot => write!(
+                f,
+                "slots[{r}] = {v} is not a bound slot (bind it with Tier::bind_slot, or pass -1 \
+                 to skip the item)"
+            ),
+            BadIndexKind::WritebackToken => write!(
+                f,
+                "tokens[{r}] = {v} is outside [0, tokens_per_region) of the pool's layout"
+            ),
+            BadIndexKind::WritebackSrcRow => write!(
+                f,
+                "src_rows[{r}] = {v}{} is outside the source buffer's rows",
+                if v == i32::MAX || v == i32::MIN {
+                    " (clamped)"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+}
+
+impl fmt::Display for BadIndexReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} entr{} refused for bad indices (gather rows zero-filled, writeback items skipped)",
+            self.count,
+            if self.count == 1 { "y was" } else { "ies were" }
+        )?;
+        for b in &self.first {
+            write!(f, "; first: {b}")?;
+        }
+        if self.unknown_flags != 0 {
+            write!(f, "; unknown error bits {:#x}", self.unknown_flags)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_is_lowest_position_whatever_the_order() {
+        let mut a = ErrorWord::clear();
+        let mut b = ErrorWord::clear();
+        let events = [
+            (KVT_ERR_GATHER_INDEX, (3 << 16) | 7, 9000i64),
+            (KVT_ERR_GATHER_INDEX, (1 << 16) | 2, -5),
+        ];
+        for (k, p, v) in events {
+            a.report(k, p, v);
+        }
+        for (k, p, v) in events.iter().rev() {
+            b.report(*k, *p, *v);
+        }
+        assert_eq!(a, b);
+        let report = BadIndexReport::decode(&a);
+        assert_eq!(report.count, 2);
+        assert_eq!(
+            report.first,
+            vec![BadIndex {
+                kind: BadIndexKind::GatherIndex,
+                row: 1,
+                col: 2,
+                value: -5
+            }]
+        );
+    }
+
+    #[test]
+    fn values_beyond_i32_are_clamped() {
+        let mut w = ErrorWord::clear();
+        w.report(KVT_ERR_WRITEBACK_SRC_ROW, 4, i64::MAX);
+        w.report(KVT_ERR_WRITEBACK_TOKEN, 2, i64::MIN);
+        let r = BadIndexReport::decode(&w);
+        assert_eq!(r.first[0].kind, BadIndexKind::WritebackToken);
+        assert_eq!(r.first[0].value, i32::MIN);
+        assert_eq!(r.first[1].value, i32::MAX);
+        assert!(
+            r.to_string().contains("src_rows[4] = 2147483647 (clamped)"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn clear_word_is_ok() {
+        assert!(ErrorWord::clear().into_result().is_ok());
+        let mut w = ErrorWord::clear();
+        w.report(KVT_ERR_GATHER_SLOT, 0, 77);
+        let err = w.into_result().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("req_slots[0] = 77 is not a bound slot"),
+            "{err}"
+        );
+    }
+}

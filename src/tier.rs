@@ -1,0 +1,405 @@
+//! The per-layer API an attention backend calls, one [`Tier`] per GPU rank.
+//!
+//! Requests are bound to *slots* once, when they are admitted
+//! ([`Tier::bind_slot`]); a slot table (in device memory for the CUDA
+//! executor) maps each slot to its region's base address. Per decode step and
+//! layer the engine then passes only device tensors it already has — slot per
+//! batch row, sequence lengths, top-k indices — so the per-layer calls do no
+//! allocation, no host synchronisation and no data-dependent host work, run on
+//! the caller's stream, and can be captured in a CUDA graph. Bad indices found
+//! by the kernels are reported at the next [`Tier::check`].
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::cuda::{CudaDevice, DeviceBuffer, Stream, copy_to_device_async};
+use crate::error::{Result, invalid};
+use crate::error_word::ErrorWord;
+use crate::executor::Executor;
+use crate::gather::{self, GatherBatch, GatherTarget};
+use crate::layout::LayerFirstLayout;
+use crate::mem::{Buf, BufMut, check_buf};
+use crate::pool::{Pool, Region};
+use crate::writeback::{self, WritebackItems, WritebackSource, WritebackTarget};
+
+/// Most slots a tier's table may have.
+pub const MAX_SLOTS: u32 = 1 << 24;
+
+static NEXT_TIER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The KV tier of one GPU rank over one pool.
+pub struct Tier {
+    id: u64,
+    pool: Arc<Pool>,
+    exec: Executor,
+    /// Region base per slot as the executor addresses it; 0 = unbound. For the
+    /// CUDA executor this mirrors `Backend::Cuda::slots`.
+    slots: Vec<u64>,
+    backend: Backend,
+}
+
+enum Backend {
+    Cpu,
+    Cuda {
+        dev: Arc<CudaDevice>,
+        /// Device address of pool byte 0.
+        pool_base: u64,
+        slots: DeviceBuffer<u64>,
+        error: DeviceBuffer<ErrorWord>,
+    },
+}
+
+/// The device KV buffers of every layer, registered once with
+/// [`Tier::register_kv_layers`] for [`Tier::writeback_all_layers`].
+pub struct KvLayers<'a> {
+    tier: u64,
+    table: LayerTable,
+    layers: u32,
+    rows: u64,
+    _buffers: PhantomData<&'a [u8]>,
+}
+
+enum LayerTable {
+    Host(Vec<u64>),
+    Device(DeviceBuffer<u64>),
+}
+
+impl std::fmt::Debug for KvLayers<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvLayers")
+            .field("layers", &self.layers)
+            .field("rows", &self.rows)
+            .finish()
+    }
+}
+
+impl KvLayers<'_> {
+    /// Rows in each layer's buffer.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Layers registered.
+    pub fn layers(&self) -> u32 {
+        self.layers
+    }
+}
+
+impl Tier {
+    /// A tier over `pool` with a table of `num_slots` request slots, running
+    /// on `exec`. For the CUDA executor this registers the pool's memory with
+    /// the GPU (once per pool) and allocates the slot table and error word.
+    pub fn new(pool: Arc<Pool>, exec: Executor, num_slots: u32) -> Result<Self> {
+        if num_slots == 0 || num_slots > MAX_SLOTS {
+            return Err(invalid(
+                "num_slots",
+                format!("{num_slots} is outside 1..={MAX_SLOTS}"),
+            ));
+        }
+        let backend = match &exec {
+            Executor::Cpu => Backend::Cpu,
+            Executor::Cuda(dev) => Backend::Cuda {
+                dev: dev.clone(),
+                pool_base: pool.device_base(dev)?,
+                slots: DeviceBuffer::zeroed(dev, num_slots as usize)?,
+                error: DeviceBuffer::from_host(dev, &[ErrorWord::clear()])?,
+            },
+        };
+        Ok(Tier {
+            id: NEXT_TIER_ID.fetch_add(1, Ordering::Relaxed),
+            pool,
+            exec,
+            slots: vec![0; num_slots as usize],
+            backend,
+        })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// The pool's layout.
+    pub fn layout(&self) -> LayerFirstLayout {
+        self.pool.layout()
+    }
+
+    /// The executor.
+    pub fn executor(&self) -> &Executor {
+        &self.exec
+    }
+
+    /// Slots in the table.
+    pub fn num_slots(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    /// Binds `slot` to `region` (a request's admission). For the CUDA
+    /// executor the slot table is updated in `stream` order: kernels later on
+    /// `stream` see the binding; kernels on another stream need an event or a
+    /// synchronisation in between. Not for the per-layer path or a CUDA graph:
+    /// it copies 8 bytes from pageable memory.
+    pub fn bind_slot(&mut self, slot: u32, region: &Region, stream: Stream) -> Result<()> {
+        let addr = match &self.backend {
+            Backend::Cpu => self.pool.region_host_addr(region)?,
+            Backend::Cuda { pool_base, .. } => pool_base + self.pool.region_offset(region)?,
+        };
+        self.set_slot(slot, addr, stream)
+    }
+
+    /// Unbinds `slot`: rows that name it are refused from now on.
+    pub fn unbind_slot(&mut self, slot: u32, stream: Stream) -> Result<()> {
+        self.set_slot(slot, 0, stream)
+    }
+
+    fn set_slot(&mut self, slot: u32, addr: u64, stream: Stream) -> Result<()> {
+        if slot >= self.num_slots() {
+            return Err(invalid(
+                "slot",
+                format!("{slot} is beyond the tier's {} slots", self.num_slots()),
+            ));
+        }
+        if let Backend::Cuda { dev, slots, .. } = &self.backend {
+            copy_to_device_async(dev, slots.device_ptr() + slot as u64 * 8, &[addr], stream)?;
+        }
+        self.slots[slot as usize] = addr;
+        Ok(())
+    }
+
+    /// Top-k sparse gather of `layer` for a whole batch into `out`
+    /// (`[batch][k][entry_bytes]`, 8-byte aligned), one launch. Padding (-1)
+    /// rows and indices are zero-filled; bad indices are zero-filled and
+    /// reported (CPU: now; CUDA: at the next [`Tier::check`]).
+    pub fn gather(
+        &self,
+        layer: u32,
+        batch: &GatherBatch<'_>,
+        out: BufMut<'_, u8>,
+        stream: Stream,
+    ) -> Result<()> {
+        let (slot_bases, error) = self.addresses();
+        let target = GatherTarget {
+            layout: self.layout(),
+            location: self.exec.location(),
+            slot_bases,
+            num_slots: self.num_slots(),
+            error,
+        };
+        let p = gather::plan(&target, layer, batch, &out)?;
+        match &self.backend {
+            // SAFETY: `plan` checked every host buffer; slot bases come from
+            // bind_slot and point at regions of self.pool, which we keep alive.
+            Backend::Cpu => unsafe { gather::run_cpu(&p) }.into_result(),
+            // SAFETY: `plan` checked every buffer is device memory of the
+            // right size (the Buf contract makes them valid); the slot table
+            // and error word belong to this tier.
+            Backend::Cuda { dev, .. } => unsafe { gather::launch(dev, &p, stream) },
+        }
+    }
+
+    /// Writes back one layer: item `i` copies row `src_rows[i]` of `src` (the
+    /// layer's device KV buffer, rows of `entry_bytes`) to token `tokens[i]`
+    /// of `layer` in the region bound to `slots[i]`. One launch.
+    pub fn writeback_layer(
+        &self,
+        layer: u32,
+        items: &WritebackItems<'_>,
+        src: Buf<'_, u8>,
+        stream: Stream,
+    ) -> Result<()> {
+        let entry = self.layout().entry_bytes() as usize;
+        let rows = (src.len() / entry) as u64;
+        check_buf(
+            "src",
+            src.addr(),
+            src.len(),
+            src.location(),
+            self.exec.location(),
+            8,
+            0,
+        )?;
+        if rows == 0 && !items.is_empty() {
+            return Err(invalid(
+                "src",
+                format!("holds {} bytes, less than one {entry}-byte row", src.len()),
+            ));
+        }
+        self.writeback(
+            layer,
+            items,
+            WritebackSource::Layer {
+                base: src.addr(),
+                rows,
+            },
+            stream,
+        )
+    }
+
+    /// Registers the device KV buffers of every layer (in layer order, equal
+    /// lengths, rows of `entry_bytes`) for [`Tier::writeback_all_layers`].
+    /// Set-up work: uploads a table of their addresses.
+    pub fn register_kv_layers<'a>(&self, layers: &[Buf<'a, u8>]) -> Result<KvLayers<'a>> {
+        let layout = self.layout();
+        if layers.len() != layout.layers() as usize {
+            return Err(invalid(
+                "layers",
+                format!(
+                    "{} buffers given; the layout has {} layers",
+                    layers.len(),
+                    layout.layers()
+                ),
+            ));
+        }
+        let len = layers[0].len();
+        let rows = (len / layout.entry_bytes() as usize) as u64;
+        if rows == 0 {
+            return Err(invalid(
+                "layers",
+                format!(
+                    "buffers of {len} bytes hold no {}-byte row",
+                    layout.entry_bytes()
+                ),
+            ));
+        }
+        for b in layers {
+            check_buf(
+                "layers",
+                b.addr(),
+                b.len(),
+                b.location(),
+                self.exec.location(),
+                8,
+                len,
+            )?;
+            if b.len() != len {
+                return Err(invalid(
+                    "layers",
+                    format!("buffers differ in length ({} vs {len} bytes)", b.len()),
+                ));
+            }
+        }
+        let addrs: Vec<u64> = layers.iter().map(|b| b.addr()).collect();
+        let table = match &self.backend {
+            Backend::Cpu => LayerTable::Host(addrs),
+            Backend::Cuda { dev, .. } => LayerTable::Device(DeviceBuffer::from_host(dev, &addrs)?),
+        };
+        Ok(KvLayers {
+            tier: self.id,
+            table,
+            layers: layout.layers(),
+            rows,
+            _buffers: PhantomData,
+        })
+    }
+
+    /// Writes back every layer at once (decode: the newest token of each
+    /// request): item `i` copies row `src_rows[i]` of every layer's buffer to
+    /// token `tokens[i]` of that layer in the region bound to `slots[i]`. One
+    /// launch.
+    pub fn writeback_all_layers(
+        &self,
+        items: &WritebackItems<'_>,
+        kv: &KvLayers<'_>,
+        stream: Stream,
+    ) -> Result<()> {
+        if kv.tier != self.id {
+            return Err(invalid("kv", "was registered with another tier"));
+        }
+        let table = match &kv.table {
+            LayerTable::Host(v) => v.as_ptr() as u64,
+            LayerTable::Device(b) => b.device_ptr(),
+        };
+        self.writeback(
+            0,
+            items,
+            WritebackSource::AllLayers {
+                table,
+                layers: kv.layers,
+                rows: kv.rows,
+            },
+            stream,
+        )
+    }
+
+    fn writeback(
+        &self,
+        first_layer: u32,
+        items: &WritebackItems<'_>,
+        src: WritebackSource,
+        stream: Stream,
+    ) -> Result<()> {
+        let (slot_bases, error) = self.addresses();
+        let target = WritebackTarget {
+            layout: self.layout(),
+            location: self.exec.location(),
+            slot_bases,
+            num_slots: self.num_slots(),
+            error,
+        };
+        let p = writeback::plan(&target, first_layer, items, src)?;
+        match &self.backend {
+            // SAFETY: as in `gather`; the source buffers were checked by the
+            // callers (one layer) or at registration (all layers).
+            Backend::Cpu => unsafe { writeback::run_cpu(&p) }.into_result(),
+            // SAFETY: as in `gather`.
+            Backend::Cuda { dev, .. } => unsafe { writeback::launch(dev, &p, stream) },
+        }
+    }
+
+    /// The sync point: waits for the device, then reports (and clears) the
+    /// bad indices that kernels recorded since the last check. A no-op for
+    /// the CPU executor, which reports them immediately. Call it where the
+    /// engine synchronises anyway, not on the per-layer path.
+    pub fn check(&self, _stream: Stream) -> Result<()> {
+        match &self.backend {
+            Backend::Cpu => Ok(()),
+            Backend::Cuda { dev, error, .. } => {
+                // to_vec waits for the whole context, so work on every stream
+                // that may report into the word has finished.
+                let word = error.to_vec()?[0];
+                if word.is_clear() {
+                    return Ok(());
+                }
+                // Reset, and wait for the reset to land before any later
+                // kernel (on any stream) can report into the word again.
+                copy_to_device_async(
+                    dev,
+                    error.device_ptr(),
+                    &[ErrorWord::clear()],
+                    Stream::null(),
+                )?;
+                dev.synchronize_all()?;
+                word.into_result()
+            }
+        }
+    }
+
+    /// (slot table, error word) as the executor addresses them.
+    fn addresses(&self) -> (u64, u64) {
+        match &self.backend {
+            Backend::Cpu => (self.slots.as_ptr() as u64, 0),
+            Backend::Cuda { slots, error, .. } => (slots.device_ptr(), error.device_ptr()),
+        }
+    }
+}
+
+impl Drop for Tier {
+    fn drop(&mut self) {
+        // Kernels still running may read the slot table; let them finish
+        // before the device buffers are freed.
+        if let Backend::Cuda { dev, .. } = &self.backend {
+            let _ = dev.synchronize_all();
+        }
+    }
+}
+
+impl std::fmt::Debug for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tier")
+            .field("executor", &self.exec)
+            .field("pool", &self.pool)
+            .field("num_slots", &self.num_slots())
+            .finish()
+    }
+}

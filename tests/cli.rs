@@ -1,0 +1,64 @@
+//! The `kvtier` binary: info, a short bench, and plain errors.
+
+use std::process::Command;
+
+fn kvtier(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn info_reports_kernels_and_driver() {
+    let (ok, out, err) = kvtier(&["info"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("kernels:") && out.contains("driver:") && out.contains("pool devices:"),
+        "{out}"
+    );
+    if std::env::var("KVTIER_REQUIRE_KERNELS").as_deref() == Ok("1") {
+        assert!(out.contains("embedded fatbin holds: sm_80, sm_90"), "{out}");
+    }
+}
+
+#[test]
+fn quick_bench_prints_kvtier_next_to_the_limit() {
+    let (ok, out, err) = kvtier(&[
+        "bench", "--quick", "--batch", "1,3", "--iters", "3", "--k", "512",
+    ]);
+    assert!(ok, "{err}");
+    let cpu = out.contains("executor: CPU executor");
+    let cuda = out.contains("executor: CUDA");
+    assert!(cpu || cuda, "{out}");
+    for method in if cpu {
+        ["kvtier gather (CPU executor)", "contiguous memcpy (limit)"]
+    } else {
+        ["kvtier gather", "contiguous H2D copy (limit)"]
+    } {
+        assert_eq!(
+            out.matches(method).count(),
+            2,
+            "one row per batch size for {method}:\n{out}"
+        );
+    }
+    assert!(out.contains("1.01 MB"), "3 × 512 × 656 B = 1.01 MB:\n{out}");
+}
+
+#[test]
+fn bad_arguments_fail_plainly() {
+    let (ok, _, err) = kvtier(&["bench", "--quick", "--k", "0"]);
+    assert!(!ok);
+    assert!(err.contains("--k"), "{err}");
+    let (ok, _, err) = kvtier(&["bench", "--quick", "--entry", "650"]);
+    assert!(!ok);
+    assert!(err.contains("multiple of 8"), "{err}");
+    let (ok, _, err) = kvtier(&["bench", "--executor", "tpu"]);
+    assert!(!ok);
+    assert!(err.contains("--executor"), "{err}");
+}

@@ -1,0 +1,241 @@
+//! The CUDA kernels against the CPU executor (and the model), on random and
+//! adversarial inputs. Run on a machine with a GPU:
+//!
+//! ```text
+//! cargo test --release --test gpu -- --ignored
+//! compute-sanitizer --tool memcheck target/release/deps/gpu-<hash> --ignored --test-threads=1
+//! ```
+
+mod common;
+
+use common::*;
+use kvtier::{
+    BadIndexKind, Buf, BufMut, DeviceBuffer, Error, Executor, GatherBatch, LayerFirstLayout,
+    Stream, Tier, WritebackItems,
+};
+
+fn cuda() -> Executor {
+    Executor::cuda(0)
+        .unwrap_or_else(|e| panic!("these tests need a CUDA GPU and built kernels: {e}"))
+}
+
+const MEDIUM: Limits = Limits {
+    max_layers: 4,
+    max_tokens: 3000,
+    max_regions: 6,
+    max_batch: 12,
+    max_k: 600,
+    max_items: 300,
+};
+
+fn gather_agrees(case: &GatherCase, gpu: &Executor) {
+    let (want_out, want_err) = case.expected();
+    let (cpu_out, cpu_res) = case.run(&Executor::cpu());
+    let (gpu_out, gpu_res) = case.run(gpu);
+    assert!(
+        gpu_out == cpu_out,
+        "CUDA and CPU outputs differ for {case:?}"
+    );
+    assert_eq!(reported(&gpu_res), reported(&cpu_res), "{case:?}");
+    assert!(
+        cpu_out == want_out,
+        "CPU output differs from the model for {case:?}"
+    );
+    assert_eq!(reported(&cpu_res), expected_report(&want_err));
+}
+
+fn writeback_agrees(case: &WritebackCase, gpu: &Executor) {
+    let (cpu_pool, cpu_res) = case.run(&Executor::cpu());
+    let (gpu_pool, gpu_res) = case.run(gpu);
+    assert!(
+        gpu_pool == cpu_pool,
+        "CUDA and CPU pools differ for {case:?}"
+    );
+    assert_eq!(reported(&gpu_res), reported(&cpu_res), "{case:?}");
+    assert_eq!(reported(&cpu_res), expected_report(&case.expected().1));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gather_matches_cpu_on_random_batches() {
+    let gpu = cuda();
+    for seed in 0..150 {
+        for h in [CLEAN, PADDED, HOSTILE] {
+            gather_agrees(&GatherCase::random(seed, SMALL, h), &gpu);
+        }
+    }
+    for seed in 1000..1030 {
+        for h in [CLEAN, HOSTILE] {
+            gather_agrees(&GatherCase::random(seed, MEDIUM, h), &gpu);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn writeback_matches_cpu_on_random_items() {
+    let gpu = cuda();
+    for seed in 0..150 {
+        for h in [CLEAN, PADDED, HOSTILE] {
+            writeback_agrees(&WritebackCase::random(seed, SMALL, h, true), &gpu);
+        }
+    }
+    for seed in 1000..1030 {
+        writeback_agrees(&WritebackCase::random(seed, MEDIUM, HOSTILE, true), &gpu);
+    }
+}
+
+/// The production shape: batch 64, k = 2048, 656-byte entries, and the
+/// awkward 584-byte size, output 8 bytes past a 16-byte boundary.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn full_size_batches_match_cpu() {
+    let gpu = cuda();
+    for (entry, out_offset) in [(656, 0), (584, 8), (1152, 8)] {
+        let mut case = GatherCase::random(7, SMALL, CLEAN);
+        case.setup = Setup {
+            layout: LayerFirstLayout::new(entry, 2, 4096).unwrap(),
+            n_regions: 64,
+            bindings: (0..64).map(Some).collect(),
+        };
+        let (batch, k) = (64usize, 2048usize);
+        case.layer = 1;
+        case.k = k as u32;
+        case.topk_stride = k as u32;
+        case.out_offset = out_offset;
+        case.req_slots = (0..batch as i32).rev().collect();
+        case.seq_lens = (0..batch).map(|b| 4096 - b as i32).collect();
+        case.topk = (0..batch * k)
+            .map(|i| ((i * 7919) % (4096 - 63)) as i32)
+            .collect();
+        gather_agrees(&case, &gpu);
+    }
+}
+
+/// Indices that would leave the mapping if they were followed: the last
+/// region ends exactly where the registered pool memory ends.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn out_of_range_indices_at_the_end_of_the_pool_are_refused() {
+    let gpu = cuda();
+    let layout = LayerFirstLayout::new(4096, 1, 256).unwrap(); // region = 1 MiB exactly, no padding
+    let setup = Setup {
+        layout,
+        n_regions: 2,
+        bindings: vec![Some(0), Some(1)],
+    };
+    let (fx, tier) = setup.build(&gpu);
+    assert_eq!(fx.pool.region_stride(), layout.region_bytes());
+    let Executor::Cuda(dev) = &gpu else {
+        unreachable!()
+    };
+    let slots = DeviceBuffer::from_host(dev, &[1, 1, 1, 1]).unwrap();
+    let seq = DeviceBuffer::from_host(dev, &[256, 256, 257, i32::MAX]).unwrap();
+    // row 0: last token, then one past it; row 1: far past it, below -1;
+    // rows 2 and 3: lengths past the region capacity
+    let topk = DeviceBuffer::from_host(dev, &[255, 256, i32::MAX, -2, 0, 0, 5, 6]).unwrap();
+    let mut out = DeviceBuffer::<u8>::zeroed(dev, 8 * 4096).unwrap();
+    let batch = GatherBatch::new(slots.as_buf(), seq.as_buf(), topk.as_buf(), 2);
+    tier.gather(0, &batch, out.as_buf_mut(), Stream::null())
+        .unwrap();
+    let Err(Error::BadIndices(r)) = tier.check(Stream::null()) else {
+        panic!("not reported")
+    };
+    assert_eq!(r.count, 7, "{r}");
+    assert!(r.has(BadIndexKind::GatherIndex) && r.has(BadIndexKind::GatherSeqLen));
+    let bytes = out.to_vec().unwrap();
+    assert_eq!(bytes[..4096], pattern_entry(1, 0, 255, 4096)[..]);
+    assert!(bytes[4096..].iter().all(|&b| b == 0));
+    tier.check(Stream::null())
+        .expect("check clears the error word");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn writeback_past_the_last_token_is_refused() {
+    let gpu = cuda();
+    let layout = LayerFirstLayout::new(4096, 2, 256).unwrap();
+    let setup = Setup {
+        layout,
+        n_regions: 1,
+        bindings: vec![Some(0)],
+    };
+    let (fx, tier) = setup.build(&gpu);
+    let Executor::Cuda(dev) = &gpu else {
+        unreachable!()
+    };
+    let src = DeviceBuffer::from_host(dev, &vec![7u8; 2 * 4096]).unwrap();
+    let slots = DeviceBuffer::from_host(dev, &[0, 0, 0]).unwrap();
+    let tokens = DeviceBuffer::from_host(dev, &[255, 256, i32::MAX]).unwrap();
+    let rows = DeviceBuffer::from_host(dev, &[1i64, 0, 0]).unwrap();
+    let items = WritebackItems {
+        slots: slots.as_buf(),
+        tokens: tokens.as_buf(),
+        src_rows: rows.as_buf(),
+    };
+    tier.writeback_layer(1, &items, src.as_buf(), Stream::null())
+        .unwrap();
+    let Err(Error::BadIndices(r)) = tier.check(Stream::null()) else {
+        panic!("not reported")
+    };
+    assert_eq!(r.count, 2);
+    let mut last = vec![0u8; 4096];
+    fx.pool
+        .read_tokens(&fx.regions[0], 1, 255, &mut last)
+        .unwrap();
+    assert!(last.iter().all(|&b| b == 7));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn runs_on_the_callers_stream_and_the_null_stream() {
+    let gpu = cuda();
+    let Executor::Cuda(dev) = &gpu else {
+        unreachable!()
+    };
+    let setup = Setup {
+        layout: LayerFirstLayout::new(656, 1, 64).unwrap(),
+        n_regions: 1,
+        bindings: vec![Some(0)],
+    };
+    let (_fx, tier) = setup.build(&gpu);
+    let slots = DeviceBuffer::from_host(dev, &[0]).unwrap();
+    let seq = DeviceBuffer::from_host(dev, &[64]).unwrap();
+    let topk = DeviceBuffer::from_host(dev, &[63, 0]).unwrap();
+    let owned = dev.create_stream().unwrap();
+    // a raw handle, as an engine passes its own stream
+    let engine_stream = unsafe { Stream::from_raw(owned.stream().raw()) };
+    for stream in [engine_stream, Stream::null()] {
+        let mut out = DeviceBuffer::<u8>::zeroed(dev, 2 * 656).unwrap();
+        let batch = GatherBatch::new(slots.as_buf(), seq.as_buf(), topk.as_buf(), 2);
+        tier.gather(0, &batch, out.as_buf_mut(), stream).unwrap();
+        tier.check(stream).unwrap();
+        let bytes = out.to_vec().unwrap();
+        assert_eq!(bytes[..656], pattern_entry(0, 0, 63, 656)[..]);
+        assert_eq!(bytes[656..], pattern_entry(0, 0, 0, 656)[..]);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_executor_refuses_host_buffers() {
+    let gpu = cuda();
+    let setup = Setup {
+        layout: LayerFirstLayout::new(656, 1, 64).unwrap(),
+        n_regions: 1,
+        bindings: vec![Some(0)],
+    };
+    let (_fx, tier): (_, Tier) = setup.build(&gpu);
+    let (slots, seq, topk) = ([0], [64], [1]);
+    let mut out = vec![0u8; 656];
+    let batch = GatherBatch::new(Buf::host(&slots), Buf::host(&seq), Buf::host(&topk), 1);
+    match tier.gather(0, &batch, BufMut::host(&mut out), Stream::null()) {
+        Err(Error::InvalidArgument {
+            arg: "req_slots",
+            msg,
+        }) => {
+            assert!(msg.contains("CUDA executor reads device memory"), "{msg}")
+        }
+        other => panic!("host buffers accepted by the CUDA executor: {other:?}"),
+    }
+}
