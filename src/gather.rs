@@ -10,8 +10,8 @@ use crate::abi::{
 use crate::cuda::{CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
-use crate::layout::LayerFirstLayout;
-use crate::mem::{Buf, BufMut, Location, check_buf};
+use crate::mem::{Buf, BufMut, check_buf};
+use crate::slots::{TierTables, bound_base};
 
 /// Largest batch one gather accepts (error positions keep the row in 16 bits).
 pub const MAX_BATCH: usize = 65_535;
@@ -59,19 +59,9 @@ impl<'a> GatherBatch<'a> {
     }
 }
 
-/// Everything a gather needs besides the batch: where the slot table and the
-/// error word are, as the executor addresses them.
-pub(crate) struct GatherTarget {
-    pub layout: LayerFirstLayout,
-    pub location: Location,
-    pub slot_bases: u64,
-    pub num_slots: u32,
-    pub error: u64,
-}
-
 /// Checks every argument and builds the kernel parameters.
 pub(crate) fn plan(
-    t: &GatherTarget,
+    t: &TierTables,
     layer: u32,
     batch: &GatherBatch<'_>,
     out: &BufMut<'_, u8>,
@@ -151,14 +141,9 @@ fn source(
     if slot == -1 {
         return Ok(None);
     }
-    let base = usize::try_from(slot)
-        .ok()
-        .and_then(|s| slot_bases.get(s))
-        .copied()
-        .unwrap_or(0);
-    if base == 0 {
+    let Some(base) = bound_base(slot_bases, slot) else {
         return Err((KVT_ERR_GATHER_SLOT, slot as i64));
-    }
+    };
     let seq_len = seq_lens[b];
     if seq_len < 0 || seq_len as u32 > p.tokens_per_region {
         return Err((KVT_ERR_GATHER_SEQ_LEN, seq_len as i64));

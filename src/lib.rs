@@ -32,6 +32,7 @@ pub mod gather;
 pub mod layout;
 pub mod mem;
 pub mod pool;
+mod slots;
 pub mod tier;
 pub mod writeback;
 

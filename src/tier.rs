@@ -17,11 +17,12 @@ use crate::cuda::{CudaDevice, DeviceBuffer, Stream, copy_to_device_async};
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
 use crate::executor::Executor;
-use crate::gather::{self, GatherBatch, GatherTarget};
+use crate::gather::{self, GatherBatch};
 use crate::layout::LayerFirstLayout;
 use crate::mem::{Buf, BufMut, check_buf};
 use crate::pool::{Pool, Region};
-use crate::writeback::{self, WritebackItems, WritebackSource, WritebackTarget};
+use crate::slots::TierTables;
+use crate::writeback::{self, WritebackItems, WritebackSource};
 
 /// Most slots a tier's table may have.
 pub const MAX_SLOTS: u32 = 1 << 24;
@@ -178,15 +179,7 @@ impl Tier {
         out: BufMut<'_, u8>,
         stream: Stream,
     ) -> Result<()> {
-        let (slot_bases, error) = self.addresses();
-        let target = GatherTarget {
-            layout: self.layout(),
-            location: self.exec.location(),
-            slot_bases,
-            num_slots: self.num_slots(),
-            error,
-        };
-        let p = gather::plan(&target, layer, batch, &out)?;
+        let p = gather::plan(&self.tables(), layer, batch, &out)?;
         match &self.backend {
             // SAFETY: `plan` checked every host buffer; slot bases come from
             // bind_slot and point at regions of self.pool, which we keep alive.
@@ -329,15 +322,7 @@ impl Tier {
         src: WritebackSource,
         stream: Stream,
     ) -> Result<()> {
-        let (slot_bases, error) = self.addresses();
-        let target = WritebackTarget {
-            layout: self.layout(),
-            location: self.exec.location(),
-            slot_bases,
-            num_slots: self.num_slots(),
-            error,
-        };
-        let p = writeback::plan(&target, first_layer, items, src)?;
+        let p = writeback::plan(&self.tables(), first_layer, items, src)?;
         match &self.backend {
             // SAFETY: as in `gather`; the source buffers were checked by the
             // callers (one layer) or at registration (all layers).
@@ -375,11 +360,18 @@ impl Tier {
         }
     }
 
-    /// (slot table, error word) as the executor addresses them.
-    fn addresses(&self) -> (u64, u64) {
-        match &self.backend {
+    /// The slot table and error word as the executor addresses them.
+    fn tables(&self) -> TierTables {
+        let (slot_bases, error) = match &self.backend {
             Backend::Cpu => (self.slots.as_ptr() as u64, 0),
             Backend::Cuda { slots, error, .. } => (slots.device_ptr(), error.device_ptr()),
+        };
+        TierTables {
+            layout: self.layout(),
+            location: self.exec.location(),
+            slot_bases,
+            num_slots: self.num_slots(),
+            error,
         }
     }
 }

@@ -12,8 +12,8 @@ use crate::abi::{
 use crate::cuda::{CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
-use crate::layout::LayerFirstLayout;
-use crate::mem::{Buf, Location, check_buf};
+use crate::mem::{Buf, check_buf};
+use crate::slots::{TierTables, bound_base};
 
 /// What to write back: item `i` copies source row `src_rows[i]` to token
 /// `tokens[i]` of the region bound to slot `slots[i]`.
@@ -48,18 +48,9 @@ pub(crate) enum WritebackSource {
     AllLayers { table: u64, layers: u32, rows: u64 },
 }
 
-/// Where the slot table and error word are, as the executor addresses them.
-pub(crate) struct WritebackTarget {
-    pub layout: LayerFirstLayout,
-    pub location: Location,
-    pub slot_bases: u64,
-    pub num_slots: u32,
-    pub error: u64,
-}
-
 /// Checks every argument and builds the kernel parameters.
 pub(crate) fn plan(
-    t: &WritebackTarget,
+    t: &TierTables,
     first_layer: u32,
     items: &WritebackItems<'_>,
     src: WritebackSource,
@@ -152,14 +143,9 @@ fn destination(
     if slot == -1 {
         return Ok(None);
     }
-    let base = usize::try_from(slot)
-        .ok()
-        .and_then(|s| slot_bases.get(s))
-        .copied()
-        .unwrap_or(0);
-    if base == 0 {
+    let Some(base) = bound_base(slot_bases, slot) else {
         return Err((KVT_ERR_WRITEBACK_SLOT, slot as i64));
-    }
+    };
     let token = tokens[i];
     if token < 0 || token as u32 >= p.tokens_per_region {
         return Err((KVT_ERR_WRITEBACK_TOKEN, token as i64));

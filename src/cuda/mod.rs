@@ -123,8 +123,10 @@ impl CudaDevice {
     /// loads the embedded kernels. Fails with [`Error::NoDriver`] or
     /// [`Error::KernelsNotBuilt`] where those are missing.
     pub fn open(ordinal: usize) -> Result<Arc<Self>> {
-        kernels::fatbin()?;
+        // The driver first: on a machine without a GPU, missing kernels are
+        // not the reason to give.
         require_driver()?;
+        kernels::fatbin()?;
         let count = result::device::get_count().call("cuDeviceGetCount")?;
         if ordinal >= count as usize {
             return Err(crate::error::invalid(
