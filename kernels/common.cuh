@@ -9,7 +9,7 @@
 #include "abi.h"
 
 // Threads per block for every kvtier kernel; host launchers use the same value
-// (src/cuda/launch.rs, KVT_BLOCK_THREADS).
+// (BLOCK_THREADS in src/cuda/kernels.rs).
 #define KVT_BLOCK_THREADS 256
 #define KVT_WARP 32
 // 16-byte vectors each lane keeps in flight per pass over an entry: a warp
@@ -19,13 +19,19 @@
 
 namespace kvt {
 
-// Vector loads for both directions. They are weak `ld.global` loads with
-// L1::no_allocate (single-use data stays out of L1), not `ld.global.nc`:
-// ptxas may move a store above a later .nc load (no ordering is owed to the
-// read-only path), and in SASS for sm_90 it does, placing the first store of a
-// pass right after its own load; the warp then waits one PCIe round trip
-// before issuing the rest of the pass. With weak loads every load of a pass is
-// issued before the first store (checked with cuobjdump -sass).
+// Vector loads and stores. On the device they are the PTX below. A host build
+// with KVT_HOST_EMULATION (tests/kernel_emu: the kernels run one emulated
+// thread at a time under g++) routes every access through the emulator, which
+// checks alignment and bounds before it touches memory.
+//
+// The loads are weak `ld.global` with L1::no_allocate (single-use data stays
+// out of L1), not `ld.global.nc`: ptxas may move a store above a later .nc
+// load (no ordering is owed to the read-only path), and in SASS for sm_90 it
+// does, placing the first store of a pass right after its own load; the warp
+// then waits one PCIe round trip before issuing the rest of the pass. With
+// weak loads every load of a pass is issued before the first store (checked
+// with cuobjdump -sass).
+#ifndef KVT_HOST_EMULATION
 __device__ __forceinline__ uint4 load16(const void* p) {
     uint4 v;
     asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -38,6 +44,26 @@ __device__ __forceinline__ uint2 load8(const void* p) {
     asm volatile("ld.global.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
     return v;
 }
+#define KVT_STORE16(qual, p, v)                                                                  \
+    asm volatile("st.global." qual ".v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"((v).x), "r"((v).y), \
+                 "r"((v).z), "r"((v).w)                                                          \
+                 : "memory")
+#define KVT_STORE8(qual, p, v) \
+    asm volatile("st.global." qual ".v2.u32 [%0], {%1,%2};" ::"l"(p), "r"((v).x), "r"((v).y) : "memory")
+#else
+__device__ __forceinline__ uint4 load16(const void* p) {
+    uint4 v;
+    kvt_emu_load(p, &v, 16);
+    return v;
+}
+__device__ __forceinline__ uint2 load8(const void* p) {
+    uint2 v;
+    kvt_emu_load(p, &v, 8);
+    return v;
+}
+#define KVT_STORE16(qual, p, v) kvt_emu_store((p), &(v), 16)
+#define KVT_STORE8(qual, p, v) kvt_emu_store((p), &(v), 8)
+#endif
 
 // Gather: loads from the host-mapped pool, stores into HBM with .cg, which
 // skips L1 and keeps the lines in L2, where the attention kernel that runs
@@ -45,14 +71,8 @@ __device__ __forceinline__ uint2 load8(const void* p) {
 struct PoolToDevice {
     static __device__ __forceinline__ uint4 load16(const void* p) { return kvt::load16(p); }
     static __device__ __forceinline__ uint2 load8(const void* p) { return kvt::load8(p); }
-    static __device__ __forceinline__ void store16(void* p, uint4 v) {
-        asm volatile("st.global.cg.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
-                     "r"(v.z), "r"(v.w)
-                     : "memory");
-    }
-    static __device__ __forceinline__ void store8(void* p, uint2 v) {
-        asm volatile("st.global.cg.v2.u32 [%0], {%1,%2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
-    }
+    static __device__ __forceinline__ void store16(void* p, uint4 v) { KVT_STORE16("cg", p, v); }
+    static __device__ __forceinline__ void store8(void* p, uint2 v) { KVT_STORE8("cg", p, v); }
 };
 
 // Writeback: loads from an HBM KV buffer, stores into the host-mapped pool
@@ -60,14 +80,8 @@ struct PoolToDevice {
 struct DeviceToPool {
     static __device__ __forceinline__ uint4 load16(const void* p) { return kvt::load16(p); }
     static __device__ __forceinline__ uint2 load8(const void* p) { return kvt::load8(p); }
-    static __device__ __forceinline__ void store16(void* p, uint4 v) {
-        asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
-                     "r"(v.z), "r"(v.w)
-                     : "memory");
-    }
-    static __device__ __forceinline__ void store8(void* p, uint2 v) {
-        asm volatile("st.global.cs.v2.u32 [%0], {%1,%2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
-    }
+    static __device__ __forceinline__ void store16(void* p, uint4 v) { KVT_STORE16("cs", p, v); }
+    static __device__ __forceinline__ void store8(void* p, uint2 v) { KVT_STORE8("cs", p, v); }
 };
 
 // Copies one entry of `bytes` (a multiple of 8) from src to dst with the whole

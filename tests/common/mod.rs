@@ -396,7 +396,7 @@ pub enum WritebackMode {
 }
 
 /// A random writeback case.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct WritebackCase {
     pub setup: Setup,
     pub mode: WritebackMode,
@@ -407,6 +407,23 @@ pub struct WritebackCase {
     /// `rows × entry_bytes` random bytes.
     pub src: Vec<Vec<u8>>,
     pub rows: u64,
+}
+
+impl std::fmt::Debug for WritebackCase {
+    /// Everything but the source bytes, which are random and long.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WritebackCase")
+            .field("setup", &self.setup)
+            .field("mode", &self.mode)
+            .field("slots", &self.slots)
+            .field("tokens", &self.tokens)
+            .field("src_rows", &self.src_rows)
+            .field(
+                "src",
+                &format_args!("{} buffers of {} rows", self.src.len(), self.rows),
+            )
+            .finish()
+    }
 }
 
 impl WritebackCase {

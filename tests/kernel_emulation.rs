@@ -1,0 +1,629 @@
+//! The kernels' own source, run on the host: `kernels/*.cu` compiled by g++
+//! against a small CUDA shim (tests/kernel_emu) and executed one emulated
+//! thread at a time over a real grid. Every vector load and store is checked
+//! for alignment and for lying inside the memory the call may touch (a
+//! memcheck of the pool accesses that untrusted indices drive), and the
+//! results are compared with the CPU executor and the model on the same
+//! random cases as the other tests. It runs everywhere, GPU or not; it does
+//! not replace the GPU run (no real memory model, no timing).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::*;
+use kvtier::abi::{kvt_gather_params, kvt_writeback_params};
+use kvtier::{ErrorWord, Executor, LayerFirstLayout};
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Range {
+    start: u64,
+    end: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Report {
+    loads: u64,
+    stores: u64,
+    misaligned: u64,
+    out_of_range: u64,
+    first_bad_address: u64,
+}
+
+type GatherFn = unsafe extern "C" fn(
+    *const kvt_gather_params,
+    u32,
+    u32,
+    *const Range,
+    usize,
+    *const Range,
+    usize,
+) -> Report;
+type WritebackFn = unsafe extern "C" fn(
+    *const kvt_writeback_params,
+    u32,
+    u32,
+    *const Range,
+    usize,
+    *const Range,
+    usize,
+) -> Report;
+
+const BLOCK: u32 = kvtier::cuda::BLOCK_THREADS;
+
+/// Builds the emulated kernels once per test binary with the host C++
+/// compiler ($CXX, else c++), with UBSan aborting on undefined behaviour.
+fn emulator() -> &'static libloading::Library {
+    static LIB: OnceLock<libloading::Library> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("libkvt_emu_{}.so", std::process::id()));
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let status = Command::new(&cxx)
+            .args([
+                "-std=c++17",
+                "-O1",
+                "-g",
+                "-fPIC",
+                "-shared",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+            ])
+            .args([
+                "-Wno-unknown-pragmas",
+                "-fsanitize=undefined",
+                "-fno-sanitize-recover=all",
+            ])
+            .arg("-include")
+            .arg(root.join("tests/kernel_emu/cuda_host_shim.h"))
+            .arg("-I")
+            .arg(root.join("kernels"))
+            .arg(root.join("tests/kernel_emu/emulator.cpp"))
+            .arg("-o")
+            .arg(&out)
+            .status()
+            .unwrap_or_else(|e| panic!("could not run the host C++ compiler {cxx:?}: {e}"));
+        assert!(
+            status.success(),
+            "the kernels did not compile as host C++ under the emulation shim"
+        );
+        // SAFETY: our own library; its initialisers only set up UBSan.
+        unsafe { libloading::Library::new(&out) }.unwrap()
+    })
+}
+
+fn gather_fn() -> libloading::Symbol<'static, GatherFn> {
+    unsafe { emulator().get(b"kvt_emu_gather") }.unwrap()
+}
+
+fn writeback_fn() -> libloading::Symbol<'static, WritebackFn> {
+    unsafe { emulator().get(b"kvt_emu_writeback") }.unwrap()
+}
+
+/// The bytes of every bound region: what a kernel may read (gather) or write
+/// (writeback) in the pool.
+fn region_ranges(fx: &Fixture, setup: &Setup) -> Vec<Range> {
+    let mut regions: Vec<u32> = setup.bindings.iter().flatten().copied().collect();
+    regions.sort();
+    regions.dedup();
+    let bytes = setup.layout.region_bytes();
+    regions
+        .into_iter()
+        .map(|r| {
+            let start = fx.pool.region_host_addr(&fx.regions[r as usize]).unwrap();
+            Range {
+                start,
+                end: start + bytes,
+            }
+        })
+        .collect()
+}
+
+fn slot_table(fx: &Fixture, setup: &Setup) -> Vec<u64> {
+    setup
+        .bindings
+        .iter()
+        .map(|b| {
+            b.map(|r| fx.pool.region_host_addr(&fx.regions[r as usize]).unwrap())
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+/// 16-byte aligned storage holding `n` bytes starting `offset` bytes in. The
+/// emulated kernels write through `addr()`, so it comes from `as_mut_ptr`
+/// (taken once; the vector never reallocates), never from `as_ptr`.
+struct Aligned {
+    /// Owns the memory `ptr` points into.
+    _storage: Vec<u128>,
+    ptr: *mut u8,
+    n: usize,
+}
+
+impl Aligned {
+    fn new(n: usize, offset: usize, fill: u8) -> Self {
+        let mut storage = vec![u128::from_le_bytes([fill; 16]); (n + offset).div_ceil(16) + 1];
+        let ptr = unsafe { (storage.as_mut_ptr() as *mut u8).add(offset) };
+        Aligned {
+            _storage: storage,
+            ptr,
+            n,
+        }
+    }
+    fn from(bytes: &[u8]) -> Self {
+        let mut a = Aligned::new(bytes.len(), 0, 0);
+        a.bytes_mut().copy_from_slice(bytes);
+        a
+    }
+    fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+    fn bytes(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.ptr, self.n) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.n) }
+    }
+    fn range(&self) -> Range {
+        Range {
+            start: self.addr(),
+            end: self.addr() + self.n as u64,
+        }
+    }
+}
+
+/// Grids to run each case with: one block (one warp strides over everything),
+/// three blocks, and enough blocks for a warp per row (idle warps included).
+fn grids(rows: u64) -> [u32; 3] {
+    [1, 3, rows.div_ceil((BLOCK / 32) as u64).max(1) as u32 + 1]
+}
+
+/// Runs a gather case through the emulated kernel with `grid` blocks.
+fn emulate_gather(case: &GatherCase, grid: u32) -> (Vec<u8>, ErrorWord, Report) {
+    let fx = filled_pool(case.setup.layout, case.setup.n_regions);
+    let slots = slot_table(&fx, &case.setup);
+    let layout = case.setup.layout;
+    let mut out = Aligned::new(case.out_bytes(), case.out_offset, 0xAB);
+    let mut err = ErrorWord::clear();
+    let p = kvt_gather_params {
+        slot_bases: slots.as_ptr() as u64,
+        req_slots: case.req_slots.as_ptr() as u64,
+        seq_lens: case.seq_lens.as_ptr() as u64,
+        topk: case.topk.as_ptr() as u64,
+        out: out.addr(),
+        error: &mut err as *mut ErrorWord as u64,
+        layer_offset: layout.layer_offset(case.layer).unwrap(),
+        entry_bytes: layout.entry_bytes(),
+        tokens_per_region: layout.tokens_per_region(),
+        num_slots: case.setup.num_slots(),
+        batch: case.batch() as u32,
+        k: case.k,
+        topk_stride: case.topk_stride,
+    };
+    let loads = region_ranges(&fx, &case.setup);
+    let stores = [out.range()];
+    let report = unsafe {
+        gather_fn()(
+            &p,
+            grid,
+            BLOCK,
+            loads.as_ptr(),
+            loads.len(),
+            stores.as_ptr(),
+            1,
+        )
+    };
+    let bytes = out.bytes_mut().to_vec();
+    (bytes, err, report)
+}
+
+fn gather_agrees(case: &GatherCase) {
+    let (cpu_out, cpu_res) = case.run(&Executor::cpu());
+    let (model_out, model_err) = case.expected();
+    assert!(
+        cpu_out == model_out,
+        "CPU executor differs from the model for {case:?}"
+    );
+    for grid in grids(case.batch() as u64 * case.k as u64) {
+        let (out, err, report) = emulate_gather(case, grid);
+        assert_eq!(
+            (report.misaligned, report.out_of_range),
+            (0, 0),
+            "bad accesses {report:?} for {case:?}"
+        );
+        assert!(
+            out == cpu_out,
+            "kernel output differs from the CPU executor (grid {grid}) for {case:?}"
+        );
+        assert_eq!(
+            expected_report(&err),
+            reported(&cpu_res),
+            "grid {grid}: {case:?}"
+        );
+        assert_eq!(
+            err, model_err,
+            "error word differs bit for bit from the model's"
+        );
+    }
+}
+
+/// Runs a writeback case through the emulated kernel with `grid` blocks.
+fn emulate_writeback(case: &WritebackCase, grid: u32) -> (Vec<Vec<u8>>, ErrorWord, Report) {
+    let fx = filled_pool(case.setup.layout, case.setup.n_regions);
+    let slots = slot_table(&fx, &case.setup);
+    let layout = case.setup.layout;
+    let src: Vec<Aligned> = case.src.iter().map(|b| Aligned::from(b)).collect();
+    let table: Vec<u64> = src.iter().map(Aligned::addr).collect();
+    let mut err = ErrorWord::clear();
+    let (first_layer, num_layers, src_base, src_layer_bases) = match case.mode {
+        WritebackMode::Layer(l) => (l, 1, src[0].addr(), 0),
+        WritebackMode::AllLayers => (0, layout.layers(), 0, table.as_ptr() as u64),
+    };
+    let p = kvt_writeback_params {
+        slot_bases: slots.as_ptr() as u64,
+        item_slots: case.slots.as_ptr() as u64,
+        item_tokens: case.tokens.as_ptr() as u64,
+        item_src_rows: case.src_rows.as_ptr() as u64,
+        src_base,
+        src_layer_bases,
+        error: &mut err as *mut ErrorWord as u64,
+        src_rows: case.rows,
+        layer_bytes: layout.layer_bytes(),
+        entry_bytes: layout.entry_bytes(),
+        tokens_per_region: layout.tokens_per_region(),
+        num_slots: case.setup.num_slots(),
+        num_items: case.slots.len() as u32,
+        first_layer,
+        num_layers,
+    };
+    let loads: Vec<Range> = src.iter().map(Aligned::range).collect();
+    let stores = region_ranges(&fx, &case.setup);
+    let report = unsafe {
+        writeback_fn()(
+            &p,
+            grid,
+            BLOCK,
+            loads.as_ptr(),
+            loads.len(),
+            stores.as_ptr(),
+            stores.len(),
+        )
+    };
+    (pool_contents(&fx), err, report)
+}
+
+fn writeback_agrees(case: &WritebackCase) {
+    let (cpu_pool, cpu_res) = case.run(&Executor::cpu());
+    let (model_pool, model_err) = case.expected();
+    assert!(cpu_pool == model_pool);
+    let rows = case.slots.len() as u64
+        * if case.mode == WritebackMode::AllLayers {
+            case.setup.layout.layers() as u64
+        } else {
+            1
+        };
+    for grid in grids(rows) {
+        let (pool, err, report) = emulate_writeback(case, grid);
+        assert_eq!(
+            (report.misaligned, report.out_of_range),
+            (0, 0),
+            "bad accesses {report:?} for {case:?}"
+        );
+        assert!(
+            pool == cpu_pool,
+            "kernel pool contents differ from the CPU executor (grid {grid}) for {case:?}"
+        );
+        assert_eq!(
+            expected_report(&err),
+            reported(&cpu_res),
+            "grid {grid}: {case:?}"
+        );
+        assert_eq!(err, model_err);
+    }
+}
+
+const MEDIUM: Limits = Limits {
+    max_layers: 3,
+    max_tokens: 700,
+    max_regions: 5,
+    max_batch: 8,
+    max_k: 300,
+    max_items: 200,
+};
+
+#[test]
+fn gather_kernel_matches_the_cpu_executor() {
+    for seed in 0..120 {
+        for h in [CLEAN, PADDED, HOSTILE] {
+            gather_agrees(&GatherCase::random(seed, SMALL, h));
+        }
+    }
+    for seed in 500..520 {
+        gather_agrees(&GatherCase::random(seed, MEDIUM, HOSTILE));
+    }
+}
+
+#[test]
+fn writeback_kernel_matches_the_cpu_executor() {
+    for seed in 0..120 {
+        for h in [CLEAN, PADDED, HOSTILE] {
+            writeback_agrees(&WritebackCase::random(seed, SMALL, h, true));
+        }
+    }
+    for seed in 500..520 {
+        writeback_agrees(&WritebackCase::random(seed, MEDIUM, HOSTILE, true));
+    }
+}
+
+/// Large entries take several passes of the unrolled loop (2 KiB per warp
+/// per pass), in both the 16-byte and the 8-byte path.
+#[test]
+fn entries_larger_than_one_pass() {
+    for (seed, entry) in [(1, 4096), (2, 4104), (3, 6152)] {
+        let mut case = GatherCase::random(seed, SMALL, HOSTILE);
+        case.setup.layout = LayerFirstLayout::new(entry, 2, 40).unwrap();
+        case.layer = 1;
+        gather_agrees(&case);
+        let mut wb = WritebackCase::random(seed, SMALL, HOSTILE, true);
+        wb.setup.layout = LayerFirstLayout::new(entry, 2, 40).unwrap();
+        wb.mode = WritebackMode::Layer(1);
+        wb.src = vec![
+            (0..wb.rows as usize * entry as usize)
+                .map(|i| (i % 253) as u8)
+                .collect(),
+        ];
+        writeback_agrees(&wb);
+    }
+}
+
+/// The production shape: batch 16 of k = 2048, 656 B and 584 B entries.
+#[test]
+fn production_shape() {
+    for (entry, offset) in [(656, 0), (584, 8)] {
+        let mut case = GatherCase::random(9, SMALL, CLEAN);
+        case.setup = Setup {
+            layout: LayerFirstLayout::new(entry, 1, 4096).unwrap(),
+            n_regions: 16,
+            bindings: (0..16).map(Some).collect(),
+        };
+        case.layer = 0;
+        (case.k, case.topk_stride, case.out_offset) = (2048, 2048, offset);
+        case.req_slots = (0..16).rev().collect();
+        case.seq_lens = vec![4096; 16];
+        case.topk = (0..16 * 2048)
+            .map(|i| ((i as u64 * 2_654_435_761) % 4096) as i32)
+            .collect();
+        let (cpu_out, _) = case.run(&Executor::cpu());
+        let grid = grids(16 * 2048)[2];
+        let (out, err, report) = emulate_gather(&case, grid);
+        assert_eq!(
+            (report.misaligned, report.out_of_range),
+            (0, 0),
+            "{report:?}"
+        );
+        assert!(err.is_clear());
+        assert!(out == cpu_out);
+    }
+}
+
+/// A pool of its own for the emulated kernels: the regions of `setup`
+/// packed back to back starting `shift` bytes past a 16-byte boundary, filled
+/// with the pattern. The kernel contract only promises 8-byte aligned
+/// regions; with `shift = 8` entries of a multiple of 16 bytes get both an
+/// 8-byte head and an 8-byte tail, which page-aligned pools never produce.
+struct ShiftedPool {
+    mem: Aligned,
+    region_bytes: usize,
+}
+
+impl ShiftedPool {
+    fn new(setup: &Setup, shift: usize) -> Self {
+        let l = setup.layout;
+        let region_bytes = l.region_bytes() as usize;
+        let mut mem = Aligned::new(region_bytes * setup.n_regions as usize, shift, 0);
+        let entry = l.entry_bytes() as usize;
+        for r in 0..setup.n_regions {
+            for layer in 0..l.layers() {
+                for t in 0..l.tokens_per_region() {
+                    let at = r as usize * region_bytes + l.entry_offset(layer, t).unwrap() as usize;
+                    mem.bytes_mut()[at..at + entry]
+                        .copy_from_slice(&pattern_entry(r, layer, t, entry));
+                }
+            }
+        }
+        ShiftedPool { mem, region_bytes }
+    }
+    fn slot_table(&self, setup: &Setup) -> Vec<u64> {
+        setup
+            .bindings
+            .iter()
+            .map(|b| {
+                b.map(|r| self.mem.addr() + r as u64 * self.region_bytes as u64)
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+    fn regions(&self) -> Vec<Vec<u8>> {
+        self.mem
+            .bytes()
+            .chunks(self.region_bytes)
+            .map(|c| c.to_vec())
+            .collect()
+    }
+}
+
+#[test]
+fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
+    for seed in 0..60 {
+        let mut case = GatherCase::random(seed, SMALL, HOSTILE);
+        case.out_offset = 8;
+        let pool = ShiftedPool::new(&case.setup, 8);
+        let slots = pool.slot_table(&case.setup);
+        let layout = case.setup.layout;
+        let out = Aligned::new(case.out_bytes(), 8, 0xAB);
+        let mut err = ErrorWord::clear();
+        let p = kvt_gather_params {
+            slot_bases: slots.as_ptr() as u64,
+            req_slots: case.req_slots.as_ptr() as u64,
+            seq_lens: case.seq_lens.as_ptr() as u64,
+            topk: case.topk.as_ptr() as u64,
+            out: out.addr(),
+            error: &mut err as *mut ErrorWord as u64,
+            layer_offset: layout.layer_offset(case.layer).unwrap(),
+            entry_bytes: layout.entry_bytes(),
+            tokens_per_region: layout.tokens_per_region(),
+            num_slots: case.setup.num_slots(),
+            batch: case.batch() as u32,
+            k: case.k,
+            topk_stride: case.topk_stride,
+        };
+        let (loads, stores) = ([pool.mem.range()], [out.range()]);
+        let report = unsafe { gather_fn()(&p, 2, BLOCK, loads.as_ptr(), 1, stores.as_ptr(), 1) };
+        assert_eq!(
+            (report.misaligned, report.out_of_range),
+            (0, 0),
+            "{report:?} for {case:?}"
+        );
+        let (want, want_err) = case.expected();
+        assert!(
+            out.bytes() == want,
+            "gather from shifted regions differs from the model for {case:?}"
+        );
+        assert_eq!(err, want_err);
+
+        let wb = WritebackCase::random(seed, SMALL, HOSTILE, true);
+        let pool = ShiftedPool::new(&wb.setup, 8);
+        let slots = pool.slot_table(&wb.setup);
+        let layout = wb.setup.layout;
+        let src: Vec<Aligned> = wb
+            .src
+            .iter()
+            .map(|b| {
+                let mut a = Aligned::new(b.len(), 8, 0);
+                a.bytes_mut().copy_from_slice(b);
+                a
+            })
+            .collect();
+        let table: Vec<u64> = src.iter().map(Aligned::addr).collect();
+        let mut err = ErrorWord::clear();
+        let (first_layer, num_layers, src_base, src_layer_bases) = match wb.mode {
+            WritebackMode::Layer(l) => (l, 1, src[0].addr(), 0),
+            WritebackMode::AllLayers => (0, layout.layers(), 0, table.as_ptr() as u64),
+        };
+        let p = kvt_writeback_params {
+            slot_bases: slots.as_ptr() as u64,
+            item_slots: wb.slots.as_ptr() as u64,
+            item_tokens: wb.tokens.as_ptr() as u64,
+            item_src_rows: wb.src_rows.as_ptr() as u64,
+            src_base,
+            src_layer_bases,
+            error: &mut err as *mut ErrorWord as u64,
+            src_rows: wb.rows,
+            layer_bytes: layout.layer_bytes(),
+            entry_bytes: layout.entry_bytes(),
+            tokens_per_region: layout.tokens_per_region(),
+            num_slots: wb.setup.num_slots(),
+            num_items: wb.slots.len() as u32,
+            first_layer,
+            num_layers,
+        };
+        let loads: Vec<Range> = src.iter().map(Aligned::range).collect();
+        let stores = [pool.mem.range()];
+        let report = unsafe {
+            writeback_fn()(
+                &p,
+                2,
+                BLOCK,
+                loads.as_ptr(),
+                loads.len(),
+                stores.as_ptr(),
+                1,
+            )
+        };
+        assert_eq!(
+            (report.misaligned, report.out_of_range),
+            (0, 0),
+            "{report:?} for {wb:?}"
+        );
+        let (want, want_err) = wb.expected();
+        assert!(
+            pool.regions() == want,
+            "writeback into shifted regions differs from the model for {wb:?}"
+        );
+        assert_eq!(err, want_err);
+    }
+}
+
+/// The harness itself can fail: a misaligned output and a pool range that
+/// stops one entry short are both caught.
+#[test]
+fn the_memcheck_catches_misaligned_and_out_of_range_accesses() {
+    let mut case = GatherCase::random(4, SMALL, CLEAN);
+    case.setup = Setup {
+        layout: LayerFirstLayout::new(656, 1, 16).unwrap(),
+        n_regions: 1,
+        bindings: vec![Some(0)],
+    };
+    (case.layer, case.k, case.topk_stride, case.out_offset) = (0, 2, 2, 0);
+    case.req_slots = vec![0];
+    case.seq_lens = vec![16];
+    case.topk = vec![15, 0];
+
+    let fx = filled_pool(case.setup.layout, 1);
+    let slots = slot_table(&fx, &case.setup);
+    let out = Aligned::new(2 * 656 + 8, 0, 0);
+    let mut err = ErrorWord::clear();
+    let base = kvt_gather_params {
+        slot_bases: slots.as_ptr() as u64,
+        req_slots: case.req_slots.as_ptr() as u64,
+        seq_lens: case.seq_lens.as_ptr() as u64,
+        topk: case.topk.as_ptr() as u64,
+        out: out.addr(),
+        error: &mut err as *mut ErrorWord as u64,
+        layer_offset: 0,
+        entry_bytes: 656,
+        tokens_per_region: 16,
+        num_slots: 1,
+        batch: 1,
+        k: 2,
+        topk_stride: 2,
+    };
+    let region = region_ranges(&fx, &case.setup)[0];
+    let stores = [out.range()];
+    let run = |p: &kvt_gather_params, loads: Range| unsafe {
+        gather_fn()(p, 1, BLOCK, &loads, 1, stores.as_ptr(), 1)
+    };
+
+    let clean = run(&base, region);
+    assert_eq!((clean.misaligned, clean.out_of_range), (0, 0));
+    assert_eq!(
+        clean.stores,
+        2 * 656 / 16,
+        "both rows stored in 16-byte vectors"
+    );
+
+    let short = run(
+        &base,
+        Range {
+            start: region.start,
+            end: region.end - 656,
+        },
+    );
+    assert!(
+        short.out_of_range > 0,
+        "token 15 lies outside the shortened range: {short:?}"
+    );
+
+    let skewed = kvt_gather_params {
+        out: base.out + 4,
+        ..base
+    };
+    let r = run(&skewed, region);
+    assert!(r.misaligned > 0, "a 4-byte-aligned output is caught: {r:?}");
+}
