@@ -196,6 +196,14 @@ fn arguments_are_checked_before_anything_runs() {
         )),
         "src"
     );
+    let src_words = vec![0u64; 2 * ENTRY / 8 + 1];
+    let src_bytes: &[u8] =
+        unsafe { std::slice::from_raw_parts(src_words.as_ptr() as *const u8, 2 * ENTRY + 8) };
+    assert_eq!(
+        argument_error(tier.writeback_layer(0, &items, Buf::host(&src_bytes[4..]), Stream::null())),
+        "src",
+        "a 4-byte-aligned source is refused"
+    );
     let short = WritebackItems {
         tokens: Buf::host(&tokens[..1]),
         ..items
