@@ -9,8 +9,21 @@ pub const KVT_ERR_GATHER_INDEX: u32 = 2;
 pub const KVT_ERR_WRITEBACK_SLOT: u32 = 3;
 pub const KVT_ERR_WRITEBACK_TOKEN: u32 = 4;
 pub const KVT_ERR_WRITEBACK_SRC_ROW: u32 = 5;
+pub const KVT_ERR_SWAP_NUM_REAL: u32 = 6;
+pub const KVT_ERR_SWAP_REQ: u32 = 7;
+pub const KVT_ERR_SWAP_SEQ_LEN: u32 = 8;
+pub const KVT_ERR_SWAP_LRU: u32 = 9;
+pub const KVT_ERR_SWAP_TOKEN: u32 = 10;
+pub const KVT_ERR_SWAP_HOST_LOC: u32 = 11;
+pub const KVT_ERR_SWAP_DEVICE_LOC: u32 = 12;
+pub const KVT_ERR_SWAP_SLOT_LOC: u32 = 13;
 pub const KVT_ERR_KINDS: u32 = 16;
 pub const KVT_ERR_FIRST_NONE: u64 = 18446744073709551615;
+pub const KVT_SWAP_SEQ_LENS_I64: u32 = 1;
+pub const KVT_SWAP_REQ_INDICES_I64: u32 = 2;
+pub const KVT_SWAP_COPY_IN_PLAN: u32 = 4;
+pub const KVT_SWAP_MAX_TOP_K: u32 = 4096;
+pub const KVT_SWAP_MAX_HOT: u32 = 16384;
 pub type kvt_addr = u64;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
@@ -131,4 +144,103 @@ const _: () = {
         [::core::mem::offset_of!(kvt_writeback_params, first_layer) - 88usize];
     ["Offset of field: kvt_writeback_params::num_layers"]
         [::core::mem::offset_of!(kvt_writeback_params, num_layers) - 92usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct kvt_swap_in_params {
+    pub top_k_tokens: kvt_addr,
+    pub device_buffer_tokens: kvt_addr,
+    pub device_buffer_locs: kvt_addr,
+    pub lru_slots: kvt_addr,
+    pub host_cache_locs: kvt_addr,
+    pub top_k_device_locs: kvt_addr,
+    pub req_pool_indices: kvt_addr,
+    pub seq_lens: kvt_addr,
+    pub num_real_reqs: kvt_addr,
+    pub host_cache: kvt_addr,
+    pub device_buffer: kvt_addr,
+    pub plan_src: kvt_addr,
+    pub plan_dst: kvt_addr,
+    pub plan_count: kvt_addr,
+    pub error: kvt_addr,
+    pub host_rows: u64,
+    pub device_rows: u64,
+    pub top_k_stride: u64,
+    pub buffer_stride: u64,
+    pub lru_stride: u64,
+    pub host_stride: u64,
+    pub out_stride: u64,
+    pub batch: u32,
+    pub top_k: u32,
+    pub hot: u32,
+    pub item_bytes: u32,
+    pub num_requests: u32,
+    pub max_tokens: u32,
+    pub flags: u32,
+    pub _reserved: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of kvt_swap_in_params"][::core::mem::size_of::<kvt_swap_in_params>() - 208usize];
+    ["Alignment of kvt_swap_in_params"][::core::mem::align_of::<kvt_swap_in_params>() - 8usize];
+    ["Offset of field: kvt_swap_in_params::top_k_tokens"]
+        [::core::mem::offset_of!(kvt_swap_in_params, top_k_tokens) - 0usize];
+    ["Offset of field: kvt_swap_in_params::device_buffer_tokens"]
+        [::core::mem::offset_of!(kvt_swap_in_params, device_buffer_tokens) - 8usize];
+    ["Offset of field: kvt_swap_in_params::device_buffer_locs"]
+        [::core::mem::offset_of!(kvt_swap_in_params, device_buffer_locs) - 16usize];
+    ["Offset of field: kvt_swap_in_params::lru_slots"]
+        [::core::mem::offset_of!(kvt_swap_in_params, lru_slots) - 24usize];
+    ["Offset of field: kvt_swap_in_params::host_cache_locs"]
+        [::core::mem::offset_of!(kvt_swap_in_params, host_cache_locs) - 32usize];
+    ["Offset of field: kvt_swap_in_params::top_k_device_locs"]
+        [::core::mem::offset_of!(kvt_swap_in_params, top_k_device_locs) - 40usize];
+    ["Offset of field: kvt_swap_in_params::req_pool_indices"]
+        [::core::mem::offset_of!(kvt_swap_in_params, req_pool_indices) - 48usize];
+    ["Offset of field: kvt_swap_in_params::seq_lens"]
+        [::core::mem::offset_of!(kvt_swap_in_params, seq_lens) - 56usize];
+    ["Offset of field: kvt_swap_in_params::num_real_reqs"]
+        [::core::mem::offset_of!(kvt_swap_in_params, num_real_reqs) - 64usize];
+    ["Offset of field: kvt_swap_in_params::host_cache"]
+        [::core::mem::offset_of!(kvt_swap_in_params, host_cache) - 72usize];
+    ["Offset of field: kvt_swap_in_params::device_buffer"]
+        [::core::mem::offset_of!(kvt_swap_in_params, device_buffer) - 80usize];
+    ["Offset of field: kvt_swap_in_params::plan_src"]
+        [::core::mem::offset_of!(kvt_swap_in_params, plan_src) - 88usize];
+    ["Offset of field: kvt_swap_in_params::plan_dst"]
+        [::core::mem::offset_of!(kvt_swap_in_params, plan_dst) - 96usize];
+    ["Offset of field: kvt_swap_in_params::plan_count"]
+        [::core::mem::offset_of!(kvt_swap_in_params, plan_count) - 104usize];
+    ["Offset of field: kvt_swap_in_params::error"]
+        [::core::mem::offset_of!(kvt_swap_in_params, error) - 112usize];
+    ["Offset of field: kvt_swap_in_params::host_rows"]
+        [::core::mem::offset_of!(kvt_swap_in_params, host_rows) - 120usize];
+    ["Offset of field: kvt_swap_in_params::device_rows"]
+        [::core::mem::offset_of!(kvt_swap_in_params, device_rows) - 128usize];
+    ["Offset of field: kvt_swap_in_params::top_k_stride"]
+        [::core::mem::offset_of!(kvt_swap_in_params, top_k_stride) - 136usize];
+    ["Offset of field: kvt_swap_in_params::buffer_stride"]
+        [::core::mem::offset_of!(kvt_swap_in_params, buffer_stride) - 144usize];
+    ["Offset of field: kvt_swap_in_params::lru_stride"]
+        [::core::mem::offset_of!(kvt_swap_in_params, lru_stride) - 152usize];
+    ["Offset of field: kvt_swap_in_params::host_stride"]
+        [::core::mem::offset_of!(kvt_swap_in_params, host_stride) - 160usize];
+    ["Offset of field: kvt_swap_in_params::out_stride"]
+        [::core::mem::offset_of!(kvt_swap_in_params, out_stride) - 168usize];
+    ["Offset of field: kvt_swap_in_params::batch"]
+        [::core::mem::offset_of!(kvt_swap_in_params, batch) - 176usize];
+    ["Offset of field: kvt_swap_in_params::top_k"]
+        [::core::mem::offset_of!(kvt_swap_in_params, top_k) - 180usize];
+    ["Offset of field: kvt_swap_in_params::hot"]
+        [::core::mem::offset_of!(kvt_swap_in_params, hot) - 184usize];
+    ["Offset of field: kvt_swap_in_params::item_bytes"]
+        [::core::mem::offset_of!(kvt_swap_in_params, item_bytes) - 188usize];
+    ["Offset of field: kvt_swap_in_params::num_requests"]
+        [::core::mem::offset_of!(kvt_swap_in_params, num_requests) - 192usize];
+    ["Offset of field: kvt_swap_in_params::max_tokens"]
+        [::core::mem::offset_of!(kvt_swap_in_params, max_tokens) - 196usize];
+    ["Offset of field: kvt_swap_in_params::flags"]
+        [::core::mem::offset_of!(kvt_swap_in_params, flags) - 200usize];
+    ["Offset of field: kvt_swap_in_params::_reserved"]
+        [::core::mem::offset_of!(kvt_swap_in_params, _reserved) - 204usize];
 };

@@ -36,6 +36,15 @@ typedef uint64_t kvt_addr;
 #define KVT_ERR_WRITEBACK_SLOT 3   /* item_slots[item] is < -1, >= num_slots, or names an unbound slot */
 #define KVT_ERR_WRITEBACK_TOKEN 4  /* item_tokens[item] is < 0 or >= tokens_per_region */
 #define KVT_ERR_WRITEBACK_SRC_ROW 5 /* item_src_rows[item] is < 0 or >= src_rows */
+/* swap-in kinds: position (batch row << 16) | top-k column (0 for request-level kinds) */
+#define KVT_ERR_SWAP_NUM_REAL 6    /* num_real_reqs[0] is < 0 or > batch (clamped) */
+#define KVT_ERR_SWAP_REQ 7         /* req_pool_indices[row] is < 0 or >= num_requests */
+#define KVT_ERR_SWAP_SEQ_LEN 8     /* seq_lens[row] is < 0 or > max_tokens */
+#define KVT_ERR_SWAP_LRU 9         /* lru_slots[req] is not a permutation of [0, hot) */
+#define KVT_ERR_SWAP_TOKEN 10      /* top_k_tokens[row][col] is < -1 or >= seq_lens[row] */
+#define KVT_ERR_SWAP_HOST_LOC 11   /* host_cache_locs[req][token] is < 0 or >= host_rows */
+#define KVT_ERR_SWAP_DEVICE_LOC 12 /* a top-k entry's device row is < 0 or >= device_rows, or no usable slot is left */
+#define KVT_ERR_SWAP_SLOT_LOC 13   /* an evictable slot's device row is out of range (column = slot; never loaded into) */
 #define KVT_ERR_KINDS 16           /* slots reserved in the error word (room for later kinds) */
 
 /* Value of an empty kvt_error_word.first slot. */
@@ -115,5 +124,66 @@ typedef struct kvt_writeback_params {
     uint32_t first_layer;
     uint32_t num_layers;
 } kvt_writeback_params;
+
+/* kvt_swap_in_params.flags */
+#define KVT_SWAP_SEQ_LENS_I64 1u    /* seq_lens holds int64_t (else int32_t) */
+#define KVT_SWAP_REQ_INDICES_I64 2u /* req_pool_indices holds int64_t (else int32_t) */
+#define KVT_SWAP_COPY_IN_PLAN 4u    /* kvt_swap_in_plan copies its own misses (one block per request) */
+
+/* Largest top-k and hot buffer a swap-in accepts. */
+#define KVT_SWAP_MAX_TOP_K 4096
+#define KVT_SWAP_MAX_HOT 16384
+
+/*
+ * LRU device-buffer swap-in with page-table update, one layer, a whole batch
+ * (SGLang HiSparse semantics; see DESIGN.md section 4 and src/swap_in.rs).
+ *
+ * Per request state, row `req` of each array (req = req_pool_indices[row]):
+ *   device_buffer_tokens[req][0..=hot]  token cached in each slot, -1 empty
+ *   device_buffer_locs[req][0..=hot]    device row of each slot (slot hot = newest token)
+ *   lru_slots[req][0..hot)              permutation of the LRU slots, index 0 = LRU
+ *   host_cache_locs[req][0..max_tokens) host row of each token position
+ *
+ * Two kernels share these parameters. kvt_swap_in_plan (one block per batch
+ * row) finds hits, assigns misses to evicted slots, writes top_k_device_locs,
+ * device_buffer_tokens and lru_slots, and records each row's misses in the
+ * plan scratch (plan_src/plan_dst rows of top_k entries, plan_count). Then
+ * kvt_swap_in_copy moves every planned miss of the batch, a warp per miss over
+ * one wide grid: host_cache row plan_src -> device_buffer row plan_dst. With
+ * KVT_SWAP_COPY_IN_PLAN the plan kernel copies its own misses instead and
+ * records none (the one-block-per-request design, kept as a baseline).
+ */
+typedef struct kvt_swap_in_params {
+    kvt_addr top_k_tokens;         /* const int32_t[batch][top_k_stride] */
+    kvt_addr device_buffer_tokens; /* int32_t[num_requests][buffer_stride] */
+    kvt_addr device_buffer_locs;   /* const int32_t[num_requests][buffer_stride] */
+    kvt_addr lru_slots;            /* int16_t[num_requests][lru_stride] */
+    kvt_addr host_cache_locs;      /* const int64_t[num_requests][host_stride] */
+    kvt_addr top_k_device_locs;    /* int32_t[batch][out_stride] */
+    kvt_addr req_pool_indices;     /* const int32_t or int64_t [batch] */
+    kvt_addr seq_lens;             /* const int32_t or int64_t [batch] */
+    kvt_addr num_real_reqs;        /* const int32_t[1] on the device, or 0 for "batch" */
+    kvt_addr host_cache;           /* host_rows rows of item_bytes (host-mapped) */
+    kvt_addr device_buffer;        /* device_rows rows of item_bytes */
+    kvt_addr plan_src;             /* int64_t[batch][top_k] scratch: host row per miss */
+    kvt_addr plan_dst;             /* int64_t[batch][top_k] scratch: device row per miss */
+    kvt_addr plan_count;           /* int32_t[batch] scratch: misses per row */
+    kvt_addr error;                /* kvt_error_word* */
+    uint64_t host_rows;
+    uint64_t device_rows;
+    uint64_t top_k_stride;         /* elements between rows of top_k_tokens */
+    uint64_t buffer_stride;        /* elements between rows of device_buffer_tokens/_locs */
+    uint64_t lru_stride;           /* elements between rows of lru_slots */
+    uint64_t host_stride;          /* elements between rows of host_cache_locs */
+    uint64_t out_stride;           /* elements between rows of top_k_device_locs */
+    uint32_t batch;                /* rows of top_k_tokens; < 65536 */
+    uint32_t top_k;                /* K, <= hot and <= KVT_SWAP_MAX_TOP_K */
+    uint32_t hot;                  /* LRU slots per request, <= KVT_SWAP_MAX_HOT */
+    uint32_t item_bytes;           /* bytes per KV row, a multiple of 8 */
+    uint32_t num_requests;         /* rows of the per-request state arrays */
+    uint32_t max_tokens;           /* valid columns of host_cache_locs */
+    uint32_t flags;                /* KVT_SWAP_* */
+    uint32_t _reserved;
+} kvt_swap_in_params;
 
 #endif /* KVTIER_ABI_H */

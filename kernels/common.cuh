@@ -17,6 +17,11 @@
 // covers a 1152-byte entry in one pass.
 #define KVT_UNROLL 4
 
+// Dynamic shared memory of the launch; kernels carve it up themselves.
+#ifndef KVT_HOST_EMULATION
+extern __shared__ __align__(16) unsigned char kvt_dynamic_smem[];
+#endif
+
 namespace kvt {
 
 // Vector loads and stores. On the device they are the PTX below. A host build
@@ -64,6 +69,28 @@ __device__ __forceinline__ uint2 load8(const void* p) {
 #define KVT_STORE16(qual, p, v) kvt_emu_store((p), &(v), 16)
 #define KVT_STORE8(qual, p, v) kvt_emu_store((p), &(v), 8)
 #endif
+
+// Scalar global loads and stores of indices and state. Every global access
+// the kernels make goes through these or the vector helpers above, so the
+// host emulation checks each one against the memory the call may touch.
+template <class T>
+__device__ __forceinline__ T ld(const T* p) {
+#ifdef KVT_HOST_EMULATION
+    T v;
+    kvt_emu_load(p, &v, sizeof(T));
+    return v;
+#else
+    return *p;
+#endif
+}
+template <class T>
+__device__ __forceinline__ void st(T* p, T v) {
+#ifdef KVT_HOST_EMULATION
+    kvt_emu_store(p, &v, sizeof(T));
+#else
+    *p = v;
+#endif
+}
 
 // Gather: loads from the host-mapped pool, stores into HBM with .cg, which
 // skips L1 and keeps the lines in L2, where the attention kernel that runs
@@ -164,6 +191,35 @@ __device__ __forceinline__ void report(kvt_error_word* e, uint32_t kind, uint32_
     atomicOr(&e->flags, 1u << kind);
     atomicAdd(&e->count, 1u);
     atomicMin(reinterpret_cast<unsigned long long*>(&e->first[kind]), key);
+}
+
+// Exclusive prefix sums across the block, in thread order, of N counters per
+// thread: on return v[k] holds the sum of v[k] over lower threads and total[k]
+// the block's sum. `scratch` holds N * blockDim.x words of shared memory.
+// Every thread of the block must call it (it synchronises). A Hillis-Steele
+// scan over shared memory with block barriers only: log2(blockDim) rounds,
+// which is noise next to the global loads around it.
+template <int N>
+__device__ __forceinline__ void block_exclusive_scan(uint32_t (&v)[N], uint32_t (&total)[N], uint32_t* scratch) {
+    const uint32_t t = threadIdx.x, n = blockDim.x;
+#pragma unroll
+    for (int k = 0; k < N; ++k) scratch[k * n + t] = v[k];
+    __syncthreads();
+    for (uint32_t off = 1; off < n; off <<= 1) {
+        uint32_t add[N];
+#pragma unroll
+        for (int k = 0; k < N; ++k) add[k] = t >= off ? scratch[k * n + t - off] : 0;
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < N; ++k) scratch[k * n + t] += add[k];
+        __syncthreads();
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        total[k] = scratch[k * n + n - 1];
+        v[k] = scratch[k * n + t] - v[k];
+    }
+    __syncthreads();  // scratch may be reused after this
 }
 
 // Index of this thread's warp in the grid, and the number of warps in the grid.

@@ -29,18 +29,18 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather(const
 
         // Every lane evaluates the same checks (uniform branches); lane 0 reports.
         const char* src = nullptr;
-        const int32_t slot = req_slots[b];
+        const int32_t slot = kvt::ld(req_slots + b);
         if (slot != -1) {
             const uint64_t base =
-                (slot >= 0 && (uint32_t)slot < p.num_slots) ? slot_bases[slot] : 0;
+                (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(slot_bases + slot) : 0;
             if (base == 0) {
                 if (lane == 0) kvt::report(err, KVT_ERR_GATHER_SLOT, position, slot);
             } else {
-                const int32_t seq_len = seq_lens[b];
+                const int32_t seq_len = kvt::ld(seq_lens + b);
                 if (seq_len < 0 || (uint32_t)seq_len > p.tokens_per_region) {
                     if (lane == 0) kvt::report(err, KVT_ERR_GATHER_SEQ_LEN, position, seq_len);
                 } else {
-                    const int32_t token = topk[(uint64_t)b * p.topk_stride + j];
+                    const int32_t token = kvt::ld(topk + (uint64_t)b * p.topk_stride + j);
                     if (token >= 0 && token < seq_len) {
                         src = reinterpret_cast<const char*>(base + p.layer_offset +
                                                             (uint64_t)token * p.entry_bytes);

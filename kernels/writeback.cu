@@ -29,25 +29,25 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS)
         const uint32_t layer_i = (uint32_t)(r / p.num_items);
         const uint32_t item = (uint32_t)(r - (uint64_t)layer_i * p.num_items);
 
-        const int32_t slot = item_slots[item];
+        const int32_t slot = kvt::ld(item_slots + item);
         if (slot == -1) continue;
-        const uint64_t base = (slot >= 0 && (uint32_t)slot < p.num_slots) ? slot_bases[slot] : 0;
+        const uint64_t base = (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(slot_bases + slot) : 0;
         if (base == 0) {
             if (lane == 0) kvt::report(err, KVT_ERR_WRITEBACK_SLOT, item, slot);
             continue;
         }
-        const int32_t token = item_tokens[item];
+        const int32_t token = kvt::ld(item_tokens + item);
         if (token < 0 || (uint32_t)token >= p.tokens_per_region) {
             if (lane == 0) kvt::report(err, KVT_ERR_WRITEBACK_TOKEN, item, token);
             continue;
         }
-        const int64_t src_row = item_src_rows[item];
+        const int64_t src_row = kvt::ld(item_src_rows + item);
         if (src_row < 0 || (uint64_t)src_row >= p.src_rows) {
             if (lane == 0) kvt::report(err, KVT_ERR_WRITEBACK_SRC_ROW, item, src_row);
             continue;
         }
 
-        const uint64_t src_buf = src_layer_bases != nullptr ? src_layer_bases[layer_i] : p.src_base;
+        const uint64_t src_buf = src_layer_bases != nullptr ? kvt::ld(src_layer_bases + layer_i) : p.src_base;
         const char* src = reinterpret_cast<const char*>(src_buf + (uint64_t)src_row * p.entry_bytes);
         char* dst = reinterpret_cast<char*>(base + (uint64_t)(p.first_layer + layer_i) * p.layer_bytes +
                                             (uint64_t)token * p.entry_bytes);

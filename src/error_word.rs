@@ -10,7 +10,9 @@ use std::fmt;
 
 use crate::abi::{
     KVT_ERR_FIRST_NONE, KVT_ERR_GATHER_INDEX, KVT_ERR_GATHER_SEQ_LEN, KVT_ERR_GATHER_SLOT,
-    KVT_ERR_KINDS, KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW, KVT_ERR_WRITEBACK_TOKEN,
+    KVT_ERR_KINDS, KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_LRU,
+    KVT_ERR_SWAP_NUM_REAL, KVT_ERR_SWAP_REQ, KVT_ERR_SWAP_SEQ_LEN, KVT_ERR_SWAP_SLOT_LOC,
+    KVT_ERR_SWAP_TOKEN, KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW, KVT_ERR_WRITEBACK_TOKEN,
     kvt_error_word,
 };
 use crate::error::{Error, Result};
@@ -77,16 +79,41 @@ pub enum BadIndexKind {
     WritebackToken,
     /// `src_rows[item]` is negative or beyond the source buffer.
     WritebackSrcRow,
+    /// Swap-in: `num_real_reqs[0]` is negative or beyond the batch (clamped).
+    SwapNumReal,
+    /// Swap-in: `req_pool_indices[row]` is outside the request state rows.
+    SwapRequest,
+    /// Swap-in: `seq_lens[row]` is negative or beyond `host_cache_locs`' width.
+    SwapSeqLen,
+    /// Swap-in: the request's `lru_slots` row is not a permutation of `0..hot`.
+    SwapLru,
+    /// Swap-in: `top_k_tokens[row][col]` is below -1 or not below `seq_lens[row]`.
+    SwapToken,
+    /// Swap-in: the host row of a missed token is outside the host cache.
+    SwapHostLoc,
+    /// Swap-in: a device row is outside the device buffer, or no usable slot was left.
+    SwapDeviceLoc,
+    /// Swap-in: an evictable slot's device row is outside the device buffer
+    /// (the slot is never loaded into; the column is the slot).
+    SwapSlotLoc,
 }
 
 impl BadIndexKind {
-    const ALL: [(u32, BadIndexKind); 6] = [
+    const ALL: [(u32, BadIndexKind); 14] = [
         (KVT_ERR_GATHER_SLOT, BadIndexKind::GatherSlot),
         (KVT_ERR_GATHER_SEQ_LEN, BadIndexKind::GatherSeqLen),
         (KVT_ERR_GATHER_INDEX, BadIndexKind::GatherIndex),
         (KVT_ERR_WRITEBACK_SLOT, BadIndexKind::WritebackSlot),
         (KVT_ERR_WRITEBACK_TOKEN, BadIndexKind::WritebackToken),
         (KVT_ERR_WRITEBACK_SRC_ROW, BadIndexKind::WritebackSrcRow),
+        (KVT_ERR_SWAP_NUM_REAL, BadIndexKind::SwapNumReal),
+        (KVT_ERR_SWAP_REQ, BadIndexKind::SwapRequest),
+        (KVT_ERR_SWAP_SEQ_LEN, BadIndexKind::SwapSeqLen),
+        (KVT_ERR_SWAP_LRU, BadIndexKind::SwapLru),
+        (KVT_ERR_SWAP_TOKEN, BadIndexKind::SwapToken),
+        (KVT_ERR_SWAP_HOST_LOC, BadIndexKind::SwapHostLoc),
+        (KVT_ERR_SWAP_DEVICE_LOC, BadIndexKind::SwapDeviceLoc),
+        (KVT_ERR_SWAP_SLOT_LOC, BadIndexKind::SwapSlotLoc),
     ];
 
     /// The kind's bit number in the error word (`KVT_ERR_*`).
@@ -94,10 +121,11 @@ impl BadIndexKind {
         Self::ALL.iter().find(|(_, k)| *k == self).unwrap().0
     }
 
-    fn is_gather(self) -> bool {
-        matches!(
+    /// Kinds whose position is (row << 16) | column.
+    fn has_column(self) -> bool {
+        !matches!(
             self,
-            Self::GatherSlot | Self::GatherSeqLen | Self::GatherIndex
+            Self::WritebackSlot | Self::WritebackToken | Self::WritebackSrcRow
         )
     }
 }
@@ -106,9 +134,9 @@ impl BadIndexKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BadIndex {
     pub kind: BadIndexKind,
-    /// Gather: the batch row; writeback: the item.
+    /// Gather and swap-in: the batch row; writeback: the item.
     pub row: u32,
-    /// Gather: the top-k column; writeback: 0.
+    /// Gather and swap-in: the top-k column (0 for row-level kinds); writeback: 0.
     pub col: u32,
     /// The offending value, clamped to the i32 range.
     pub value: i32,
@@ -138,7 +166,7 @@ impl BadIndexReport {
             let key = word.0.first[code as usize];
             let position = (key >> 32) as u32;
             let value = ((key as u32) ^ 0x8000_0000) as i32;
-            let (row, col) = if kind.is_gather() {
+            let (row, col) = if kind.has_column() {
                 (position >> 16, position & 0xffff)
             } else {
                 (position, 0)
@@ -192,13 +220,58 @@ impl fmt::Display for BadIndex {
             BadIndexKind::WritebackSrcRow => write!(
                 f,
                 "src_rows[{r}] = {v}{} is outside the source buffer's rows",
-                if v == i32::MAX || v == i32::MIN {
-                    " (clamped)"
-                } else {
-                    ""
-                }
+                clamped(v)
+            ),
+            BadIndexKind::SwapNumReal => {
+                write!(
+                    f,
+                    "num_real_reqs[0] = {v} is outside [0, batch]; it was clamped"
+                )
+            }
+            BadIndexKind::SwapRequest => write!(
+                f,
+                "req_pool_indices[{r}] = {v}{} is outside the request state rows; the row was refused",
+                clamped(v)
+            ),
+            BadIndexKind::SwapSeqLen => write!(
+                f,
+                "seq_lens[{r}] = {v}{} is outside [0, max_tokens]; the row was refused",
+                clamped(v)
+            ),
+            BadIndexKind::SwapLru => write!(
+                f,
+                "lru_slots of the request of batch row {r} is not a permutation of \
+                 0..hot_buffer_size; the row was refused and its state left as it was"
+            ),
+            BadIndexKind::SwapToken => write!(
+                f,
+                "top_k_tokens[{r}][{c}] = {v} is outside [-1, seq_lens[{r}]) (-1 marks padding)"
+            ),
+            BadIndexKind::SwapHostLoc => write!(
+                f,
+                "top_k_tokens[{r}][{c}] maps to host row {v}{}, outside the host cache",
+                clamped(v)
+            ),
+            BadIndexKind::SwapDeviceLoc => write!(
+                f,
+                "top_k_tokens[{r}][{c}] needs device row {v}, outside the device buffer \
+                                  (-1: no usable slot was left)"
+            ),
+            BadIndexKind::SwapSlotLoc => write!(
+                f,
+                "device_buffer_locs of slot {c} of the request of batch row {r} is {v}, outside the \
+                 device buffer; the slot was not loaded into"
             ),
         }
+    }
+}
+
+/// " (clamped)" for values at the i32 limits, which the error word saturates to.
+fn clamped(v: i32) -> &'static str {
+    if v == i32::MAX || v == i32::MIN {
+        " (clamped)"
+    } else {
+        ""
     }
 }
 
@@ -206,7 +279,8 @@ impl fmt::Display for BadIndexReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} entr{} refused for bad indices (gather rows zero-filled, writeback items skipped)",
+            "{} entr{} refused for bad indices, none followed (gather rows zero-filled, writeback \
+             items skipped, swap-in outputs -1)",
             self.count,
             if self.count == 1 { "y was" } else { "ies were" }
         )?;

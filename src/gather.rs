@@ -7,7 +7,7 @@
 use crate::abi::{
     KVT_ERR_GATHER_INDEX, KVT_ERR_GATHER_SEQ_LEN, KVT_ERR_GATHER_SLOT, kvt_gather_params,
 };
-use crate::cuda::{CudaDevice, Kernel, Stream};
+use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
 use crate::mem::{Buf, BufMut, check_buf};
@@ -214,5 +214,5 @@ pub(crate) unsafe fn launch(dev: &CudaDevice, p: &kvt_gather_params, stream: Str
     }
     let grid = dev.grid_for_rows(Kernel::Gather, rows);
     // SAFETY: per this function's contract.
-    unsafe { dev.launch(Kernel::Gather, grid, p, stream) }
+    unsafe { dev.launch(Kernel::Gather, grid, BLOCK_THREADS, 0, p, stream) }
 }

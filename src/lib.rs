@@ -33,6 +33,7 @@ pub mod layout;
 pub mod mem;
 pub mod pool;
 mod slots;
+pub mod swap_in;
 pub mod tier;
 pub mod writeback;
 
@@ -44,6 +45,7 @@ pub use gather::GatherBatch;
 pub use layout::{EntryFormat, LayerFirstLayout};
 pub use mem::{Buf, BufMut, Location};
 pub use pool::{DeviceSpec, Pool, Region};
+pub use swap_in::{IndexBuf, SwapInArgs, SwapInStrategy};
 pub use tier::{KvLayers, Tier};
 pub use writeback::WritebackItems;
 

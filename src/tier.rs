@@ -22,6 +22,7 @@ use crate::layout::LayerFirstLayout;
 use crate::mem::{Buf, BufMut, check_buf};
 use crate::pool::{Pool, Region};
 use crate::slots::TierTables;
+use crate::swap_in::{self, SwapInArgs, SwapInStrategy, SwapInTarget};
 use crate::writeback::{self, WritebackItems, WritebackSource};
 
 /// Most slots a tier's table may have.
@@ -38,6 +39,17 @@ pub struct Tier {
     /// CUDA executor this mirrors `Backend::Cuda::slots`.
     slots: Vec<u64>,
     backend: Backend,
+    /// Capacity and (CUDA) plan scratch of the swap-in, once enabled.
+    swap_in: Option<SwapInScratch>,
+}
+
+/// What [`Tier::enable_swap_in`] sets up: the largest batch and top-k a
+/// swap-in may have, and for the CUDA executor the plan the copy kernel reads
+/// (a host row and a device row per miss, a miss count per batch row).
+struct SwapInScratch {
+    max_batch: u32,
+    max_top_k: u32,
+    plan: Option<(DeviceBuffer<i64>, DeviceBuffer<i64>, DeviceBuffer<i32>)>,
 }
 
 enum Backend {
@@ -113,6 +125,7 @@ impl Tier {
             exec,
             slots: vec![0; num_slots as usize],
             backend,
+            swap_in: None,
         })
     }
 
@@ -326,6 +339,89 @@ impl Tier {
             Backend::Cpu => unsafe { writeback::run_cpu(&p) }.into_result(),
             // SAFETY: as in `gather`.
             Backend::Cuda { dev, .. } => unsafe { writeback::launch(dev, &p, stream) },
+        }
+    }
+
+    /// Prepares [`Tier::swap_in`] for batches of up to `max_batch` rows and a
+    /// top-k of up to `max_top_k`: for the CUDA executor, allocates the plan
+    /// scratch (2 × 8 B per row and top-k entry) so that the per-layer call
+    /// allocates nothing. Calling it again resizes.
+    pub fn enable_swap_in(&mut self, max_batch: u32, max_top_k: u32) -> Result<()> {
+        if max_batch == 0 || max_batch > swap_in::MAX_BATCH {
+            return Err(invalid(
+                "max_batch",
+                format!("{max_batch} is outside 1..={}", swap_in::MAX_BATCH),
+            ));
+        }
+        if max_top_k == 0 || max_top_k > swap_in::MAX_TOP_K {
+            return Err(invalid(
+                "max_top_k",
+                format!("{max_top_k} is outside 1..={}", swap_in::MAX_TOP_K),
+            ));
+        }
+        let plan = match &self.backend {
+            Backend::Cpu => None,
+            Backend::Cuda { dev, .. } => {
+                let entries = max_batch as usize * max_top_k as usize;
+                Some((
+                    DeviceBuffer::zeroed(dev, entries)?,
+                    DeviceBuffer::zeroed(dev, entries)?,
+                    DeviceBuffer::zeroed(dev, max_batch as usize)?,
+                ))
+            }
+        };
+        self.swap_in = Some(SwapInScratch {
+            max_batch,
+            max_top_k,
+            plan,
+        });
+        Ok(())
+    }
+
+    /// LRU device-buffer swap-in with page-table update for one layer and a
+    /// whole batch, SGLang HiSparse semantics (see [`crate::swap_in`]): plan per
+    /// request, then one copy over every miss of the batch. On the caller's
+    /// stream, no allocation, no host synchronisation; bad indices are refused
+    /// and reported (CPU: now; CUDA: at the next [`Tier::check`]).
+    pub fn swap_in(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
+        self.swap_in_with(args, SwapInStrategy::PlanThenCopy, stream)
+    }
+
+    /// [`Tier::swap_in`] with an explicit strategy for the CUDA executor (the
+    /// CPU executor has one); the benchmark uses it to run the
+    /// one-block-per-request baseline on identical inputs.
+    pub fn swap_in_with(
+        &self,
+        args: &SwapInArgs<'_>,
+        strategy: SwapInStrategy,
+        stream: Stream,
+    ) -> Result<()> {
+        let scratch = self.swap_in.as_ref().ok_or_else(|| {
+            invalid(
+                "swap_in",
+                "call Tier::enable_swap_in(max_batch, max_top_k) once before swap_in",
+            )
+        })?;
+        let (plan_src, plan_dst, plan_count) = match &scratch.plan {
+            Some((s, d, c)) => (s.device_ptr(), d.device_ptr(), c.device_ptr()),
+            None => (0, 0, 0),
+        };
+        let target = SwapInTarget {
+            location: self.exec.location(),
+            max_batch: scratch.max_batch,
+            max_top_k: scratch.max_top_k,
+            plan_src,
+            plan_dst,
+            plan_count,
+            error: self.tables().error,
+        };
+        let p = swap_in::plan(&target, args, strategy)?;
+        match &self.backend {
+            // SAFETY: `plan` checked every host buffer against its shape.
+            Backend::Cpu => unsafe { swap_in::run_cpu(&p) }.into_result(),
+            // SAFETY: `plan` checked every buffer is device memory of the right
+            // size; the scratch belongs to this tier and fits batch × top-k.
+            Backend::Cuda { dev, .. } => unsafe { swap_in::launch(dev, &p, stream) },
         }
     }
 

@@ -9,7 +9,7 @@ use crate::abi::{
     KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW, KVT_ERR_WRITEBACK_TOKEN,
     kvt_writeback_params,
 };
-use crate::cuda::{CudaDevice, Kernel, Stream};
+use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
 use crate::mem::{Buf, check_buf};
@@ -229,5 +229,5 @@ pub(crate) unsafe fn launch(
     }
     let grid = dev.grid_for_rows(Kernel::Writeback, rows);
     // SAFETY: per this function's contract.
-    unsafe { dev.launch(Kernel::Writeback, grid, p, stream) }
+    unsafe { dev.launch(Kernel::Writeback, grid, BLOCK_THREADS, 0, p, stream) }
 }

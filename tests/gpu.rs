@@ -239,3 +239,78 @@ fn cuda_executor_refuses_host_buffers() {
         other => panic!("host buffers accepted by the CUDA executor: {other:?}"),
     }
 }
+
+fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor) {
+    use kvtier::SwapInStrategy;
+    let cpu = case.run(&Executor::cpu(), SwapInStrategy::PlanThenCopy);
+    for strategy in [
+        SwapInStrategy::PlanThenCopy,
+        SwapInStrategy::OneBlockPerRequest,
+    ] {
+        let got = case.run(gpu, strategy);
+        assert!(
+            got == cpu,
+            "CUDA ({strategy:?}) and CPU differ for {case:?}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn swap_in_matches_cpu_on_random_cases() {
+    use common::swap::*;
+    let gpu = cuda();
+    for seed in 0..100 {
+        for h in [CLEAN, PADDED, HOSTILE] {
+            swap_agrees(&SwapCase::random(seed, SWAP_SMALL, h, None), &gpu);
+        }
+    }
+    for seed in 1000..1020 {
+        swap_agrees(&SwapCase::random(seed, SWAP_MEDIUM, HOSTILE, None), &gpu);
+    }
+}
+
+/// The benchmark's grid: HOT 4096 and 8192, K = 2048, 2 and 410 misses per
+/// request, 656-byte items.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn swap_in_production_shapes() {
+    use common::swap::*;
+    let gpu = cuda();
+    for (seed, hot, misses, batch) in [
+        (1, 4096, 2, 4),
+        (2, 4096, 410, 16),
+        (3, 8192, 410, 8),
+        (4, 8192, 2, 32),
+    ] {
+        let shape = SwapShape {
+            hot,
+            k: 2048,
+            item: 656,
+            requests: batch,
+            batch: Some(batch),
+            max_tokens: hot + 4096,
+            short_share: 0.1,
+        };
+        swap_agrees(&SwapCase::shaped(seed, shape, Some(misses)), &gpu);
+    }
+}
+
+/// The largest accepted shape needs 144 KiB of shared memory per planning
+/// block (within the opt-in limit of sm_80 and sm_90).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn swap_in_largest_shape() {
+    use common::swap::*;
+    let gpu = cuda();
+    let shape = SwapShape {
+        hot: kvtier::swap_in::MAX_HOT as usize,
+        k: kvtier::swap_in::MAX_TOP_K as usize,
+        item: 16,
+        requests: 2,
+        batch: Some(2),
+        max_tokens: kvtier::swap_in::MAX_HOT as usize + 8192,
+        short_share: 0.0,
+    };
+    swap_agrees(&SwapCase::shaped(5, shape, Some(1000)), &gpu);
+}

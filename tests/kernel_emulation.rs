@@ -13,9 +13,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
+use common::swap::*;
 use common::*;
-use kvtier::abi::{kvt_gather_params, kvt_writeback_params};
-use kvtier::{ErrorWord, Executor, LayerFirstLayout};
+use kvtier::abi::{kvt_gather_params, kvt_swap_in_params, kvt_writeback_params};
+use kvtier::{ErrorWord, Executor, LayerFirstLayout, SwapInStrategy};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -32,6 +33,19 @@ struct Report {
     misaligned: u64,
     out_of_range: u64,
     first_bad_address: u64,
+    smem_overflow: u64,
+    divergent_barrier: u64,
+}
+
+impl Report {
+    /// Every access in range and aligned, shared memory within bounds, every
+    /// barrier reached by the whole block.
+    fn clean(&self) -> bool {
+        self.misaligned == 0
+            && self.out_of_range == 0
+            && self.smem_overflow == 0
+            && self.divergent_barrier == 0
+    }
 }
 
 type GatherFn = unsafe extern "C" fn(
@@ -47,6 +61,16 @@ type WritebackFn = unsafe extern "C" fn(
     *const kvt_writeback_params,
     u32,
     u32,
+    *const Range,
+    usize,
+    *const Range,
+    usize,
+) -> Report;
+type SwapFn = unsafe extern "C" fn(
+    *const kvt_swap_in_params,
+    u32,
+    u32,
+    usize,
     *const Range,
     usize,
     *const Range,
@@ -98,6 +122,16 @@ fn emulator() -> &'static libloading::Library {
     })
 }
 
+/// Thread orders every emulated launch runs under (see kvt_emu_set_schedule):
+/// ascending, descending, and two shuffles.
+const SCHEDULES: [u64; 4] = [0, 1, 2, 3];
+
+fn set_schedule(schedule: u64) {
+    let f: libloading::Symbol<'static, unsafe extern "C" fn(u64)> =
+        unsafe { emulator().get(b"kvt_emu_set_schedule") }.unwrap();
+    unsafe { f(schedule) };
+}
+
 fn gather_fn() -> libloading::Symbol<'static, GatherFn> {
     unsafe { emulator().get(b"kvt_emu_gather") }.unwrap()
 }
@@ -134,6 +168,45 @@ fn slot_table(fx: &Fixture, setup: &Setup) -> Vec<u64> {
                 .unwrap_or(0)
         })
         .collect()
+}
+
+/// The index arrays a gather reads besides the pool.
+fn gather_meta(p: &kvt_gather_params) -> Vec<Range> {
+    let r = |addr: u64, bytes: u64| Range {
+        start: addr,
+        end: addr + bytes,
+    };
+    let (b, k, stride) = (p.batch as u64, p.k as u64, p.topk_stride as u64);
+    let topk = if b == 0 || k == 0 {
+        0
+    } else {
+        (b - 1) * stride + k
+    };
+    vec![
+        r(p.slot_bases, 8 * p.num_slots as u64),
+        r(p.req_slots, 4 * b),
+        r(p.seq_lens, 4 * b),
+        r(p.topk, 4 * topk),
+    ]
+}
+
+/// The index arrays (and layer table) a writeback reads besides the sources.
+fn writeback_meta(p: &kvt_writeback_params) -> Vec<Range> {
+    let r = |addr: u64, bytes: u64| Range {
+        start: addr,
+        end: addr + bytes,
+    };
+    let n = p.num_items as u64;
+    let mut v = vec![
+        r(p.slot_bases, 8 * p.num_slots as u64),
+        r(p.item_slots, 4 * n),
+        r(p.item_tokens, 4 * n),
+        r(p.item_src_rows, 8 * n),
+    ];
+    if p.src_layer_bases != 0 {
+        v.push(r(p.src_layer_bases, 8 * p.num_layers as u64));
+    }
+    v
 }
 
 /// 16-byte aligned storage holding `n` bytes starting `offset` bytes in. The
@@ -206,7 +279,8 @@ fn emulate_gather(case: &GatherCase, grid: u32) -> (Vec<u8>, ErrorWord, Report) 
         k: case.k,
         topk_stride: case.topk_stride,
     };
-    let loads = region_ranges(&fx, &case.setup);
+    let mut loads = region_ranges(&fx, &case.setup);
+    loads.extend(gather_meta(&p));
     let stores = [out.range()];
     let report = unsafe {
         gather_fn()(
@@ -230,13 +304,13 @@ fn gather_agrees(case: &GatherCase) {
         cpu_out == model_out,
         "CPU executor differs from the model for {case:?}"
     );
-    for grid in grids(case.batch() as u64 * case.k as u64) {
+    for (grid, schedule) in grids(case.batch() as u64 * case.k as u64)
+        .into_iter()
+        .zip(SCHEDULES)
+    {
+        set_schedule(schedule);
         let (out, err, report) = emulate_gather(case, grid);
-        assert_eq!(
-            (report.misaligned, report.out_of_range),
-            (0, 0),
-            "bad accesses {report:?} for {case:?}"
-        );
+        assert!(report.clean(), "bad accesses {report:?} for {case:?}");
         assert!(
             out == cpu_out,
             "kernel output differs from the CPU executor (grid {grid}) for {case:?}"
@@ -282,7 +356,8 @@ fn emulate_writeback(case: &WritebackCase, grid: u32) -> (Vec<Vec<u8>>, ErrorWor
         first_layer,
         num_layers,
     };
-    let loads: Vec<Range> = src.iter().map(Aligned::range).collect();
+    let mut loads: Vec<Range> = src.iter().map(Aligned::range).collect();
+    loads.extend(writeback_meta(&p));
     let stores = region_ranges(&fx, &case.setup);
     let report = unsafe {
         writeback_fn()(
@@ -308,13 +383,10 @@ fn writeback_agrees(case: &WritebackCase) {
         } else {
             1
         };
-    for grid in grids(rows) {
+    for (grid, schedule) in grids(rows).into_iter().zip(SCHEDULES) {
+        set_schedule(schedule);
         let (pool, err, report) = emulate_writeback(case, grid);
-        assert_eq!(
-            (report.misaligned, report.out_of_range),
-            (0, 0),
-            "bad accesses {report:?} for {case:?}"
-        );
+        assert!(report.clean(), "bad accesses {report:?} for {case:?}");
         assert!(
             pool == cpu_pool,
             "kernel pool contents differ from the CPU executor (grid {grid}) for {case:?}"
@@ -402,11 +474,7 @@ fn production_shape() {
         let (cpu_out, _) = case.run(&Executor::cpu());
         let grid = grids(16 * 2048)[2];
         let (out, err, report) = emulate_gather(&case, grid);
-        assert_eq!(
-            (report.misaligned, report.out_of_range),
-            (0, 0),
-            "{report:?}"
-        );
+        assert!(report.clean(), "{report:?}");
         assert!(err.is_clear());
         assert!(out == cpu_out);
     }
@@ -483,13 +551,21 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
             k: case.k,
             topk_stride: case.topk_stride,
         };
-        let (loads, stores) = ([pool.mem.range()], [out.range()]);
-        let report = unsafe { gather_fn()(&p, 2, BLOCK, loads.as_ptr(), 1, stores.as_ptr(), 1) };
-        assert_eq!(
-            (report.misaligned, report.out_of_range),
-            (0, 0),
-            "{report:?} for {case:?}"
-        );
+        let mut loads = vec![pool.mem.range()];
+        loads.extend(gather_meta(&p));
+        let stores = [out.range()];
+        let report = unsafe {
+            gather_fn()(
+                &p,
+                2,
+                BLOCK,
+                loads.as_ptr(),
+                loads.len(),
+                stores.as_ptr(),
+                1,
+            )
+        };
+        assert!(report.clean(), "{report:?} for {case:?}");
         let (want, want_err) = case.expected();
         assert!(
             out.bytes() == want,
@@ -533,7 +609,8 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
             first_layer,
             num_layers,
         };
-        let loads: Vec<Range> = src.iter().map(Aligned::range).collect();
+        let mut loads: Vec<Range> = src.iter().map(Aligned::range).collect();
+        loads.extend(writeback_meta(&p));
         let stores = [pool.mem.range()];
         let report = unsafe {
             writeback_fn()(
@@ -546,11 +623,7 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
                 1,
             )
         };
-        assert_eq!(
-            (report.misaligned, report.out_of_range),
-            (0, 0),
-            "{report:?} for {wb:?}"
-        );
+        assert!(report.clean(), "{report:?} for {wb:?}");
         let (want, want_err) = wb.expected();
         assert!(
             pool.regions() == want,
@@ -596,8 +669,10 @@ fn the_memcheck_catches_misaligned_and_out_of_range_accesses() {
     };
     let region = region_ranges(&fx, &case.setup)[0];
     let stores = [out.range()];
-    let run = |p: &kvt_gather_params, loads: Range| unsafe {
-        gather_fn()(p, 1, BLOCK, &loads, 1, stores.as_ptr(), 1)
+    let run = |p: &kvt_gather_params, pool: Range| {
+        let mut loads = vec![pool];
+        loads.extend(gather_meta(p));
+        unsafe { gather_fn()(p, 1, BLOCK, loads.as_ptr(), loads.len(), stores.as_ptr(), 1) }
     };
 
     let clean = run(&base, region);
@@ -626,4 +701,216 @@ fn the_memcheck_catches_misaligned_and_out_of_range_accesses() {
     };
     let r = run(&skewed, region);
     assert!(r.misaligned > 0, "a 4-byte-aligned output is caught: {r:?}");
+}
+
+fn swap_fn(symbol: &[u8]) -> libloading::Symbol<'static, SwapFn> {
+    unsafe { emulator().get(symbol) }.unwrap()
+}
+
+/// Runs a swap-in case through the emulated plan kernel (and, for
+/// plan-then-copy, the copy kernel with `copy_grid` blocks).
+fn emulate_swap(
+    case: &SwapCase,
+    strategy: SwapInStrategy,
+    copy_grid: u32,
+) -> (SwapOutcome, Vec<Report>) {
+    let (k, batch) = (case.k, case.batch());
+    let out_len = if batch == 0 {
+        0
+    } else {
+        (batch - 1) * case.out_stride + k
+    };
+    let mut out = vec![OUT_BEFORE; out_len];
+    let mut tokens = case.tokens.clone();
+    let mut lru = case.lru.clone();
+    let host_cache = Aligned::from(&case.host_cache);
+    let mut device_buffer = Aligned::from(&case.device_buffer);
+    let req32: Vec<i32> = case
+        .req
+        .iter()
+        .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
+        .collect();
+    let seq32: Vec<i32> = case
+        .seq
+        .iter()
+        .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
+        .collect();
+    let num_real: Vec<i32> = case.num_real.into_iter().collect();
+    let mut plan_src = vec![-5i64; batch * k];
+    let mut plan_dst = vec![-5i64; batch * k];
+    let mut plan_count = vec![-5i32; batch];
+    let mut err = ErrorWord::clear();
+    let (req_addr, req_len) = if case.req_i64 {
+        (case.req.as_ptr() as u64, 8 * batch)
+    } else {
+        (req32.as_ptr() as u64, 4 * batch)
+    };
+    let (seq_addr, seq_len) = if case.seq_i64 {
+        (case.seq.as_ptr() as u64, 8 * batch)
+    } else {
+        (seq32.as_ptr() as u64, 4 * batch)
+    };
+    let mut flags = 0;
+    if case.req_i64 {
+        flags |= kvtier::abi::KVT_SWAP_REQ_INDICES_I64;
+    }
+    if case.seq_i64 {
+        flags |= kvtier::abi::KVT_SWAP_SEQ_LENS_I64;
+    }
+    if strategy == SwapInStrategy::OneBlockPerRequest {
+        flags |= kvtier::abi::KVT_SWAP_COPY_IN_PLAN;
+    }
+    let p = kvt_swap_in_params {
+        top_k_tokens: case.topk.as_ptr() as u64,
+        device_buffer_tokens: tokens.as_mut_ptr() as u64,
+        device_buffer_locs: case.locs.as_ptr() as u64,
+        lru_slots: lru.as_mut_ptr() as u64,
+        host_cache_locs: case.host_locs.as_ptr() as u64,
+        top_k_device_locs: out.as_mut_ptr() as u64,
+        req_pool_indices: req_addr,
+        seq_lens: seq_addr,
+        num_real_reqs: if num_real.is_empty() {
+            0
+        } else {
+            num_real.as_ptr() as u64
+        },
+        host_cache: host_cache.addr(),
+        device_buffer: device_buffer.addr(),
+        plan_src: plan_src.as_mut_ptr() as u64,
+        plan_dst: plan_dst.as_mut_ptr() as u64,
+        plan_count: plan_count.as_mut_ptr() as u64,
+        error: &mut err as *mut ErrorWord as u64,
+        host_rows: case.host_rows() as u64,
+        device_rows: case.device_rows() as u64,
+        top_k_stride: case.top_k_stride as u64,
+        buffer_stride: case.buffer_stride as u64,
+        lru_stride: case.lru_stride as u64,
+        host_stride: case.host_stride as u64,
+        out_stride: case.out_stride as u64,
+        batch: batch as u32,
+        top_k: k as u32,
+        hot: case.hot as u32,
+        item_bytes: case.item as u32,
+        num_requests: case.requests as u32,
+        max_tokens: case.max_tokens as u32,
+        flags,
+        _reserved: 0,
+    };
+    let range = |addr: u64, bytes: usize| Range {
+        start: addr,
+        end: addr + bytes as u64,
+    };
+    let plan = [
+        range(p.plan_src, 8 * batch * k),
+        range(p.plan_dst, 8 * batch * k),
+        range(p.plan_count, 4 * batch),
+    ];
+    let mut loads = vec![
+        range(p.top_k_tokens, 4 * case.topk.len()),
+        range(p.device_buffer_tokens, 4 * tokens.len()),
+        range(p.device_buffer_locs, 4 * case.locs.len()),
+        range(p.lru_slots, 2 * lru.len()),
+        range(p.host_cache_locs, 8 * case.host_locs.len()),
+        range(req_addr, req_len),
+        range(seq_addr, seq_len),
+        range(p.num_real_reqs, 4 * num_real.len()),
+        host_cache.range(),
+    ];
+    loads.extend(plan);
+    let mut stores = vec![
+        range(p.top_k_device_locs, 4 * out_len),
+        range(p.device_buffer_tokens, 4 * tokens.len()),
+        range(p.lru_slots, 2 * lru.len()),
+        device_buffer.range(),
+    ];
+    stores.extend(plan);
+    let mut reports = Vec::new();
+    if batch > 0 {
+        let smem = kvtier::swap_in::plan_smem_bytes(k as u32, case.hot as u32);
+        let threads = kvtier::swap_in::SWAP_PLAN_THREADS;
+        reports.push(unsafe {
+            swap_fn(b"kvt_emu_swap_in_plan")(
+                &p,
+                batch as u32,
+                threads,
+                smem,
+                loads.as_ptr(),
+                loads.len(),
+                stores.as_ptr(),
+                stores.len(),
+            )
+        });
+        if strategy == SwapInStrategy::PlanThenCopy {
+            let smem = kvtier::swap_in::copy_smem_bytes(batch as u32);
+            reports.push(unsafe {
+                swap_fn(b"kvt_emu_swap_in_copy")(
+                    &p,
+                    copy_grid,
+                    BLOCK,
+                    smem,
+                    loads.as_ptr(),
+                    loads.len(),
+                    stores.as_ptr(),
+                    stores.len(),
+                )
+            });
+        }
+    }
+    let outcome = SwapOutcome {
+        out,
+        tokens,
+        lru,
+        device_buffer: device_buffer.bytes_mut().to_vec(),
+        report: (!err.is_clear()).then(|| kvtier::BadIndexReport::decode(&err)),
+    };
+    (outcome, reports)
+}
+
+fn swap_agrees(case: &SwapCase) {
+    let cpu = case.run(&Executor::cpu(), SwapInStrategy::PlanThenCopy);
+    assert_eq!(
+        cpu,
+        case.expected(),
+        "CPU executor differs from the model for {case:?}"
+    );
+    let rows = case.batch() as u64 * case.k as u64;
+    for ((strategy, grid), schedule) in [
+        (SwapInStrategy::PlanThenCopy, 1),
+        (SwapInStrategy::PlanThenCopy, grids(rows)[2]),
+        (SwapInStrategy::OneBlockPerRequest, 0),
+        (SwapInStrategy::PlanThenCopy, 3),
+    ]
+    .into_iter()
+    .zip(SCHEDULES)
+    {
+        set_schedule(schedule);
+        let (got, reports) = emulate_swap(case, strategy, grid);
+        for r in &reports {
+            assert!(
+                r.clean(),
+                "bad accesses {r:?} ({strategy:?}, copy grid {grid}) for {case:?}"
+            );
+        }
+        assert_eq!(
+            got, cpu,
+            "kernels differ from the CPU executor ({strategy:?}, copy grid {grid}) for {case:?}"
+        );
+    }
+}
+
+#[test]
+fn swap_in_kernels_match_the_cpu_executor() {
+    for seed in 0..40 {
+        for h in [CLEAN, PADDED, HOSTILE] {
+            swap_agrees(&SwapCase::random(seed, SWAP_SMALL, h, None));
+        }
+    }
+}
+
+#[test]
+fn swap_in_kernels_on_bigger_hot_buffers() {
+    for (seed, misses) in [(1u64, 2usize), (2, 7), (3, 64), (4, 300)] {
+        swap_agrees(&SwapCase::random(seed, SWAP_MEDIUM, CLEAN, Some(misses)));
+    }
+    swap_agrees(&SwapCase::random(5, SWAP_MEDIUM, HOSTILE, None));
 }

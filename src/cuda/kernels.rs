@@ -111,17 +111,41 @@ pub fn fatbin_images(fatbin: &[u8]) -> Result<Vec<FatbinImage>> {
 pub enum Kernel {
     Gather = 0,
     Writeback = 1,
+    SwapInPlan = 2,
+    SwapInCopy = 3,
 }
 
+const KERNELS: usize = 4;
+
 impl Kernel {
-    const ALL: [Kernel; 2] = [Kernel::Gather, Kernel::Writeback];
+    const ALL: [Kernel; KERNELS] = [
+        Kernel::Gather,
+        Kernel::Writeback,
+        Kernel::SwapInPlan,
+        Kernel::SwapInCopy,
+    ];
 
     /// The kernel's symbol in the fatbin.
     pub fn symbol(self) -> &'static str {
         match self {
             Kernel::Gather => "kvt_gather",
             Kernel::Writeback => "kvt_writeback",
+            Kernel::SwapInPlan => "kvt_swap_in_plan",
+            Kernel::SwapInCopy => "kvt_swap_in_copy",
         }
+    }
+
+    /// Threads per block the kernel is written for.
+    pub fn block_threads(self) -> u32 {
+        match self {
+            Kernel::SwapInPlan => crate::swap_in::SWAP_PLAN_THREADS,
+            _ => BLOCK_THREADS,
+        }
+    }
+
+    /// Kernels that take more dynamic shared memory than the default 48 KiB.
+    fn wants_large_smem(self) -> bool {
+        matches!(self, Kernel::SwapInPlan | Kernel::SwapInCopy)
     }
 }
 
@@ -133,8 +157,10 @@ pub const BLOCK_THREADS: u32 = 256;
 /// [`Kernel`]), with each function's resident blocks per SM.
 pub(crate) struct Kernels {
     pub(crate) module: sys::CUmodule,
-    functions: [sys::CUfunction; 2],
-    blocks_per_sm: [u32; 2],
+    functions: [sys::CUfunction; KERNELS],
+    blocks_per_sm: [u32; KERNELS],
+    /// Dynamic shared memory per block the large-smem kernels may use.
+    max_dynamic_smem: usize,
 }
 
 // SAFETY: module and function handles are plain driver handles, usable from any
@@ -143,8 +169,9 @@ unsafe impl Send for Kernels {}
 unsafe impl Sync for Kernels {}
 
 impl Kernels {
-    /// Loads the embedded fatbin into the current context.
-    pub(crate) fn load() -> Result<Self> {
+    /// Loads the embedded fatbin into the current context; `smem_optin` is
+    /// the device's opt-in limit of shared memory per block.
+    pub(crate) fn load(smem_optin: usize) -> Result<Self> {
         let image = fatbin()?;
         // cuModuleLoadData wants an aligned image; include_bytes! gives none.
         let mut aligned = vec![0u64; image.len().div_ceil(8)];
@@ -161,17 +188,33 @@ impl Kernels {
             .call("cuModuleLoadData")?;
         let mut kernels = Kernels {
             module,
-            functions: [std::ptr::null_mut(); 2],
-            blocks_per_sm: [0; 2],
+            functions: [std::ptr::null_mut(); KERNELS],
+            blocks_per_sm: [0; KERNELS],
+            max_dynamic_smem: smem_optin,
         };
         for k in Kernel::ALL {
             let name = CString::new(k.symbol()).unwrap();
             // SAFETY: the module was just loaded and is not unloaded while `kernels` lives.
             let f = unsafe { result::module::get_function(module, name) }
                 .call("cuModuleGetFunction")?;
+            if k.wants_large_smem() {
+                // SAFETY: `f` is a function of the loaded module.
+                unsafe {
+                    result::function::set_function_attribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem_optin as i32,
+                    )
+                }
+                .call("cuFuncSetAttribute")?;
+            }
             // SAFETY: `f` is a function of the loaded module.
             let blocks = unsafe {
-                result::occupancy::max_active_block_per_multiprocessor(f, BLOCK_THREADS as i32, 0)
+                result::occupancy::max_active_block_per_multiprocessor(
+                    f,
+                    k.block_threads() as i32,
+                    0,
+                )
             }
             .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
             kernels.functions[k as usize] = f;
@@ -186,6 +229,10 @@ impl Kernels {
 
     pub(crate) fn blocks_per_sm(&self, k: Kernel) -> u32 {
         self.blocks_per_sm[k as usize]
+    }
+
+    pub(crate) fn max_dynamic_smem(&self) -> usize {
+        self.max_dynamic_smem
     }
 }
 

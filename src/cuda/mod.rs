@@ -140,7 +140,12 @@ impl CudaDevice {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .call("cuDeviceGetAttribute")? as u32;
-        let kernels = kernels::Kernels::load()?;
+        let smem_optin = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .call("cuDeviceGetAttribute")? as usize;
+        let kernels = kernels::Kernels::load(smem_optin)?;
         Ok(Arc::new(CudaDevice {
             kernels,
             ctx,
@@ -219,22 +224,31 @@ impl CudaDevice {
     /// rows with a grid-stride loop: enough blocks to cover the rows, capped at
     /// what is resident at once.
     pub(crate) fn grid_for_rows(&self, kernel: Kernel, rows: u64) -> u32 {
-        let warps_per_block = (BLOCK_THREADS / 32) as u64;
+        let warps_per_block = (kernel.block_threads() / 32) as u64;
         let needed = rows.div_ceil(warps_per_block);
         let resident = self.sm_count as u64 * self.kernels.blocks_per_sm(kernel) as u64;
         needed.min(resident).max(1) as u32
     }
 
-    /// Launches `kernel` with its parameter struct passed by value.
+    /// Dynamic shared memory per block the swap-in kernels may use.
+    pub(crate) fn max_dynamic_smem(&self) -> usize {
+        self.kernels.max_dynamic_smem()
+    }
+
+    /// Launches `kernel` on `grid` blocks of `block` threads with `smem` bytes
+    /// of dynamic shared memory, its parameter struct passed by value.
     ///
     /// # Safety
     /// `params` must be the struct `kernel` takes, and every address in it
     /// must satisfy that kernel's contract (see `kernels/abi.h`) until the
-    /// launch completes on `stream`.
+    /// launch completes on `stream`; `block` and `smem` must be what the
+    /// kernel expects.
     pub(crate) unsafe fn launch<P>(
         &self,
         kernel: Kernel,
         grid: u32,
+        block: u32,
+        smem: u32,
         params: &P,
         stream: Stream,
     ) -> Result<()> {
@@ -246,8 +260,8 @@ impl CudaDevice {
             result::launch_kernel(
                 self.kernels.function(kernel),
                 (grid, 1, 1),
-                (BLOCK_THREADS, 1, 1),
-                0,
+                (block, 1, 1),
+                smem,
                 stream.raw(),
                 &mut args,
             )

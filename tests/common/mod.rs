@@ -4,6 +4,8 @@
 //! the executors, and runners that drive either executor with the same case.
 #![allow(dead_code)]
 
+pub mod swap;
+
 use std::sync::Arc;
 
 use kvtier::abi::{

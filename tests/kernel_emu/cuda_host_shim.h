@@ -1,9 +1,12 @@
 // tests/kernel_emu/cuda_host_shim.h — just enough of CUDA for the kvtier
 // kernels to compile as host C++ (force-included by g++ before them). The
-// kernels then run one emulated thread at a time (emulator.cpp). That is
-// faithful for these kernels: lanes never communicate (no shuffles, no shared
-// memory, no barriers), every destination byte has one writer, and the only
-// shared state, the error word, is updated with commutative atomics.
+// emulator (emulator.cpp) runs each thread of a block as a fiber on one host
+// thread and switches fibers only at __syncthreads() and at thread exit. That
+// is faithful for these kernels: they use no warp shuffles or votes, threads
+// of a block exchange data only through shared memory across barriers, every
+// destination byte has one writer, and shared counters (the error word, the
+// planning hash table) change only through atomics, which cannot interleave
+// here.
 #pragma once
 
 #include <stddef.h>
@@ -31,7 +34,7 @@ struct alignas(16) uint4 {
 inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 
-// One thread at a time: plain read-modify-writes are atomic.
+// Fibers switch only at barriers: plain read-modify-writes are atomic.
 inline unsigned atomicOr(unsigned* a, unsigned v) {
     unsigned old = *a;
     *a = old | v;
@@ -47,6 +50,27 @@ inline unsigned long long atomicMin(unsigned long long* a, unsigned long long v)
     *a = v < old ? v : old;
     return old;
 }
+inline int atomicMin(int* a, int v) {
+    int old = *a;
+    *a = v < old ? v : old;
+    return old;
+}
+inline int atomicCAS(int* a, int compare, int v) {
+    int old = *a;
+    if (old == compare) *a = v;
+    return old;
+}
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+
+// A block-wide barrier: the calling fiber waits until every live thread of
+// the block has reached one.
+extern "C" void kvt_emu_syncthreads();
+#define __syncthreads() kvt_emu_syncthreads()
+
+// The launch's dynamic shared memory (exactly the requested bytes, then a
+// guard the emulator checks after each block).
+extern thread_local unsigned char* kvt_emu_smem;
+#define kvt_dynamic_smem kvt_emu_smem
 
 // Every vector load and store of the kernels goes through these: they check
 // alignment and that the bytes lie inside a range the test allowed, count a

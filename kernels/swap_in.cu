@@ -1,0 +1,458 @@
+// kernels/swap_in.cu — LRU device-buffer swap-in with page-table update
+// (SGLang HiSparse semantics), split into per-request planning and one wide
+// copy over every miss of the batch.
+#include "common.cuh"
+
+// Threads per planning block; host launchers use the same value
+// (SWAP_PLAN_THREADS in src/swap_in.rs).
+#define KVT_SWAP_PLAN_THREADS 512
+
+namespace kvt {
+namespace swap {
+
+constexpr int32_t kEmptyKey = -1;         // hash key of an empty cell (inserted tokens are >= 0)
+constexpr int32_t kNone = 0x7fffffff;     // "nothing yet" for min-reductions
+// Per top-k entry class; a value >= 0 marks a duplicate of that (canonical) entry.
+constexpr int32_t kPad = -1;     // -1 padding: output -1
+constexpr int32_t kBad = -2;     // token outside [-1, seq_len): output -1, reported
+constexpr int32_t kNewest = -3;  // the token being decoded: the reserved slot
+constexpr int32_t kCand = -4;    // a token of the LRU part, not yet resolved
+constexpr int32_t kMiss = -5;    // to be loaded into an evicted slot
+constexpr int32_t kDone = -6;    // output decided (in e_val)
+// lru_old entries: the slot in the low 14 bits, then two flags.
+constexpr uint16_t kSlotMask = 0x3fff;
+constexpr uint16_t kUsable = 0x4000;  // not a hit, and its device row is in range
+constexpr uint16_t kHit = 0x8000;
+
+// Open-addressing table size for K tokens: a power of two >= 2K.
+__device__ __forceinline__ uint32_t hash_size(uint32_t k) {
+    uint32_t n = 1;
+    while (n < 2 * k) n <<= 1;
+    return n;
+}
+__device__ __forceinline__ uint32_t hash_of(int32_t key, uint32_t mask) {
+    return ((uint32_t)key * 2654435761u) & mask;
+}
+
+// The planning block's shared memory, carved from kvt_dynamic_smem. The
+// host computes the same size (swap_in::plan_smem_bytes in src/swap_in.rs);
+// 4-byte arrays first, then the 2-byte ones.
+struct PlanSmem {
+    int32_t* scalars;       // [4]: [0] = the LRU row is invalid
+    uint32_t* scan;         // [3 * threads] block-scan scratch
+    int32_t* hash_keys;     // [hash] token
+    int32_t* hash_vals;     // [hash] lowest top-k index holding the token
+    int32_t* e_class;       // [K]
+    int32_t* e_val;         // [K] lowest LRU position of a hit, then the output
+    uint32_t* bitmap;       // [ceil(hot / 32)] slots seen in lru_slots
+    uint16_t* lru_old;      // [hot] slot per LRU position, with flags
+    uint16_t* usable_slot;  // [K] the first K usable evictable slots, in LRU order
+
+    __device__ PlanSmem(uint32_t k, uint32_t hot, uint32_t threads) {
+        int32_t* w = reinterpret_cast<int32_t*>(kvt_dynamic_smem);
+        const uint32_t hs = hash_size(k);
+        scalars = w;
+        w += 4;
+        scan = reinterpret_cast<uint32_t*>(w);
+        w += 3 * threads;
+        hash_keys = w;
+        w += hs;
+        hash_vals = w;
+        w += hs;
+        e_class = w;
+        w += k;
+        e_val = w;
+        w += k;
+        bitmap = reinterpret_cast<uint32_t*>(w);
+        w += (hot + 31) / 32;
+        lru_old = reinterpret_cast<uint16_t*>(w);
+        usable_slot = lru_old + hot;
+    }
+};
+
+__device__ __forceinline__ void hash_insert(const PlanSmem& s, uint32_t mask, int32_t token, int32_t index) {
+    uint32_t h = hash_of(token, mask);
+    while (true) {
+        const int32_t old = atomicCAS(&s.hash_keys[h], kEmptyKey, token);
+        if (old == kEmptyKey || old == token) {
+            atomicMin(&s.hash_vals[h], index);
+            return;
+        }
+        h = (h + 1) & mask;
+    }
+}
+
+// The lowest top-k index holding `token`, or -1.
+__device__ __forceinline__ int32_t hash_find(const PlanSmem& s, uint32_t mask, int32_t token) {
+    uint32_t h = hash_of(token, mask);
+    while (true) {
+        const int32_t k = s.hash_keys[h];
+        if (k == token) return s.hash_vals[h];
+        if (k == kEmptyKey) return -1;
+        h = (h + 1) & mask;
+    }
+}
+
+__device__ __forceinline__ int64_t load_index(kvt_addr base, uint32_t row, bool is_i64) {
+    return is_i64 ? ld(reinterpret_cast<const int64_t*>(base) + row)
+                  : (int64_t)ld(reinterpret_cast<const int32_t*>(base) + row);
+}
+
+__device__ __forceinline__ bool in_rows(int64_t row, uint64_t rows) { return row >= 0 && (uint64_t)row < rows; }
+
+// Copies host_cache row `src` to device_buffer row `dst` with the calling
+// warp, after checking both rows (the plan already did; this keeps the copy
+// safe on its own).
+__device__ __forceinline__ void copy_row(const kvt_swap_in_params& p, kvt_error_word* err, int64_t src, int64_t dst,
+                                         uint32_t position, uint32_t lane) {
+    if (!in_rows(src, p.host_rows) || !in_rows(dst, p.device_rows)) {
+        if (lane == 0)
+            report(err, in_rows(src, p.host_rows) ? KVT_ERR_SWAP_DEVICE_LOC : KVT_ERR_SWAP_HOST_LOC, position,
+                   in_rows(src, p.host_rows) ? dst : src);
+        return;
+    }
+    const char* from = reinterpret_cast<const char*>(p.host_cache) + (uint64_t)src * p.item_bytes;
+    char* to = reinterpret_cast<char*>(p.device_buffer) + (uint64_t)dst * p.item_bytes;
+    warp_copy_entry<PoolToDevice>(from, to, p.item_bytes, lane);
+}
+
+}  // namespace swap
+}  // namespace kvt
+
+// kvt_swap_in_plan — one block per batch row (contract: kvt_swap_in_params in
+// abi.h, semantics: DESIGN.md section 4 and src/swap_in.rs).
+// Reads:   the row's top-k tokens, req_pool_indices/seq_lens/num_real_reqs, and
+//          the request's device_buffer_tokens, device_buffer_locs, lru_slots
+//          and host_cache_locs, each index range-checked first.
+// Writes:  top_k_device_locs (all K columns of the row), device_buffer_tokens
+//          of the slots that receive misses, the request's lru_slots, the
+//          row's plan (plan_src/plan_dst/plan_count), the error word; with
+//          KVT_SWAP_COPY_IN_PLAN also the device_buffer rows of its misses.
+// Assumes: blockDim.x == KVT_SWAP_PLAN_THREADS, gridDim.x == batch, dynamic
+//          shared memory of swap_in::plan_smem_bytes, and the host-checked
+//          shapes (K <= hot <= KVT_SWAP_MAX_HOT, buffers cover their rows).
+extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
+    kvt_swap_in_plan(const kvt_swap_in_params p) {
+    using namespace kvt;
+    using namespace kvt::swap;
+    const uint32_t b = blockIdx.x;
+    const uint32_t tid = threadIdx.x;
+    const uint32_t nthreads = blockDim.x;
+    const uint32_t K = p.top_k;
+    const uint32_t H = p.hot;
+    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
+    int32_t* out = reinterpret_cast<int32_t*>(p.top_k_device_locs) + (uint64_t)b * p.out_stride;
+    int32_t* plan_count = reinterpret_cast<int32_t*>(p.plan_count);
+    int64_t* plan_src = reinterpret_cast<int64_t*>(p.plan_src) + (uint64_t)b * K;
+    int64_t* plan_dst = reinterpret_cast<int64_t*>(p.plan_dst) + (uint64_t)b * K;
+    const uint32_t row_pos = b << 16;
+
+    // A refused row (padding, or a bad request): every output -1, no plan, no
+    // state change. Block-uniform, so the early returns below are safe.
+    auto refuse = [&]() {
+        for (uint32_t i = tid; i < K; i += nthreads) st(out + i, (int32_t)-1);
+        if (tid == 0) st(plan_count + b, (int32_t)0);
+    };
+
+    // Rows at or past num_real_reqs are CUDA-graph padding.
+    int64_t num_real = p.batch;
+    if (p.num_real_reqs != 0) {
+        const int32_t given = ld(reinterpret_cast<const int32_t*>(p.num_real_reqs));
+        num_real = given < 0 ? 0 : (given > (int32_t)p.batch ? (int64_t)p.batch : given);
+        if (given != num_real && b == 0 && tid == 0) report(err, KVT_ERR_SWAP_NUM_REAL, 0, given);
+    }
+    if ((int64_t)b >= num_real) {
+        refuse();
+        return;
+    }
+
+    const int64_t rid = swap::load_index(p.req_pool_indices, b, p.flags & KVT_SWAP_REQ_INDICES_I64);
+    if (rid < 0 || rid >= (int64_t)p.num_requests) {
+        if (tid == 0) report(err, KVT_ERR_SWAP_REQ, row_pos, rid);
+        refuse();
+        return;
+    }
+    const int64_t seq = swap::load_index(p.seq_lens, b, p.flags & KVT_SWAP_SEQ_LENS_I64);
+    if (seq < 0 || seq > (int64_t)p.max_tokens) {
+        if (tid == 0) report(err, KVT_ERR_SWAP_SEQ_LEN, row_pos, seq);
+        refuse();
+        return;
+    }
+
+    const int32_t* topk = reinterpret_cast<const int32_t*>(p.top_k_tokens) + (uint64_t)b * p.top_k_stride;
+    int32_t* btok = reinterpret_cast<int32_t*>(p.device_buffer_tokens) + (uint64_t)rid * p.buffer_stride;
+    const int32_t* bloc = reinterpret_cast<const int32_t*>(p.device_buffer_locs) + (uint64_t)rid * p.buffer_stride;
+    int16_t* lru = reinterpret_cast<int16_t*>(p.lru_slots) + (uint64_t)rid * p.lru_stride;
+    const int64_t* hloc = reinterpret_cast<const int64_t*>(p.host_cache_locs) + (uint64_t)rid * p.host_stride;
+
+    // Short sequence: token t lives in slot t; no copies, no state change.
+    if (seq <= (int64_t)H) {
+        for (uint32_t i = tid; i < K; i += nthreads) {
+            const int32_t t = ld(topk + i);
+            int32_t o = -1;
+            if (t != -1) {
+                if (t < -1 || t >= seq) {
+                    report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, t);
+                } else {
+                    const int32_t loc = ld(bloc + t);
+                    if (in_rows(loc, p.device_rows))
+                        o = loc;
+                    else
+                        report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, loc);
+                }
+            }
+            st(out + i, o);
+        }
+        if (tid == 0) st(plan_count + b, (int32_t)0);
+        return;
+    }
+
+    // Long sequence.
+    const PlanSmem s(K, H, nthreads);
+    const uint32_t mask = hash_size(K) - 1;
+    const int32_t newest = (int32_t)(seq - 1);
+
+    for (uint32_t i = tid; i <= mask; i += nthreads) {
+        s.hash_keys[i] = kEmptyKey;
+        s.hash_vals[i] = kNone;
+    }
+    for (uint32_t i = tid; i < K; i += nthreads) s.e_val[i] = kNone;
+    for (uint32_t w = tid; w < (H + 31) / 32; w += nthreads) s.bitmap[w] = 0;
+    if (tid == 0) s.scalars[0] = 0;
+    __syncthreads();
+
+    // Classify the top-k entries; tokens of the LRU part go into the hash table
+    // (a token's value is the lowest index holding it, so duplicates resolve to
+    // their first occurrence).
+    for (uint32_t i = tid; i < K; i += nthreads) {
+        const int32_t t = ld(topk + i);
+        int32_t cls;
+        if (t == -1) {
+            cls = kPad;
+        } else if (t < -1 || t >= seq) {
+            cls = kBad;
+            report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, t);
+        } else if (t == newest) {
+            cls = kNewest;
+        } else {
+            cls = kCand;
+            hash_insert(s, mask, t, (int32_t)i);
+        }
+        s.e_class[i] = cls;
+    }
+    // Check that lru_slots is a permutation of [0, hot) while copying it.
+    for (uint32_t pos = tid; pos < H; pos += nthreads) {
+        const int16_t slot = ld(lru + pos);
+        bool ok = slot >= 0 && (uint32_t)slot < H;
+        if (ok) {
+            const uint32_t bit = 1u << (slot & 31);
+            ok = (atomicOr(&s.bitmap[slot >> 5], bit) & bit) == 0;
+        }
+        if (!ok) s.scalars[0] = 1;
+        s.lru_old[pos] = ok ? (uint16_t)slot : 0;
+    }
+    __syncthreads();
+    if (s.scalars[0] != 0) {
+        if (tid == 0) report(err, KVT_ERR_SWAP_LRU, row_pos, 0);
+        refuse();
+        return;
+    }
+
+    // Duplicates point at their canonical entry; LRU slots whose token is in
+    // the top-k are hits (the lowest LRU position wins for a token that sits in
+    // two slots); the others are evictable, usable when their device row is in
+    // range.
+    for (uint32_t i = tid; i < K; i += nthreads) {
+        if (s.e_class[i] == kCand) {
+            const int32_t c = hash_find(s, mask, ld(topk + i));
+            if (c != (int32_t)i) s.e_class[i] = c;
+        }
+    }
+    for (uint32_t pos = tid; pos < H; pos += nthreads) {
+        const uint16_t slot = s.lru_old[pos];
+        const int32_t token = ld(btok + slot);
+        const int32_t c = token >= 0 ? hash_find(s, mask, token) : -1;
+        if (c >= 0) {
+            s.lru_old[pos] = slot | kHit;
+            atomicMin(&s.e_val[c], (int32_t)pos);
+                } else {
+            const int32_t loc = ld(bloc + slot);
+            if (in_rows(loc, p.device_rows))
+                s.lru_old[pos] = slot | kUsable;
+            else
+                report(err, KVT_ERR_SWAP_SLOT_LOC, row_pos | slot, loc);
+        }
+    }
+    __syncthreads();
+
+    // Outputs of the newest token and of hits; host rows of the misses.
+    for (uint32_t i = tid; i < K; i += nthreads) {
+        const int32_t cls = s.e_class[i];
+        int32_t o = -1;
+        if (cls == kNewest || (cls == kCand && s.e_val[i] != kNone)) {
+            const uint32_t slot = cls == kNewest ? H : (s.lru_old[s.e_val[i]] & kSlotMask);
+            const int32_t loc = ld(bloc + slot);
+            if (in_rows(loc, p.device_rows))
+                o = loc;
+            else
+                report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, loc);
+        } else if (cls == kCand) {
+            const int64_t h = ld(hloc + ld(topk + i));
+            if (in_rows(h, p.host_rows)) {
+                s.e_class[i] = kMiss;
+                continue;
+            }
+            report(err, KVT_ERR_SWAP_HOST_LOC, row_pos | i, h);
+        }
+        if (cls < 0) {
+            s.e_class[i] = kDone;
+            s.e_val[i] = o;
+        }
+    }
+
+    // Rank the LRU positions (contiguous chunks per thread keep LRU order):
+    // hits, evictables, usable evictables.
+    const uint32_t chunk = (H + nthreads - 1) / nthreads;
+    const uint32_t lo = min(tid * chunk, H), hi = min(lo + chunk, H);
+    uint32_t rank[3] = {0, 0, 0};
+    for (uint32_t pos = lo; pos < hi; ++pos) {
+        const uint16_t f = s.lru_old[pos];
+        if (f & kHit) {
+            rank[0]++;
+        } else {
+            rank[1]++;
+            if (f & kUsable) rank[2]++;
+        }
+    }
+    uint32_t totals[3];
+    block_exclusive_scan<3>(rank, totals, s.scan);
+    const uint32_t n_evict = totals[1], n_usable = totals[2];
+    {
+        uint32_t u = rank[2];
+        for (uint32_t pos = lo; pos < hi; ++pos) {
+            const uint16_t f = s.lru_old[pos];
+            if (!(f & kHit) && (f & kUsable)) {
+                if (u < K) s.usable_slot[u] = f & kSlotMask;
+                u++;
+            }
+        }
+    }
+
+    // The m-th miss (top-k order) takes the m-th usable evictable slot.
+    const uint32_t kchunk = (K + nthreads - 1) / nthreads;
+    const uint32_t klo = min(tid * kchunk, K), khi = min(klo + kchunk, K);
+    uint32_t miss[1] = {0};
+    for (uint32_t i = klo; i < khi; ++i) miss[0] += s.e_class[i] == kMiss;
+    uint32_t miss_total[1];
+    block_exclusive_scan<1>(miss, miss_total, s.scan);  // also orders usable_slot before its reads
+    const uint32_t n_load = min(miss_total[0], n_usable);
+    {
+        uint32_t m = miss[0];
+        for (uint32_t i = klo; i < khi; ++i) {
+            if (s.e_class[i] != kMiss) continue;
+            int32_t o = -1;
+            if (m < n_load) {
+                const uint16_t slot = s.usable_slot[m];
+                const int32_t token = ld(topk + i);
+                o = ld(bloc + slot);
+                st(btok + slot, token);
+                st(plan_src + m, ld(hloc + token));
+                st(plan_dst + m, (int64_t)o);
+            } else {
+                report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, -1);
+            }
+            s.e_val[i] = o;
+            s.e_class[i] = kDone;
+            m++;
+        }
+    }
+    if (tid == 0) st(plan_count + b, (int32_t)n_load);
+    __syncthreads();
+
+    // Outputs, duplicates taking their canonical entry's.
+    for (uint32_t i = tid; i < K; i += nthreads) {
+        const int32_t cls = s.e_class[i];
+        st(out + i, cls >= 0 ? s.e_val[cls] : s.e_val[i]);
+    }
+
+    // New LRU order: unused evictables (old order), the slots just loaded
+    // (miss order), the hits (old order).
+    {
+        uint32_t hit_r = rank[0], evict_r = rank[1], usable_r = rank[2];
+        for (uint32_t pos = lo; pos < hi; ++pos) {
+            const uint16_t f = s.lru_old[pos];
+            uint32_t to;
+            if (f & kHit) {
+                to = n_evict + hit_r++;
+            } else {
+                const bool used = (f & kUsable) && usable_r < n_load;
+                to = used ? n_evict - n_load + usable_r : evict_r - min(usable_r, n_load);
+                if (f & kUsable) usable_r++;
+                evict_r++;
+            }
+            st(lru + to, (int16_t)(f & kSlotMask));
+        }
+    }
+
+    // The one-block-per-request design copies its own misses here.
+    if (p.flags & KVT_SWAP_COPY_IN_PLAN) {
+        __syncthreads();  // the plan rows above were written by other threads
+        const uint32_t lane = tid % KVT_WARP;
+        for (uint32_t m = tid / KVT_WARP; m < n_load; m += nthreads / KVT_WARP)
+            copy_row(p, err, ld(plan_src + m), ld(plan_dst + m), row_pos | m, lane);
+    }
+}
+
+// kvt_swap_in_copy — every planned miss of the batch, a warp per miss over one
+// grid (contract: kvt_swap_in_params in abi.h).
+// Reads:   plan_count[0..batch), the plan rows, host_cache rows (host-mapped).
+// Writes:  device_buffer rows; the error word if a planned row is out of range.
+// Assumes: kvt_swap_in_plan ran on the same stream for the same params,
+//          dynamic shared memory of (batch + 1 + blockDim.x) words.
+// Mapping: each block computes the prefix sums of plan_count (deterministic,
+//          no atomics, nothing to reset between launches), then its warps take
+//          miss g, g + grid_warps, ... and find the row by binary search.
+extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_swap_in_copy(const kvt_swap_in_params p) {
+    using namespace kvt;
+    const uint32_t tid = threadIdx.x, nthreads = blockDim.x, B = p.batch, K = p.top_k;
+    uint32_t* prefix = reinterpret_cast<uint32_t*>(kvt_dynamic_smem);  // [B + 1]
+    uint32_t* scan = prefix + B + 1;                                    // [nthreads]
+    const int32_t* plan_count = reinterpret_cast<const int32_t*>(p.plan_count);
+
+    const uint32_t chunk = (B + nthreads - 1) / nthreads;
+    const uint32_t lo = min(tid * chunk, B), hi = min(lo + chunk, B);
+    uint32_t sum[1] = {0};
+    for (uint32_t r = lo; r < hi; ++r) {
+        const int32_t c = ld(plan_count + r);
+        sum[0] += c < 0 ? 0u : min((uint32_t)c, K);
+    }
+    uint32_t total[1];
+    block_exclusive_scan<1>(sum, total, scan);
+    {
+        uint32_t acc = sum[0];
+        for (uint32_t r = lo; r < hi; ++r) {
+            prefix[r] = acc;
+            const int32_t c = ld(plan_count + r);
+            acc += c < 0 ? 0u : min((uint32_t)c, K);
+        }
+    }
+    if (tid == 0) prefix[B] = total[0];
+    __syncthreads();
+
+    const uint32_t lane = tid % KVT_WARP;
+    for (uint32_t g = global_warp(); g < total[0]; g += grid_warps()) {
+        uint32_t lo_r = 0, hi_r = B;  // the row r with prefix[r] <= g < prefix[r + 1]
+        while (hi_r - lo_r > 1) {
+            const uint32_t mid = (lo_r + hi_r) / 2;
+            if (prefix[mid] <= g)
+                lo_r = mid;
+            else
+                hi_r = mid;
+        }
+        const uint32_t m = g - prefix[lo_r];
+        const uint64_t at = (uint64_t)lo_r * K + m;
+        swap::copy_row(p, reinterpret_cast<kvt_error_word*>(p.error),
+                       ld(reinterpret_cast<const int64_t*>(p.plan_src) + at),
+                       ld(reinterpret_cast<const int64_t*>(p.plan_dst) + at), (lo_r << 16) | m, lane);
+    }
+}

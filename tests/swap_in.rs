@@ -1,0 +1,447 @@
+//! LRU swap-in on the CPU executor: DESIGN.md's worked example, batches with
+//! padding rows and mixed short/long sequences, SGLang compatibility on valid
+//! input, the safety rules on bad input, argument checks, and property tests
+//! against the model in tests/common/swap.rs.
+
+mod common;
+
+use common::swap::*;
+use common::*;
+use kvtier::{
+    BadIndexKind, Buf, BufMut, DeviceSpec, Error, Executor, IndexBuf, LayerFirstLayout, Pool,
+    Stream, SwapInArgs, SwapInStrategy, Tier,
+};
+use proptest::prelude::*;
+
+const ITEM: usize = 16;
+
+/// DESIGN.md §4: HOT = 4; slots 0..3 hold tokens 1, 4, 2, 5 at device rows 9,
+/// 7, 3, 5; the newest token 7 sits in the reserved slot at row 11; LRU order
+/// [0, 1, 2, 3]; seq_len 8; host row of token t is t (row t filled with t).
+fn worked_example(query: &[i32]) -> SwapCase {
+    SwapCase {
+        hot: 4,
+        k: query.len(),
+        item: ITEM,
+        requests: 1,
+        max_tokens: 8,
+        buffer_stride: 5,
+        lru_stride: 4,
+        host_stride: 8,
+        top_k_stride: query.len(),
+        out_stride: query.len(),
+        tokens: vec![1, 4, 2, 5, 7],
+        locs: vec![9, 7, 3, 5, 11],
+        lru: vec![0, 1, 2, 3],
+        host_locs: (0..8).collect(),
+        host_cache: (0..8u8).flat_map(|r| [r; ITEM]).collect(),
+        device_buffer: vec![0xEE; 12 * ITEM],
+        topk: query.to_vec(),
+        req: vec![0],
+        seq: vec![8],
+        req_i64: false,
+        seq_i64: true,
+        num_real: None,
+    }
+}
+
+fn cpu(case: &SwapCase) -> SwapOutcome {
+    case.run(&Executor::cpu(), SwapInStrategy::PlanThenCopy)
+}
+
+#[test]
+fn design_worked_example() {
+    let first = worked_example(&[4, 2, 7]);
+    let after = cpu(&first);
+    assert_eq!(after.report, None);
+    assert_eq!(after.out, vec![7, 3, 11]);
+    assert_eq!(after.lru, vec![0, 3, 1, 2]);
+    assert_eq!(
+        after.tokens, first.tokens,
+        "hits and the newest token change no slot"
+    );
+    assert_eq!(after.device_buffer, first.device_buffer, "no copies");
+
+    let mut second = worked_example(&[6]);
+    (second.tokens, second.lru, second.device_buffer) =
+        (after.tokens, after.lru, after.device_buffer);
+    let after = cpu(&second);
+    assert_eq!(after.report, None);
+    assert_eq!(
+        after.out,
+        vec![9],
+        "slot 0 (the LRU) is evicted; its device row is 9"
+    );
+    assert_eq!(after.tokens, vec![6, 4, 2, 5, 7]);
+    assert_eq!(after.lru, vec![3, 1, 2, 0]);
+    assert_eq!(
+        after.device_buffer[9 * ITEM..10 * ITEM],
+        [6u8; ITEM],
+        "device row 9 now holds host row 6"
+    );
+    let untouched = |r: usize| {
+        second.device_buffer[r * ITEM..(r + 1) * ITEM]
+            == after.device_buffer[r * ITEM..(r + 1) * ITEM]
+    };
+    assert!((0..12).filter(|&r| r != 9).all(untouched));
+    assert_eq!(cpu(&second), second.expected());
+    assert_eq!(cpu(&second), second.sglang(-1));
+}
+
+/// Two requests of the worked example's shape: request 1 a copy of request 0
+/// at other device rows, request 2 a short one (seq_len 3 <= HOT).
+fn three_requests() -> SwapCase {
+    let mut c = worked_example(&[4, 2, 7]);
+    c.requests = 3;
+    c.tokens = vec![
+        1, 4, 2, 5, 7, /* r1 */ 1, 4, 2, 5, 7, /* r2 */ 0, 1, 2, -1, -1,
+    ];
+    c.locs = vec![
+        9, 7, 3, 5, 11, /* r1 */ 12, 13, 14, 15, 16, /* r2 */ 17, 18, 19, 20, 21,
+    ];
+    c.lru = vec![
+        0, 1, 2, 3, /* r1 */ 3, 2, 1, 0, /* r2 */ 0, 1, 2, 3,
+    ];
+    c.host_locs = (0..8).chain(8..16).chain(16..24).collect();
+    c.host_cache = (0..24u8).flat_map(|r| [r; ITEM]).collect();
+    c.device_buffer = vec![0xEE; 22 * ITEM];
+    c
+}
+
+#[test]
+fn batch_with_padding_rows_leaves_their_state_alone() {
+    let mut c = three_requests();
+    c.req = vec![1, 0, 2];
+    c.seq = vec![8, 8, 3];
+    c.topk = vec![
+        6, 0, 7, /* row 1 */ 4, 2, 7, /* row 2: padding */ 1, 2, 0,
+    ];
+    c.num_real = Some(2);
+    let after = cpu(&c);
+    assert_eq!(after.report, None);
+    // row 0 (request 1, LRU [3,2,1,0]): 6 and 0 miss; evictables in LRU order
+    // are slots 3, 2, 1, 0; the misses take slots 3 and 2 (rows 15 and 14)
+    assert_eq!(after.out[..3], [15, 14, 16]);
+    assert_eq!(after.tokens[5..10], [1, 4, 0, 6, 7]);
+    assert_eq!(after.lru[4..8], [1, 0, 3, 2]);
+    assert_eq!(
+        after.device_buffer[15 * ITEM..16 * ITEM],
+        [14u8; ITEM],
+        "host row of request 1's token 6 is 8 + 6"
+    );
+    // row 1: the worked example
+    assert_eq!(after.out[3..6], [7, 3, 11]);
+    // row 2 is padding: outputs -1, request 2 untouched
+    assert_eq!(after.out[6..9], [-1, -1, -1]);
+    assert_eq!(after.lru[8..12], c.lru[8..12]);
+    assert_eq!(after, c.expected());
+    let mut sglang = c.sglang(-1);
+    sglang.report = None;
+    assert_eq!(after, sglang);
+}
+
+#[test]
+fn mixed_short_and_long_rows() {
+    let mut c = three_requests();
+    c.req = vec![2, 0];
+    c.seq = vec![3, 8];
+    c.topk = vec![2, 0, -1, /* row 1 */ 5, 6, 1];
+    let after = cpu(&c);
+    assert_eq!(after.report, None);
+    assert_eq!(after.out[..3], [19, 17, -1], "short: token t in slot t");
+    assert_eq!(after.lru[8..12], c.lru[8..12], "short rows change no state");
+    // long row: 5 and 1 hit (slots 3 and 0), 6 misses into slot 1 (LRU order 1, 2)
+    assert_eq!(after.out[3..6], [5, 7, 9]);
+    assert_eq!(after.tokens[..5], [1, 6, 2, 5, 7]);
+    assert_eq!(after.lru[..4], [2, 1, 0, 3]);
+    assert_eq!(after, c.expected());
+    assert_eq!(after, c.sglang(-1));
+}
+
+#[test]
+fn minus_one_inside_a_long_query_is_padding_not_a_miss() {
+    // SGLang's sentinel for a hit is also -1: it counts the padding as a miss
+    // and copies host_cache_locs[-1]. Here it is padding: -1, no copy, no slot.
+    let c = worked_example(&[4, -1, 6]);
+    let after = cpu(&c);
+    assert_eq!(after.report, None);
+    assert_eq!(after.out, vec![7, -1, 9]);
+    assert_eq!(after.tokens, vec![6, 4, 2, 5, 7]);
+    assert_eq!(
+        after.lru,
+        vec![2, 3, 0, 1],
+        "one miss (6 into slot 0), one hit (slot 1)"
+    );
+    assert_eq!(after, c.expected());
+}
+
+#[test]
+fn duplicates_resolve_to_one_slot_and_one_copy() {
+    let c = worked_example(&[6, 4, 6, 4, 7, 7]);
+    let mut c = SwapCase { hot: 6, ..c };
+    // widen to HOT 6 so that K = 6 fits; two more empty slots
+    c.buffer_stride = 7;
+    c.lru_stride = 6;
+    c.tokens = vec![1, 4, 2, 5, -1, -1, 7];
+    c.locs = vec![9, 7, 3, 5, 1, 2, 11];
+    c.lru = vec![0, 1, 2, 3, 4, 5];
+    let after = cpu(&c);
+    assert_eq!(after.report, None);
+    assert_eq!(after.out, vec![9, 7, 9, 7, 11, 11]);
+    assert_eq!(
+        after.tokens,
+        vec![6, 4, 2, 5, -1, -1, 7],
+        "6 loaded once, into the LRU slot"
+    );
+    assert_eq!(after.lru, vec![2, 3, 4, 5, 0, 1]);
+    assert_eq!(after, c.expected());
+}
+
+#[test]
+fn bad_tokens_and_rows_are_refused_and_reported() {
+    let mut c = three_requests();
+    c.req = vec![0, 7, 1, 2];
+    c.seq = vec![8, 8, 99, 3];
+    c.topk = vec![
+        8, -3, 6, /* bad req */ 4, 2, 7, /* bad seq */ 4, 2, 7, /* short */ 3, 0, 1,
+    ];
+    c.host_locs[6] = 1000; // request 0's token 6 maps outside the host cache
+    let after = cpu(&c);
+    let r = after.report.clone().expect("reported");
+    let kinds: Vec<BadIndexKind> = r.first.iter().map(|b| b.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            BadIndexKind::SwapRequest,
+            BadIndexKind::SwapSeqLen,
+            BadIndexKind::SwapToken,
+            BadIndexKind::SwapHostLoc
+        ]
+    );
+    assert_eq!(r.count, 6, "{r}");
+    assert_eq!(
+        after.out,
+        vec![
+            -1, -1, -1, -1, -1, -1, -1, -1, -1, /* short row: 3 >= seq_len */ -1, 17, 18
+        ]
+    );
+    assert_eq!(
+        (
+            after.tokens.clone(),
+            after.lru.clone(),
+            after.device_buffer.clone()
+        ),
+        (c.tokens.clone(), c.lru.clone(), c.device_buffer.clone())
+    );
+    assert_eq!(after, c.expected());
+    let text = kvtier::Error::BadIndices(r).to_string();
+    assert!(
+        text.contains("req_pool_indices[1] = 7") && text.contains("top_k_tokens[0][0] = 8"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_broken_lru_row_refuses_the_request_and_keeps_its_state() {
+    let mut c = worked_example(&[4, 6, 7]);
+    c.lru = vec![0, 1, 1, 3];
+    let after = cpu(&c);
+    let r = after.report.clone().unwrap();
+    assert!(r.has(BadIndexKind::SwapLru), "{r}");
+    assert_eq!(after.out, vec![-1, -1, -1]);
+    assert_eq!(
+        (after.tokens, after.lru, after.device_buffer),
+        (c.tokens, c.lru, c.device_buffer)
+    );
+}
+
+#[test]
+fn evictable_slots_with_bad_device_rows_are_never_loaded() {
+    let mut c = worked_example(&[6, 0, 7]);
+    c.locs[0] = 500; // the LRU slot's device row is outside the 12-row buffer
+    let after = cpu(&c);
+    let r = after.report.clone().unwrap();
+    assert_eq!(r.count, 1, "{r}");
+    assert!(r.has(BadIndexKind::SwapSlotLoc), "{r}");
+    assert!(
+        r.to_string()
+            .contains("slot 0 of the request of batch row 0 is 500"),
+        "{r}"
+    );
+    assert_eq!(
+        after.out,
+        vec![7, 3, 11],
+        "6 and 0 miss; slot 0 is skipped, slots 1 and 2 take them"
+    );
+    assert_eq!(after.tokens, vec![1, 6, 0, 5, 7]);
+    assert_eq!(
+        after.lru,
+        vec![0, 3, 1, 2],
+        "the broken slot stays with the unused evictables"
+    );
+    assert_eq!(after, c.expected());
+}
+
+fn args_error(f: impl FnOnce(&mut SwapInArgs<'_>)) -> (&'static str, String) {
+    let c = worked_example(&[4, 2, 7]);
+    let pool = Pool::create(
+        LayerFirstLayout::new(8, 1, 8).unwrap(),
+        DeviceSpec::Anon { bytes: 4096 },
+    )
+    .unwrap();
+    let mut tier = Tier::new(pool, Executor::cpu(), 1).unwrap();
+    tier.enable_swap_in(4, 4).unwrap();
+    let (mut tokens, mut lru, mut dev, mut out) = (
+        c.tokens.clone(),
+        c.lru.clone(),
+        c.device_buffer.clone(),
+        vec![0; 3],
+    );
+    let (req, seq) = ([0i32], [8i64]);
+    let mut args = SwapInArgs {
+        top_k_tokens: Buf::host(&c.topk),
+        top_k_stride: 3,
+        device_buffer_tokens: BufMut::host(&mut tokens),
+        device_buffer_locs: Buf::host(&c.locs),
+        buffer_stride: 5,
+        lru_slots: BufMut::host(&mut lru),
+        lru_stride: 4,
+        host_cache_locs: Buf::host(&c.host_locs),
+        host_stride: 8,
+        max_tokens: 8,
+        host_cache: Buf::host(&c.host_cache),
+        device_buffer: BufMut::host(&mut dev),
+        top_k_device_locs: BufMut::host(&mut out),
+        out_stride: 3,
+        req_pool_indices: IndexBuf::I32(Buf::host(&req)),
+        seq_lens: IndexBuf::I64(Buf::host(&seq)),
+        num_real_reqs: None,
+        num_requests: 1,
+        num_top_k: 3,
+        hot_buffer_size: 4,
+        item_size_bytes: ITEM as u32,
+    };
+    f(&mut args);
+    match tier.swap_in(&args, Stream::null()) {
+        Err(Error::InvalidArgument { arg, msg }) => (arg, msg),
+        other => panic!("expected an argument error, got {other:?}"),
+    }
+}
+
+#[test]
+fn arguments_are_checked_before_anything_runs() {
+    assert_eq!(args_error(|a| a.num_top_k = 5).0, "hot_buffer_size");
+    assert_eq!(args_error(|a| a.num_top_k = 0).0, "num_top_k");
+    assert_eq!(args_error(|a| a.item_size_bytes = 12).0, "item_size_bytes");
+    assert_eq!(args_error(|a| a.top_k_stride = 2).0, "top_k_stride");
+    assert_eq!(args_error(|a| a.buffer_stride = 4).0, "buffer_stride");
+    assert_eq!(args_error(|a| a.num_requests = 2).0, "device_buffer_tokens");
+    assert_eq!(args_error(|a| a.max_tokens = 9).0, "host_stride");
+    let (arg, msg) = args_error(|a| a.hot_buffer_size = 5);
+    assert_eq!(arg, "buffer_stride", "{msg}");
+    let (arg, msg) = args_error(|a| a.top_k_device_locs = unsafe { BufMut::device(0x1000, 3) });
+    assert_eq!(arg, "top_k_device_locs");
+    assert!(msg.contains("CPU executor reads host memory"), "{msg}");
+    let (arg, msg) = args_error(|a| {
+        a.num_top_k = 4;
+        a.top_k_stride = 4;
+        a.out_stride = 4;
+    });
+    assert_eq!(
+        arg, "top_k_tokens",
+        "3 elements cannot hold a row of 4: {msg}"
+    );
+}
+
+#[test]
+fn swap_in_needs_enabling_and_respects_its_capacity() {
+    let c = worked_example(&[4, 2, 7]);
+    let pool = Pool::create(
+        LayerFirstLayout::new(8, 1, 8).unwrap(),
+        DeviceSpec::Anon { bytes: 4096 },
+    )
+    .unwrap();
+    let mut tier = Tier::new(pool, Executor::cpu(), 1).unwrap();
+    let (mut tokens, mut lru, mut dev, mut out) = (
+        c.tokens.clone(),
+        c.lru.clone(),
+        c.device_buffer.clone(),
+        vec![0; 3],
+    );
+    let (req, seq) = ([0i32], [8i32]);
+    let args = SwapInArgs {
+        top_k_tokens: Buf::host(&c.topk),
+        top_k_stride: 3,
+        device_buffer_tokens: BufMut::host(&mut tokens),
+        device_buffer_locs: Buf::host(&c.locs),
+        buffer_stride: 5,
+        lru_slots: BufMut::host(&mut lru),
+        lru_stride: 4,
+        host_cache_locs: Buf::host(&c.host_locs),
+        host_stride: 8,
+        max_tokens: 8,
+        host_cache: Buf::host(&c.host_cache),
+        device_buffer: BufMut::host(&mut dev),
+        top_k_device_locs: BufMut::host(&mut out),
+        out_stride: 3,
+        req_pool_indices: IndexBuf::I32(Buf::host(&req)),
+        seq_lens: IndexBuf::I32(Buf::host(&seq)),
+        num_real_reqs: None,
+        num_requests: 1,
+        num_top_k: 3,
+        hot_buffer_size: 4,
+        item_size_bytes: ITEM as u32,
+    };
+    let err = tier.swap_in(&args, Stream::null()).unwrap_err().to_string();
+    assert!(err.contains("enable_swap_in"), "{err}");
+    tier.enable_swap_in(1, 2).unwrap();
+    let err = tier.swap_in(&args, Stream::null()).unwrap_err().to_string();
+    assert!(err.contains("capacity"), "{err}");
+    tier.enable_swap_in(1, 3).unwrap();
+    tier.swap_in(&args, Stream::null()).unwrap();
+    assert_eq!(out, vec![7, 3, 11]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Valid input: the CPU executor, the model and SGLang's algorithm agree
+    /// on outputs, slot tokens, LRU order and device buffer.
+    #[test]
+    fn valid_input_matches_the_model_and_sglang(seed in any::<u64>()) {
+        let c = SwapCase::random(seed, SWAP_SMALL, CLEAN, None);
+        let got = cpu(&c);
+        prop_assert_eq!(&got.report, &None);
+        prop_assert_eq!(&got, &c.expected());
+        prop_assert_eq!(&got, &c.sglang(-1));
+    }
+
+
+
+    /// Bad input: refused and reported exactly as the model says, state and
+    /// buffers changed exactly as it says.
+    #[test]
+    fn hostile_input_matches_the_model(seed in any::<u64>()) {
+        let c = SwapCase::random(seed, SWAP_SMALL, HOSTILE, None);
+        prop_assert_eq!(cpu(&c), c.expected());
+    }
+
+        #[test]
+    fn padded_input_matches_the_model(seed in any::<u64>()) {
+        let c = SwapCase::random(seed, SWAP_SMALL, PADDED, None);
+        prop_assert_eq!(cpu(&c), c.expected());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Hot buffers of hundreds of slots, 2, 7 or 64 misses per long row.
+    #[test]
+    fn bigger_valid_input_matches_sglang(seed in any::<u64>()) {
+        let misses = [2usize, 7, 64][(seed % 3) as usize];
+        let c = SwapCase::random(seed, SWAP_MEDIUM, CLEAN, Some(misses));
+        let got = cpu(&c);
+        prop_assert_eq!(&got, &c.sglang(-1));
+    }
+}
