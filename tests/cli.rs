@@ -48,6 +48,46 @@ fn quick_bench_prints_kvtier_next_to_the_limit() {
         );
     }
     assert!(out.contains("1.01 MB"), "3 × 512 × 656 B = 1.01 MB:\n{out}");
+    // the swap-in scenario: batches 1 and 3 × misses 2 and 410 at one hot size
+    let swap = if cpu {
+        "kvtier swap-in (CPU executor)"
+    } else {
+        "kvtier swap-in (plan + wide copy)"
+    };
+    assert_eq!(out.matches(swap).count(), 4, "{out}");
+    assert!(out.contains("batch 3, hot 4096, 410 misses"), "{out}");
+    assert!(
+        out.contains("806.9 KB"),
+        "3 × 410 × 656 B of misses:\n{out}"
+    );
+}
+
+#[test]
+fn swap_in_arguments_are_checked() {
+    let (ok, _, err) = kvtier(&[
+        "bench",
+        "--quick",
+        "--scenario",
+        "swap-in",
+        "--k",
+        "600",
+        "--misses",
+        "700",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("--misses"), "{err}");
+    let (ok, _, err) = kvtier(&[
+        "bench",
+        "--quick",
+        "--scenario",
+        "swap-in",
+        "--k",
+        "5000",
+        "--hot",
+        "4096",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("--k"), "{err}");
 }
 
 #[test]

@@ -87,21 +87,32 @@ impl<T: Copy> DeviceBuffer<T> {
 
     /// The buffer's contents (synchronous; waits for all work on the device).
     pub fn to_vec(&self) -> Result<Vec<T>> {
-        let mut v = Vec::with_capacity(self.len);
-        if self.len > 0 {
+        self.read(0, self.len)
+    }
+
+    /// Elements `start..start + len` (synchronous; waits for all work on the device).
+    pub fn read(&self, start: usize, len: usize) -> Result<Vec<T>> {
+        assert!(
+            start + len <= self.len,
+            "read {start}..{} of {}",
+            start + len,
+            self.len
+        );
+        let mut v = Vec::with_capacity(len);
+        if len > 0 {
             self.dev.bind()?;
             result::ctx::synchronize().call("cuCtxSynchronize")?;
-            // SAFETY: copies len * size_of::<T>() bytes into the vector's
-            // capacity, then marks them initialised; T: Copy is plain data.
+            // SAFETY: copies len elements from within the allocation into the
+            // vector's capacity, then marks them initialised.
             unsafe {
                 sys::cuMemcpyDtoH_v2(
                     v.as_mut_ptr() as *mut c_void,
-                    self.ptr,
-                    self.len * size_of::<T>(),
+                    self.ptr + (start * size_of::<T>()) as u64,
+                    len * size_of::<T>(),
                 )
                 .result()
                 .call("cuMemcpyDtoH")?;
-                v.set_len(self.len);
+                v.set_len(len);
             }
         }
         Ok(v)

@@ -220,6 +220,24 @@ impl CudaDevice {
             .call("cuMemcpyHtoDAsync")
     }
 
+    /// Enqueues a device-to-device copy of `bytes` bytes on `stream`.
+    ///
+    /// # Safety
+    /// Both ranges must be device memory of this device, valid until the copy
+    /// completes.
+    pub unsafe fn copy_device_to_device_async(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: per this function's contract.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.raw()) }
+            .call("cuMemcpyDtoDAsync")
+    }
+
     /// Grid size for a kernel that runs one warp per work row over `rows`
     /// rows with a grid-stride loop: enough blocks to cover the rows, capped at
     /// what is resident at once.
