@@ -18,13 +18,10 @@ const K: u32 = 2048;
 
 fn pool(requests: u32, layers: u32) -> (Arc<Pool>, Vec<Region>) {
     let layout = LayerFirstLayout::new(ENTRY, layers, CONTEXT).unwrap();
-    let stride = layout
-        .region_bytes()
-        .next_multiple_of(kvtier::pool::REGION_ALIGN);
     let pool = Pool::create(
         layout,
         DeviceSpec::Anon {
-            bytes: stride * requests as u64,
+            bytes: Pool::device_bytes_for(&layout, requests),
         },
     )
     .unwrap();

@@ -56,8 +56,6 @@ enum Backend {
     Cpu,
     Cuda {
         dev: Arc<CudaDevice>,
-        /// Device address of pool byte 0.
-        pool_base: u64,
         slots: DeviceBuffer<u64>,
         error: DeviceBuffer<ErrorWord>,
     },
@@ -114,8 +112,10 @@ impl Tier {
             Executor::Cpu => Backend::Cpu,
             Executor::Cuda(dev) => Backend::Cuda {
                 dev: dev.clone(),
-                pool_base: pool.device_base(dev)?,
-                slots: DeviceBuffer::zeroed(dev, num_slots as usize)?,
+                slots: {
+                    pool.register_all(dev)?;
+                    DeviceBuffer::zeroed(dev, num_slots as usize)?
+                },
                 error: DeviceBuffer::from_host(dev, &[ErrorWord::clear()])?,
             },
         };
@@ -157,7 +157,7 @@ impl Tier {
     pub fn bind_slot(&mut self, slot: u32, region: &Region, stream: Stream) -> Result<()> {
         let addr = match &self.backend {
             Backend::Cpu => self.pool.region_host_addr(region)?,
-            Backend::Cuda { pool_base, .. } => pool_base + self.pool.region_offset(region)?,
+            Backend::Cuda { dev, .. } => self.pool.region_device_addr(region, dev)?,
         };
         self.set_slot(slot, addr, stream)
     }

@@ -19,7 +19,7 @@ fn info_reports_kernels_and_driver() {
     let (ok, out, err) = kvtier(&["info"]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("kernels:") && out.contains("driver:") && out.contains("pool devices:"),
+        out.contains("kernels:") && out.contains("driver:") && out.contains("pool devices"),
         "{out}"
     );
     if std::env::var("KVTIER_REQUIRE_KERNELS").as_deref() == Ok("1") {
@@ -101,4 +101,52 @@ fn bad_arguments_fail_plainly() {
     let (ok, _, err) = kvtier(&["bench", "--executor", "tpu"]);
     assert!(!ok);
     assert!(err.contains("--executor"), "{err}");
+}
+
+#[test]
+fn pool_commands_create_inspect_check_and_destroy() {
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-pool-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (
+        format!("file:{}/a", dir.display()),
+        format!("file:{}/b", dir.display()),
+    );
+    let devs = ["--device", &a, "--device", &b];
+    let sized = [format!("{a}:8MiB"), format!("{b}:4MiB")];
+    let (ok, out, err) = kvtier(&[
+        "pool", "create", "--device", &sized[0], "--device", &sized[1], "--layers", "2",
+        "--tokens", "64",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("created pool") && out.contains("on 2 device(s)"),
+        "{out}"
+    );
+    let (ok, out, err) = kvtier(&[&["pool", "status"][..], &devs].concat());
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("656 B × 2 layers × 64 tokens")
+            && out.contains("regions:")
+            && out.contains("0 allocated"),
+        "{out}"
+    );
+    let (ok, out, err) = kvtier(&[&["pool", "check", "--repair"][..], &devs].concat());
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("valid") && out.contains("reclaimed 0 client slot(s) and 0 region(s)"),
+        "{out}"
+    );
+    let (ok, _, err) = kvtier(&[
+        "pool", "create", "--device", &sized[0], "--layers", "2", "--tokens", "64",
+    ]);
+    assert!(!ok && err.contains("already holds a kvtier pool"), "{err}");
+    let (ok, _, err) = kvtier(&["pool", "status", "--device", &b]);
+    assert!(!ok && err.contains("device 1 of a pool"), "{err}");
+    let (ok, _, err) = kvtier(&["pool", "status", "--device", "tape:1GiB"]);
+    assert!(!ok && err.contains("not a device kind"), "{err}");
+    let (ok, out, err) = kvtier(&[&["pool", "destroy"][..], &devs].concat());
+    assert!(ok && out.contains("destroyed"), "{err}");
+    let (ok, _, err) = kvtier(&[&["pool", "status"][..], &devs].concat());
+    assert!(!ok && err.contains("no kvtier pool"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
 }

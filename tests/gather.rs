@@ -210,7 +210,7 @@ fn slot_binding_is_checked() {
     );
     let other = Pool::create(
         LayerFirstLayout::new(8, 1, 8).unwrap(),
-        DeviceSpec::Anon { bytes: 4096 },
+        DeviceSpec::Anon { bytes: 4 << 20 },
     )
     .unwrap();
     let foreign = other.alloc_region().unwrap();

@@ -314,3 +314,77 @@ fn swap_in_largest_shape() {
     };
     swap_agrees(&SwapCase::shaped(5, shape, Some(1000)), &gpu);
 }
+
+/// Every device kind registers with the GPU and serves a gather: anon, a
+/// shared file, NUMA node 0, two devices in one pool, and a devdax device
+/// when KVTIER_TEST_DAX names one (it is formatted: its contents are lost).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_device_kind_registers_and_serves_gathers() {
+    use kvtier::pool::PoolOptions;
+    use kvtier::{DeviceSpec, Pool};
+    let gpu = cuda();
+    let Executor::Cuda(dev) = &gpu else {
+        unreachable!()
+    };
+    let layout = LayerFirstLayout::new(656, 2, 64).unwrap();
+    let dir = std::env::temp_dir().join(format!("kvtier-gpu-devices-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut pools: Vec<Vec<DeviceSpec>> = vec![
+        vec!["anon:8MiB".parse().unwrap()],
+        vec![DeviceSpec::file(dir.join("f"), 8 << 20)],
+        vec!["numa:0:8MiB".parse().unwrap()],
+        vec![
+            DeviceSpec::file(dir.join("g0"), 4 << 20),
+            DeviceSpec::file(dir.join("g1"), 4 << 20),
+        ],
+    ];
+    match std::env::var("KVTIER_TEST_DAX") {
+        Ok(path) => pools.push(vec![DeviceSpec::Dax {
+            path: path.into(),
+            bytes: None,
+        }]),
+        Err(_) => eprintln!("KVTIER_TEST_DAX not set: devdax registration not tested"),
+    }
+    for specs in pools {
+        let label = format!("{specs:?}");
+        let pool = Pool::create_on(layout, specs, PoolOptions::default()).unwrap();
+        let n = pool.num_regions().min(4);
+        let regions: Vec<_> = (0..n).map(|_| pool.alloc_region().unwrap()).collect();
+        for (i, r) in regions.iter().enumerate() {
+            let bytes: Vec<u8> = (0..64 * 656).map(|b| (b * 7 + i * 13) as u8).collect();
+            pool.write_tokens(r, 1, 0, &bytes).unwrap();
+        }
+        let mut tier = Tier::new(pool.clone(), gpu.clone(), n).unwrap();
+        for (s, r) in regions.iter().enumerate() {
+            tier.bind_slot(s as u32, r, Stream::null()).unwrap();
+        }
+        dev.synchronize_all().unwrap();
+        let slots = DeviceBuffer::from_host(dev, &(0..n as i32).collect::<Vec<_>>()).unwrap();
+        let seq = DeviceBuffer::from_host(dev, &vec![64i32; n as usize]).unwrap();
+        let topk = DeviceBuffer::from_host(
+            dev,
+            &(0..n as i32 * 3).map(|i| (i * 5) % 64).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let mut out = DeviceBuffer::<u8>::zeroed(dev, n as usize * 3 * 656).unwrap();
+        let batch = GatherBatch::new(slots.as_buf(), seq.as_buf(), topk.as_buf(), 3);
+        tier.gather(1, &batch, out.as_buf_mut(), Stream::null())
+            .unwrap();
+        tier.check(Stream::null()).unwrap();
+        let got = out.to_vec().unwrap();
+        for b in 0..n as usize {
+            for j in 0..3 {
+                let t = ((b * 3 + j) * 5 % 64) as u32;
+                let mut want = vec![0u8; 656];
+                pool.read_tokens(&regions[b], 1, t, &mut want).unwrap();
+                assert_eq!(
+                    got[(b * 3 + j) * 656..][..656],
+                    want[..],
+                    "{label}: row {b}, column {j}"
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

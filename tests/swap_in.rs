@@ -286,7 +286,7 @@ fn args_error(f: impl FnOnce(&mut SwapInArgs<'_>)) -> (&'static str, String) {
     let c = worked_example(&[4, 2, 7]);
     let pool = Pool::create(
         LayerFirstLayout::new(8, 1, 8).unwrap(),
-        DeviceSpec::Anon { bytes: 4096 },
+        DeviceSpec::Anon { bytes: 4 << 20 },
     )
     .unwrap();
     let mut tier = Tier::new(pool, Executor::cpu(), 1).unwrap();
@@ -358,7 +358,7 @@ fn swap_in_needs_enabling_and_respects_its_capacity() {
     let c = worked_example(&[4, 2, 7]);
     let pool = Pool::create(
         LayerFirstLayout::new(8, 1, 8).unwrap(),
-        DeviceSpec::Anon { bytes: 4096 },
+        DeviceSpec::Anon { bytes: 4 << 20 },
     )
     .unwrap();
     let mut tier = Tier::new(pool, Executor::cpu(), 1).unwrap();

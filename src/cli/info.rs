@@ -59,16 +59,54 @@ pub fn run() -> kvtier::Result<()> {
         }
     }
 
-    println!("pool devices:");
-    println!("  anon:SIZE          anonymous memory (the default)");
-    println!("  file:PATH:SIZE     a shared file on tmpfs or hugetlbfs");
+    println!("pool devices (kvtier pool create --device SPEC ...):");
+    println!("  anon:SIZE              anonymous memory of one process (the default)");
+    println!("  file:PATH:SIZE         a shared file on tmpfs or hugetlbfs, for several processes");
+    println!("  numa:NODE:SIZE         memory bound to a NUMA node (CXL memory onlined as a node)");
+    println!("  dax:PATH[:SIZE]        a devdax character device (CXL memory in devdax mode)");
+    for (node, cpus, mem) in numa_nodes() {
+        let cxl_hint = if cpus.is_empty() {
+            "  (no CPUs: CXL or other far memory?)"
+        } else {
+            ""
+        };
+        println!(
+            "  NUMA node {node}: {mem}, CPUs {}{cxl_hint}",
+            if cpus.is_empty() { "none" } else { &cpus }
+        );
+    }
     let dax = dax_devices();
     if dax.is_empty() {
-        println!("  (no /dev/dax* character devices on this machine)");
-    } else {
-        println!("  DAX devices present: {}", dax.join(", "));
+        println!("  no /dev/dax* devices on this machine");
+    }
+    for d in dax {
+        println!("  {d}");
     }
     Ok(())
+}
+
+/// (node, CPU list, memory) of every NUMA node in sysfs.
+fn numa_nodes() -> Vec<(u32, String, String)> {
+    let dir = std::path::Path::new("/sys/devices/system/node");
+    kvtier::pool::numa_nodes(std::path::Path::new("/sys"))
+        .into_iter()
+        .map(|n| {
+            let node = dir.join(format!("node{n}"));
+            let cpus = std::fs::read_to_string(node.join("cpulist"))
+                .unwrap_or_default()
+                .trim()
+                .to_string();
+            let mem = std::fs::read_to_string(node.join("meminfo"))
+                .ok()
+                .and_then(|m| {
+                    let line = m.lines().find(|l| l.contains("MemTotal"))?;
+                    let kib: u64 = line.split_whitespace().rev().nth(1)?.parse().ok()?;
+                    Some(format!("{:.1} GiB", kib as f64 / (1u64 << 20) as f64))
+                })
+                .unwrap_or_else(|| "unknown size".into());
+            (n, cpus, mem)
+        })
+        .collect()
 }
 
 fn dax_devices() -> Vec<String> {
@@ -77,7 +115,14 @@ fn dax_devices() -> Vec<String> {
             d.filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .filter(|n| n.starts_with("dax"))
-                .map(|n| format!("/dev/{n}"))
+                .map(|n| {
+                    let size = std::fs::read_to_string(format!("/sys/bus/dax/devices/{n}/size"))
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                        .map(kvtier::pool::format_size)
+                        .unwrap_or_else(|| "size unknown".into());
+                    format!("/dev/{n} ({size})")
+                })
                 .collect()
         })
         .unwrap_or_default();

@@ -2,6 +2,7 @@
 
 mod bench;
 mod info;
+mod pool;
 
 use clap::{Parser, Subcommand};
 
@@ -17,14 +18,18 @@ pub struct Cli {
 enum Command {
     /// The CUDA driver and GPUs, the kernels this build carries, pool devices.
     Info,
-    /// The top-k fetch microbenchmark: kvtier's gather next to a contiguous
-    /// copy of the same bytes (the link's limit).
+    /// The microbenchmarks: top-k gather and swap-in next to their limits
+    /// and baselines.
     Bench(bench::BenchArgs),
+    /// Create, inspect, check and destroy pools on memory devices.
+    #[command(subcommand)]
+    Pool(pool::PoolCommand),
 }
 
 pub fn run(cli: Cli) -> kvtier::Result<()> {
     match cli.command {
         Command::Info => info::run(),
         Command::Bench(args) => bench::run(args),
+        Command::Pool(cmd) => pool::run(cmd),
     }
 }

@@ -202,6 +202,11 @@ pub(crate) fn copy_to_device_async<T>(
 pub const REGISTER_FLAGS: u32 =
     sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
 
+/// The extra flag some CXL and DAX setups need: the range is I/O memory
+/// (e.g. a PCIe BAR) rather than system RAM. Add it to
+/// `PoolOptions::register_flags` for such devices.
+pub const REGISTER_IOMEMORY: u32 = sys::CU_MEMHOSTREGISTER_IOMEMORY;
+
 /// Host memory registered with the driver (`cuMemHostRegister`) so that GPU
 /// kernels load from and store to it over the link; unregistered on drop.
 pub struct HostRegistration {

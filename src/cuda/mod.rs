@@ -16,7 +16,9 @@ use cudarc::driver::{CudaContext, result, sys};
 
 pub use kernels::{BLOCK_THREADS, FatbinImage, Kernel, KernelBuild};
 pub(crate) use memory::copy_to_device_async;
-pub use memory::{DeviceBuffer, EventTimer, HostRegistration, OwnedStream, REGISTER_FLAGS};
+pub use memory::{
+    DeviceBuffer, EventTimer, HostRegistration, OwnedStream, REGISTER_FLAGS, REGISTER_IOMEMORY,
+};
 
 use crate::error::{DriverContext, Error, Result};
 

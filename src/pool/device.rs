@@ -1,9 +1,20 @@
-//! Pool memory devices: what a user names (`anon:8GiB`,
-//! `file:/dev/shm/kv0:64GiB`) and the mapping behind it.
+//! Pool memory devices: what a user names, and the mapping behind it.
+//!
+//! * `dax:/dev/dax0.0[:SIZE]`: a devdax character device (CXL Type-3 memory in
+//!   devdax mode), mapped shared; its size comes from sysfs and must be a
+//!   multiple of 2 MiB.
+//! * `numa:NODE:SIZE`: anonymous memory bound (`mbind`, MPOL_BIND) to a NUMA
+//!   node, such as CXL memory onlined as a CPU-less node. Private to the
+//!   process that creates it.
+//! * `file:PATH:SIZE`: a shared file on tmpfs or hugetlbfs, the way several
+//!   processes on one machine share a pool (and how tests emulate several CXL
+//!   devices). When opening, the size may be left out (the file's length).
+//! * `anon:SIZE`: anonymous memory, private to the process (the default).
 
 use std::fmt;
 use std::fs::OpenOptions;
-use std::path::PathBuf;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -13,19 +24,45 @@ use crate::error::{Error, Result, invalid};
 /// A memory device a pool lives on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceSpec {
-    /// Anonymous memory of this process (the embedded default): `anon:8GiB`.
+    /// Anonymous memory of this process.
     Anon { bytes: u64 },
-    /// A shared file, on tmpfs or hugetlbfs, mapped shared so that several
-    /// processes can map the same pool: `file:/dev/shm/kv0:64GiB`. The file is
-    /// created, or grown to `bytes`.
-    File { path: PathBuf, bytes: u64 },
+    /// A shared file; `bytes` may be None when opening an existing pool.
+    File { path: PathBuf, bytes: Option<u64> },
+    /// Anonymous memory bound to NUMA node `node`.
+    Numa { node: u32, bytes: u64 },
+    /// A devdax character device; all of it unless `bytes` is given.
+    Dax { path: PathBuf, bytes: Option<u64> },
+}
+
+/// Whether a device is being created (a new pool) or opened (an existing one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapMode {
+    Create,
+    Open,
 }
 
 impl DeviceSpec {
-    /// Bytes the device provides.
-    pub fn bytes(&self) -> u64 {
+    /// A shared file of `bytes` bytes.
+    pub fn file(path: impl Into<PathBuf>, bytes: u64) -> Self {
+        DeviceSpec::File {
+            path: path.into(),
+            bytes: Some(bytes),
+        }
+    }
+
+    /// Whether other processes can map the same memory.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, DeviceSpec::File { .. } | DeviceSpec::Dax { .. })
+    }
+
+    /// The device's kind and location without its size, the part that must
+    /// match when a pool is opened again.
+    pub fn identity(&self) -> String {
         match self {
-            DeviceSpec::Anon { bytes } | DeviceSpec::File { bytes, .. } => *bytes,
+            DeviceSpec::Anon { .. } => "anon".into(),
+            DeviceSpec::File { path, .. } => format!("file:{}", path.display()),
+            DeviceSpec::Numa { node, .. } => format!("numa:{node}"),
+            DeviceSpec::Dax { path, .. } => format!("dax:{}", path.display()),
         }
     }
 }
@@ -34,22 +71,42 @@ impl FromStr for DeviceSpec {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        let usage =
-            "expected anon:SIZE or file:PATH:SIZE (e.g. anon:8GiB, file:/dev/shm/kv0:64GiB)";
-        let (kind, rest) = s
-            .split_once(':')
-            .ok_or_else(|| invalid("device", format!("{s:?}: {usage}")))?;
+        let usage = "expected anon:SIZE, file:PATH[:SIZE], numa:NODE:SIZE or dax:PATH[:SIZE] (e.g. anon:8GiB, \
+                     file:/dev/shm/kv0:64GiB, numa:2:64GiB, dax:/dev/dax0.0)";
+        let bad = || invalid("device", format!("{s:?}: {usage}"));
+        let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
+        // "PATH" or "PATH:SIZE", where SIZE is the part after the last ':' if it parses
+        let path_and_size = |rest: &str| -> Result<(PathBuf, Option<u64>)> {
+            match rest.rsplit_once(':') {
+                Some((p, size)) if size.starts_with(|c: char| c.is_ascii_digit()) => {
+                    if p.is_empty() {
+                        return Err(bad());
+                    }
+                    Ok((PathBuf::from(p), Some(parse_size(size)?)))
+                }
+                _ if !rest.is_empty() => Ok((PathBuf::from(rest), None)),
+                _ => Err(bad()),
+            }
+        };
         match kind {
             "anon" => Ok(DeviceSpec::Anon {
                 bytes: parse_size(rest)?,
             }),
             "file" => {
-                let (path, size) = rest
-                    .rsplit_once(':')
-                    .filter(|(p, _)| !p.is_empty())
-                    .ok_or_else(|| invalid("device", format!("{s:?}: {usage}")))?;
-                Ok(DeviceSpec::File {
-                    path: PathBuf::from(path),
+                let (path, bytes) = path_and_size(rest)?;
+                Ok(DeviceSpec::File { path, bytes })
+            }
+            "dax" => {
+                let (path, bytes) = path_and_size(rest)?;
+                Ok(DeviceSpec::Dax { path, bytes })
+            }
+            "numa" => {
+                let (node, size) = rest.split_once(':').ok_or_else(bad)?;
+                let node = node.parse().map_err(|_| {
+                    invalid("device", format!("{node:?} is not a NUMA node number"))
+                })?;
+                Ok(DeviceSpec::Numa {
+                    node,
                     bytes: parse_size(size)?,
                 })
             }
@@ -63,11 +120,15 @@ impl FromStr for DeviceSpec {
 
 impl fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let size = |b: &Option<u64>| {
+            b.map(|b| format!(":{}", format_size(b)))
+                .unwrap_or_default()
+        };
         match self {
             DeviceSpec::Anon { bytes } => write!(f, "anon:{}", format_size(*bytes)),
-            DeviceSpec::File { path, bytes } => {
-                write!(f, "file:{}:{}", path.display(), format_size(*bytes))
-            }
+            DeviceSpec::File { path, bytes } => write!(f, "file:{}{}", path.display(), size(bytes)),
+            DeviceSpec::Numa { node, bytes } => write!(f, "numa:{node}:{}", format_size(*bytes)),
+            DeviceSpec::Dax { path, bytes } => write!(f, "dax:{}{}", path.display(), size(bytes)),
         }
     }
 }
@@ -124,40 +185,52 @@ pub(crate) struct MappedDevice {
 }
 
 impl MappedDevice {
-    pub(crate) fn map(spec: &DeviceSpec) -> Result<Self> {
-        let bytes = spec.bytes();
-        let len = usize::try_from(bytes)
-            .map_err(|_| invalid("device", "larger than the address space"))?;
+    pub(crate) fn map(spec: &DeviceSpec, mode: MapMode) -> Result<Self> {
+        if mode == MapMode::Open && !spec.is_shared() {
+            return Err(invalid(
+                "device",
+                format!(
+                    "{spec} is memory private to the process that created its pool; share a pool through \
+                     file: or dax: devices"
+                ),
+            ));
+        }
         let map = match spec {
-            DeviceSpec::Anon { .. } => {
-                let m = MmapOptions::new()
-                    .len(len)
-                    .map_anon()
-                    .map_err(|source| Error::Io {
-                        context: format!("mapping {} of anonymous memory", format_size(bytes)),
-                        source,
-                    })?;
-                MmapRaw::from(m)
+            DeviceSpec::Anon { bytes } => map_anon(*bytes)?,
+            DeviceSpec::Numa { node, bytes } => {
+                check_numa_node(Path::new("/sys"), *node)?;
+                let map = map_anon(*bytes)?;
+                bind_to_node(&map, *node)?;
+                map
             }
-            DeviceSpec::File { path, .. } => {
-                let io = |what: &str| {
-                    let context = format!("{what} {}", path.display());
-                    move |source| Error::Io { context, source }
-                };
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(path)
-                    .map_err(io("opening"))?;
-                if file.metadata().map_err(io("reading the size of"))?.len() < bytes {
-                    file.set_len(bytes).map_err(io("growing"))?;
+            DeviceSpec::File { path, bytes } => map_file(path, *bytes, mode)?,
+            DeviceSpec::Dax { path, bytes } => {
+                let meta =
+                    std::fs::metadata(path).map_err(io(format!("opening {}", path.display())))?;
+                if !meta.file_type().is_char_device() {
+                    return Err(invalid(
+                        "device",
+                        format!("{} is not a character device (devdax)", path.display()),
+                    ));
                 }
-                MmapOptions::new()
-                    .len(len)
-                    .map_raw(&file)
-                    .map_err(io("mapping"))?
+                let size = dax_size(Path::new("/sys"), path)?;
+                let len = match bytes {
+                    Some(b) if *b > size => {
+                        return Err(invalid(
+                            "device",
+                            format!("{spec}: the device has only {}", format_size(size)),
+                        ));
+                    }
+                    Some(b) => *b,
+                    None => size,
+                };
+                if len % (2 << 20) != 0 {
+                    return Err(invalid(
+                        "device",
+                        format!("{spec}: devdax mappings are 2 MiB multiples"),
+                    ));
+                }
+                map_shared(path, len)?
             }
         };
         Ok(MappedDevice {
@@ -179,6 +252,184 @@ impl MappedDevice {
     }
 }
 
+fn io(context: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io { context, source }
+}
+
+fn map_anon(bytes: u64) -> Result<MmapRaw> {
+    let len =
+        usize::try_from(bytes).map_err(|_| invalid("device", "larger than the address space"))?;
+    let m = MmapOptions::new().len(len).map_anon().map_err(io(format!(
+        "mapping {} of anonymous memory",
+        format_size(bytes)
+    )))?;
+    Ok(MmapRaw::from(m))
+}
+
+fn map_file(path: &Path, bytes: Option<u64>, mode: MapMode) -> Result<MmapRaw> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(mode == MapMode::Create)
+        .truncate(false)
+        .open(path)
+        .map_err(io(format!("opening {}", path.display())))?;
+    let len = file
+        .metadata()
+        .map_err(io(format!("reading the size of {}", path.display())))?
+        .len();
+    let bytes = match (mode, bytes) {
+        (MapMode::Create, None) => {
+            return Err(invalid(
+                "device",
+                format!("file:{} needs a size", path.display()),
+            ));
+        }
+        (MapMode::Create, Some(b)) => {
+            if len < b {
+                file.set_len(b)
+                    .map_err(io(format!("growing {}", path.display())))?;
+            }
+            b
+        }
+        (MapMode::Open, Some(b)) if b > len => {
+            return Err(invalid(
+                "device",
+                format!(
+                    "{} holds {} B, less than the {} B asked for",
+                    path.display(),
+                    len,
+                    b
+                ),
+            ));
+        }
+        (MapMode::Open, b) => b.unwrap_or(len),
+    };
+    map_shared(path, bytes)
+}
+
+/// Maps `len` bytes of `path` shared, read-write.
+fn map_shared(path: &Path, len: u64) -> Result<MmapRaw> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io(format!("opening {}", path.display())))?;
+    let len =
+        usize::try_from(len).map_err(|_| invalid("device", "larger than the address space"))?;
+    MmapOptions::new()
+        .len(len)
+        .map_raw(&file)
+        .map_err(io(format!("mapping {}", path.display())))
+}
+
+/// The size of a devdax device, from `<sysfs>/bus/dax/devices/<name>/size`.
+pub(crate) fn dax_size(sysfs: &Path, dev: &Path) -> Result<u64> {
+    let name = dev
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| invalid("device", "no device name"))?;
+    let at = sysfs.join("bus/dax/devices").join(name).join("size");
+    let text = std::fs::read_to_string(&at).map_err(io(format!("reading {}", at.display())))?;
+    text.trim().parse().map_err(|_| {
+        Error::Pool(format!(
+            "{} holds {:?}, not a size",
+            at.display(),
+            text.trim()
+        ))
+    })
+}
+
+/// The NUMA nodes under `<sysfs>/devices/system/node`, ascending.
+pub fn numa_nodes(sysfs: &Path) -> Vec<u32> {
+    let mut nodes: Vec<u32> = std::fs::read_dir(sysfs.join("devices/system/node"))
+        .map(|d| {
+            d.filter_map(|e| {
+                e.ok()?
+                    .file_name()
+                    .to_str()?
+                    .strip_prefix("node")?
+                    .parse()
+                    .ok()
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    nodes.sort();
+    nodes
+}
+
+/// Fails with a message listing the machine's nodes unless `node` exists.
+pub(crate) fn check_numa_node(sysfs: &Path, node: u32) -> Result<()> {
+    let dir = sysfs.join("devices/system/node");
+    if dir.join(format!("node{node}")).is_dir() {
+        return Ok(());
+    }
+    let nodes = numa_nodes(sysfs);
+    Err(invalid(
+        "device",
+        format!("NUMA node {node} does not exist; this machine has nodes {nodes:?}"),
+    ))
+}
+
+/// Binds the mapping's pages to `node` (MPOL_BIND, strict), before any is touched.
+fn bind_to_node(map: &MmapRaw, node: u32) -> Result<()> {
+    const MPOL_BIND: libc::c_long = 2;
+    const MPOL_MF_STRICT: libc::c_long = 1;
+    let mut mask = vec![0u64; node as usize / 64 + 1];
+    mask[node as usize / 64] |= 1 << (node % 64);
+    // SAFETY: mbind on our own fresh mapping with a mask of mask.len() * 64 bits.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            map.as_mut_ptr(),
+            map.len(),
+            MPOL_BIND,
+            mask.as_ptr(),
+            (mask.len() * 64 + 1) as libc::c_ulong,
+            MPOL_MF_STRICT,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::Io {
+            context: format!(
+                "binding {} to NUMA node {node} (mbind)",
+                format_size(map.len() as u64)
+            ),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// The NUMA node that holds the page at `addr` (after it was touched).
+// The kernel only looks the address up among the process's mappings (an
+// unmapped one fails with EFAULT); nothing is dereferenced.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn node_of(addr: *const u8) -> Result<u32> {
+    const MPOL_F_NODE: libc::c_ulong = 1;
+    const MPOL_F_ADDR: libc::c_ulong = 2;
+    let mut node: libc::c_int = -1;
+    // SAFETY: get_mempolicy writes one int; addr is a mapped address.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut node as *mut libc::c_int,
+            std::ptr::null_mut::<libc::c_ulong>(),
+            0 as libc::c_ulong,
+            addr,
+            MPOL_F_NODE | MPOL_F_ADDR,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::Io {
+            context: "get_mempolicy".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(node as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,37 +442,160 @@ mod tests {
         );
         assert_eq!(
             "file:/dev/shm/kv0:64GiB".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::file("/dev/shm/kv0", 64 << 30)
+        );
+        assert_eq!(
+            "file:/dev/shm/kv0".parse::<DeviceSpec>().unwrap(),
             DeviceSpec::File {
                 path: "/dev/shm/kv0".into(),
+                bytes: None
+            }
+        );
+        assert_eq!(
+            "numa:2:64GiB".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Numa {
+                node: 2,
                 bytes: 64 << 30
             }
         );
-        assert_eq!("anon:4096".parse::<DeviceSpec>().unwrap().bytes(), 4096);
         assert_eq!(
-            "anon:2GB".parse::<DeviceSpec>().unwrap().bytes(),
-            2_000_000_000
+            "dax:/dev/dax0.0".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Dax {
+                path: "/dev/dax0.0".into(),
+                bytes: None
+            }
+        );
+        assert_eq!(
+            "dax:/dev/dax1.2:4GiB".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Dax {
+                path: "/dev/dax1.2".into(),
+                bytes: Some(4 << 30)
+            }
+        );
+        assert_eq!(
+            "anon:2GB".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Anon {
+                bytes: 2_000_000_000
+            }
         );
         for bad in [
             "anon",
             "anon:",
             "anon:0",
             "anon:8XB",
-            "file:8GiB",
+            "file:",
             "file::8GiB",
             "tape:1GiB",
+            "numa:x:1GiB",
+            "numa:2",
+            "dax:",
             "anon:99999999999TiB",
         ] {
-            let e = bad.parse::<DeviceSpec>();
-            assert!(e.is_err(), "{bad} parsed as {e:?}");
+            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad} parsed");
         }
     }
 
     #[test]
-    fn sizes_round_trip() {
+    fn specs_round_trip_through_display() {
+        for s in [
+            "anon:8GiB",
+            "file:/tmp/a:b:1GiB",
+            "file:/dev/shm/x",
+            "numa:3:512MiB",
+            "dax:/dev/dax0.0",
+            "dax:/dev/dax0.0:2GiB",
+        ] {
+            assert_eq!(s.parse::<DeviceSpec>().unwrap().to_string(), s);
+        }
         for s in ["4000B", "64KiB", "512MiB", "8GiB", "1TiB"] {
             assert_eq!(format_size(parse_size(s).unwrap()), s);
         }
-        let spec: DeviceSpec = "file:/tmp/a:b:1GiB".parse().unwrap();
-        assert_eq!(spec.to_string(), "file:/tmp/a:b:1GiB");
+    }
+
+    #[test]
+    fn dax_size_comes_from_sysfs() {
+        let root = std::env::temp_dir().join(format!("kvtier-sysfs-{}", std::process::id()));
+        let dir = root.join("bus/dax/devices/dax3.1");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("size"), "68719476736\n").unwrap();
+        assert_eq!(dax_size(&root, Path::new("/dev/dax3.1")).unwrap(), 64 << 30);
+        let err = dax_size(&root, Path::new("/dev/dax9.9"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("dax9.9"), "{err}");
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn numa_nodes_are_checked_against_sysfs() {
+        let root = std::env::temp_dir().join(format!("kvtier-numa-{}", std::process::id()));
+        for n in [0, 2] {
+            std::fs::create_dir_all(root.join(format!("devices/system/node/node{n}"))).unwrap();
+        }
+        assert!(check_numa_node(&root, 2).is_ok());
+        let err = check_numa_node(&root, 1).unwrap_err().to_string();
+        assert!(
+            err.contains("NUMA node 1 does not exist") && err.contains("[0, 2]"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn private_memory_cannot_be_opened_again() {
+        for spec in ["anon:1MiB", "numa:0:1MiB"] {
+            let err = MappedDevice::map(&spec.parse().unwrap(), MapMode::Open)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(err.contains("private"), "{err}");
+        }
+    }
+
+    #[test]
+    fn missing_devices_are_reported() {
+        let err = MappedDevice::map(
+            &"dax:/dev/dax-nonexistent".parse().unwrap(),
+            MapMode::Create,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("/dev/dax-nonexistent"), "{err}");
+        let err = MappedDevice::map(&"file:/nonexistent-dir/x".parse().unwrap(), MapMode::Open)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("/nonexistent-dir/x"), "{err}");
+        let not_char = std::env::temp_dir().join(format!("kvtier-notdax-{}", std::process::id()));
+        std::fs::write(&not_char, b"x").unwrap();
+        let err = MappedDevice::map(
+            &DeviceSpec::Dax {
+                path: not_char.clone(),
+                bytes: None,
+            },
+            MapMode::Create,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("not a character device"), "{err}");
+        std::fs::remove_file(not_char).unwrap();
+    }
+
+    /// NUMA node 0 exists on every Linux machine: bind there and check where
+    /// the pages went.
+    #[test]
+    fn numa_memory_lands_on_its_node() {
+        let d = MappedDevice::map(&"numa:0:4MiB".parse().unwrap(), MapMode::Create).unwrap();
+        // SAFETY: touching our own mapping.
+        unsafe { d.ptr().write_bytes(1, d.len()) };
+        assert_eq!(node_of(d.ptr()).unwrap(), 0);
+        assert_eq!(node_of(unsafe { d.ptr().add(d.len() - 1) }).unwrap(), 0);
+        let err = MappedDevice::map(&"numa:4095:4MiB".parse().unwrap(), MapMode::Create)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("NUMA node 4095 does not exist"), "{err}");
     }
 }

@@ -44,13 +44,10 @@ pub struct Fixture {
 }
 
 pub fn filled_pool(layout: LayerFirstLayout, n_regions: u32) -> Fixture {
-    let stride = layout
-        .region_bytes()
-        .next_multiple_of(kvtier::pool::REGION_ALIGN);
     let pool = Pool::create(
         layout,
         DeviceSpec::Anon {
-            bytes: stride * n_regions as u64,
+            bytes: Pool::device_bytes_for(&layout, n_regions),
         },
     )
     .unwrap();

@@ -371,7 +371,7 @@ impl SwapCase {
         let pool = Pool::create(
             layout,
             DeviceSpec::Anon {
-                bytes: layout.region_bytes().next_multiple_of(4096),
+                bytes: Pool::device_bytes_for(&layout, 1),
             },
         )
         .unwrap();
@@ -457,7 +457,7 @@ impl SwapCase {
                 let d_num_real = num_real
                     .as_ref()
                     .map(|n| DeviceBuffer::from_host(dev, n).unwrap());
-                let base = pool.device_base(dev).unwrap() + pool.region_offset(&region).unwrap();
+                let base = pool.region_device_addr(&region, dev).unwrap();
                 let args = SwapInArgs {
                     top_k_tokens: d_topk.as_buf(),
                     top_k_stride: self.top_k_stride,

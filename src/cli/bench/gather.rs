@@ -29,10 +29,7 @@ pub(super) fn run(args: &BenchArgs, exec: &Executor, entry: u32) -> kvtier::Resu
     }
     let max_batch = *batches.iter().max().unwrap();
     let layout = LayerFirstLayout::new(entry, 1, args.context)?;
-    let pool_bytes = layout
-        .region_bytes()
-        .next_multiple_of(kvtier::pool::REGION_ALIGN)
-        * max_batch as u64;
+    let pool_bytes = Pool::device_bytes_for(&layout, max_batch);
     let pool = Pool::create(layout, DeviceSpec::Anon { bytes: pool_bytes })?;
     let mut rng = StdRng::seed_from_u64(args.seed);
     let regions = fill_pool(&pool, max_batch, &mut rng)?;

@@ -120,9 +120,7 @@ impl State {
         let pool = Pool::create(
             layout,
             DeviceSpec::Anon {
-                bytes: layout
-                    .region_bytes()
-                    .next_multiple_of(kvtier::pool::REGION_ALIGN),
+                bytes: Pool::device_bytes_for(&layout, 1),
             },
         )?;
         let host_region = pool.alloc_region()?;
@@ -312,7 +310,7 @@ impl State {
         let seq = DeviceBuffer::from_host(dev, &q.seq)?;
         let device_buffer = DeviceBuffer::<u8>::zeroed(dev, self.device_rows() * item)?;
         let out = DeviceBuffer::<i32>::zeroed(dev, q.batch as usize * k)?;
-        let host_base = self.pool.device_base(dev)? + self.pool.region_offset(&self.host_region)?;
+        let host_base = self.pool.region_device_addr(&self.host_region, dev)?;
         let host_len = self.host_locs.len() * item;
         let (tok_dst, lru_dst) = (tokens.device_ptr(), lru.device_ptr());
         let reset = |s: Stream| -> kvtier::Result<()> {

@@ -1,0 +1,221 @@
+//! `kvtier pool create|status|check|destroy`.
+
+use std::collections::BTreeMap;
+
+use clap::{Args, Subcommand};
+use kvtier::pool::{Coherence, Liveness, PoolOptions, RegionState, format_size};
+use kvtier::{DeviceSpec, EntryFormat, LayerFirstLayout, Pool};
+
+#[derive(Debug, Subcommand)]
+pub enum PoolCommand {
+    /// Formats a new pool across the devices.
+    Create(CreateArgs),
+    /// Devices, capacity, regions per state and per owner.
+    Status(DevicesArgs),
+    /// Verifies the header and the tables; reports (with --repair, reclaims)
+    /// the regions of owners that died.
+    Check(CheckArgs),
+    /// Invalidates the pool's headers (the bytes and files stay).
+    Destroy(DestroyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DevicesArgs {
+    /// A device of the pool, in pool order: anon:SIZE, file:PATH[:SIZE],
+    /// numa:NODE:SIZE or dax:PATH[:SIZE]. Repeat for each device.
+    #[arg(long = "device", required = true)]
+    devices: Vec<String>,
+    /// For a pool shared by several hosts without hardware coherence: how
+    /// many hosts share it, and which one this is.
+    #[arg(long, requires = "host")]
+    hosts: Option<u32>,
+    #[arg(long, requires = "hosts")]
+    host: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    devices: DevicesArgs,
+    /// Entry format: fp8-dsa (656 B), bf16-mla (1152 B) or a byte count.
+    #[arg(long, default_value = "fp8-dsa")]
+    entry: String,
+    /// Layers per region.
+    #[arg(long)]
+    layers: u32,
+    /// Tokens per region (a request's capacity).
+    #[arg(long)]
+    tokens: u32,
+    /// Client slots (processes attached at once).
+    #[arg(long, default_value_t = kvtier::pool::DEFAULT_CLIENTS)]
+    clients: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    devices: DevicesArgs,
+    /// Reclaim the regions of owners that died.
+    #[arg(long)]
+    repair: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DestroyArgs {
+    #[command(flatten)]
+    devices: DevicesArgs,
+    /// Destroy even while processes are attached.
+    #[arg(long)]
+    force: bool,
+}
+
+impl DevicesArgs {
+    fn specs(&self) -> kvtier::Result<Vec<DeviceSpec>> {
+        self.devices.iter().map(|d| d.parse()).collect()
+    }
+
+    fn options(&self, attach: bool, reclaim: bool) -> PoolOptions {
+        let coherence = match (self.hosts, self.host) {
+            (Some(hosts), Some(host)) => Coherence::NonCoherent { hosts, host },
+            _ => Coherence::Coherent,
+        };
+        PoolOptions {
+            coherence,
+            attach,
+            reclaim_dead: reclaim,
+            ..PoolOptions::default()
+        }
+    }
+}
+
+pub fn run(cmd: PoolCommand) -> kvtier::Result<()> {
+    match cmd {
+        PoolCommand::Create(a) => {
+            let entry = a.entry.parse::<EntryFormat>()?.bytes();
+            let layout = LayerFirstLayout::new(entry, a.layers, a.tokens)?;
+            let options = PoolOptions {
+                clients: a.clients,
+                ..a.devices.options(false, false)
+            };
+            let pool = Pool::create_on(layout, a.devices.specs()?, options)?;
+            println!(
+                "created pool {} on {} device(s): {} regions of {} ({} B × {} layers × {} tokens)",
+                hex(&pool.uuid()),
+                pool.devices().len(),
+                pool.num_regions(),
+                format_size(pool.region_stride()),
+                entry,
+                a.layers,
+                a.tokens
+            );
+            Ok(())
+        }
+        PoolCommand::Status(a) => {
+            let pool = Pool::open(a.specs()?, a.options(false, false))?;
+            print_status(&pool);
+            Ok(())
+        }
+        PoolCommand::Check(a) => {
+            let pool = Pool::open(a.devices.specs()?, a.devices.options(false, false))?;
+            let report = pool.check();
+            println!("pool {}: header and device table valid", hex(&pool.uuid()));
+            for p in &report.problems {
+                println!("problem: {p}");
+            }
+            for (client, pid) in &report.dead_clients {
+                println!("dead owner: client slot {client} (pid {pid})");
+            }
+            println!(
+                "{} region(s) of dead owners are reclaimable",
+                report.reclaimable_regions
+            );
+            if a.repair {
+                let freed = pool.reclaim_dead()?;
+                println!(
+                    "repaired: reclaimed {} client slot(s) and {} region(s)",
+                    freed.clients, freed.regions
+                );
+            } else if report.reclaimable_regions > 0 || !report.dead_clients.is_empty() {
+                println!("run again with --repair to reclaim them");
+            }
+            if report.problems.is_empty() {
+                Ok(())
+            } else {
+                Err(kvtier::Error::Pool(format!(
+                    "{} inconsistencies in the tables",
+                    report.problems.len()
+                )))
+            }
+        }
+        PoolCommand::Destroy(a) => {
+            Pool::destroy(a.devices.specs()?, a.force)?;
+            println!("destroyed: the headers are cleared (the devices' bytes and files remain)");
+            Ok(())
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn print_status(pool: &Pool) {
+    let l = pool.layout();
+    println!(
+        "pool {} (format v{}), regions of {} B × {} layers × {} tokens ({} each)",
+        hex(&pool.uuid()),
+        kvtier::pool::VERSION,
+        l.entry_bytes(),
+        l.layers(),
+        l.tokens_per_region(),
+        format_size(pool.region_stride())
+    );
+    println!("devices:");
+    for (i, d) in pool.devices().iter().enumerate() {
+        println!(
+            "  {i:>2}  {:<40} {:>10}  {:>6} regions  {:>6} free",
+            d.spec,
+            format_size(d.bytes),
+            d.regions,
+            d.free
+        );
+    }
+    let regions = pool.regions();
+    let count = |s: RegionState| regions.iter().filter(|r| r.state == s).count();
+    println!(
+        "regions: {} total, {} free, {} allocated, {} ready; {} of {} used",
+        regions.len(),
+        count(RegionState::Free),
+        count(RegionState::Allocated),
+        count(RegionState::Ready),
+        format_size((regions.len() - count(RegionState::Free)) as u64 * pool.region_stride()),
+        format_size(regions.len() as u64 * pool.region_stride()),
+    );
+    let mut owners: BTreeMap<(u16, u32), (Liveness, usize, usize)> = BTreeMap::new();
+    for r in &regions {
+        if let Some(o) = &r.owner {
+            let e = owners
+                .entry((o.client, o.pid))
+                .or_insert((o.liveness, 0, 0));
+            match r.state {
+                RegionState::Ready => e.2 += 1,
+                _ => e.1 += 1,
+            }
+        }
+    }
+    let attached = pool.clients_info();
+    println!("clients attached: {}", attached.len());
+    if !owners.is_empty() {
+        println!("owners:");
+        for ((client, pid), (live, allocated, ready)) in owners {
+            let state = match live {
+                Liveness::Alive => "alive",
+                Liveness::Dead => "dead (reclaimable)",
+                Liveness::Unknown => "unknown (another host)",
+            };
+            println!(
+                "  client {client:>4}  pid {pid:>8}  {state:<24} {allocated} allocated, {ready} ready"
+            );
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Who a process is, in a way that survives pid reuse: its pid, the time it
+//! started (in clock ticks since boot, `/proc/<pid>/stat` field 22), and the
+//! boot it started in (`/proc/sys/kernel/random/boot_id`). A recorded owner is
+//! alive only while a process with that pid exists, has not exited (no
+//! zombie), and started at that same tick of that same boot.
+
+use std::fs;
+
+use crate::error::{Error, Result};
+
+/// A process identity, as recorded in the pool's client table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub boot_id: u128,
+}
+
+/// What can be said about a recorded owner from this machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    Alive,
+    Dead,
+    /// Recorded by another boot while other hosts may share the pool: it may
+    /// be a process on another host, which this one cannot see.
+    Unknown,
+}
+
+impl ProcessIdentity {
+    /// The calling process.
+    pub fn current() -> Result<Self> {
+        let pid = std::process::id();
+        let start_ticks = start_ticks(pid)?.ok_or_else(|| {
+            Error::Pool("cannot read /proc/self/stat to identify this process".into())
+        })?;
+        Ok(ProcessIdentity {
+            pid,
+            start_ticks,
+            boot_id: boot_id()?,
+        })
+    }
+
+    /// Whether the recorded process is still running. With `same_host_only`
+    /// (one host uses the pool), another boot id means the machine has
+    /// rebooted since, so the owner is dead; otherwise it is Unknown.
+    pub fn liveness(&self, same_host_only: bool) -> Result<Liveness> {
+        if self.boot_id != boot_id()? {
+            return Ok(if same_host_only {
+                Liveness::Dead
+            } else {
+                Liveness::Unknown
+            });
+        }
+        Ok(match start_ticks(self.pid)? {
+            Some(t) if t == self.start_ticks => Liveness::Alive,
+            _ => Liveness::Dead,
+        })
+    }
+}
+
+/// The boot id of this machine, as 128 bits.
+pub fn boot_id() -> Result<u128> {
+    let text =
+        fs::read_to_string("/proc/sys/kernel/random/boot_id").map_err(|source| Error::Io {
+            context: "reading /proc/sys/kernel/random/boot_id".into(),
+            source,
+        })?;
+    let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
+    u128::from_str_radix(&hex, 16)
+        .map_err(|_| Error::Pool(format!("unexpected boot id {:?}", text.trim())))
+}
+
+/// The start time of a running (not zombie) process, or None when there is no
+/// such process.
+fn start_ticks(pid: u32) -> Result<Option<u64>> {
+    let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(Error::Io {
+                context: format!("reading /proc/{pid}/stat"),
+                source,
+            });
+        }
+    };
+    Ok(parse_stat(&stat))
+}
+
+/// Parses `/proc/<pid>/stat`: the start time (field 22) of a process that has
+/// not exited, None for a zombie or dead one. The command name (field 2) may
+/// hold spaces and parentheses, so fields are counted after its last ')'.
+fn parse_stat(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state); field 22 is at index 19
+    let state = *fields.first()?;
+    if state == "Z" || state == "X" || state == "x" {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_lines() {
+        let line = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000000 100";
+        assert_eq!(parse_stat(line), Some(987654));
+        let zombie = "4242 (x) Z 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 0 0";
+        assert_eq!(parse_stat(zombie), None);
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_made_up_one_is_not() {
+        let me = ProcessIdentity::current().unwrap();
+        assert_eq!(me.liveness(true).unwrap(), Liveness::Alive);
+        let reused = ProcessIdentity {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        };
+        assert_eq!(
+            reused.liveness(true).unwrap(),
+            Liveness::Dead,
+            "same pid, other start time"
+        );
+        let rebooted = ProcessIdentity {
+            boot_id: me.boot_id ^ 1,
+            ..me
+        };
+        assert_eq!(rebooted.liveness(true).unwrap(), Liveness::Dead);
+        assert_eq!(rebooted.liveness(false).unwrap(), Liveness::Unknown);
+        let gone = ProcessIdentity {
+            pid: u32::MAX - 7,
+            ..me
+        };
+        assert_eq!(gone.liveness(true).unwrap(), Liveness::Dead);
+    }
+}

@@ -1,0 +1,688 @@
+//! The pool across processes: shared-file devices (the way tests emulate CXL
+//! devices), attach and allocate concurrently, crashes (SIGKILL) at random
+//! points, reclamation of dead owners, per-rank interleaving, the
+//! non-coherent multi-host mode, and the errors of bad specs and devices.
+//!
+//! Child processes are this test binary run again with `pool_worker` as the
+//! only (ignored) test and its orders in the KVTIER_POOL_WORKER variable.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvtier::pool::{Coherence, Liveness, PoolOptions, RegionState};
+use kvtier::{DeviceSpec, LayerFirstLayout, Pool};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const WORKER_ENV: &str = "KVTIER_POOL_WORKER";
+
+/// Small regions: 64-byte entries, 2 layers, 16 tokens (2 KiB, a 4 KiB stride).
+fn layout() -> LayerFirstLayout {
+    LayerFirstLayout::new(64, 2, 16).unwrap()
+}
+
+/// A fresh directory for shared-file devices, on tmpfs where there is one.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let base = if std::path::Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let d = base.join(format!("kvtier-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+
+    /// `n` file devices of `mib` MiB each.
+    fn devices(&self, n: usize, mib: u64) -> Vec<DeviceSpec> {
+        (0..n)
+            .map(|i| DeviceSpec::file(self.0.join(format!("dev{i}")), mib << 20))
+            .collect()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn specs_arg(devices: &[DeviceSpec]) -> String {
+    devices
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn parse_specs(s: &str) -> Vec<DeviceSpec> {
+    s.split(',').map(|d| d.parse().unwrap()).collect()
+}
+
+fn opts(rank: u32, ranks: u32) -> PoolOptions {
+    PoolOptions {
+        rank,
+        ranks,
+        ..PoolOptions::default()
+    }
+}
+
+fn inspect() -> PoolOptions {
+    PoolOptions {
+        attach: false,
+        reclaim_dead: false,
+        ..PoolOptions::default()
+    }
+}
+
+// ---- region contents with a checksum ------------------------------------
+
+fn splitmix(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A region's bytes: [seed, owner pid, checksum of the rest, rest...] in
+/// layer 0, then layer 1 entirely from the seed.
+fn contents(seed: u64, pid: u32) -> Vec<u8> {
+    let l = layout();
+    let n = l.region_bytes() as usize;
+    let mut x = seed;
+    let mut bytes = vec![0u8; n];
+    for chunk in bytes[24..].chunks_mut(8) {
+        chunk.copy_from_slice(&splitmix(&mut x).to_le_bytes()[..chunk.len()]);
+    }
+    let sum = bytes[24..]
+        .iter()
+        .fold(0u64, |a, &b| a.wrapping_mul(31).wrapping_add(b as u64));
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    bytes[8..16].copy_from_slice(&(pid as u64).to_le_bytes());
+    bytes[16..24].copy_from_slice(&sum.to_le_bytes());
+    bytes
+}
+
+/// Whether `bytes` are whole contents (any seed, any pid).
+fn intact(bytes: &[u8]) -> bool {
+    let seed = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let pid = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as u32;
+    bytes == contents(seed, pid)
+}
+
+fn write_region(pool: &Pool, r: &kvtier::Region, bytes: &[u8]) {
+    let half = bytes.len() / 2;
+    pool.write_tokens(r, 0, 0, &bytes[..half]).unwrap();
+    pool.write_tokens(r, 1, 0, &bytes[half..]).unwrap();
+}
+
+fn read_region(pool: &Pool, r: &kvtier::Region) -> Vec<u8> {
+    let mut bytes = vec![0u8; layout().region_bytes() as usize];
+    let half = bytes.len() / 2;
+    pool.read_tokens(r, 0, 0, &mut bytes[..half]).unwrap();
+    pool.read_tokens(r, 1, 0, &mut bytes[half..]).unwrap();
+    bytes
+}
+
+fn read_ready(pool: &Pool, index: u32) -> Option<Vec<u8>> {
+    let mut bytes = vec![0u8; layout().region_bytes() as usize];
+    let half = bytes.len() / 2;
+    pool.read_ready(index, 0, 0, &mut bytes[..half]).ok()?;
+    pool.read_ready(index, 1, 0, &mut bytes[half..]).ok()?;
+    Some(bytes)
+}
+
+// ---- the worker process --------------------------------------------------
+
+/// Orders (KVTIER_POOL_WORKER): "MODE;DEVICES;ARGS..." with MODE
+/// * hold;DEVICES;N;P: allocate N regions, write them, publish P, print
+///   "held", then sleep until killed;
+/// * place;DEVICES;RANK;RANKS;N: allocate N regions, print their devices;
+/// * clean;DEVICES;N: allocate and publish N regions, then exit normally;
+/// * chaos;DEVICES;SEED;MILLIS: random allocate/write/publish/free/verify for
+///   MILLIS; exit 3 if a region this process owns ever holds another
+///   process's stamp (owned twice), 0 otherwise.
+#[test]
+#[ignore = "a child process of the multi-process pool tests"]
+fn pool_worker() {
+    let Ok(orders) = std::env::var(WORKER_ENV) else {
+        return;
+    };
+    // Die with the test that spawned us, whatever becomes of it.
+    // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a signal for this process.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    let parts: Vec<&str> = orders.split(';').collect();
+    let devices = parse_specs(parts[1]);
+    let pid = std::process::id();
+    match parts[0] {
+        "hold" => {
+            let pool = Pool::open(devices, PoolOptions::default()).unwrap();
+            let (n, p): (usize, usize) = (parts[2].parse().unwrap(), parts[3].parse().unwrap());
+            let mut held = Vec::new();
+            for i in 0..n {
+                let r = pool.alloc_region_for(i as u64).unwrap();
+                write_region(&pool, &r, &contents(i as u64 + 1000 * pid as u64, pid));
+                if i < p {
+                    pool.publish(&r).unwrap();
+                }
+                held.push(r);
+            }
+            println!("held");
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        "place" => {
+            let (rank, ranks, n): (u32, u32, usize) = (
+                parts[2].parse().unwrap(),
+                parts[3].parse().unwrap(),
+                parts[4].parse().unwrap(),
+            );
+            let pool = Pool::open(devices, opts(rank, ranks)).unwrap();
+            let got: Vec<String> = (0..n)
+                .map(|_| pool.alloc_region().unwrap().device().to_string())
+                .collect();
+            println!("devices {}", got.join(","));
+        }
+        "clean" => {
+            let pool = Pool::open(devices, PoolOptions::default()).unwrap();
+            for i in 0..parts[2].parse().unwrap() {
+                // the handle goes; the region stays allocated until the pool drops
+                pool.publish(&pool.alloc_region_for(i).unwrap()).unwrap();
+            }
+            println!("done");
+        }
+        "chaos" => {
+            let seed: u64 = parts[2].parse().unwrap();
+            let millis: u64 = parts[3].parse().unwrap();
+            let mut rng = StdRng::seed_from_u64(seed);
+            let pool = Pool::open(devices, PoolOptions::default()).unwrap();
+            let end = Instant::now() + Duration::from_millis(millis);
+            let mut mine: Vec<(kvtier::Region, Vec<u8>)> = Vec::new();
+            while Instant::now() < end {
+                match rng.random_range(0..10) {
+                    0..=3 if mine.len() < 6 => match pool.alloc_region() {
+                        Ok(r) => {
+                            let bytes = contents(rng.random(), pid);
+                            write_region(&pool, &r, &bytes);
+                            if rng.random_bool(0.6) {
+                                pool.publish(&r).unwrap();
+                            }
+                            mine.push((r, bytes));
+                        }
+                        Err(e) => assert!(e.to_string().contains("pool is full"), "{e}"),
+                    },
+                    4..=6 if !mine.is_empty() => {
+                        let (r, bytes) = mine.swap_remove(rng.random_range(0..mine.len()));
+                        if read_region(&pool, &r) != bytes {
+                            eprintln!("region {} changed under its owner {pid}", r.index());
+                            std::process::exit(3);
+                        }
+                        pool.free_region(r).unwrap();
+                    }
+                    _ => {
+                        for (r, bytes) in &mine {
+                            if read_region(&pool, r) != *bytes {
+                                eprintln!("region {} changed under its owner {pid}", r.index());
+                                std::process::exit(3);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        other => panic!("unknown worker mode {other}"),
+    }
+}
+
+/// A worker process, killed when dropped (a failing test leaves none behind).
+struct Worker(Child);
+
+impl std::ops::Deref for Worker {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Worker {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn worker(orders: &str) -> Worker {
+    Worker(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "pool_worker",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+                "--quiet",
+            ])
+            .env(WORKER_ENV, orders)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Waits for the worker to print a line starting with `prefix`; returns it.
+fn wait_line(child: &mut Worker, prefix: &str) -> String {
+    let out = child.stdout.as_mut().unwrap();
+    let mut reader = BufReader::new(out);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "worker ended before printing {prefix:?}"
+        );
+        if line.starts_with(prefix) {
+            return line.trim().to_string();
+        }
+    }
+}
+
+// ---- the tests ------------------------------------------------------------
+
+#[test]
+fn processes_share_one_pool_through_files() {
+    let dir = Dir::new("share");
+    let devices = dir.devices(2, 4);
+    let a = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    let b = Pool::open_expecting(devices.clone(), layout(), PoolOptions::default()).unwrap();
+    assert_eq!(a.uuid(), b.uuid());
+    assert_eq!(a.num_regions(), b.num_regions());
+    let total = a.num_regions();
+    let ra = a.alloc_region_for(7).unwrap();
+    write_region(&a, &ra, &contents(1, 1));
+    a.publish(&ra).unwrap();
+    assert_eq!(b.free_regions(), total - 1, "b sees a's allocation");
+    assert_eq!(
+        read_ready(&b, ra.index()).unwrap(),
+        contents(1, 1),
+        "b reads a's published bytes"
+    );
+    let rb = b.alloc_region().unwrap();
+    assert_ne!(rb.index(), ra.index());
+    let infos = b.regions();
+    assert_eq!(infos[ra.index() as usize].request, 7);
+    // a handle is good only with the pool object that allocated it
+    let err = b.free_region(ra).unwrap_err().to_string();
+    assert!(err.contains("another pool"), "{err}");
+    drop(b);
+    assert_eq!(
+        a.free_regions(),
+        total - 1,
+        "b's clean exit freed its region; a still owns one"
+    );
+}
+
+#[test]
+fn a_killed_owner_is_reclaimed_by_the_next_opener() {
+    let dir = Dir::new("reclaim");
+    let devices = dir.devices(1, 4);
+    let creator = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    let total = creator.num_regions();
+    drop(creator);
+    let mut child = worker(&format!("hold;{};5;3", specs_arg(&devices)));
+    wait_line(&mut child, "held");
+
+    let look = Pool::open(devices.clone(), inspect()).unwrap();
+    let owned: Vec<_> = look
+        .regions()
+        .into_iter()
+        .filter(|r| r.state != RegionState::Free)
+        .collect();
+    assert_eq!(owned.len(), 5);
+    assert_eq!(
+        owned
+            .iter()
+            .filter(|r| r.state == RegionState::Ready)
+            .count(),
+        3
+    );
+    assert!(
+        owned
+            .iter()
+            .all(|r| r.owner.as_ref().unwrap().liveness == Liveness::Alive)
+    );
+    assert_eq!(
+        look.check().reclaimable_regions,
+        0,
+        "a live owner's regions are not reclaimable"
+    );
+    for r in owned.iter().filter(|r| r.state == RegionState::Ready) {
+        assert!(intact(&read_ready(&look, r.index).unwrap()));
+    }
+    // a live owner's regions survive another process's open
+    drop(Pool::open(devices.clone(), PoolOptions::default()).unwrap());
+    assert_eq!(look.free_regions(), total - 5);
+
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let report = look.check();
+    assert_eq!(report.dead_clients.len(), 1, "{report:?}");
+    assert_eq!(report.dead_clients[0].1, child.id());
+    assert_eq!(report.reclaimable_regions, 5);
+    assert!(report.problems.is_empty());
+    let next = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
+    assert_eq!(
+        next.free_regions(),
+        total,
+        "the dead owner's regions are back"
+    );
+    assert!(look.check().dead_clients.is_empty());
+}
+
+#[test]
+fn a_clean_exit_frees_its_regions() {
+    let dir = Dir::new("clean");
+    let devices = dir.devices(1, 4);
+    let pool = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    let total = pool.num_regions();
+    let mut child = worker(&format!("clean;{};4", specs_arg(&devices)));
+    wait_line(&mut child, "done");
+    assert!(child.wait().unwrap().success());
+    assert_eq!(pool.free_regions(), total);
+    assert!(
+        pool.clients_info()
+            .iter()
+            .all(|c| c.1 == std::process::id()),
+        "only this process is attached"
+    );
+}
+
+#[test]
+fn ranks_interleave_over_devices_across_processes() {
+    let dir = Dir::new("interleave");
+    let devices = dir.devices(4, 4);
+    let pool = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    let mut children: Vec<Worker> = (0..2)
+        .map(|rank| worker(&format!("place;{};{rank};2;4", specs_arg(&devices))))
+        .collect();
+    let lines: Vec<String> = children
+        .iter_mut()
+        .map(|c| wait_line(c, "devices"))
+        .collect();
+    for c in &mut children {
+        assert!(c.wait().unwrap().success());
+    }
+    assert_eq!(lines, vec!["devices 0,2,0,2", "devices 1,3,1,3"]);
+    assert_eq!(
+        pool.free_regions(),
+        pool.num_regions(),
+        "the workers exited cleanly"
+    );
+}
+
+#[test]
+fn full_devices_are_skipped_and_a_full_pool_says_so() {
+    let dir = Dir::new("full");
+    let devices = dir.devices(2, 4);
+    let pool = Pool::create_on(layout(), devices, opts(0, 1)).unwrap();
+    let per = pool.devices().iter().map(|d| d.regions).collect::<Vec<_>>();
+    let mut got = Vec::new();
+    while let Ok(r) = pool.alloc_region() {
+        got.push(r.device()); // the handle goes, the region stays allocated
+    }
+    assert_eq!(got.len() as u32, pool.num_regions());
+    for (d, &n) in per.iter().enumerate() {
+        assert_eq!(got.iter().filter(|&&g| g == d as u32).count() as u32, n);
+    }
+    let err = pool.alloc_region().unwrap_err().to_string();
+    assert!(err.contains("pool is full"), "{err}");
+}
+
+/// Six processes allocating, writing, publishing and freeing at once, killed
+/// (SIGKILL) at random points and replaced, for about three seconds.
+/// Afterwards every READY region holds whole bytes, no worker ever saw its
+/// region change under it (a region owned twice), and every region of a
+/// dead worker is reclaimed.
+#[test]
+fn crashes_at_random_points_leak_nothing_and_publish_nothing_partial() {
+    let dir = Dir::new("chaos");
+    let devices = dir.devices(3, 4);
+    let creator = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    let total = creator.num_regions();
+    drop(creator);
+    let spec = specs_arg(&devices);
+    let mut rng = StdRng::seed_from_u64(42);
+    let mut seed = 0u64;
+    let mut spawn = |rng: &mut StdRng| {
+        seed += 1;
+        worker(&format!(
+            "chaos;{spec};{seed};{}",
+            rng.random_range(300..1500)
+        ))
+    };
+    let mut workers: Vec<Worker> = (0..6).map(|_| spawn(&mut rng)).collect();
+    let (mut killed, mut finished) = (0, 0);
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(rng.random_range(20..120)));
+        let i = rng.random_range(0..workers.len());
+        match workers[i].try_wait().unwrap() {
+            Some(status) => {
+                assert!(
+                    status.success(),
+                    "a worker found a region owned twice or failed: {status}"
+                );
+                finished += 1;
+            }
+            None => {
+                workers[i].kill().unwrap();
+                workers[i].wait().unwrap();
+                killed += 1;
+            }
+        }
+        workers[i] = spawn(&mut rng);
+    }
+    for mut w in workers {
+        if rng.random_bool(0.5) {
+            let _ = w.kill();
+            let _ = w.wait();
+            killed += 1;
+        } else {
+            let status = w.wait().unwrap();
+            assert!(
+                status.success(),
+                "a worker found a region owned twice or failed: {status}"
+            );
+            finished += 1;
+        }
+    }
+    assert!(
+        killed > 5 && finished > 0,
+        "killed {killed}, finished {finished}"
+    );
+
+    let look = Pool::open(devices.clone(), inspect()).unwrap();
+    let report = look.check();
+    assert!(report.problems.is_empty(), "{report:?}");
+    for r in look.regions() {
+        if r.state == RegionState::Ready {
+            assert!(
+                intact(&read_ready(&look, r.index).unwrap()),
+                "region {} is READY with partial bytes",
+                r.index
+            );
+        }
+        if let Some(o) = &r.owner {
+            assert_eq!(o.liveness, Liveness::Dead, "every worker has exited: {r:?}");
+        }
+    }
+    let next = Pool::open(devices, PoolOptions::default()).unwrap();
+    assert_eq!(
+        next.free_regions(),
+        total,
+        "every dead worker's regions were reclaimed"
+    );
+    assert!(next.check().dead_clients.is_empty());
+}
+
+#[test]
+fn non_coherent_hosts_allocate_from_their_own_partitions() {
+    let dir = Dir::new("hosts");
+    let devices = dir.devices(1, 4);
+    let host = |h| PoolOptions {
+        coherence: Coherence::NonCoherent { hosts: 2, host: h },
+        ..PoolOptions::default()
+    };
+    let h0 = Pool::create_on(layout(), devices.clone(), host(0)).unwrap();
+    let h1 = Pool::open(devices.clone(), host(1)).unwrap();
+    let a: Vec<_> = (0..3).map(|_| h0.alloc_region().unwrap()).collect();
+    let b: Vec<_> = (0..3).map(|_| h1.alloc_region().unwrap()).collect();
+    assert!(a.iter().all(|r| r.index() % 2 == 0) && b.iter().all(|r| r.index() % 2 == 1));
+    write_region(&h0, &a[0], &contents(9, 9));
+    h0.publish(&a[0]).unwrap();
+    assert_eq!(
+        read_ready(&h1, a[0].index()).unwrap(),
+        contents(9, 9),
+        "published bytes reach the other host"
+    );
+    let err = Pool::open(devices.clone(), PoolOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("shared by 2 hosts"), "{err}");
+    let err = Pool::open(
+        devices,
+        PoolOptions {
+            coherence: Coherence::NonCoherent { hosts: 3, host: 0 },
+            ..PoolOptions::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("shared by 2 hosts"), "{err}");
+}
+
+fn pool_error(r: kvtier::Result<Arc<Pool>>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_devices_and_mismatched_pools_give_clear_errors() {
+    let dir = Dir::new("errors");
+    let devices = dir.devices(2, 4);
+    // no pool yet
+    std::fs::write(dir.0.join("dev0"), vec![0u8; 4 << 20]).unwrap();
+    let err = pool_error(Pool::open(
+        vec![DeviceSpec::File {
+            path: dir.0.join("dev0"),
+            bytes: None,
+        }],
+        PoolOptions::default(),
+    ));
+    assert!(err.contains("no kvtier pool"), "{err}");
+    let err = pool_error(Pool::open(
+        vec![DeviceSpec::File {
+            path: dir.0.join("missing"),
+            bytes: None,
+        }],
+        PoolOptions::default(),
+    ));
+    assert!(err.contains("missing"), "{err}");
+    // too small
+    let err = pool_error(Pool::create_on(
+        layout(),
+        vec![DeviceSpec::file(dir.0.join("tiny"), 1 << 20)],
+        PoolOptions::default(),
+    ));
+    assert!(err.contains("at least 2MiB"), "{err}");
+    let big = LayerFirstLayout::new(1024, 64, 1024).unwrap(); // 64 MiB regions
+    let err = pool_error(Pool::create_on(
+        big,
+        devices.clone(),
+        PoolOptions::default(),
+    ));
+    assert!(err.contains("hold no region"), "{err}");
+
+    let pool = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    // a second create over a live pool is refused, and corrupts nothing
+    let err = pool_error(Pool::create_on(
+        layout(),
+        devices.clone(),
+        PoolOptions::default(),
+    ));
+    assert!(err.contains("already holds a kvtier pool"), "{err}");
+    let other = LayerFirstLayout::new(656, 2, 16).unwrap();
+    let err = pool_error(Pool::open_expecting(
+        devices.clone(),
+        other,
+        PoolOptions::default(),
+    ));
+    assert!(err.contains("656 B"), "{err}");
+    let err = pool_error(Pool::open(devices[..1].to_vec(), PoolOptions::default()));
+    assert!(err.contains("spans 2 devices; 1 were given"), "{err}");
+    let swapped = vec![devices[1].clone(), devices[0].clone()];
+    let err = pool_error(Pool::open(swapped, PoolOptions::default()));
+    assert!(
+        err.contains("is device 1 of a pool, not its first"),
+        "{err}"
+    );
+    // a device of another pool
+    let dir2 = Dir::new("errors-other");
+    let foreign = dir2.devices(2, 4);
+    drop(Pool::create_on(layout(), foreign.clone(), PoolOptions::default()).unwrap());
+    std::fs::copy(
+        foreign[1].to_string().split(':').nth(1).unwrap(),
+        dir.0.join("dev1-foreign"),
+    )
+    .unwrap();
+    let mixed = vec![
+        devices[0].clone(),
+        DeviceSpec::File {
+            path: dir.0.join("dev1-foreign"),
+            bytes: None,
+        },
+    ];
+    let err = pool_error(Pool::open(mixed, PoolOptions::default()));
+    assert!(err.contains("device 1 of the pool is"), "{err}");
+    // a pool of another format version
+    let f = dir.0.join("dev0");
+    let mut bytes = std::fs::read(&f).unwrap();
+    bytes[8] = 99;
+    std::fs::write(dir.0.join("future"), &bytes).unwrap();
+    let err = pool_error(Pool::open(
+        vec![DeviceSpec::File {
+            path: dir.0.join("future"),
+            bytes: None,
+        }],
+        PoolOptions::default(),
+    ));
+    assert!(err.contains("format version 99"), "{err}");
+    // after all this the pool is intact
+    let again = Pool::open_expecting(devices.clone(), layout(), PoolOptions::default()).unwrap();
+    assert!(again.check().problems.is_empty());
+    assert_eq!(again.num_regions(), pool.num_regions());
+    // destroy: refused while others are attached, then the pool is gone
+    let err = Pool::destroy(devices.clone(), false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("attached"), "{err}");
+    drop((pool, again));
+    Pool::destroy(devices.clone(), false).unwrap();
+    let err = pool_error(Pool::open(devices, PoolOptions::default()));
+    assert!(err.contains("no kvtier pool"), "{err}");
+}
