@@ -22,6 +22,7 @@ pub const KVT_ERR_FIRST_NONE: u64 = 18446744073709551615;
 pub const KVT_SWAP_SEQ_LENS_I64: u32 = 1;
 pub const KVT_SWAP_REQ_INDICES_I64: u32 = 2;
 pub const KVT_SWAP_COPY_IN_PLAN: u32 = 4;
+pub const KVT_SWAP_SKIP_IO: u32 = 8;
 pub const KVT_SWAP_MAX_TOP_K: u32 = 4096;
 pub const KVT_SWAP_MAX_HOT: u32 = 16384;
 pub type kvt_addr = u64;
@@ -170,6 +171,7 @@ pub struct kvt_swap_in_params {
     pub lru_stride: u64,
     pub host_stride: u64,
     pub out_stride: u64,
+    pub plan_stride: u64,
     pub batch: u32,
     pub top_k: u32,
     pub hot: u32,
@@ -181,7 +183,7 @@ pub struct kvt_swap_in_params {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of kvt_swap_in_params"][::core::mem::size_of::<kvt_swap_in_params>() - 208usize];
+    ["Size of kvt_swap_in_params"][::core::mem::size_of::<kvt_swap_in_params>() - 216usize];
     ["Alignment of kvt_swap_in_params"][::core::mem::align_of::<kvt_swap_in_params>() - 8usize];
     ["Offset of field: kvt_swap_in_params::top_k_tokens"]
         [::core::mem::offset_of!(kvt_swap_in_params, top_k_tokens) - 0usize];
@@ -227,20 +229,22 @@ const _: () = {
         [::core::mem::offset_of!(kvt_swap_in_params, host_stride) - 160usize];
     ["Offset of field: kvt_swap_in_params::out_stride"]
         [::core::mem::offset_of!(kvt_swap_in_params, out_stride) - 168usize];
+    ["Offset of field: kvt_swap_in_params::plan_stride"]
+        [::core::mem::offset_of!(kvt_swap_in_params, plan_stride) - 176usize];
     ["Offset of field: kvt_swap_in_params::batch"]
-        [::core::mem::offset_of!(kvt_swap_in_params, batch) - 176usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, batch) - 184usize];
     ["Offset of field: kvt_swap_in_params::top_k"]
-        [::core::mem::offset_of!(kvt_swap_in_params, top_k) - 180usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, top_k) - 188usize];
     ["Offset of field: kvt_swap_in_params::hot"]
-        [::core::mem::offset_of!(kvt_swap_in_params, hot) - 184usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, hot) - 192usize];
     ["Offset of field: kvt_swap_in_params::item_bytes"]
-        [::core::mem::offset_of!(kvt_swap_in_params, item_bytes) - 188usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, item_bytes) - 196usize];
     ["Offset of field: kvt_swap_in_params::num_requests"]
-        [::core::mem::offset_of!(kvt_swap_in_params, num_requests) - 192usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, num_requests) - 200usize];
     ["Offset of field: kvt_swap_in_params::max_tokens"]
-        [::core::mem::offset_of!(kvt_swap_in_params, max_tokens) - 196usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, max_tokens) - 204usize];
     ["Offset of field: kvt_swap_in_params::flags"]
-        [::core::mem::offset_of!(kvt_swap_in_params, flags) - 200usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, flags) - 208usize];
     ["Offset of field: kvt_swap_in_params::_reserved"]
-        [::core::mem::offset_of!(kvt_swap_in_params, _reserved) - 204usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, _reserved) - 212usize];
 };

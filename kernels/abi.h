@@ -129,6 +129,7 @@ typedef struct kvt_writeback_params {
 #define KVT_SWAP_SEQ_LENS_I64 1u    /* seq_lens holds int64_t (else int32_t) */
 #define KVT_SWAP_REQ_INDICES_I64 2u /* req_pool_indices holds int64_t (else int32_t) */
 #define KVT_SWAP_COPY_IN_PLAN 4u    /* kvt_swap_in_plan copies its own misses (one block per request) */
+#define KVT_SWAP_SKIP_IO 8u         /* no KV bytes move (a timing probe): plan, outputs and state only */
 
 /* Largest top-k and hot buffer a swap-in accepts. */
 #define KVT_SWAP_MAX_TOP_K 4096
@@ -146,12 +147,14 @@ typedef struct kvt_writeback_params {
  *
  * Two kernels share these parameters. kvt_swap_in_plan (one block per batch
  * row) finds hits, assigns misses to evicted slots, writes top_k_device_locs,
- * device_buffer_tokens and lru_slots, and records each row's misses in the
- * plan scratch (plan_src/plan_dst rows of top_k entries, plan_count). Then
- * kvt_swap_in_copy moves every planned miss of the batch, a warp per miss over
- * one wide grid: host_cache row plan_src -> device_buffer row plan_dst. With
- * KVT_SWAP_COPY_IN_PLAN the plan kernel copies its own misses instead and
- * records none (the one-block-per-request design, kept as a baseline).
+  * device_buffer_tokens and lru_slots, and records each row's misses in the
+ * miss plan (plan_src/plan_dst rows of plan_stride elements, plan_count; the
+ * same format as SGLang's miss_src/miss_dst/miss_count, so the plan is either
+ * kvtier's scratch or the caller's). Then kvt_swap_in_copy moves every planned
+ * miss of the batch, a warp per miss over one wide grid: host_cache row
+ * plan_src -> device_buffer row plan_dst. With KVT_SWAP_COPY_IN_PLAN the plan
+ * kernel copies its own misses instead (the one-block-per-request design, kept
+ * as a baseline); with KVT_SWAP_SKIP_IO nothing is copied.
  */
 typedef struct kvt_swap_in_params {
     kvt_addr top_k_tokens;         /* const int32_t[batch][top_k_stride] */
@@ -165,9 +168,9 @@ typedef struct kvt_swap_in_params {
     kvt_addr num_real_reqs;        /* const int32_t[1] on the device, or 0 for "batch" */
     kvt_addr host_cache;           /* host_rows rows of item_bytes (host-mapped) */
     kvt_addr device_buffer;        /* device_rows rows of item_bytes */
-    kvt_addr plan_src;             /* int64_t[batch][top_k] scratch: host row per miss */
-    kvt_addr plan_dst;             /* int64_t[batch][top_k] scratch: device row per miss */
-    kvt_addr plan_count;           /* int32_t[batch] scratch: misses per row */
+        kvt_addr plan_src;             /* int64_t[batch][plan_stride]: host row per miss */
+    kvt_addr plan_dst;             /* int32_t[batch][plan_stride]: device row per miss */
+    kvt_addr plan_count;           /* int32_t[batch]: misses per row */
     kvt_addr error;                /* kvt_error_word* */
     uint64_t host_rows;
     uint64_t device_rows;
@@ -175,7 +178,8 @@ typedef struct kvt_swap_in_params {
     uint64_t buffer_stride;        /* elements between rows of device_buffer_tokens/_locs */
     uint64_t lru_stride;           /* elements between rows of lru_slots */
     uint64_t host_stride;          /* elements between rows of host_cache_locs */
-    uint64_t out_stride;           /* elements between rows of top_k_device_locs */
+        uint64_t out_stride;           /* elements between rows of top_k_device_locs */
+    uint64_t plan_stride;          /* elements between rows of plan_src/plan_dst, >= top_k */
     uint32_t batch;                /* rows of top_k_tokens; < 65536 */
     uint32_t top_k;                /* K, <= hot and <= KVT_SWAP_MAX_TOP_K */
     uint32_t hot;                  /* LRU slots per request, <= KVT_SWAP_MAX_HOT */

@@ -127,7 +127,8 @@ __device__ __forceinline__ void copy_row(const kvt_swap_in_params& p, kvt_error_
 // Writes:  top_k_device_locs (all K columns of the row), device_buffer_tokens
 //          of the slots that receive misses, the request's lru_slots, the
 //          row's plan (plan_src/plan_dst/plan_count), the error word; with
-//          KVT_SWAP_COPY_IN_PLAN also the device_buffer rows of its misses.
+//          KVT_SWAP_COPY_IN_PLAN (and not KVT_SWAP_SKIP_IO) also the
+//          device_buffer rows of its misses.
 // Assumes: blockDim.x == KVT_SWAP_PLAN_THREADS, gridDim.x == batch, dynamic
 //          shared memory of swap_in::plan_smem_bytes, and the host-checked
 //          shapes (K <= hot <= KVT_SWAP_MAX_HOT, buffers cover their rows).
@@ -143,8 +144,8 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
     int32_t* out = reinterpret_cast<int32_t*>(p.top_k_device_locs) + (uint64_t)b * p.out_stride;
     int32_t* plan_count = reinterpret_cast<int32_t*>(p.plan_count);
-    int64_t* plan_src = reinterpret_cast<int64_t*>(p.plan_src) + (uint64_t)b * K;
-    int64_t* plan_dst = reinterpret_cast<int64_t*>(p.plan_dst) + (uint64_t)b * K;
+        int64_t* plan_src = reinterpret_cast<int64_t*>(p.plan_src) + (uint64_t)b * p.plan_stride;
+    int32_t* plan_dst = reinterpret_cast<int32_t*>(p.plan_dst) + (uint64_t)b * p.plan_stride;
     const uint32_t row_pos = b << 16;
 
     // A refused row (padding, or a bad request): every output -1, no plan, no
@@ -357,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
                 o = ld(bloc + slot);
                 st(btok + slot, token);
                 st(plan_src + m, ld(hloc + token));
-                st(plan_dst + m, (int64_t)o);
+                                st(plan_dst + m, o);
             } else {
                 report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, -1);
             }
@@ -394,8 +395,8 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         }
     }
 
-    // The one-block-per-request design copies its own misses here.
-    if (p.flags & KVT_SWAP_COPY_IN_PLAN) {
+        // The one-block-per-request design copies its own misses here.
+    if ((p.flags & KVT_SWAP_COPY_IN_PLAN) && !(p.flags & KVT_SWAP_SKIP_IO)) {
         __syncthreads();  // the plan rows above were written by other threads
         const uint32_t lane = tid % KVT_WARP;
         for (uint32_t m = tid / KVT_WARP; m < n_load; m += nthreads / KVT_WARP)
@@ -407,7 +408,8 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
 // grid (contract: kvt_swap_in_params in abi.h).
 // Reads:   plan_count[0..batch), the plan rows, host_cache rows (host-mapped).
 // Writes:  device_buffer rows; the error word if a planned row is out of range.
-// Assumes: kvt_swap_in_plan ran on the same stream for the same params,
+// Assumes: kvt_swap_in_plan ran on the same stream for the same params
+//          (plan rows of plan_stride elements, plan_stride >= top_k),
 //          dynamic shared memory of (batch + 1 + blockDim.x) words.
 // Mapping: each block computes the prefix sums of plan_count (deterministic,
 //          no atomics, nothing to reset between launches), then its warps take
@@ -450,9 +452,9 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_swap_in_copy
                 hi_r = mid;
         }
         const uint32_t m = g - prefix[lo_r];
-        const uint64_t at = (uint64_t)lo_r * K + m;
+                const uint64_t at = (uint64_t)lo_r * p.plan_stride + m;
         swap::copy_row(p, reinterpret_cast<kvt_error_word*>(p.error),
                        ld(reinterpret_cast<const int64_t*>(p.plan_src) + at),
-                       ld(reinterpret_cast<const int64_t*>(p.plan_dst) + at), (lo_r << 16) | m, lane);
+                       ld(reinterpret_cast<const int32_t*>(p.plan_dst) + at), (lo_r << 16) | m, lane);
     }
 }

@@ -54,6 +54,16 @@ impl ErrorWord {
         *slot = (*slot).min(key);
     }
 
+    /// Adds what `other` recorded, as if its entries had been reported into
+    /// this word (the result does not depend on the order of merges).
+    pub fn merge(&mut self, other: &ErrorWord) {
+        self.0.flags |= other.0.flags;
+        self.0.count = self.0.count.wrapping_add(other.0.count);
+        for (a, b) in self.0.first.iter_mut().zip(other.0.first) {
+            *a = (*a).min(b);
+        }
+    }
+
     /// Ok when clear, else [`Error::BadIndices`] with the decoded report.
     pub fn into_result(self) -> Result<()> {
         if self.is_clear() {
@@ -324,6 +334,31 @@ mod tests {
                 value: -5
             }]
         );
+    }
+
+    #[test]
+    fn merged_words_equal_one_word_with_every_report() {
+        let events = [
+            (KVT_ERR_GATHER_INDEX, (3 << 16) | 7, 9000i64),
+            (KVT_ERR_SWAP_TOKEN, (1 << 16) | 2, -5),
+            (KVT_ERR_GATHER_INDEX, (1 << 16) | 2, -5),
+            (KVT_ERR_SWAP_LRU, 4 << 16, 0),
+        ];
+        let mut all = ErrorWord::clear();
+        let (mut a, mut b) = (ErrorWord::clear(), ErrorWord::clear());
+        for (i, &(k, p, v)) in events.iter().enumerate() {
+            all.report(k, p, v);
+            if i % 2 == 0 { &mut a } else { &mut b }.report(k, p, v);
+        }
+        let mut ab = a;
+        ab.merge(&b);
+        let mut ba = b;
+        ba.merge(&a);
+        assert_eq!(ab, all);
+        assert_eq!(ba, all);
+        let mut same = all;
+        same.merge(&ErrorWord::clear());
+        assert_eq!(same, all);
     }
 
     #[test]

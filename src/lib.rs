@@ -45,7 +45,7 @@ pub use gather::GatherBatch;
 pub use layout::{EntryFormat, LayerFirstLayout};
 pub use mem::{Buf, BufMut, Location};
 pub use pool::{DeviceSpec, Pool, PoolOptions, Region};
-pub use swap_in::{IndexBuf, SwapInArgs, SwapInStrategy};
+pub use swap_in::{IndexBuf, MissPlan, SwapInArgs, SwapInEngine, SwapInStrategy};
 pub use tier::{KvLayers, Tier};
 pub use writeback::WritebackItems;
 

@@ -34,18 +34,26 @@
 //! not limited to one block's warps waiting on PCIe latency).
 //! [`SwapInStrategy::OneBlockPerRequest`] runs the plan kernel with the copies
 //! inside each row's block, SGLang's design, for comparison.
+//!
+//! The plan the copy kernel reads is SGLang's miss-plan format (host row and
+//! device row per miss, a count per row), so a caller may pass its own
+//! ([`MissPlan`], SGLang's `miss_src`/`miss_dst`/`miss_count`) to replay the
+//! copies for other layers; `skip_io` moves no KV bytes at all (SGLang's
+//! timing probe). [`SwapInEngine`] owns the scratch and the error word.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::abi::{
     KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_LRU, KVT_ERR_SWAP_NUM_REAL,
     KVT_ERR_SWAP_REQ, KVT_ERR_SWAP_SEQ_LEN, KVT_ERR_SWAP_SLOT_LOC, KVT_ERR_SWAP_TOKEN,
     KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_MAX_HOT, KVT_SWAP_MAX_TOP_K, KVT_SWAP_REQ_INDICES_I64,
-    KVT_SWAP_SEQ_LENS_I64, kvt_swap_in_params,
+    KVT_SWAP_SEQ_LENS_I64, KVT_SWAP_SKIP_IO, kvt_swap_in_params,
 };
-use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
+use crate::cuda::{BLOCK_THREADS, CudaDevice, DeviceBuffer, Kernel, Stream, copy_to_device_async};
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
+use crate::executor::Executor;
 use crate::mem::{Buf, BufMut, Location, check_buf};
 
 /// Threads per planning block (`KVT_SWAP_PLAN_THREADS` in kernels/swap_in.cu).
@@ -134,6 +142,28 @@ pub struct SwapInArgs<'a> {
     pub num_top_k: u32,
     pub hot_buffer_size: u32,
     pub item_size_bytes: u32,
+    /// Move no KV bytes (SGLang's `skip_io` timing probe): outputs, state and
+    /// the miss plan as usual, the device buffer untouched.
+    pub skip_io: bool,
+    /// Record the misses here (SGLang's `miss_src`/`miss_dst`/`miss_count`)
+    /// instead of in the engine's scratch, e.g. for shared-index layers that
+    /// replay them. None: the engine's scratch (CUDA), nothing (CPU).
+    pub miss_plan: Option<MissPlan<'a>>,
+}
+
+/// Where a swap-in records each row's misses, in SGLang's format: row `b`
+/// holds `count[b]` misses, the m-th copying host row `src[b][m]` to device row
+/// `dst[b][m]`. Refused, padding and short-sequence rows record 0 misses.
+#[derive(Debug)]
+pub struct MissPlan<'a> {
+    /// `[batch][stride]` int64: host row per miss.
+    pub src: BufMut<'a, i64>,
+    /// `[batch][stride]` int32: device row per miss.
+    pub dst: BufMut<'a, i32>,
+    /// Elements between rows of `src` and `dst`; at least `num_top_k`.
+    pub stride: usize,
+    /// `[batch]` int32: misses per row.
+    pub count: BufMut<'a, i32>,
 }
 
 /// How the CUDA executor runs a swap-in (the CPU executor has one way).
@@ -146,7 +176,8 @@ pub enum SwapInStrategy {
     OneBlockPerRequest,
 }
 
-/// Where the plan scratch and error word are, as the executor addresses them.
+/// Where the plan scratch and error word are, as the executor addresses them
+/// (plan addresses 0: no scratch, as for the CPU executor).
 pub(crate) struct SwapInTarget {
     pub location: Location,
     pub max_batch: u32,
@@ -215,11 +246,13 @@ pub(crate) fn plan(
             format!("batch of {batch} rows exceeds {MAX_BATCH}; split it"),
         ));
     }
-    if batch > t.max_batch as usize || k > t.max_top_k {
+    // A caller's miss plan needs no scratch, so no capacity either.
+    if a.miss_plan.is_none() && (batch > t.max_batch as usize || k > t.max_top_k) {
         return Err(invalid(
             "top_k_tokens",
             format!(
-                "batch {batch} × top-k {k} exceeds the swap-in capacity {} × {} given to Tier::enable_swap_in",
+                "batch {batch} × top-k {k} exceeds the swap-in capacity {} × {} reserved \
+                 (SwapInEngine::reserve, Tier::enable_swap_in)",
                 t.max_batch, t.max_top_k
             ),
         ));
@@ -343,7 +376,53 @@ pub(crate) fn plan(
             ));
         }
     }
+    let (plan_src, plan_dst, plan_count, plan_stride) = match &a.miss_plan {
+        Some(m) => {
+            if m.stride < k_us {
+                return Err(invalid(
+                    "miss_plan",
+                    format!(
+                        "row stride {} is less than num_top_k ({k}), the most misses a row can have",
+                        m.stride
+                    ),
+                ));
+            }
+            let rows = span(batch, m.stride, k_us);
+            check_buf(
+                "miss_src",
+                m.src.addr(),
+                m.src.len(),
+                m.src.location(),
+                want,
+                8,
+                rows,
+            )?;
+            check_buf(
+                "miss_dst",
+                m.dst.addr(),
+                m.dst.len(),
+                m.dst.location(),
+                want,
+                4,
+                rows,
+            )?;
+            check_buf(
+                "miss_count",
+                m.count.addr(),
+                m.count.len(),
+                m.count.location(),
+                want,
+                4,
+                batch,
+            )?;
+            (m.src.addr(), m.dst.addr(), m.count.addr(), m.stride as u64)
+        }
+        None => (t.plan_src, t.plan_dst, t.plan_count, t.max_top_k as u64),
+    };
     let mut flags = 0;
+    if a.skip_io {
+        flags |= KVT_SWAP_SKIP_IO;
+    }
     if seq_i64 {
         flags |= KVT_SWAP_SEQ_LENS_I64;
     }
@@ -365,9 +444,9 @@ pub(crate) fn plan(
         num_real_reqs: num_real,
         host_cache: a.host_cache.addr(),
         device_buffer: a.device_buffer.addr(),
-        plan_src: t.plan_src,
-        plan_dst: t.plan_dst,
-        plan_count: t.plan_count,
+        plan_src,
+        plan_dst,
+        plan_count,
         error: t.error,
         host_rows,
         device_rows,
@@ -376,6 +455,7 @@ pub(crate) fn plan(
         lru_stride: a.lru_stride as u64,
         host_stride: a.host_stride as u64,
         out_stride: a.out_stride as u64,
+        plan_stride,
         batch: batch as u32,
         top_k: k,
         hot,
@@ -454,6 +534,21 @@ pub(crate) unsafe fn run_cpu(p: &kvt_swap_in_params) -> ErrorWord {
         }
     };
     let in_rows = |row: i64, rows: u64| row >= 0 && (row as u64) < rows;
+    let skip_io = p.flags & KVT_SWAP_SKIP_IO != 0;
+    // The miss plan, where one is recorded (the caller's; the CPU executor
+    // has no scratch): every row's count is set, refused rows to 0.
+    let plan_stride = p.plan_stride as usize;
+    // SAFETY: `plan` checked the caller's plan buffers against the batch.
+    let mut miss_plan = (p.plan_count != 0).then(|| unsafe {
+        (
+            from_raw_parts_mut(p.plan_src as *mut i64, span(batch, plan_stride, k)),
+            from_raw_parts_mut(p.plan_dst as *mut i32, span(batch, plan_stride, k)),
+            from_raw_parts_mut(p.plan_count as *mut i32, batch),
+        )
+    });
+    if let Some((_, _, count)) = miss_plan.as_mut() {
+        count.fill(0);
+    }
 
     let mut num_real = batch as i64;
     if p.num_real_reqs != 0 {
@@ -617,15 +712,22 @@ pub(crate) unsafe fn run_cpu(p: &kvt_swap_in_params) -> ErrorWord {
                     let slot = usable_slots[m];
                     let loc = locs[slot];
                     tokens[slot] = token;
-                    // SAFETY: host_row < host_rows and loc < device_rows were
-                    // checked; distinct slots of a request have distinct rows
-                    // or the caller accepts the race the kernel leaves.
-                    unsafe {
-                        std::ptr::copy(
-                            (p.host_cache as *const u8).add(host_row as usize * item),
-                            (p.device_buffer as *mut u8).add(loc as usize * item),
-                            item,
-                        );
+                    if let Some((src, dst, _)) = miss_plan.as_mut() {
+                        src[b * plan_stride + m] = host_row;
+                        dst[b * plan_stride + m] = loc;
+                    }
+                    if !skip_io {
+                        // SAFETY: host_row < host_rows and loc < device_rows
+                        // were checked; distinct slots of a request have
+                        // distinct rows or the caller accepts the race the
+                        // kernel leaves.
+                        unsafe {
+                            std::ptr::copy(
+                                (p.host_cache as *const u8).add(host_row as usize * item),
+                                (p.device_buffer as *mut u8).add(loc as usize * item),
+                                item,
+                            );
+                        }
                     }
                     Entry::Done(loc)
                 } else {
@@ -634,6 +736,9 @@ pub(crate) unsafe fn run_cpu(p: &kvt_swap_in_params) -> ErrorWord {
                 };
                 m += 1;
             }
+        }
+        if let Some((_, _, count)) = miss_plan.as_mut() {
+            count[b] = n_load as i32;
         }
         let output = |e: Entry| match e {
             Entry::Done(o) => o,
@@ -705,11 +810,201 @@ pub(crate) unsafe fn launch(
             stream,
         )?
     };
-    if p.flags & KVT_SWAP_COPY_IN_PLAN == 0 {
+    if p.flags & (KVT_SWAP_COPY_IN_PLAN | KVT_SWAP_SKIP_IO) == 0 {
         let grid = dev.grid_for_rows(Kernel::SwapInCopy, p.batch as u64 * p.top_k as u64);
         let smem = copy_smem_bytes(p.batch) as u32;
         // SAFETY: the plan kernel ran first on the same stream.
         unsafe { dev.launch(Kernel::SwapInCopy, grid, BLOCK_THREADS, smem, p, stream)? };
     }
     Ok(())
+}
+
+/// The plan scratch of the CUDA executor: a host row and a device row per
+/// top-k entry of each batch row, and a miss count per batch row.
+struct PlanScratch {
+    src: DeviceBuffer<i64>,
+    dst: DeviceBuffer<i32>,
+    count: DeviceBuffer<i32>,
+}
+
+/// Runs swap-ins on one executor: owns the plan scratch and the error word
+/// they report into. A [`crate::Tier`] holds one; engines that keep their KV
+/// elsewhere (the SGLang shim) use one directly.
+///
+/// Swap-ins of one engine must run one after the other (one stream, or
+/// ordered with events), as layers do: they share the scratch.
+pub struct SwapInEngine {
+    exec: Executor,
+    /// The CUDA executor's error word (the CPU executor reports at once).
+    error: Option<DeviceBuffer<ErrorWord>>,
+    max_batch: u32,
+    max_top_k: u32,
+    scratch: Option<PlanScratch>,
+    /// Scratch replaced by a larger [`SwapInEngine::reserve`]: a CUDA graph
+    /// captured earlier still addresses it, so it lives as long as the engine.
+    retired: Vec<PlanScratch>,
+}
+
+impl SwapInEngine {
+    /// An engine on `exec` with no capacity yet: reserve some, or pass a
+    /// [`MissPlan`] with every swap-in. For the CUDA executor this allocates
+    /// the error word.
+    pub fn new(exec: Executor) -> Result<Self> {
+        let error = match &exec {
+            Executor::Cpu => None,
+            Executor::Cuda(dev) => Some(DeviceBuffer::from_host(dev, &[ErrorWord::clear()])?),
+        };
+        Ok(SwapInEngine {
+            exec,
+            error,
+            max_batch: 0,
+            max_top_k: 0,
+            scratch: None,
+            retired: Vec::new(),
+        })
+    }
+
+    /// The executor.
+    pub fn executor(&self) -> &Executor {
+        &self.exec
+    }
+
+    /// The largest batch and top-k a swap-in without a caller's miss plan
+    /// may have.
+    pub fn capacity(&self) -> (u32, u32) {
+        (self.max_batch, self.max_top_k)
+    }
+
+    /// Makes room for swap-ins of up to `max_batch` rows and a top-k of up to
+    /// `max_top_k` (never shrinks): for the CUDA executor, allocates plan
+    /// scratch of 12 B per row and top-k entry. Set-up work, not for the
+    /// per-layer path or inside a CUDA graph capture. Scratch it replaces is
+    /// kept until the engine drops, so graphs captured before stay valid.
+    pub fn reserve(&mut self, max_batch: u32, max_top_k: u32) -> Result<()> {
+        if max_batch == 0 || max_batch > MAX_BATCH {
+            return Err(invalid(
+                "max_batch",
+                format!("{max_batch} is outside 1..={MAX_BATCH}"),
+            ));
+        }
+        if max_top_k == 0 || max_top_k > MAX_TOP_K {
+            return Err(invalid(
+                "max_top_k",
+                format!("{max_top_k} is outside 1..={MAX_TOP_K}"),
+            ));
+        }
+        let (batch, top_k) = (max_batch.max(self.max_batch), max_top_k.max(self.max_top_k));
+        if (batch, top_k) == (self.max_batch, self.max_top_k) {
+            return Ok(());
+        }
+        if let Executor::Cuda(dev) = &self.exec {
+            let entries = batch as usize * top_k as usize;
+            let fresh = PlanScratch {
+                src: DeviceBuffer::zeroed(dev, entries)?,
+                dst: DeviceBuffer::zeroed(dev, entries)?,
+                count: DeviceBuffer::zeroed(dev, batch as usize)?,
+            };
+            if let Some(old) = self.scratch.replace(fresh) {
+                self.retired.push(old);
+            }
+        }
+        (self.max_batch, self.max_top_k) = (batch, top_k);
+        Ok(())
+    }
+
+    /// One layer's swap-in for a whole batch (see the module docs): plan per
+    /// row, then one copy over every miss of the batch. On `stream`, no
+    /// allocation, no host synchronisation; bad indices are refused and
+    /// reported (CPU: now; CUDA: at the next [`SwapInEngine::check`]).
+    pub fn run(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
+        self.run_with(args, SwapInStrategy::PlanThenCopy, stream)
+    }
+
+    /// [`SwapInEngine::run`] with an explicit strategy for the CUDA executor
+    /// (the CPU executor has one); the benchmark runs the
+    /// one-block-per-request baseline on identical inputs with it.
+    pub fn run_with(
+        &self,
+        args: &SwapInArgs<'_>,
+        strategy: SwapInStrategy,
+        stream: Stream,
+    ) -> Result<()> {
+        let (plan_src, plan_dst, plan_count) = match &self.scratch {
+            Some(s) => (s.src.device_ptr(), s.dst.device_ptr(), s.count.device_ptr()),
+            None => (0, 0, 0),
+        };
+        let target = SwapInTarget {
+            location: self.exec.location(),
+            max_batch: self.max_batch,
+            max_top_k: self.max_top_k,
+            plan_src,
+            plan_dst,
+            plan_count,
+            error: self.error.as_ref().map_or(0, |e| e.device_ptr()),
+        };
+        let p = plan(&target, args, strategy)?;
+        match &self.exec {
+            // SAFETY: `plan` checked every host buffer against its shape.
+            Executor::Cpu => unsafe { run_cpu(&p) }.into_result(),
+            // SAFETY: `plan` checked every buffer is device memory of the right
+            // size; the scratch is this engine's and fits batch × top-k (or the
+            // caller's plan was checked instead).
+            Executor::Cuda(dev) => unsafe { launch(dev, &p, stream) },
+        }
+    }
+
+    /// The sync point: waits for the device, then reports (and clears) the
+    /// bad indices that swap-ins recorded since the last check. A no-op for
+    /// the CPU executor. Not for the per-layer path.
+    pub fn check(&self) -> Result<()> {
+        self.take_word()?.into_result()
+    }
+
+    /// Reads and clears the error word (waits for the whole context).
+    pub(crate) fn take_word(&self) -> Result<ErrorWord> {
+        match (&self.exec, &self.error) {
+            (Executor::Cuda(dev), Some(error)) => take_error_word(dev, error),
+            _ => Ok(ErrorWord::clear()),
+        }
+    }
+}
+
+/// Reads a device error word and, when something was recorded, clears it and
+/// waits for the reset to land (so no later kernel on any stream reports into
+/// the old contents).
+pub(crate) fn take_error_word(
+    dev: &Arc<CudaDevice>,
+    error: &DeviceBuffer<ErrorWord>,
+) -> Result<ErrorWord> {
+    // to_vec waits for the whole context, so work on every stream that may
+    // report into the word has finished.
+    let word = error.to_vec()?[0];
+    if !word.is_clear() {
+        copy_to_device_async(
+            dev,
+            error.device_ptr(),
+            &[ErrorWord::clear()],
+            Stream::null(),
+        )?;
+        dev.synchronize_all()?;
+    }
+    Ok(word)
+}
+
+impl Drop for SwapInEngine {
+    fn drop(&mut self) {
+        // Kernels still running may use the scratch and the error word.
+        if let Executor::Cuda(dev) = &self.exec {
+            let _ = dev.synchronize_all();
+        }
+    }
+}
+
+impl std::fmt::Debug for SwapInEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SwapInEngine")
+            .field("executor", &self.exec)
+            .field("capacity", &self.capacity())
+            .finish()
+    }
 }

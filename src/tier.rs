@@ -22,7 +22,7 @@ use crate::layout::LayerFirstLayout;
 use crate::mem::{Buf, BufMut, check_buf};
 use crate::pool::{Pool, Region};
 use crate::slots::TierTables;
-use crate::swap_in::{self, SwapInArgs, SwapInStrategy, SwapInTarget};
+use crate::swap_in::{self, SwapInArgs, SwapInEngine, SwapInStrategy};
 use crate::writeback::{self, WritebackItems, WritebackSource};
 
 /// Most slots a tier's table may have.
@@ -39,17 +39,8 @@ pub struct Tier {
     /// CUDA executor this mirrors `Backend::Cuda::slots`.
     slots: Vec<u64>,
     backend: Backend,
-    /// Capacity and (CUDA) plan scratch of the swap-in, once enabled.
-    swap_in: Option<SwapInScratch>,
-}
-
-/// What [`Tier::enable_swap_in`] sets up: the largest batch and top-k a
-/// swap-in may have, and for the CUDA executor the plan the copy kernel reads
-/// (a host row and a device row per miss, a miss count per batch row).
-struct SwapInScratch {
-    max_batch: u32,
-    max_top_k: u32,
-    plan: Option<(DeviceBuffer<i64>, DeviceBuffer<i64>, DeviceBuffer<i32>)>,
+    /// The swap-in engine, once enabled.
+    swap_in: Option<SwapInEngine>,
 }
 
 enum Backend {
@@ -343,39 +334,15 @@ impl Tier {
     }
 
     /// Prepares [`Tier::swap_in`] for batches of up to `max_batch` rows and a
-    /// top-k of up to `max_top_k`: for the CUDA executor, allocates the plan
-    /// scratch (2 × 8 B per row and top-k entry) so that the per-layer call
-    /// allocates nothing. Calling it again resizes.
+    /// top-k of up to `max_top_k` (see [`SwapInEngine::reserve`]: for the
+    /// CUDA executor, allocates the plan scratch, so that the per-layer call
+    /// allocates nothing). Calling it again grows the capacity.
     pub fn enable_swap_in(&mut self, max_batch: u32, max_top_k: u32) -> Result<()> {
-        if max_batch == 0 || max_batch > swap_in::MAX_BATCH {
-            return Err(invalid(
-                "max_batch",
-                format!("{max_batch} is outside 1..={}", swap_in::MAX_BATCH),
-            ));
+        if self.swap_in.is_none() {
+            self.swap_in = Some(SwapInEngine::new(self.exec.clone())?);
         }
-        if max_top_k == 0 || max_top_k > swap_in::MAX_TOP_K {
-            return Err(invalid(
-                "max_top_k",
-                format!("{max_top_k} is outside 1..={}", swap_in::MAX_TOP_K),
-            ));
-        }
-        let plan = match &self.backend {
-            Backend::Cpu => None,
-            Backend::Cuda { dev, .. } => {
-                let entries = max_batch as usize * max_top_k as usize;
-                Some((
-                    DeviceBuffer::zeroed(dev, entries)?,
-                    DeviceBuffer::zeroed(dev, entries)?,
-                    DeviceBuffer::zeroed(dev, max_batch as usize)?,
-                ))
-            }
-        };
-        self.swap_in = Some(SwapInScratch {
-            max_batch,
-            max_top_k,
-            plan,
-        });
-        Ok(())
+        let engine = self.swap_in.as_mut().expect("set just above");
+        engine.reserve(max_batch, max_top_k)
     }
 
     /// LRU device-buffer swap-in with page-table update for one layer and a
@@ -398,61 +365,29 @@ impl Tier {
         strategy: SwapInStrategy,
         stream: Stream,
     ) -> Result<()> {
-        let scratch = self.swap_in.as_ref().ok_or_else(|| {
+        let engine = self.swap_in.as_ref().ok_or_else(|| {
             invalid(
                 "swap_in",
                 "call Tier::enable_swap_in(max_batch, max_top_k) once before swap_in",
             )
         })?;
-        let (plan_src, plan_dst, plan_count) = match &scratch.plan {
-            Some((s, d, c)) => (s.device_ptr(), d.device_ptr(), c.device_ptr()),
-            None => (0, 0, 0),
-        };
-        let target = SwapInTarget {
-            location: self.exec.location(),
-            max_batch: scratch.max_batch,
-            max_top_k: scratch.max_top_k,
-            plan_src,
-            plan_dst,
-            plan_count,
-            error: self.tables().error,
-        };
-        let p = swap_in::plan(&target, args, strategy)?;
-        match &self.backend {
-            // SAFETY: `plan` checked every host buffer against its shape.
-            Backend::Cpu => unsafe { swap_in::run_cpu(&p) }.into_result(),
-            // SAFETY: `plan` checked every buffer is device memory of the right
-            // size; the scratch belongs to this tier and fits batch × top-k.
-            Backend::Cuda { dev, .. } => unsafe { swap_in::launch(dev, &p, stream) },
-        }
+        engine.run_with(args, strategy, stream)
     }
 
     /// The sync point: waits for the device, then reports (and clears) the
-    /// bad indices that kernels recorded since the last check. A no-op for
-    /// the CPU executor, which reports them immediately. Call it where the
-    /// engine synchronises anyway, not on the per-layer path.
+    /// bad indices that kernels recorded since the last check (gathers,
+    /// writebacks and swap-ins together). A no-op for the CPU executor, which
+    /// reports them immediately. Call it where the engine synchronises
+    /// anyway, not on the per-layer path.
     pub fn check(&self, _stream: Stream) -> Result<()> {
-        match &self.backend {
-            Backend::Cpu => Ok(()),
-            Backend::Cuda { dev, error, .. } => {
-                // to_vec waits for the whole context, so work on every stream
-                // that may report into the word has finished.
-                let word = error.to_vec()?[0];
-                if word.is_clear() {
-                    return Ok(());
-                }
-                // Reset, and wait for the reset to land before any later
-                // kernel (on any stream) can report into the word again.
-                copy_to_device_async(
-                    dev,
-                    error.device_ptr(),
-                    &[ErrorWord::clear()],
-                    Stream::null(),
-                )?;
-                dev.synchronize_all()?;
-                word.into_result()
-            }
+        let mut word = match &self.backend {
+            Backend::Cpu => ErrorWord::clear(),
+            Backend::Cuda { dev, error, .. } => swap_in::take_error_word(dev, error)?,
+        };
+        if let Some(engine) = &self.swap_in {
+            word.merge(&engine.take_word()?);
         }
+        word.into_result()
     }
 
     /// The slot table and error word as the executor addresses them.

@@ -241,17 +241,28 @@ fn cuda_executor_refuses_host_buffers() {
 }
 
 fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor) {
+    use common::swap::SwapOptions;
     use kvtier::SwapInStrategy;
-    let cpu = case.run(&Executor::cpu(), SwapInStrategy::PlanThenCopy);
-    for strategy in [
-        SwapInStrategy::PlanThenCopy,
-        SwapInStrategy::OneBlockPerRequest,
-    ] {
-        let got = case.run(gpu, strategy);
-        assert!(
-            got == cpu,
-            "CUDA ({strategy:?}) and CPU differ for {case:?}"
-        );
+    let record = SwapOptions {
+        skip_io: false,
+        record_plan: true,
+    };
+    let probe = SwapOptions {
+        skip_io: true,
+        record_plan: true,
+    };
+    for opts in [SwapOptions::default(), record, probe] {
+        let cpu = case.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
+        for strategy in [
+            SwapInStrategy::PlanThenCopy,
+            SwapInStrategy::OneBlockPerRequest,
+        ] {
+            let got = case.run_with(gpu, strategy, opts);
+            assert!(
+                got == cpu,
+                "CUDA ({strategy:?}, {opts:?}) and CPU differ for {case:?}"
+            );
+        }
     }
 }
 

@@ -713,6 +713,7 @@ fn emulate_swap(
     case: &SwapCase,
     strategy: SwapInStrategy,
     copy_grid: u32,
+    opts: SwapOptions,
 ) -> (SwapOutcome, Vec<Report>) {
     let (k, batch) = (case.k, case.batch());
     let out_len = if batch == 0 {
@@ -736,8 +737,9 @@ fn emulate_swap(
         .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
         .collect();
     let num_real: Vec<i32> = case.num_real.into_iter().collect();
-    let mut plan_src = vec![-5i64; batch * k];
-    let mut plan_dst = vec![-5i64; batch * k];
+    let stride = plan_stride(k);
+    let mut plan_src = vec![-5i64; batch * stride];
+    let mut plan_dst = vec![-5i32; batch * stride];
     let mut plan_count = vec![-5i32; batch];
     let mut err = ErrorWord::clear();
     let (req_addr, req_len) = if case.req_i64 {
@@ -759,6 +761,9 @@ fn emulate_swap(
     }
     if strategy == SwapInStrategy::OneBlockPerRequest {
         flags |= kvtier::abi::KVT_SWAP_COPY_IN_PLAN;
+    }
+    if opts.skip_io {
+        flags |= kvtier::abi::KVT_SWAP_SKIP_IO;
     }
     let p = kvt_swap_in_params {
         top_k_tokens: case.topk.as_ptr() as u64,
@@ -787,6 +792,7 @@ fn emulate_swap(
         lru_stride: case.lru_stride as u64,
         host_stride: case.host_stride as u64,
         out_stride: case.out_stride as u64,
+        plan_stride: stride as u64,
         batch: batch as u32,
         top_k: k as u32,
         hot: case.hot as u32,
@@ -801,8 +807,8 @@ fn emulate_swap(
         end: addr + bytes as u64,
     };
     let plan = [
-        range(p.plan_src, 8 * batch * k),
-        range(p.plan_dst, 8 * batch * k),
+        range(p.plan_src, 8 * batch * stride),
+        range(p.plan_dst, 4 * batch * stride),
         range(p.plan_count, 4 * batch),
     ];
     let mut loads = vec![
@@ -840,7 +846,8 @@ fn emulate_swap(
                 stores.len(),
             )
         });
-        if strategy == SwapInStrategy::PlanThenCopy {
+        // The host launches no copy kernel for a skip-IO swap-in.
+        if strategy == SwapInStrategy::PlanThenCopy && !opts.skip_io {
             let smem = kvtier::swap_in::copy_smem_bytes(batch as u32);
             reports.push(unsafe {
                 swap_fn(b"kvt_emu_swap_in_copy")(
@@ -862,29 +869,42 @@ fn emulate_swap(
         lru,
         device_buffer: device_buffer.bytes_mut().to_vec(),
         report: (!err.is_clear()).then(|| kvtier::BadIndexReport::decode(&err)),
+        plan: opts
+            .record_plan
+            .then(|| plan_rows(&plan_src, &plan_dst, &plan_count, stride, k)),
     };
     (outcome, reports)
 }
 
 fn swap_agrees(case: &SwapCase) {
-    let cpu = case.run(&Executor::cpu(), SwapInStrategy::PlanThenCopy);
-    assert_eq!(
-        cpu,
-        case.expected(),
-        "CPU executor differs from the model for {case:?}"
-    );
+    let plain = SwapOptions::default();
+    let record = SwapOptions {
+        record_plan: true,
+        skip_io: false,
+    };
+    let probe = SwapOptions {
+        record_plan: true,
+        skip_io: true,
+    };
     let rows = case.batch() as u64 * case.k as u64;
-    for ((strategy, grid), schedule) in [
-        (SwapInStrategy::PlanThenCopy, 1),
-        (SwapInStrategy::PlanThenCopy, grids(rows)[2]),
-        (SwapInStrategy::OneBlockPerRequest, 0),
-        (SwapInStrategy::PlanThenCopy, 3),
-    ]
-    .into_iter()
-    .zip(SCHEDULES)
-    {
-        set_schedule(schedule);
-        let (got, reports) = emulate_swap(case, strategy, grid);
+    let runs = [
+        (SwapInStrategy::PlanThenCopy, 1, plain),
+        (SwapInStrategy::PlanThenCopy, grids(rows)[2], plain),
+        (SwapInStrategy::OneBlockPerRequest, 0, plain),
+        (SwapInStrategy::PlanThenCopy, 3, plain),
+        (SwapInStrategy::PlanThenCopy, grids(rows)[2], record),
+        (SwapInStrategy::OneBlockPerRequest, 0, probe),
+        (SwapInStrategy::PlanThenCopy, 2, probe),
+    ];
+    for ((strategy, grid, opts), schedule) in runs.into_iter().zip(SCHEDULES.iter().cycle()) {
+        let cpu = case.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
+        assert_eq!(
+            cpu,
+            case.expected_with(opts),
+            "CPU executor differs from the model ({opts:?}) for {case:?}"
+        );
+        set_schedule(*schedule);
+        let (got, reports) = emulate_swap(case, strategy, grid, opts);
         for r in &reports {
             assert!(
                 r.clean(),
@@ -893,7 +913,7 @@ fn swap_agrees(case: &SwapCase) {
         }
         assert_eq!(
             got, cpu,
-            "kernels differ from the CPU executor ({strategy:?}, copy grid {grid}) for {case:?}"
+            "kernels differ from the CPU executor ({strategy:?}, copy grid {grid}, {opts:?}) for {case:?}"
         );
     }
 }

@@ -8,8 +8,8 @@ mod common;
 use common::swap::*;
 use common::*;
 use kvtier::{
-    BadIndexKind, Buf, BufMut, DeviceSpec, Error, Executor, IndexBuf, LayerFirstLayout, Pool,
-    Stream, SwapInArgs, SwapInStrategy, Tier,
+    BadIndexKind, Buf, BufMut, DeviceSpec, Error, Executor, IndexBuf, LayerFirstLayout, MissPlan,
+    Pool, Stream, SwapInArgs, SwapInEngine, SwapInStrategy, Tier,
 };
 use proptest::prelude::*;
 
@@ -320,6 +320,8 @@ fn args_error(f: impl FnOnce(&mut SwapInArgs<'_>)) -> (&'static str, String) {
         num_top_k: 3,
         hot_buffer_size: 4,
         item_size_bytes: ITEM as u32,
+        skip_io: false,
+        miss_plan: None,
     };
     f(&mut args);
     match tier.swap_in(&args, Stream::null()) {
@@ -391,6 +393,8 @@ fn swap_in_needs_enabling_and_respects_its_capacity() {
         num_top_k: 3,
         hot_buffer_size: 4,
         item_size_bytes: ITEM as u32,
+        skip_io: false,
+        miss_plan: None,
     };
     let err = tier.swap_in(&args, Stream::null()).unwrap_err().to_string();
     assert!(err.contains("enable_swap_in"), "{err}");
@@ -443,5 +447,186 @@ proptest! {
         let c = SwapCase::random(seed, SWAP_MEDIUM, CLEAN, Some(misses));
         let got = cpu(&c);
         prop_assert_eq!(&got, &c.sglang(-1));
+    }
+}
+
+const RECORD: SwapOptions = SwapOptions {
+    skip_io: false,
+    record_plan: true,
+};
+const PROBE: SwapOptions = SwapOptions {
+    skip_io: true,
+    record_plan: true,
+};
+
+#[test]
+fn the_miss_plan_is_sglangs_miss_src_dst_count() {
+    // DESIGN.md's second query: token 6 misses, evicts slot 0 (device row 9).
+    let mut second = worked_example(&[6]);
+    second.lru = vec![0, 3, 1, 2];
+    let got = second.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, RECORD);
+    assert_eq!(got.out, vec![9]);
+    assert_eq!(got.plan, Some(vec![vec![(6, 9)]]));
+    assert_eq!(&got.device_buffer[9 * ITEM..][..ITEM], &[6u8; ITEM]);
+
+    // Hits only, and a padding row: both record 0 misses.
+    let mut hits = worked_example(&[4, 2, 7]);
+    hits.req = vec![0, 0];
+    hits.seq = vec![8, 8];
+    hits.topk = vec![4, 2, 7, 1, 1, 1];
+    hits.num_real = Some(1);
+    let got = hits.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, RECORD);
+    assert_eq!(got.plan, Some(vec![vec![], vec![]]));
+}
+
+#[test]
+fn skip_io_updates_outputs_and_state_but_moves_no_bytes() {
+    let mut second = worked_example(&[6]);
+    second.lru = vec![0, 3, 1, 2];
+    let got = second.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, PROBE);
+    assert_eq!(got.out, vec![9]);
+    assert_eq!(got.tokens, vec![6, 4, 2, 5, 7]);
+    assert_eq!(got.lru, vec![3, 1, 2, 0]);
+    assert_eq!(got.plan, Some(vec![vec![(6, 9)]]));
+    assert_eq!(
+        got.device_buffer, second.device_buffer,
+        "skip_io leaves the device buffer alone"
+    );
+}
+
+/// The worked example's buffers, for calls on a bare [`SwapInEngine`].
+struct Bare {
+    c: SwapCase,
+    tokens: Vec<i32>,
+    lru: Vec<i16>,
+    dev: Vec<u8>,
+    out: Vec<i32>,
+    req: [i32; 1],
+    seq: [i32; 1],
+}
+
+impl Bare {
+    fn new() -> Self {
+        let c = worked_example(&[4, 2, 7]);
+        Bare {
+            tokens: c.tokens.clone(),
+            lru: c.lru.clone(),
+            dev: c.device_buffer.clone(),
+            out: vec![0; 3],
+            req: [0],
+            seq: [8],
+            c,
+        }
+    }
+
+    fn args(&mut self) -> SwapInArgs<'_> {
+        SwapInArgs {
+            top_k_tokens: Buf::host(&self.c.topk),
+            top_k_stride: 3,
+            device_buffer_tokens: BufMut::host(&mut self.tokens),
+            device_buffer_locs: Buf::host(&self.c.locs),
+            buffer_stride: 5,
+            lru_slots: BufMut::host(&mut self.lru),
+            lru_stride: 4,
+            host_cache_locs: Buf::host(&self.c.host_locs),
+            host_stride: 8,
+            max_tokens: 8,
+            host_cache: Buf::host(&self.c.host_cache),
+            device_buffer: BufMut::host(&mut self.dev),
+            top_k_device_locs: BufMut::host(&mut self.out),
+            out_stride: 3,
+            req_pool_indices: IndexBuf::I32(Buf::host(&self.req)),
+            seq_lens: IndexBuf::I32(Buf::host(&self.seq)),
+            num_real_reqs: None,
+            num_requests: 1,
+            num_top_k: 3,
+            hot_buffer_size: 4,
+            item_size_bytes: ITEM as u32,
+            skip_io: false,
+            miss_plan: None,
+        }
+    }
+}
+
+#[test]
+fn a_bare_engine_needs_capacity_or_a_miss_plan() {
+    let mut engine = SwapInEngine::new(Executor::cpu()).unwrap();
+    assert_eq!(engine.capacity(), (0, 0));
+    let mut b = Bare::new();
+    let err = engine
+        .run(&b.args(), Stream::null())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("SwapInEngine::reserve"), "{err}");
+
+    // With the caller's miss plan, no capacity is needed.
+    let (mut src, mut dst, mut count) = (vec![0i64; 3], vec![0i32; 3], vec![-1i32; 1]);
+    {
+        let mut args = b.args();
+        args.miss_plan = Some(MissPlan {
+            src: BufMut::host(&mut src),
+            dst: BufMut::host(&mut dst),
+            stride: 3,
+            count: BufMut::host(&mut count),
+        });
+        engine.run(&args, Stream::null()).unwrap();
+    }
+    assert_eq!(b.out, vec![7, 3, 11]);
+    assert_eq!(count, vec![0], "all hits");
+
+    engine.reserve(1, 3).unwrap();
+    engine.reserve(1, 2).unwrap();
+    assert_eq!(engine.capacity(), (1, 3), "reserve never shrinks");
+    let mut b = Bare::new();
+    engine.run(&b.args(), Stream::null()).unwrap();
+    engine.check().unwrap();
+    assert_eq!(b.out, vec![7, 3, 11]);
+    assert!(engine.reserve(0, 3).is_err());
+    assert!(engine.reserve(1, kvtier::swap_in::MAX_TOP_K + 1).is_err());
+}
+
+#[test]
+fn a_miss_plan_too_small_for_the_batch_is_refused() {
+    let engine = SwapInEngine::new(Executor::cpu()).unwrap();
+    let plan_error = |stride: usize, rows: usize, counts: usize| -> (&'static str, String) {
+        let mut b = Bare::new();
+        let (mut src, mut dst, mut count) = (
+            vec![0i64; rows * stride],
+            vec![0i32; rows * stride],
+            vec![0i32; counts],
+        );
+        let mut args = b.args();
+        args.miss_plan = Some(MissPlan {
+            src: BufMut::host(&mut src),
+            dst: BufMut::host(&mut dst),
+            stride,
+            count: BufMut::host(&mut count),
+        });
+        match engine.run(&args, Stream::null()) {
+            Err(Error::InvalidArgument { arg, msg }) => (arg, msg),
+            other => panic!("expected an argument error, got {other:?}"),
+        }
+    };
+    let (arg, msg) = plan_error(2, 1, 1);
+    assert_eq!(arg, "miss_plan", "{msg}");
+    assert!(msg.contains("less than num_top_k"), "{msg}");
+    assert_eq!(plan_error(3, 0, 1).0, "miss_src");
+    assert_eq!(plan_error(3, 1, 0).0, "miss_count");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// The miss plan and skip-IO on random valid and hostile input: exactly
+    /// the model's loads, in miss order, and no bytes moved under skip-IO.
+    #[test]
+    fn miss_plans_and_skip_io_match_the_model(seed in any::<u64>(), hostile in any::<bool>(), skip in any::<bool>()) {
+        let c = SwapCase::random(seed, SWAP_SMALL, if hostile { HOSTILE } else { CLEAN }, None);
+        let opts = SwapOptions { skip_io: skip, record_plan: true };
+        let got = c.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
+        prop_assert_eq!(&got, &c.expected_with(opts));
+        if skip {
+            prop_assert_eq!(&got.device_buffer, &c.device_buffer);
+        }
     }
 }

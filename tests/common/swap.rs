@@ -11,7 +11,7 @@ use kvtier::abi::{
 };
 use kvtier::{
     BadIndexReport, Buf, BufMut, DeviceBuffer, DeviceSpec, ErrorWord, Executor, IndexBuf,
-    LayerFirstLayout, Pool, Stream, SwapInArgs, SwapInStrategy, Tier,
+    LayerFirstLayout, MissPlan, Pool, Stream, SwapInArgs, SwapInStrategy, Tier,
 };
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -121,7 +121,50 @@ pub struct SwapOutcome {
     pub lru: Vec<i16>,
     pub device_buffer: Vec<u8>,
     pub report: Option<BadIndexReport>,
+    /// With [`SwapOptions::record_plan`]: per batch row, the (host row,
+    /// device row) of each miss loaded, in miss order.
+    pub plan: Option<Vec<Vec<(i64, i32)>>>,
 }
+
+/// SGLang's optional swap-in arguments: `skip_io`, and a caller's miss plan.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SwapOptions {
+    pub skip_io: bool,
+    pub record_plan: bool,
+}
+
+/// The miss plan a run recorded, as [`SwapOutcome::plan`] holds it (panics
+/// on a count outside `0..=k`).
+pub fn plan_rows(
+    src: &[i64],
+    dst: &[i32],
+    count: &[i32],
+    stride: usize,
+    k: usize,
+) -> Vec<Vec<(i64, i32)>> {
+    count
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| {
+            assert!(
+                (0..=k as i32).contains(&c),
+                "miss_count[{b}] = {c} is outside 0..={k}"
+            );
+            (0..c as usize)
+                .map(|m| (src[b * stride + m], dst[b * stride + m]))
+                .collect()
+        })
+        .collect()
+}
+
+/// Row stride of the miss plans the tests record (wider than k, so that a
+/// kernel that ignored the stride would be caught).
+pub fn plan_stride(k: usize) -> usize {
+    k + 3
+}
+
+/// Value the miss-plan buffers hold before a run.
+const PLAN_BEFORE: i32 = -11;
 
 /// The value top_k_device_locs holds before a call (a swap-in overwrites
 /// every entry of every row of the batch).
@@ -366,6 +409,21 @@ impl SwapCase {
     /// Runs the case on `exec` (the tier's pool holds the host cache, as the
     /// SGLang shim places the host KV pool).
     pub fn run(&self, exec: &Executor, strategy: SwapInStrategy) -> SwapOutcome {
+        self.run_with(exec, strategy, SwapOptions::default())
+    }
+
+    /// [`SwapCase::run`] with SGLang's optional arguments.
+    pub fn run_with(
+        &self,
+        exec: &Executor,
+        strategy: SwapInStrategy,
+        opts: SwapOptions,
+    ) -> SwapOutcome {
+        let stride = plan_stride(self.k);
+        let plan_len = self.batch() * stride;
+        let mut plan_src = vec![PLAN_BEFORE as i64; plan_len];
+        let mut plan_dst = vec![PLAN_BEFORE; plan_len];
+        let mut plan_count = vec![PLAN_BEFORE; self.batch()];
         let host_bytes = self.host_cache.len().max(8);
         let layout = LayerFirstLayout::new(8, 1, (host_bytes.div_ceil(8)) as u32).unwrap();
         let pool = Pool::create(
@@ -438,6 +496,13 @@ impl SwapCase {
                     num_top_k: self.k as u32,
                     hot_buffer_size: self.hot as u32,
                     item_size_bytes: self.item as u32,
+                    skip_io: opts.skip_io,
+                    miss_plan: opts.record_plan.then(|| MissPlan {
+                        src: BufMut::host(&mut plan_src),
+                        dst: BufMut::host(&mut plan_dst),
+                        stride,
+                        count: BufMut::host(&mut plan_count),
+                    }),
                 };
                 tier.swap_in_with(&args, strategy, Stream::null())
             }
@@ -458,6 +523,9 @@ impl SwapCase {
                     .as_ref()
                     .map(|n| DeviceBuffer::from_host(dev, n).unwrap());
                 let base = pool.region_device_addr(&region, dev).unwrap();
+                let mut d_plan_src = DeviceBuffer::from_host(dev, &plan_src).unwrap();
+                let mut d_plan_dst = DeviceBuffer::from_host(dev, &plan_dst).unwrap();
+                let mut d_plan_count = DeviceBuffer::from_host(dev, &plan_count).unwrap();
                 let args = SwapInArgs {
                     top_k_tokens: d_topk.as_buf(),
                     top_k_stride: self.top_k_stride,
@@ -489,6 +557,13 @@ impl SwapCase {
                     num_top_k: self.k as u32,
                     hot_buffer_size: self.hot as u32,
                     item_size_bytes: self.item as u32,
+                    skip_io: opts.skip_io,
+                    miss_plan: opts.record_plan.then(|| MissPlan {
+                        src: d_plan_src.as_buf_mut(),
+                        dst: d_plan_dst.as_buf_mut(),
+                        stride,
+                        count: d_plan_count.as_buf_mut(),
+                    }),
                 };
                 let res = tier
                     .swap_in_with(&args, strategy, stream.stream())
@@ -497,6 +572,9 @@ impl SwapCase {
                 tokens = d_tokens.to_vec().unwrap();
                 lru = d_lru.to_vec().unwrap();
                 device_buffer = d_dev_buf.to_vec().unwrap();
+                plan_src = d_plan_src.to_vec().unwrap();
+                plan_dst = d_plan_dst.to_vec().unwrap();
+                plan_count = d_plan_count.to_vec().unwrap();
                 res
             }
         };
@@ -506,13 +584,22 @@ impl SwapCase {
             lru,
             device_buffer,
             report: reported(&res),
+            plan: opts
+                .record_plan
+                .then(|| plan_rows(&plan_src, &plan_dst, &plan_count, stride, self.k)),
         }
     }
 
     /// The model: DESIGN.md §4 for valid input, the rules of src/swap_in.rs
     /// for bad input, written as the lists the design speaks of.
     pub fn expected(&self) -> SwapOutcome {
+        self.expected_with(SwapOptions::default())
+    }
+
+    /// [`SwapCase::expected`] with SGLang's optional arguments.
+    pub fn expected_with(&self, opts: SwapOptions) -> SwapOutcome {
         let (k, hot, item) = (self.k, self.hot, self.item);
+        let mut plan: Vec<Vec<(i64, i32)>> = vec![Vec::new(); self.batch()];
         let out_len = if self.batch() == 0 {
             0
         } else {
@@ -662,8 +749,12 @@ impl SwapCase {
                             Some(&slot) => {
                                 let loc = self.locs[state + slot];
                                 tokens[state + slot] = t;
-                                device_buffer[loc as usize * item..][..item]
-                                    .copy_from_slice(&self.host_cache[h as usize * item..][..item]);
+                                if !opts.skip_io {
+                                    device_buffer[loc as usize * item..][..item].copy_from_slice(
+                                        &self.host_cache[h as usize * item..][..item],
+                                    );
+                                }
+                                plan[b].push((h, loc));
                                 by_token.insert(t, loc);
                                 loaded.push(slot);
                             }
@@ -696,6 +787,7 @@ impl SwapCase {
             lru,
             device_buffer,
             report: (!err.is_clear()).then(|| BadIndexReport::decode(&err)),
+            plan: opts.record_plan.then_some(plan),
         }
     }
 
@@ -801,6 +893,7 @@ impl SwapCase {
             lru,
             device_buffer,
             report: None,
+            plan: None,
         }
     }
 }

@@ -252,6 +252,8 @@ impl State {
                 num_top_k: self.k,
                 hot_buffer_size: self.hot,
                 item_size_bytes: self.item,
+                skip_io: false,
+                miss_plan: None,
             };
             self.tier.swap_in(&a, Stream::null())
         })?;
@@ -360,6 +362,8 @@ impl State {
                         num_top_k: self.k,
                         hot_buffer_size: self.hot,
                         item_size_bytes: self.item,
+                        skip_io: false,
+                        miss_plan: None,
                     }
                 };
                 self.tier.swap_in_with(&a, strategy, s)
