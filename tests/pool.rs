@@ -6,7 +6,7 @@
 //! Child processes are this test binary run again with `pool_worker` as the
 //! only (ignored) test and its orders in the KVTIER_POOL_WORKER variable.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -147,6 +147,8 @@ fn read_ready(pool: &Pool, index: u32) -> Option<Vec<u8>> {
 ///   "held", then sleep until killed;
 /// * place;DEVICES;RANK;RANKS;N: allocate N regions, print their devices;
 /// * clean;DEVICES;N: allocate and publish N regions, then exit normally;
+/// * join;DEVICES;RANK;RANKS: open or create the pool, allocate one region,
+///   print "joined UUID DEVICE", wait for a line on stdin, exit normally;
 /// * chaos;DEVICES;SEED;MILLIS: random allocate/write/publish/free/verify for
 ///   MILLIS; exit 3 if a region this process owns ever holds another
 ///   process's stamp (owned twice), 0 otherwise.
@@ -189,6 +191,15 @@ fn pool_worker() {
                 .map(|_| pool.alloc_region().unwrap().device().to_string())
                 .collect();
             println!("devices {}", got.join(","));
+        }
+        "join" => {
+            let (rank, ranks): (u32, u32) = (parts[2].parse().unwrap(), parts[3].parse().unwrap());
+            let pool = Pool::open_or_create(layout(), devices, opts(rank, ranks)).unwrap();
+            let region = pool.alloc_region().unwrap();
+            let uuid: String = pool.uuid().iter().map(|b| format!("{b:02x}")).collect();
+            println!("joined {uuid} {}", region.device());
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).unwrap();
         }
         "clean" => {
             let pool = Pool::open(devices, PoolOptions::default()).unwrap();
@@ -276,6 +287,7 @@ fn worker(orders: &str) -> Worker {
                 "--quiet",
             ])
             .env(WORKER_ENV, orders)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -431,6 +443,59 @@ fn ranks_interleave_over_devices_across_processes() {
         pool.num_regions(),
         "the workers exited cleanly"
     );
+}
+
+#[test]
+fn ranks_starting_together_create_one_pool_and_interleave() {
+    let dir = Dir::new("join");
+    let devices = dir.devices(3, 4);
+    let ranks = 6;
+    // No pool yet: every rank races to create it.
+    let mut children: Vec<Worker> = (0..ranks)
+        .map(|rank| worker(&format!("join;{};{rank};{ranks}", specs_arg(&devices))))
+        .collect();
+    let lines: Vec<Vec<String>> = children
+        .iter_mut()
+        .map(|c| {
+            wait_line(c, "joined")
+                .split(' ')
+                .map(String::from)
+                .collect()
+        })
+        .collect();
+    let uuids: std::collections::HashSet<&str> = lines.iter().map(|l| l[1].as_str()).collect();
+    assert_eq!(uuids.len(), 1, "one pool, created once: {lines:?}");
+    let placed: Vec<&str> = lines.iter().map(|l| l[2].as_str()).collect();
+    assert_eq!(
+        placed,
+        vec!["0", "1", "2", "0", "1", "2"],
+        "rank r → device r mod 3"
+    );
+    let pool = Pool::open_expecting(devices.clone(), layout(), inspect()).unwrap();
+    let uuid: String = pool.uuid().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(uuid, lines[0][1]);
+    assert_eq!(pool.free_regions(), pool.num_regions() - ranks);
+    for c in &mut children {
+        writeln!(c.stdin.as_mut().unwrap()).unwrap();
+        assert!(c.wait().unwrap().success());
+    }
+    assert_eq!(
+        pool.free_regions(),
+        pool.num_regions(),
+        "clean exits free their regions"
+    );
+
+    // An existing pool of another layout is refused, not overwritten.
+    let other = LayerFirstLayout::new(64, 4, 16).unwrap();
+    let err = pool_error(Pool::open_or_create(other, devices.clone(), opts(0, 1)));
+    assert!(err.contains("this process expects"), "{err}");
+    // Private devices are never shared: a new pool each time.
+    let anon = vec![DeviceSpec::Anon {
+        bytes: Pool::device_bytes_for(&layout(), 1),
+    }];
+    let a = Pool::open_or_create(layout(), anon.clone(), opts(0, 1)).unwrap();
+    let b = Pool::open_or_create(layout(), anon, opts(0, 1)).unwrap();
+    assert_ne!(a.uuid(), b.uuid());
 }
 
 #[test]

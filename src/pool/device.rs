@@ -252,6 +252,85 @@ impl MappedDevice {
     }
 }
 
+/// An exclusive `flock` on a shared device's file, held while a process
+/// decides whether to create or open the pool on it (released on drop).
+/// Serialises the processes of one host; hosts sharing memory through a CXL
+/// switch create their pool beforehand instead.
+pub(crate) struct CreateLock {
+    _file: std::fs::File,
+}
+
+impl CreateLock {
+    pub(crate) fn acquire(spec: &DeviceSpec) -> Result<CreateLock> {
+        use std::os::fd::AsRawFd;
+        let path = match spec {
+            DeviceSpec::File { path, .. } | DeviceSpec::Dax { path, .. } => path,
+            _ => {
+                return Err(invalid(
+                    "device",
+                    format!("{spec} is private to one process; there is nothing to lock"),
+                ));
+            }
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(matches!(spec, DeviceSpec::File { .. }))
+            .truncate(false)
+            .open(path)
+            .map_err(io(format!("opening {}", path.display())))?;
+        loop {
+            // SAFETY: flock on a descriptor this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(CreateLock { _file: file });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::Io {
+                    context: format!("locking {}", path.display()),
+                    source: e,
+                });
+            }
+        }
+    }
+}
+
+/// The first 8 bytes of a shared device (its magic), or None for a file too
+/// short to hold one.
+pub(crate) fn peek_magic(spec: &DeviceSpec) -> Result<Option<[u8; 8]>> {
+    let len = match spec {
+        DeviceSpec::File { path, .. } => std::fs::metadata(path)
+            .map_err(io(format!("opening {}", path.display())))?
+            .len(),
+        _ => u64::MAX,
+    };
+    if len < 8 {
+        return Ok(None);
+    }
+    let probe = match spec {
+        DeviceSpec::File { path, .. } => DeviceSpec::File {
+            path: path.clone(),
+            bytes: Some(8),
+        },
+        // devdax maps in 2 MiB units
+        DeviceSpec::Dax { path, .. } => DeviceSpec::Dax {
+            path: path.clone(),
+            bytes: Some(2 << 20),
+        },
+        other => {
+            return Err(invalid(
+                "device",
+                format!("{other} is private to one process"),
+            ));
+        }
+    };
+    let m = MappedDevice::map(&probe, MapMode::Open)?;
+    // SAFETY: the mapping holds at least 8 bytes.
+    Ok(Some(unsafe {
+        std::ptr::read_volatile(m.ptr() as *const [u8; 8])
+    }))
+}
+
 fn io(context: String) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Io { context, source }
 }

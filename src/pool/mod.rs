@@ -339,6 +339,31 @@ impl Pool {
         Pool::attach(maps, &options)
     }
 
+    /// Opens the pool on `devices`, or creates it with `layout` when the
+    /// first device holds none: how processes that start together (the ranks
+    /// of one server) share a pool, the first to arrive creating it. The
+    /// decision is serialised with an exclusive `flock` on the first device,
+    /// which holds among the processes of one host; hosts that share memory
+    /// through a CXL switch create the pool beforehand (`kvtier pool create`).
+    /// An existing pool must have `layout`. Private devices (`anon:`, `numa:`)
+    /// cannot be shared, so for them this creates a new pool.
+    pub fn open_or_create(
+        layout: LayerFirstLayout,
+        devices: Vec<DeviceSpec>,
+        options: PoolOptions,
+    ) -> Result<Arc<Pool>> {
+        check_options(&devices, &options)?;
+        if !devices[0].is_shared() {
+            return Pool::create_on(layout, devices, options);
+        }
+        let _lock = device::CreateLock::acquire(&devices[0])?;
+        if device::peek_magic(&devices[0])? == Some(POOL_MAGIC) {
+            Pool::open_expecting(devices, layout, options)
+        } else {
+            Pool::create_on(layout, devices, options)
+        }
+    }
+
     /// [`Pool::open`], failing unless the pool has `layout`.
     pub fn open_expecting(
         devices: Vec<DeviceSpec>,
