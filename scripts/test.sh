@@ -2,8 +2,11 @@
 # The test command (see README): installs the pinned CUDA compiler wheels and
 # libclang into .tools/ (no root, no CUDA toolkit needed), checks that
 # bindings/abi.rs matches kernels/abi.h, builds the library with its kernels,
-# and runs every test that needs no GPU. The GPU tests (tests/gpu.rs) are
-# #[ignore]d here; run them on a GPU machine with `-- --ignored`.
+# and runs every test that needs no GPU: the Rust tests, then the Python
+# package's tests (installed with pip into .tools/venv, on numpy, without
+# torch) and the contract test against SGLang's published source. The GPU
+# tests (tests/gpu.rs, and the CUDA half of bindings/python/tests/test_torch.py)
+# are skipped here; run them on a GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +27,14 @@ fi
 
 echo "== cargo test"
 cargo test --locked
+
+echo "== Python package (bindings/python) with the release library"
+scripts/python-env.sh
+cargo build --release --locked --lib
+.tools/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+  --force-reinstall ./bindings/python
+KVTIER_EXPECT_INSTALLED=1 KVTIER_SGLANG_WHEELS="$PWD/.tools/sglang-wheels" KVTIER_REQUIRE_SGLANG_SOURCE=1 \
+  .tools/venv/bin/python -m pytest -q -p no:cacheprovider bindings/python/tests
 
 echo "== kvtier info"
 cargo run --locked --quiet -- info

@@ -28,6 +28,7 @@ pub mod cuda;
 pub mod error;
 pub mod error_word;
 pub mod executor;
+pub mod ffi;
 pub mod gather;
 pub mod layout;
 pub mod mem;

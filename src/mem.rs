@@ -56,6 +56,21 @@ impl<'a, T> Buf<'a, T> {
         }
     }
 
+    /// A buffer at a raw address that lives at `loc` (the C ABI's buffers).
+    ///
+    /// # Safety
+    /// For [`Location::Device`], as for [`Buf::device`]; for
+    /// [`Location::Host`], `addr` must point to `len` initialised, aligned
+    /// elements of `T` in this process, valid and unwritten by others for `'a`.
+    pub unsafe fn from_raw(addr: u64, len: usize, loc: Location) -> Self {
+        Buf {
+            addr,
+            len,
+            loc,
+            _borrow: PhantomData,
+        }
+    }
+
     /// Address of element 0.
     pub fn addr(&self) -> u64 {
         self.addr
@@ -119,6 +134,20 @@ impl<'a, T> BufMut<'a, T> {
             addr,
             len,
             loc: Location::Device,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// A writable buffer at a raw address that lives at `loc`.
+    ///
+    /// # Safety
+    /// As for [`Buf::from_raw`], and nothing else may read or write the
+    /// memory for `'a` (for device memory: until the enqueued work completes).
+    pub unsafe fn from_raw(addr: u64, len: usize, loc: Location) -> Self {
+        BufMut {
+            addr,
+            len,
+            loc,
             _borrow: PhantomData,
         }
     }

@@ -953,6 +953,17 @@ impl SwapInEngine {
         }
     }
 
+    /// The address this engine's kernels use for host memory at `host`: the
+    /// same address for the CPU executor; for the CUDA executor the mapped
+    /// device address, when the memory is pinned or registered (else an
+    /// error naming `host_cache`).
+    pub fn host_address_for_executor(&self, host: u64) -> Result<u64> {
+        match &self.exec {
+            Executor::Cpu => Ok(host),
+            Executor::Cuda(dev) => dev.mapped_host_address(host),
+        }
+    }
+
     /// The sync point: waits for the device, then reports (and clears) the
     /// bad indices that swap-ins recorded since the last check. A no-op for
     /// the CPU executor. Not for the per-layer path.

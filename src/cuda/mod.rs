@@ -240,6 +240,28 @@ impl CudaDevice {
             .call("cuMemcpyDtoDAsync")
     }
 
+    /// The device address of host memory that is page-locked and mapped for
+    /// this GPU (pinned, or registered with `cuMemHostRegister` /
+    /// `cudaHostRegister`), e.g. a pinned torch tensor's `data_ptr()`.
+    /// Memory that is not gets a clear error instead of a kernel fault.
+    pub fn mapped_host_address(&self, host: u64) -> Result<u64> {
+        self.bind()?;
+        let mut device = 0;
+        // SAFETY: the driver only looks the address up.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(crate::error::invalid(
+                "host_cache",
+                format!(
+                    "host memory at {host:#x} is not page-locked and mapped for GPU {} ({r:?}): pin it \
+                     or register it (cudaHostRegister) first",
+                    self.ordinal()
+                ),
+            ));
+        }
+        Ok(device)
+    }
+
     /// Grid size for a kernel that runs one warp per work row over `rows`
     /// rows with a grid-stride loop: enough blocks to cover the rows, capped at
     /// what is resident at once.

@@ -1,0 +1,239 @@
+/*
+ * kvtier.h — the C ABI of libkvtier (src/ffi.rs implements it).
+ *
+ * Conventions
+ * - Every function that can fail returns a kvt_status; KVT_OK is 0. On any
+ *   other status, kvt_last_error() returns a message that names the argument
+ *   or resource at fault, for the calling thread.
+ * - Objects are opaque handles created by a *_create / *_open function and
+ *   released by the matching *_destroy / *_close function (NULL is accepted
+ *   there and ignored). A handle may be used from any thread; calls on one
+ *   handle are serialised internally.
+ * - Every pointer argument is checked for NULL, every size against what the
+ *   call needs. kvtier cannot check that a pointer really addresses as many
+ *   elements as its kvt_buf says: that is the caller's promise.
+ * - Executors: KVT_EXECUTOR_CPU runs on the host over host memory (the
+ *   reference; it completes before the call returns). An ordinal >= 0 is the
+ *   CUDA executor on that GPU's primary context (the one PyTorch uses): work
+ *   is enqueued on the caller's stream (a raw CUstream; NULL is the legacy
+ *   default stream) and every buffer must be device-accessible memory (device
+ *   memory, or host memory registered and mapped for the device).
+ * - Bad indices inside the data (not the shapes) are refused entry by entry
+ *   and reported: with the CPU executor by the call itself
+ *   (KVT_BAD_INDICES), with the CUDA executor at the next *_check call.
+ * - No Rust panic crosses this boundary: one is reported as
+ *   KVT_INTERNAL_ERROR.
+ */
+#ifndef KVTIER_H
+#define KVTIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever a struct or a signature below changes. */
+#define KVT_ABI_VERSION 1
+
+typedef int32_t kvt_status;
+#define KVT_OK 0
+#define KVT_INVALID_ARGUMENT 1  /* an argument was refused before anything ran */
+#define KVT_KERNELS_NOT_BUILT 2 /* the library was built without nvcc */
+#define KVT_NO_DRIVER 3         /* no usable CUDA driver or GPU */
+#define KVT_DRIVER_ERROR 4      /* a CUDA driver call failed */
+#define KVT_BAD_INDICES 5       /* entries with bad indices were refused (see the message) */
+#define KVT_POOL_ERROR 6        /* the pool refused (full, wrong layout, foreign region, ...) */
+#define KVT_IO_ERROR 7          /* an I/O call on a pool device failed */
+#define KVT_INTERNAL_ERROR 8    /* a bug in kvtier, caught at the boundary */
+
+#define KVT_EXECUTOR_CPU (-1)
+
+/* A raw CUDA stream (the driver's CUstream). */
+typedef struct CUstream_st *kvt_cuda_stream;
+
+/* The ABI version the library was built with (compare with KVT_ABI_VERSION). */
+uint32_t kvt_abi_version(void);
+/* The library's version, e.g. "0.1.0" (a static string). */
+const char *kvt_version(void);
+/* The message of the last failed call on this thread ("" if none); valid
+ * until the next failed call on this thread. */
+const char *kvt_last_error(void);
+/* 1 when the CUDA kernels were compiled into the library, 0 otherwise. */
+int32_t kvt_kernels_built(void);
+
+/* A buffer: its address and its length in elements of the type the field
+ * names (bytes for untyped data). */
+typedef struct kvt_buf {
+    void *ptr;
+    uint64_t len;
+} kvt_buf;
+
+/* ---- pool ---------------------------------------------------------------- */
+
+typedef struct kvt_pool kvt_pool;
+typedef struct kvt_region kvt_region;
+
+/* Region geometry: tokens_per_region tokens of entry_bytes (a multiple of 8)
+ * for each of `layers` layers, layer-first: [layer][token][entry_bytes]. */
+typedef struct kvt_layout {
+    uint32_t entry_bytes;
+    uint32_t layers;
+    uint32_t tokens_per_region;
+} kvt_layout;
+
+/* How a process creates or attaches to a pool; zero fields take defaults. */
+typedef struct kvt_pool_options {
+    uint32_t rank;           /* this process's GPU rank (placement: rank r -> device r mod n) */
+    uint32_t ranks;          /* ranks in all; 0 = 1 */
+    uint32_t clients;        /* client slots of a new pool; 0 = the default */
+    uint32_t register_flags; /* cuMemHostRegister flags; 0 = portable | device-mapped */
+} kvt_pool_options;
+
+typedef struct kvt_pool_info {
+    kvt_layout layout;
+    uint32_t num_devices;
+    uint32_t num_regions;
+    uint32_t free_regions;
+    uint32_t _reserved;
+    uint64_t region_stride; /* bytes between region bases */
+    uint8_t uuid[16];
+} kvt_pool_info;
+
+typedef struct kvt_region_info {
+    uint32_t index;     /* the region's index in its pool */
+    uint32_t device;    /* the device it lives on */
+    uint64_t host_addr; /* its first byte in this process */
+    uint64_t bytes;     /* layers * tokens_per_region * entry_bytes */
+} kvt_region_info;
+
+/* Devices are strings in the CLI's syntax: "anon:SIZE", "file:PATH[:SIZE]",
+ * "numa:NODE:SIZE", "dax:PATH[:SIZE]" (e.g. "numa:2:64GiB", "dax:/dev/dax0.0").
+ * `options` may be NULL (defaults). */
+kvt_status kvt_pool_create(const kvt_layout *layout, const char *const *devices, size_t num_devices,
+                           const kvt_pool_options *options, kvt_pool **out);
+kvt_status kvt_pool_open(const char *const *devices, size_t num_devices, const kvt_pool_options *options,
+                         kvt_pool **out);
+/* Opens the pool on `devices`, or creates it with `layout` if the first device
+ * holds none (the first of several ranks starting together creates it). */
+kvt_status kvt_pool_open_or_create(const kvt_layout *layout, const char *const *devices, size_t num_devices,
+                                   const kvt_pool_options *options, kvt_pool **out);
+/* Bytes a single-device pool needs to hold `regions` regions of `layout`. */
+kvt_status kvt_pool_device_bytes_for(const kvt_layout *layout, uint32_t regions, uint64_t *out);
+kvt_status kvt_pool_info_get(const kvt_pool *pool, kvt_pool_info *out);
+/* Detaches; the pool frees the regions this process still holds. Regions and
+ * tiers made from it keep it alive until they are released too. */
+void kvt_pool_close(kvt_pool *pool);
+
+/* A free region, placed by the pool's per-rank round-robin, owned by this
+ * process, tagged with `request` (informational). */
+kvt_status kvt_region_alloc(kvt_pool *pool, uint64_t request, kvt_region **out);
+kvt_status kvt_region_info_get(const kvt_region *region, kvt_region_info *out);
+/* Marks the region READY: its bytes are written and other processes may read them. */
+kvt_status kvt_region_publish(const kvt_region *region);
+/* Returns the region to the pool and destroys the handle (even on failure). */
+kvt_status kvt_region_free(kvt_region *region);
+
+/* ---- swap-in (SGLang HiSparse) ------------------------------------------- */
+
+#define KVT_INDEX_INT32 1
+#define KVT_INDEX_INT64 2
+
+#define KVT_SWAP_IN_PLAN_THEN_COPY 0        /* plan per request, one copy over every miss */
+#define KVT_SWAP_IN_ONE_BLOCK_PER_REQUEST 1 /* SGLang's design, for comparison */
+
+/* One layer's swap-in for a batch, in SGLang's formats (strides in elements;
+ * see DESIGN.md section 4 for the semantics). The batch is the length of
+ * req_pool_indices. */
+typedef struct kvt_swap_in_args {
+    kvt_buf top_k_tokens;         /* int32 [batch][top_k_stride], -1 padding */
+    uint64_t top_k_stride;
+    kvt_buf device_buffer_tokens; /* int32 [num_requests][buffer_stride], slots 0..=hot */
+    kvt_buf device_buffer_locs;   /* int32 [num_requests][buffer_stride] */
+    uint64_t buffer_stride;
+    kvt_buf lru_slots;            /* int16 [num_requests][lru_stride], hot entries */
+    uint64_t lru_stride;
+    kvt_buf host_cache_locs;      /* int64 [num_requests][host_stride], max_tokens entries */
+    uint64_t host_stride;
+    kvt_buf host_cache;           /* bytes: rows of item_size_bytes (host-mapped for CUDA) */
+    kvt_buf device_buffer;        /* bytes: rows of item_size_bytes */
+    kvt_buf top_k_device_locs;    /* int32 [batch][out_stride], written */
+    uint64_t out_stride;
+    kvt_buf req_pool_indices;     /* [batch], of req_pool_indices_type */
+    kvt_buf seq_lens;             /* [batch], of seq_lens_type */
+    kvt_buf num_real_reqs;        /* int32 [1] on the executor's side, or ptr NULL: all rows real */
+    kvt_buf miss_src;             /* optional (ptr NULL): int64 [batch][miss_stride], host row per miss */
+    kvt_buf miss_dst;             /* int32 [batch][miss_stride], device row per miss */
+    kvt_buf miss_count;           /* int32 [batch], misses per row */
+    uint64_t miss_stride;
+    uint32_t req_pool_indices_type; /* KVT_INDEX_INT32 or KVT_INDEX_INT64 */
+    uint32_t seq_lens_type;         /* KVT_INDEX_INT32 or KVT_INDEX_INT64 */
+    uint32_t max_tokens;
+    uint32_t num_requests;
+    uint32_t num_top_k;
+    uint32_t hot_buffer_size;
+    uint32_t item_size_bytes;
+    uint32_t skip_io;               /* nonzero: outputs, state and miss plan only, no KV bytes */
+} kvt_swap_in_args;
+
+typedef struct kvt_swap_in kvt_swap_in;
+
+/* A swap-in engine on `executor` (KVT_EXECUTOR_CPU or a GPU ordinal). */
+kvt_status kvt_swap_in_create(int32_t executor, kvt_swap_in **out);
+/* Grows the capacity (never shrinks) for swap-ins without a caller's miss
+ * plan: set-up work, not inside a CUDA graph capture. */
+kvt_status kvt_swap_in_reserve(kvt_swap_in *engine, uint32_t max_batch, uint32_t max_top_k);
+kvt_status kvt_swap_in_capacity(const kvt_swap_in *engine, uint32_t *max_batch, uint32_t *max_top_k);
+/* One layer's swap-in with `strategy` (KVT_SWAP_IN_*), on `stream`: no
+ * allocation, no host synchronisation (CUDA-graph capturable). */
+kvt_status kvt_swap_in_run(const kvt_swap_in *engine, const kvt_swap_in_args *args, uint32_t strategy,
+                           kvt_cuda_stream stream);
+/* The address the engine's kernels use for host memory at `host`: itself for
+ * the CPU executor; for the CUDA executor the mapped device address of pinned
+ * or registered memory (KVT_INVALID_ARGUMENT for memory that is neither), e.g.
+ * for host_cache. */
+kvt_status kvt_swap_in_map_host(const kvt_swap_in *engine, const void *host, uint64_t *out);
+/* Waits for the device, then reports (and clears) the bad indices recorded
+ * since the last check. */
+kvt_status kvt_swap_in_check(const kvt_swap_in *engine);
+void kvt_swap_in_destroy(kvt_swap_in *engine);
+
+/* ---- tier: the per-layer API over a pool --------------------------------- */
+
+typedef struct kvt_tier kvt_tier;
+
+typedef struct kvt_gather_args {
+    kvt_buf req_slots; /* int32 [batch]: slot of each row's request, -1 padding row */
+    kvt_buf seq_lens;  /* int32 [batch] */
+    kvt_buf topk;      /* int32 [batch][topk_stride], -1 padding */
+    uint32_t k;
+    uint32_t topk_stride;
+    kvt_buf out;       /* bytes: [batch][k][entry_bytes], 8-byte aligned, written */
+} kvt_gather_args;
+
+typedef struct kvt_writeback_args {
+    kvt_buf slots;    /* int32 [n]: destination slot, -1 skips the item */
+    kvt_buf tokens;   /* int32 [n]: destination token */
+    kvt_buf src_rows; /* int64 [n]: row of src */
+    kvt_buf src;      /* bytes: the layer's KV buffer, rows of entry_bytes */
+} kvt_writeback_args;
+
+kvt_status kvt_tier_create(kvt_pool *pool, int32_t executor, uint32_t num_slots, kvt_tier **out);
+/* Binds `slot` to `region` (stream-ordered for the CUDA executor). */
+kvt_status kvt_tier_bind_slot(kvt_tier *tier, uint32_t slot, const kvt_region *region, kvt_cuda_stream stream);
+kvt_status kvt_tier_unbind_slot(kvt_tier *tier, uint32_t slot, kvt_cuda_stream stream);
+kvt_status kvt_tier_gather(const kvt_tier *tier, uint32_t layer, const kvt_gather_args *args,
+                           kvt_cuda_stream stream);
+kvt_status kvt_tier_writeback_layer(const kvt_tier *tier, uint32_t layer, const kvt_writeback_args *args,
+                                    kvt_cuda_stream stream);
+kvt_status kvt_tier_enable_swap_in(kvt_tier *tier, uint32_t max_batch, uint32_t max_top_k);
+kvt_status kvt_tier_swap_in(const kvt_tier *tier, const kvt_swap_in_args *args, kvt_cuda_stream stream);
+kvt_status kvt_tier_check(const kvt_tier *tier, kvt_cuda_stream stream);
+void kvt_tier_destroy(kvt_tier *tier);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_H */

@@ -1,0 +1,41 @@
+"""kvtier: the KV-cache tier for sparse-attention LLMs, from Python.
+
+The library (libkvtier.so) is loaded with ctypes on first use: from
+``KVTIER_LIB`` if set, else from this package's folder, else from the
+repository's ``target/release``. Errors raise :class:`KvtierError` with the
+library's message.
+
+- :func:`swap_in` / :class:`SwapInEngine`: SGLang HiSparse's swap-in (numpy
+  arrays or CPU tensors run on the CPU executor, CUDA tensors on the GPU).
+- :class:`Pool`, :class:`Region`, :class:`Layout`: the pool on CXL devices.
+- :mod:`kvtier.sglang`: the drop-in for SGLang.
+"""
+
+from ._lib import KvtierError, library
+from ._pool import Layout, Pool, Region, device_bytes_for
+from ._swap_in import SwapInEngine, swap_in
+
+__all__ = [
+    "KvtierError",
+    "Layout",
+    "Pool",
+    "Region",
+    "SwapInEngine",
+    "device_bytes_for",
+    "library",
+    "swap_in",
+    "version",
+    "kernels_built",
+]
+
+__version__ = "0.1.0"
+
+
+def version() -> str:
+    """The loaded library's version."""
+    return library().kvt_version().decode()
+
+
+def kernels_built() -> bool:
+    """Whether the loaded library carries its CUDA kernels."""
+    return bool(library().kvt_kernels_built())

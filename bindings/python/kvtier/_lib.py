@@ -1,0 +1,232 @@
+"""Loading libkvtier with ctypes, the C ABI's structs, and status checking.
+
+The library is looked for, in order: the path in ``KVTIER_LIB``; this
+package's own folder (where ``pip install ./bindings/python`` puts it); the
+repository's ``target/release`` (running from a checkout). A path given in
+``KVTIER_LIB`` that does not load is an error, not a reason to look further.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+ABI_VERSION = 1
+LIB_NAME = "libkvtier.so"
+
+# Status codes (bindings/kvtier.h).
+OK = 0
+STATUS_NAMES = {
+    1: "INVALID_ARGUMENT",
+    2: "KERNELS_NOT_BUILT",
+    3: "NO_DRIVER",
+    4: "DRIVER_ERROR",
+    5: "BAD_INDICES",
+    6: "POOL_ERROR",
+    7: "IO_ERROR",
+    8: "INTERNAL_ERROR",
+}
+
+EXECUTOR_CPU = -1
+INDEX_INT32 = 1
+INDEX_INT64 = 2
+PLAN_THEN_COPY = 0
+ONE_BLOCK_PER_REQUEST = 1
+
+
+class KvtierError(Exception):
+    """An error from kvtier: the library's message (or the Python side's,
+    for an argument refused before the library was called), and a status
+    name such as ``INVALID_ARGUMENT`` or ``BAD_INDICES``."""
+
+    def __init__(self, message: str, status: str = "INVALID_ARGUMENT"):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class Buf(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_void_p), ("len", ctypes.c_uint64)]
+
+
+class Layout(ctypes.Structure):
+    _fields_ = [
+        ("entry_bytes", ctypes.c_uint32),
+        ("layers", ctypes.c_uint32),
+        ("tokens_per_region", ctypes.c_uint32),
+    ]
+
+
+class PoolOptions(ctypes.Structure):
+    _fields_ = [
+        ("rank", ctypes.c_uint32),
+        ("ranks", ctypes.c_uint32),
+        ("clients", ctypes.c_uint32),
+        ("register_flags", ctypes.c_uint32),
+    ]
+
+
+class PoolInfo(ctypes.Structure):
+    _fields_ = [
+        ("layout", Layout),
+        ("num_devices", ctypes.c_uint32),
+        ("num_regions", ctypes.c_uint32),
+        ("free_regions", ctypes.c_uint32),
+        ("_reserved", ctypes.c_uint32),
+        ("region_stride", ctypes.c_uint64),
+        ("uuid", ctypes.c_uint8 * 16),
+    ]
+
+
+class RegionInfo(ctypes.Structure):
+    _fields_ = [
+        ("index", ctypes.c_uint32),
+        ("device", ctypes.c_uint32),
+        ("host_addr", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+    ]
+
+
+class SwapInArgs(ctypes.Structure):
+    _fields_ = [
+        ("top_k_tokens", Buf),
+        ("top_k_stride", ctypes.c_uint64),
+        ("device_buffer_tokens", Buf),
+        ("device_buffer_locs", Buf),
+        ("buffer_stride", ctypes.c_uint64),
+        ("lru_slots", Buf),
+        ("lru_stride", ctypes.c_uint64),
+        ("host_cache_locs", Buf),
+        ("host_stride", ctypes.c_uint64),
+        ("host_cache", Buf),
+        ("device_buffer", Buf),
+        ("top_k_device_locs", Buf),
+        ("out_stride", ctypes.c_uint64),
+        ("req_pool_indices", Buf),
+        ("seq_lens", Buf),
+        ("num_real_reqs", Buf),
+        ("miss_src", Buf),
+        ("miss_dst", Buf),
+        ("miss_count", Buf),
+        ("miss_stride", ctypes.c_uint64),
+        ("req_pool_indices_type", ctypes.c_uint32),
+        ("seq_lens_type", ctypes.c_uint32),
+        ("max_tokens", ctypes.c_uint32),
+        ("num_requests", ctypes.c_uint32),
+        ("num_top_k", ctypes.c_uint32),
+        ("hot_buffer_size", ctypes.c_uint32),
+        ("item_size_bytes", ctypes.c_uint32),
+        ("skip_io", ctypes.c_uint32),
+    ]
+
+
+# The structs the layout test compares with the C header, by C name.
+STRUCTS = {
+    "kvt_buf": Buf,
+    "kvt_layout": Layout,
+    "kvt_pool_options": PoolOptions,
+    "kvt_pool_info": PoolInfo,
+    "kvt_region_info": RegionInfo,
+    "kvt_swap_in_args": SwapInArgs,
+}
+
+_P = ctypes.c_void_p
+_S = ctypes.c_int32
+_U32 = ctypes.c_uint32
+_U64 = ctypes.c_uint64
+
+# name: (restype, argtypes)
+_PROTOTYPES = {
+    "kvt_abi_version": (_U32, []),
+    "kvt_version": (ctypes.c_char_p, []),
+    "kvt_last_error": (ctypes.c_char_p, []),
+    "kvt_kernels_built": (ctypes.c_int32, []),
+    "kvt_pool_create": (_S, [ctypes.POINTER(Layout), ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
+                             ctypes.POINTER(PoolOptions), ctypes.POINTER(_P)]),
+    "kvt_pool_open": (_S, [ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, ctypes.POINTER(PoolOptions),
+                           ctypes.POINTER(_P)]),
+    "kvt_pool_open_or_create": (_S, [ctypes.POINTER(Layout), ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
+                                     ctypes.POINTER(PoolOptions), ctypes.POINTER(_P)]),
+    "kvt_pool_device_bytes_for": (_S, [ctypes.POINTER(Layout), _U32, ctypes.POINTER(_U64)]),
+    "kvt_pool_info_get": (_S, [_P, ctypes.POINTER(PoolInfo)]),
+    "kvt_pool_close": (None, [_P]),
+    "kvt_region_alloc": (_S, [_P, _U64, ctypes.POINTER(_P)]),
+    "kvt_region_info_get": (_S, [_P, ctypes.POINTER(RegionInfo)]),
+    "kvt_region_publish": (_S, [_P]),
+    "kvt_region_free": (_S, [_P]),
+    "kvt_swap_in_create": (_S, [ctypes.c_int32, ctypes.POINTER(_P)]),
+    "kvt_swap_in_reserve": (_S, [_P, _U32, _U32]),
+    "kvt_swap_in_capacity": (_S, [_P, ctypes.POINTER(_U32), ctypes.POINTER(_U32)]),
+    "kvt_swap_in_run": (_S, [_P, ctypes.POINTER(SwapInArgs), _U32, _P]),
+    "kvt_swap_in_map_host": (_S, [_P, _P, ctypes.POINTER(_U64)]),
+    "kvt_swap_in_check": (_S, [_P]),
+    "kvt_swap_in_destroy": (None, [_P]),
+}
+
+_lock = threading.Lock()
+_lib = None
+
+
+def candidates() -> list:
+    """Where the library is looked for, in order (see the module docs)."""
+    env = os.environ.get("KVTIER_LIB")
+    if env:
+        return [Path(env)]
+    here = Path(__file__).resolve().parent
+    return [here / LIB_NAME, here.parents[2] / "target" / "release" / LIB_NAME]
+
+
+def library() -> ctypes.CDLL:
+    """The loaded library (loaded on first use)."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            _lib = _load()
+        return _lib
+
+
+def _load() -> ctypes.CDLL:
+    paths = candidates()
+    if os.environ.get("KVTIER_LIB"):
+        path = paths[0]
+        if not path.exists():
+            raise KvtierError(f"KVTIER_LIB={path} does not exist", "NO_LIBRARY")
+    else:
+        found = [p for p in paths if p.exists()]
+        if not found:
+            raise KvtierError(
+                "libkvtier.so was not found; looked in "
+                + ", ".join(str(p) for p in paths)
+                + ". Build it with `cargo build --release` in the repository, or set KVTIER_LIB to its path.",
+                "NO_LIBRARY",
+            )
+        path = found[0]
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise KvtierError(f"loading {path} failed: {e}", "NO_LIBRARY") from e
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError as e:
+            raise KvtierError(f"{path} has no {name}: an old or foreign build", "NO_LIBRARY") from e
+        fn.restype = restype
+        fn.argtypes = argtypes
+    abi = lib.kvt_abi_version()
+    if abi != ABI_VERSION:
+        raise KvtierError(
+            f"{path} speaks C ABI version {abi}; this package needs {ABI_VERSION}. Rebuild the library "
+            "and the package from the same checkout.",
+            "NO_LIBRARY",
+        )
+    lib._kvtier_path = str(path)
+    return lib
+
+
+def check(status: int) -> None:
+    """Raises KvtierError with the library's message unless `status` is OK."""
+    if status != OK:
+        message = library().kvt_last_error().decode("utf-8", "replace")
+        raise KvtierError(message, STATUS_NAMES.get(status, f"STATUS_{status}"))

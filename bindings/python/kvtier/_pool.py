@@ -1,0 +1,197 @@
+"""The pool from Python: layer-first regions on CXL devices (devdax or NUMA
+nodes), shared files or anonymous memory, placed per rank round-robin."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import NamedTuple, Sequence
+
+from . import _lib
+from ._lib import KvtierError, check, library
+
+
+class Layout(NamedTuple):
+    """Region geometry: `layers` × `tokens_per_region` entries of `entry_bytes`
+    (a multiple of 8), layer-first."""
+
+    entry_bytes: int
+    layers: int
+    tokens_per_region: int
+
+    def region_bytes(self) -> int:
+        return self.entry_bytes * self.layers * self.tokens_per_region
+
+    def _c(self) -> _lib.Layout:
+        for name, v in zip(self._fields, self):
+            if not isinstance(v, int) or not 0 <= v < 2**32:
+                raise KvtierError(f"invalid argument `{name}`: {v!r} is not a 32-bit unsigned int")
+        return _lib.Layout(*self)
+
+
+def device_bytes_for(layout: Layout, regions: int = 1) -> int:
+    """Bytes a single-device pool needs to hold `regions` regions of `layout`."""
+    out = ctypes.c_uint64()
+    check(library().kvt_pool_device_bytes_for(ctypes.byref(Layout(*layout)._c()), int(regions), ctypes.byref(out)))
+    return out.value
+
+
+def _specs(devices: Sequence[str]):
+    if isinstance(devices, str):
+        devices = [devices]
+    if not devices or not all(isinstance(d, str) for d in devices):
+        raise KvtierError("invalid argument `devices`: give a list of device strings such as 'numa:2:64GiB'")
+    arr = (ctypes.c_char_p * len(devices))(*(d.encode() for d in devices))
+    return arr, len(devices)
+
+
+def _options(rank: int, ranks: int, clients: int) -> _lib.PoolOptions:
+    return _lib.PoolOptions(int(rank), int(ranks), int(clients), 0)
+
+
+class Pool:
+    """A kvtier pool; see :meth:`create`, :meth:`open`, :meth:`open_or_create`.
+    Closing it (or dropping the last reference) frees the regions this process
+    still holds."""
+
+    def __init__(self, handle: ctypes.c_void_p):
+        self._handle = handle
+
+    @classmethod
+    def create(cls, layout, devices, rank: int = 0, ranks: int = 1, clients: int = 0) -> "Pool":
+        """A new pool of `layout` regions on `devices` (refuses devices that hold one)."""
+        arr, n = _specs(devices)
+        h = ctypes.c_void_p()
+        opts = _options(rank, ranks, clients)
+        check(library().kvt_pool_create(ctypes.byref(Layout(*layout)._c()), arr, n, ctypes.byref(opts), ctypes.byref(h)))
+        return cls(h)
+
+    @classmethod
+    def open(cls, devices, rank: int = 0, ranks: int = 1) -> "Pool":
+        """Attaches to the pool on shared devices (file:, dax:)."""
+        arr, n = _specs(devices)
+        h = ctypes.c_void_p()
+        opts = _options(rank, ranks, 0)
+        check(library().kvt_pool_open(arr, n, ctypes.byref(opts), ctypes.byref(h)))
+        return cls(h)
+
+    @classmethod
+    def open_or_create(cls, layout, devices, rank: int = 0, ranks: int = 1, clients: int = 0) -> "Pool":
+        """Opens the pool on `devices`, or creates it if the first holds none
+        (ranks that start together share one pool; private devices create)."""
+        arr, n = _specs(devices)
+        h = ctypes.c_void_p()
+        opts = _options(rank, ranks, clients)
+        check(
+            library().kvt_pool_open_or_create(
+                ctypes.byref(Layout(*layout)._c()), arr, n, ctypes.byref(opts), ctypes.byref(h)
+            )
+        )
+        return cls(h)
+
+    def info(self) -> dict:
+        i = _lib.PoolInfo()
+        check(library().kvt_pool_info_get(self._live(), ctypes.byref(i)))
+        return {
+            "layout": Layout(i.layout.entry_bytes, i.layout.layers, i.layout.tokens_per_region),
+            "num_devices": i.num_devices,
+            "num_regions": i.num_regions,
+            "free_regions": i.free_regions,
+            "region_stride": i.region_stride,
+            "uuid": bytes(i.uuid).hex(),
+        }
+
+    @property
+    def layout(self) -> Layout:
+        return self.info()["layout"]
+
+    def alloc_region(self, request: int = 0) -> "Region":
+        """A free region, placed per rank round-robin, owned by this process."""
+        h = ctypes.c_void_p()
+        check(library().kvt_region_alloc(self._live(), int(request), ctypes.byref(h)))
+        return Region(h, self)
+
+    def _live(self) -> ctypes.c_void_p:
+        if not self._handle:
+            raise KvtierError("this Pool was closed", "INVALID_ARGUMENT")
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle:
+            library().kvt_pool_close(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Region:
+    """One region of a pool: `layers` × `tokens_per_region` entries, layer-first,
+    at `host_addr` in this process."""
+
+    def __init__(self, handle: ctypes.c_void_p, pool: Pool):
+        self._handle = handle
+        self.pool = pool  # keeps the pool open while the region is used
+        info = _lib.RegionInfo()
+        check(library().kvt_region_info_get(handle, ctypes.byref(info)))
+        self.index = info.index
+        self.device = info.device
+        self.host_addr = info.host_addr
+        self.nbytes = info.bytes
+
+    def _bytes(self):
+        if not self._handle:
+            raise KvtierError("this Region was freed", "INVALID_ARGUMENT")
+        buf = (ctypes.c_uint8 * self.nbytes).from_address(self.host_addr)
+        buf._kvtier_region = self  # the memory lives as long as the region
+        return buf
+
+    def numpy(self, dtype="uint8", shape=None):
+        """The region's bytes as a numpy array of `dtype` (no copy)."""
+        import numpy as np
+
+        arr = np.frombuffer(self._bytes(), dtype=np.uint8)
+        arr = arr.view(dtype)
+        return arr if shape is None else arr.reshape(shape)
+
+    def torch(self, dtype=None, shape=None):
+        """The region's bytes as a CPU torch tensor of `dtype` (no copy; any
+        torch dtype, bf16 and fp8 included)."""
+        torch = sys.modules.get("torch") or __import__("torch")
+        import warnings
+
+        with warnings.catch_warnings():
+            # ctypes arrays are writable; torch warns for any buffer regardless
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.frombuffer(self._bytes(), dtype=torch.uint8)
+        if dtype is not None:
+            t = t.view(dtype)
+        if shape is not None:
+            t = t.view(shape)
+        t._kvtier_region = self
+        return t
+
+    def publish(self) -> None:
+        check(library().kvt_region_publish(self._handle))
+
+    def free(self) -> None:
+        """Returns the region to the pool (views of it must no longer be used)."""
+        if self._handle:
+            h, self._handle = self._handle, ctypes.c_void_p()
+            check(library().kvt_region_free(h))
+
+    def __del__(self):
+        # Views of the region hold a reference to it, so by now none is left.
+        try:
+            self.free()
+        except Exception:
+            pass

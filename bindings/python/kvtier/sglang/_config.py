@@ -1,0 +1,111 @@
+"""The shim's configuration (the JSON file given with --kvtier-config)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .._lib import KvtierError
+
+# The environment variable that carries the configuration (as JSON) to the
+# processes SGLang spawns, where the plugin or the launcher installs it.
+ENV = "KVTIER_SGLANG_CONFIG"
+
+STRATEGIES = ("plan_then_copy", "one_block_per_request")
+
+
+@dataclass
+class KvtierConfig:
+    """What :func:`kvtier.sglang.install` replaces and where the host pool goes.
+
+    - ``devices``: the kvtier pool's devices in the CLI's syntax. ``anon`` and
+      ``numa:NODE`` may leave the size out (each is then sized for the host
+      pool of one rank); ``file:PATH:SIZE`` and ``dax:PATH`` are shared by the
+      ranks of the server (the first rank creates the pool).
+    - ``rank`` / ``ranks``: this process's place for the per-rank round-robin
+      (rank r on device r mod n); default: torch.distributed's rank and world
+      size, else the current CUDA device, else 0 of 1.
+    - ``swap_in``: replace the HiSparse coordinator's
+      ``load_cache_to_device_buffer_mla`` with kvtier's.
+    - ``host_pool``: place the coordinator's host KV pool (layer-first) in the
+      kvtier pool.
+    - ``strategy``: ``plan_then_copy`` (kvtier's) or ``one_block_per_request``
+      (SGLang's design, for comparison).
+    - ``clients``: client slots of a shared pool kvtier creates (0: default).
+    """
+
+    devices: list = field(default_factory=lambda: ["anon"])
+    rank: int | None = None
+    ranks: int | None = None
+    swap_in: bool = True
+    host_pool: bool = True
+    strategy: str = "plan_then_copy"
+    clients: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.devices, str):
+            self.devices = [self.devices]
+        if not isinstance(self.devices, list) or not self.devices or not all(
+            isinstance(d, str) and d for d in self.devices
+        ):
+            raise KvtierError("kvtier config: `devices` must be a non-empty list of device strings")
+        for d in self.devices:
+            kind = d.split(":", 1)[0]
+            if kind not in ("anon", "numa", "file", "dax"):
+                raise KvtierError(
+                    f"kvtier config: device {d!r} is not anon[:SIZE], numa:NODE[:SIZE], file:PATH:SIZE or dax:PATH"
+                )
+        private = [d.split(":", 1)[0] in ("anon", "numa") for d in self.devices]
+        if any(private) and not all(private):
+            raise KvtierError(
+                "kvtier config: `devices` mixes private (anon, numa) and shared (file, dax) devices; a pool is "
+                "either private to each rank or shared by all"
+            )
+        for name in ("rank", "ranks"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise KvtierError(f"kvtier config: `{name}` must be a non-negative int or null, not {v!r}")
+        if self.ranks is not None and self.ranks == 0:
+            raise KvtierError("kvtier config: `ranks` must be at least 1")
+        if self.rank is not None and self.ranks is not None and self.rank >= self.ranks:
+            raise KvtierError(f"kvtier config: rank {self.rank} is not below ranks {self.ranks}")
+        for name in ("swap_in", "host_pool"):
+            if not isinstance(getattr(self, name), bool):
+                raise KvtierError(f"kvtier config: `{name}` must be true or false")
+        if self.strategy not in STRATEGIES:
+            raise KvtierError(f"kvtier config: `strategy` must be one of {', '.join(STRATEGIES)}")
+        if not isinstance(self.clients, int) or self.clients < 0:
+            raise KvtierError("kvtier config: `clients` must be a non-negative int")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def load_config(config=None) -> KvtierConfig:
+    """A KvtierConfig from a KvtierConfig, a dict, a JSON file path, or (None)
+    the ``KVTIER_SGLANG_CONFIG`` environment variable (JSON text or a path),
+    else the defaults."""
+    if isinstance(config, KvtierConfig):
+        return config
+    if config is None:
+        env = os.environ.get(ENV)
+        if not env:
+            return KvtierConfig()
+        config = json.loads(env) if env.lstrip().startswith("{") else env
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        try:
+            config = json.loads(path.read_text())
+        except OSError as e:
+            raise KvtierError(f"kvtier config: cannot read {path}: {e}") from e
+        except json.JSONDecodeError as e:
+            raise KvtierError(f"kvtier config: {path} is not valid JSON: {e}") from e
+    if not isinstance(config, dict):
+        raise KvtierError(f"kvtier config: expected a JSON object, got {type(config).__name__}")
+    known = set(KvtierConfig.__dataclass_fields__)
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise KvtierError(f"kvtier config: unknown keys {unknown}; known: {sorted(known)}")
+    return KvtierConfig(**config)

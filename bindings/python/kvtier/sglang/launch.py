@@ -1,0 +1,68 @@
+"""``python -m kvtier.sglang <sglang.launch_server arguments> --kvtier-config FILE``
+
+Installs the shim, then runs ``sglang.launch_server`` with the remaining
+arguments unchanged (``--enable-hisparse --hisparse-config ...`` included).
+
+SGLang starts its schedulers with multiprocessing's *spawn*, which imports
+the parent's main module in each child: this module is that main module, so
+every child installs the shim from ``KVTIER_SGLANG_CONFIG`` before it creates
+a coordinator (SGLang versions with plugins also do it through kvtier's
+plugin).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from ._config import ENV, load_config
+from ._patch import install
+
+USAGE = "usage: python -m kvtier.sglang [sglang.launch_server arguments ...] [--kvtier-config FILE]"
+
+if __name__ != "__main__" and os.environ.get(ENV):
+    # A process SGLang spawned, importing the launcher as its main module.
+    install()
+
+
+def split_args(argv: list) -> tuple:
+    """(the --kvtier-config value or None, the other arguments in order)."""
+    config, rest, i = None, [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--kvtier-config":
+            if i + 1 >= len(argv):
+                raise SystemExit(f"--kvtier-config needs a file\n{USAGE}")
+            config = argv[i + 1]
+            i += 2
+            continue
+        if a.startswith("--kvtier-config="):
+            config = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+        i += 1
+    return config, rest
+
+
+def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in (["-h"], ["--help"]):
+        print(USAGE)
+        print(__doc__)
+        return
+    path, rest = split_args(argv)
+    cfg = load_config(os.path.abspath(path) if path else None)
+    install(cfg)
+    print(
+        f"kvtier: installed into SGLang (swap-in: {'kvtier ' + cfg.strategy if cfg.swap_in else 'SGLang'}, "
+        f"host pool: {'kvtier on ' + ', '.join(cfg.devices) if cfg.host_pool else 'SGLang'})",
+        file=sys.stderr,
+    )
+    sys.argv = ["sglang.launch_server", *rest]
+    # alter_sys=False: this module stays __main__, which spawned children import.
+    runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=False)
+
+
+if __name__ == "__main__":
+    main()

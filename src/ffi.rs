@@ -1,0 +1,1114 @@
+//! The C ABI (`bindings/kvtier.h`): opaque handles over [`Pool`], [`Region`],
+//! [`Tier`] and [`SwapInEngine`], a status code from every call and a
+//! thread-local message for the last failure.
+//!
+//! Every entry point checks its pointers before it dereferences them, runs
+//! its body under `catch_unwind` (a panic becomes [`KVT_INTERNAL_ERROR`], it
+//! never unwinds into C), and builds its buffers through the same checked
+//! argument types the Rust API uses. The structs here are `#[repr(C)]`
+//! mirrors of the header's; `tests/ffi.rs` compiles a C program against the
+//! header and compares every size and offset.
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::sys::CUstream;
+
+use crate::cuda::{KernelBuild, REGISTER_FLAGS, Stream};
+use crate::error::{Error, Result, invalid};
+use crate::executor::Executor;
+use crate::gather::GatherBatch;
+use crate::layout::LayerFirstLayout;
+use crate::mem::{Buf, BufMut, Location};
+use crate::pool::{DEFAULT_CLIENTS, DeviceSpec, Pool, PoolOptions, Region};
+use crate::swap_in::{IndexBuf, MissPlan, SwapInArgs, SwapInEngine, SwapInStrategy};
+use crate::tier::Tier;
+use crate::writeback::WritebackItems;
+
+/// `KVT_ABI_VERSION` in the header.
+pub const KVT_ABI_VERSION: u32 = 1;
+
+pub type KvtStatus = i32;
+pub const KVT_OK: KvtStatus = 0;
+pub const KVT_INVALID_ARGUMENT: KvtStatus = 1;
+pub const KVT_KERNELS_NOT_BUILT: KvtStatus = 2;
+pub const KVT_NO_DRIVER: KvtStatus = 3;
+pub const KVT_DRIVER_ERROR: KvtStatus = 4;
+pub const KVT_BAD_INDICES: KvtStatus = 5;
+pub const KVT_POOL_ERROR: KvtStatus = 6;
+pub const KVT_IO_ERROR: KvtStatus = 7;
+pub const KVT_INTERNAL_ERROR: KvtStatus = 8;
+
+pub const KVT_EXECUTOR_CPU: i32 = -1;
+pub const KVT_INDEX_INT32: u32 = 1;
+pub const KVT_INDEX_INT64: u32 = 2;
+pub const KVT_SWAP_IN_PLAN_THEN_COPY: u32 = 0;
+pub const KVT_SWAP_IN_ONE_BLOCK_PER_REQUEST: u32 = 1;
+
+/// `kvt_buf`: an address and a length in elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtBuf {
+    pub ptr: *mut c_void,
+    pub len: u64,
+}
+
+/// `kvt_layout`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtLayout {
+    pub entry_bytes: u32,
+    pub layers: u32,
+    pub tokens_per_region: u32,
+}
+
+/// `kvt_pool_options`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtPoolOptions {
+    pub rank: u32,
+    pub ranks: u32,
+    pub clients: u32,
+    pub register_flags: u32,
+}
+
+/// `kvt_pool_info`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtPoolInfo {
+    pub layout: KvtLayout,
+    pub num_devices: u32,
+    pub num_regions: u32,
+    pub free_regions: u32,
+    pub _reserved: u32,
+    pub region_stride: u64,
+    pub uuid: [u8; 16],
+}
+
+/// `kvt_region_info`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtRegionInfo {
+    pub index: u32,
+    pub device: u32,
+    pub host_addr: u64,
+    pub bytes: u64,
+}
+
+/// `kvt_swap_in_args`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtSwapInArgs {
+    pub top_k_tokens: KvtBuf,
+    pub top_k_stride: u64,
+    pub device_buffer_tokens: KvtBuf,
+    pub device_buffer_locs: KvtBuf,
+    pub buffer_stride: u64,
+    pub lru_slots: KvtBuf,
+    pub lru_stride: u64,
+    pub host_cache_locs: KvtBuf,
+    pub host_stride: u64,
+    pub host_cache: KvtBuf,
+    pub device_buffer: KvtBuf,
+    pub top_k_device_locs: KvtBuf,
+    pub out_stride: u64,
+    pub req_pool_indices: KvtBuf,
+    pub seq_lens: KvtBuf,
+    pub num_real_reqs: KvtBuf,
+    pub miss_src: KvtBuf,
+    pub miss_dst: KvtBuf,
+    pub miss_count: KvtBuf,
+    pub miss_stride: u64,
+    pub req_pool_indices_type: u32,
+    pub seq_lens_type: u32,
+    pub max_tokens: u32,
+    pub num_requests: u32,
+    pub num_top_k: u32,
+    pub hot_buffer_size: u32,
+    pub item_size_bytes: u32,
+    pub skip_io: u32,
+}
+
+/// `kvt_gather_args`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtGatherArgs {
+    pub req_slots: KvtBuf,
+    pub seq_lens: KvtBuf,
+    pub topk: KvtBuf,
+    pub k: u32,
+    pub topk_stride: u32,
+    pub out: KvtBuf,
+}
+
+/// `kvt_writeback_args`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtWritebackArgs {
+    pub slots: KvtBuf,
+    pub tokens: KvtBuf,
+    pub src_rows: KvtBuf,
+    pub src: KvtBuf,
+}
+
+// ---- handles ---------------------------------------------------------------
+
+/// A handle's type tag, so that passing one kind of handle where another is
+/// expected is an error rather than a misread.
+trait Tagged {
+    const TAG: u64;
+    const NAME: &'static str;
+}
+
+/// `kvt_pool`.
+#[repr(C)]
+pub struct KvtPool {
+    tag: u64,
+    pool: Arc<Pool>,
+}
+
+/// `kvt_region`.
+#[repr(C)]
+pub struct KvtRegion {
+    tag: u64,
+    pool: Arc<Pool>,
+    region: Region,
+}
+
+/// `kvt_tier`.
+#[repr(C)]
+pub struct KvtTier {
+    tag: u64,
+    tier: Mutex<Tier>,
+}
+
+/// `kvt_swap_in`.
+#[repr(C)]
+pub struct KvtSwapIn {
+    tag: u64,
+    engine: Mutex<SwapInEngine>,
+}
+
+impl Tagged for KvtPool {
+    const TAG: u64 = u64::from_le_bytes(*b"kvt:pool");
+    const NAME: &'static str = "kvt_pool";
+}
+impl Tagged for KvtRegion {
+    const TAG: u64 = u64::from_le_bytes(*b"kvt:regn");
+    const NAME: &'static str = "kvt_region";
+}
+impl Tagged for KvtTier {
+    const TAG: u64 = u64::from_le_bytes(*b"kvt:tier");
+    const NAME: &'static str = "kvt_tier";
+}
+impl Tagged for KvtSwapIn {
+    const TAG: u64 = u64::from_le_bytes(*b"kvt:swap");
+    const NAME: &'static str = "kvt_swap_in";
+}
+
+/// The handle behind `p`, after checking it is non-null and of type `T`.
+///
+/// # Safety
+/// A non-null `p` must point to readable memory of at least 8 bytes; a
+/// handle this library returned and that was not released satisfies that.
+unsafe fn handle<'a, T: Tagged>(p: *const T, arg: &'static str) -> Result<&'a T> {
+    if p.is_null() {
+        return Err(invalid(arg, format!("is a null {}", T::NAME)));
+    }
+    // Every handle struct starts with its tag (checked below through the
+    // struct itself, so the read is in bounds for a real handle).
+    // SAFETY: per this function's contract.
+    let tag = unsafe { std::ptr::read(p as *const u64) };
+    if tag != T::TAG {
+        return Err(invalid(
+            arg,
+            format!(
+                "is not a {} (another kind of handle, or a released one)",
+                T::NAME
+            ),
+        ));
+    }
+    // SAFETY: the tag says this is a live T made by this library.
+    Ok(unsafe { &*p })
+}
+
+fn into_raw<T>(value: T) -> *mut T {
+    Box::into_raw(Box::new(value))
+}
+
+/// Makes a new handle and stores it through `out`, which is checked first
+/// (so that nothing is created for a call that is refused).
+///
+/// # Safety
+/// A non-null `out` must be valid for a pointer write.
+unsafe fn put<T>(out: *mut *mut T, make: impl FnOnce() -> Result<T>) -> Result<()> {
+    if out.is_null() {
+        return Err(invalid("out", "is a null pointer"));
+    }
+    let value = make()?;
+    // SAFETY: per this function's contract.
+    unsafe { out.write(into_raw(value)) };
+    Ok(())
+}
+
+/// Writes `value` through `out` (checked non-null first).
+///
+/// # Safety
+/// A non-null `out` must be valid for a write of `T`.
+unsafe fn write_out<T>(out: *mut T, arg: &'static str, value: T) -> Result<()> {
+    if out.is_null() {
+        return Err(invalid(arg, "is a null pointer"));
+    }
+    // SAFETY: per this function's contract.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// `&*p`, after a null check.
+///
+/// # Safety
+/// A non-null `p` must point to a valid `T`.
+unsafe fn arg_ref<'a, T>(p: *const T, arg: &'static str) -> Result<&'a T> {
+    if p.is_null() {
+        return Err(invalid(arg, "is a null pointer"));
+    }
+    // SAFETY: per this function's contract.
+    Ok(unsafe { &*p })
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic inside a call was reported as an internal error; the object
+    // itself holds no invariant a panic could break halfway.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ---- status and the last error --------------------------------------------
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(msg: String) {
+    let msg = CString::new(msg.replace('\0', " ")).expect("NULs were replaced");
+    LAST_ERROR.with(|e| *e.borrow_mut() = msg);
+}
+
+fn status_of(e: &Error) -> KvtStatus {
+    match e {
+        Error::InvalidArgument { .. } => KVT_INVALID_ARGUMENT,
+        Error::KernelsNotBuilt(_) => KVT_KERNELS_NOT_BUILT,
+        Error::NoDriver(_) => KVT_NO_DRIVER,
+        Error::Driver { .. } => KVT_DRIVER_ERROR,
+        Error::BadIndices(_) => KVT_BAD_INDICES,
+        Error::Pool(_) => KVT_POOL_ERROR,
+        Error::Io { .. } => KVT_IO_ERROR,
+    }
+}
+
+/// Runs an entry point's body: its error becomes a status and the thread's
+/// last error; a panic becomes [`KVT_INTERNAL_ERROR`].
+fn guard(body: impl FnOnce() -> Result<()>) -> KvtStatus {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => KVT_OK,
+        Ok(Err(e)) => {
+            set_last_error(e.to_string());
+            status_of(&e)
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            set_last_error(format!(
+                "internal error in kvtier (a bug; please report it): {what}"
+            ));
+            KVT_INTERNAL_ERROR
+        }
+    }
+}
+
+/// Runs a release function's body, swallowing panics (it returns nothing).
+fn guard_void(body: impl FnOnce()) {
+    let _ = catch_unwind(AssertUnwindSafe(body));
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn kvt_abi_version() -> u32 {
+    KVT_ABI_VERSION
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn kvt_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr() as *const c_char
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn kvt_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn kvt_kernels_built() -> i32 {
+    matches!(crate::cuda::kernels::BUILD, KernelBuild::Built { .. }) as i32
+}
+
+// ---- conversions -----------------------------------------------------------
+
+fn executor(ordinal: i32) -> Result<Executor> {
+    match ordinal {
+        KVT_EXECUTOR_CPU => Ok(Executor::cpu()),
+        o if o >= 0 => Executor::cuda(o as usize),
+        o => Err(invalid(
+            "executor",
+            format!("{o} is neither KVT_EXECUTOR_CPU (-1) nor a GPU ordinal"),
+        )),
+    }
+}
+
+fn layout(l: &KvtLayout) -> Result<LayerFirstLayout> {
+    LayerFirstLayout::new(l.entry_bytes, l.layers, l.tokens_per_region)
+}
+
+fn pool_options(o: Option<&KvtPoolOptions>) -> PoolOptions {
+    let mut options = PoolOptions::default();
+    if let Some(o) = o {
+        options.rank = o.rank;
+        options.ranks = o.ranks.max(1);
+        options.clients = if o.clients == 0 {
+            DEFAULT_CLIENTS
+        } else {
+            o.clients
+        };
+        options.register_flags = if o.register_flags == 0 {
+            REGISTER_FLAGS
+        } else {
+            o.register_flags
+        };
+    }
+    options
+}
+
+/// The device specs behind a C array of strings.
+///
+/// # Safety
+/// A non-null `devices` must point to `n` pointers, each null or a C string.
+unsafe fn device_specs(devices: *const *const c_char, n: usize) -> Result<Vec<DeviceSpec>> {
+    if devices.is_null() {
+        return Err(invalid("devices", "is a null pointer"));
+    }
+    if n == 0 || n > crate::pool::MAX_DEVICES {
+        return Err(invalid(
+            "num_devices",
+            format!(
+                "{n} devices given; a pool spans 1..={}",
+                crate::pool::MAX_DEVICES
+            ),
+        ));
+    }
+    // SAFETY: per this function's contract.
+    let ptrs = unsafe { std::slice::from_raw_parts(devices, n) };
+    ptrs.iter()
+        .map(|&p| {
+            if p.is_null() {
+                return Err(invalid("devices", "holds a null string"));
+            }
+            // SAFETY: a non-null entry is a C string (contract).
+            let s = unsafe { CStr::from_ptr(p) }
+                .to_str()
+                .map_err(|_| invalid("devices", "holds a string that is not UTF-8"))?;
+            s.parse()
+        })
+        .collect()
+}
+
+/// `len` as a usize, for buffers.
+fn elements(b: &KvtBuf, arg: &'static str) -> Result<usize> {
+    usize::try_from(b.len).map_err(|_| invalid(arg, "is longer than the address space"))
+}
+
+/// A read-only buffer at `loc`. A null pointer with length 0 is an empty
+/// buffer; a null pointer with a length is refused.
+///
+/// # Safety
+/// The caller's promise of the C ABI: `ptr` addresses `len` elements of `T`
+/// at `loc`, valid for the call (and for the enqueued work).
+unsafe fn buf<'a, T>(b: &KvtBuf, arg: &'static str, loc: Location) -> Result<Buf<'a, T>> {
+    let len = elements(b, arg)?;
+    if b.ptr.is_null() && len != 0 {
+        return Err(invalid(
+            arg,
+            format!("is a null pointer with a length of {len}"),
+        ));
+    }
+    // SAFETY: per this function's contract.
+    Ok(unsafe { Buf::from_raw(b.ptr as u64, len, loc) })
+}
+
+/// A writable buffer at `loc` (as [`buf`]).
+///
+/// # Safety
+/// As for [`buf`], and the memory is the callee's to write for the call.
+unsafe fn buf_mut<'a, T>(b: &KvtBuf, arg: &'static str, loc: Location) -> Result<BufMut<'a, T>> {
+    let len = elements(b, arg)?;
+    if b.ptr.is_null() && len != 0 {
+        return Err(invalid(
+            arg,
+            format!("is a null pointer with a length of {len}"),
+        ));
+    }
+    // SAFETY: per this function's contract.
+    Ok(unsafe { BufMut::from_raw(b.ptr as u64, len, loc) })
+}
+
+/// An int32-or-int64 index buffer.
+///
+/// # Safety
+/// As for [`buf`].
+unsafe fn index_buf<'a>(
+    b: &KvtBuf,
+    ty: u32,
+    arg: &'static str,
+    loc: Location,
+) -> Result<IndexBuf<'a>> {
+    // SAFETY: per this function's contract.
+    unsafe {
+        match ty {
+            KVT_INDEX_INT32 => Ok(IndexBuf::I32(buf(b, arg, loc)?)),
+            KVT_INDEX_INT64 => Ok(IndexBuf::I64(buf(b, arg, loc)?)),
+            other => Err(invalid(
+                arg,
+                format!("has type code {other}; use KVT_INDEX_INT32 (1) or KVT_INDEX_INT64 (2)"),
+            )),
+        }
+    }
+}
+
+fn stride(v: u64, arg: &'static str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| invalid(arg, "is larger than the address space"))
+}
+
+/// The Rust arguments of a C swap-in call.
+///
+/// # Safety
+/// Every buffer in `a` per [`buf`]'s contract.
+unsafe fn swap_in_args<'a>(a: &KvtSwapInArgs, loc: Location) -> Result<SwapInArgs<'a>> {
+    let given = [&a.miss_src, &a.miss_dst, &a.miss_count].map(|b| !b.ptr.is_null());
+    let miss_plan = match given {
+        [false, false, false] => None,
+        [true, true, true] => Some(MissPlan {
+            // SAFETY: per this function's contract.
+            src: unsafe { buf_mut(&a.miss_src, "miss_src", loc)? },
+            dst: unsafe { buf_mut(&a.miss_dst, "miss_dst", loc)? },
+            stride: stride(a.miss_stride, "miss_stride")?,
+            count: unsafe { buf_mut(&a.miss_count, "miss_count", loc)? },
+        }),
+        _ => {
+            return Err(invalid(
+                "miss_src",
+                "miss_src, miss_dst and miss_count must be given together (or none of them)",
+            ));
+        }
+    };
+    let num_real_reqs = if a.num_real_reqs.ptr.is_null() {
+        None
+    } else {
+        // SAFETY: per this function's contract.
+        Some(unsafe { buf(&a.num_real_reqs, "num_real_reqs", loc)? })
+    };
+    // SAFETY: per this function's contract, for every buffer below.
+    unsafe {
+        Ok(SwapInArgs {
+            top_k_tokens: buf(&a.top_k_tokens, "top_k_tokens", loc)?,
+            top_k_stride: stride(a.top_k_stride, "top_k_stride")?,
+            device_buffer_tokens: buf_mut(&a.device_buffer_tokens, "device_buffer_tokens", loc)?,
+            device_buffer_locs: buf(&a.device_buffer_locs, "device_buffer_locs", loc)?,
+            buffer_stride: stride(a.buffer_stride, "buffer_stride")?,
+            lru_slots: buf_mut(&a.lru_slots, "lru_slots", loc)?,
+            lru_stride: stride(a.lru_stride, "lru_stride")?,
+            host_cache_locs: buf(&a.host_cache_locs, "host_cache_locs", loc)?,
+            host_stride: stride(a.host_stride, "host_stride")?,
+            max_tokens: a.max_tokens,
+            host_cache: buf(&a.host_cache, "host_cache", loc)?,
+            device_buffer: buf_mut(&a.device_buffer, "device_buffer", loc)?,
+            top_k_device_locs: buf_mut(&a.top_k_device_locs, "top_k_device_locs", loc)?,
+            out_stride: stride(a.out_stride, "out_stride")?,
+            req_pool_indices: index_buf(
+                &a.req_pool_indices,
+                a.req_pool_indices_type,
+                "req_pool_indices",
+                loc,
+            )?,
+            seq_lens: index_buf(&a.seq_lens, a.seq_lens_type, "seq_lens", loc)?,
+            num_real_reqs,
+            num_requests: a.num_requests,
+            num_top_k: a.num_top_k,
+            hot_buffer_size: a.hot_buffer_size,
+            item_size_bytes: a.item_size_bytes,
+            skip_io: a.skip_io != 0,
+            miss_plan,
+        })
+    }
+}
+
+fn strategy(s: u32) -> Result<SwapInStrategy> {
+    match s {
+        KVT_SWAP_IN_PLAN_THEN_COPY => Ok(SwapInStrategy::PlanThenCopy),
+        KVT_SWAP_IN_ONE_BLOCK_PER_REQUEST => Ok(SwapInStrategy::OneBlockPerRequest),
+        other => Err(invalid(
+            "strategy",
+            format!("{other} is not a KVT_SWAP_IN_* strategy (0 or 1)"),
+        )),
+    }
+}
+
+fn stream(s: CUstream) -> Stream {
+    // SAFETY: the C ABI's contract: a live stream of the GPU's primary
+    // context, or NULL (the CPU executor ignores it).
+    unsafe { Stream::from_raw(s) }
+}
+
+// ---- pool ------------------------------------------------------------------
+
+/// # Safety
+/// Pointers as `kvt_pool_create` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_pool_create(
+    layout_: *const KvtLayout,
+    devices: *const *const c_char,
+    num_devices: usize,
+    options: *const KvtPoolOptions,
+    out: *mut *mut KvtPool,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        let l = layout(unsafe { arg_ref(layout_, "layout")? })?;
+        let specs = unsafe { device_specs(devices, num_devices)? };
+        let opts = pool_options(unsafe { options.as_ref() });
+        unsafe {
+            put(out, || {
+                Pool::create_on(l, specs, opts).map(|pool| KvtPool {
+                    tag: KvtPool::TAG,
+                    pool,
+                })
+            })
+        }
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_pool_open` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_pool_open(
+    devices: *const *const c_char,
+    num_devices: usize,
+    options: *const KvtPoolOptions,
+    out: *mut *mut KvtPool,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        let specs = unsafe { device_specs(devices, num_devices)? };
+        let opts = pool_options(unsafe { options.as_ref() });
+        unsafe {
+            put(out, || {
+                Pool::open(specs, opts).map(|pool| KvtPool {
+                    tag: KvtPool::TAG,
+                    pool,
+                })
+            })
+        }
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_pool_open_or_create` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_pool_open_or_create(
+    layout_: *const KvtLayout,
+    devices: *const *const c_char,
+    num_devices: usize,
+    options: *const KvtPoolOptions,
+    out: *mut *mut KvtPool,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        let l = layout(unsafe { arg_ref(layout_, "layout")? })?;
+        let specs = unsafe { device_specs(devices, num_devices)? };
+        let opts = pool_options(unsafe { options.as_ref() });
+        unsafe {
+            put(out, || {
+                Pool::open_or_create(l, specs, opts).map(|pool| KvtPool {
+                    tag: KvtPool::TAG,
+                    pool,
+                })
+            })
+        }
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_pool_device_bytes_for` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_pool_device_bytes_for(
+    layout_: *const KvtLayout,
+    regions: u32,
+    out: *mut u64,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        let l = layout(unsafe { arg_ref(layout_, "layout")? })?;
+        unsafe { write_out(out, "out", Pool::device_bytes_for(&l, regions)) }
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_pool_info_get` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_pool_info_get(
+    pool: *const KvtPool,
+    out: *mut KvtPoolInfo,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        let p = &unsafe { handle(pool, "pool")? }.pool;
+        let l = p.layout();
+        let info = KvtPoolInfo {
+            layout: KvtLayout {
+                entry_bytes: l.entry_bytes(),
+                layers: l.layers(),
+                tokens_per_region: l.tokens_per_region(),
+            },
+            num_devices: p.devices().len() as u32,
+            num_regions: p.num_regions(),
+            free_regions: p.free_regions(),
+            _reserved: 0,
+            region_stride: p.region_stride(),
+            uuid: p.uuid(),
+        };
+        unsafe { write_out(out, "out", info) }
+    })
+}
+
+/// # Safety
+/// `pool` is null or a live `kvt_pool`; it must not be used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_pool_close(pool: *mut KvtPool) {
+    guard_void(|| {
+        // SAFETY: the header's contract.
+        if unsafe { handle(pool, "pool") }.is_ok() {
+            // SAFETY: made by into_raw in this library; released once.
+            let mut b = unsafe { Box::from_raw(pool) };
+            b.tag = 0;
+        }
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_region_alloc` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_region_alloc(
+    pool: *mut KvtPool,
+    request: u64,
+    out: *mut *mut KvtRegion,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        let p = unsafe { handle(pool, "pool")? }.pool.clone();
+        unsafe {
+            put(out, || {
+                p.alloc_region_for(request).map(|region| KvtRegion {
+                    tag: KvtRegion::TAG,
+                    pool: p.clone(),
+                    region,
+                })
+            })
+        }
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_region_info_get` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_region_info_get(
+    region: *const KvtRegion,
+    out: *mut KvtRegionInfo,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        let r = unsafe { handle(region, "region")? };
+        let info = KvtRegionInfo {
+            index: r.region.index(),
+            device: r.region.device(),
+            host_addr: r.pool.region_host_addr(&r.region)?,
+            bytes: r.pool.layout().region_bytes(),
+        };
+        unsafe { write_out(out, "out", info) }
+    })
+}
+
+/// # Safety
+/// `region` is null or a live `kvt_region`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_region_publish(region: *const KvtRegion) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        let r = unsafe { handle(region, "region")? };
+        r.pool.publish(&r.region)
+    })
+}
+
+/// # Safety
+/// `region` is null or a live `kvt_region`; it must not be used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_region_free(region: *mut KvtRegion) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        unsafe { handle(region, "region")? };
+        // SAFETY: made by into_raw in this library; released once.
+        let b = unsafe { Box::from_raw(region) };
+        let KvtRegion { pool, region, .. } = *b;
+        pool.free_region(region)
+    })
+}
+
+// ---- swap-in ---------------------------------------------------------------
+
+/// # Safety
+/// `out` is null or valid for a pointer write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_create(exec: i32, out: *mut *mut KvtSwapIn) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        unsafe {
+            put(out, || {
+                executor(exec)
+                    .and_then(SwapInEngine::new)
+                    .map(|engine| KvtSwapIn {
+                        tag: KvtSwapIn::TAG,
+                        engine: Mutex::new(engine),
+                    })
+            })
+        }
+    })
+}
+
+/// # Safety
+/// `engine` is null or a live `kvt_swap_in`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_reserve(
+    engine: *mut KvtSwapIn,
+    max_batch: u32,
+    max_top_k: u32,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        let e = unsafe { handle(engine, "engine")? };
+        lock(&e.engine).reserve(max_batch, max_top_k)
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_swap_in_capacity` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_capacity(
+    engine: *const KvtSwapIn,
+    max_batch: *mut u32,
+    max_top_k: *mut u32,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        let e = unsafe { handle(engine, "engine")? };
+        if max_batch.is_null() || max_top_k.is_null() {
+            return Err(invalid("max_batch", "an out pointer is null"));
+        }
+        let (b, k) = lock(&e.engine).capacity();
+        unsafe {
+            write_out(max_batch, "max_batch", b)?;
+            write_out(max_top_k, "max_top_k", k)
+        }
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_swap_in_run` in `bindings/kvtier.h` describes them; every
+/// buffer in `args` addresses what it claims.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_run(
+    engine: *const KvtSwapIn,
+    args: *const KvtSwapInArgs,
+    strategy_: u32,
+    stream_: CUstream,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer and buffer.
+        let e = unsafe { handle(engine, "engine")? };
+        let a = unsafe { arg_ref(args, "args")? };
+        let s = strategy(strategy_)?;
+        let engine = lock(&e.engine);
+        let args = unsafe { swap_in_args(a, engine.executor().location())? };
+        engine.run_with(&args, s, stream(stream_))
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_swap_in_map_host` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_map_host(
+    engine: *const KvtSwapIn,
+    host: *const c_void,
+    out: *mut u64,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        let e = unsafe { handle(engine, "engine")? };
+        if host.is_null() {
+            return Err(invalid("host", "is a null pointer"));
+        }
+        let addr = lock(&e.engine).host_address_for_executor(host as u64)?;
+        unsafe { write_out(out, "out", addr) }
+    })
+}
+
+/// # Safety
+/// `engine` is null or a live `kvt_swap_in`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_check(engine: *const KvtSwapIn) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        let e = unsafe { handle(engine, "engine")? };
+        lock(&e.engine).check()
+    })
+}
+
+/// # Safety
+/// `engine` is null or a live `kvt_swap_in`; it must not be used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_destroy(engine: *mut KvtSwapIn) {
+    guard_void(|| {
+        // SAFETY: the header's contract.
+        if unsafe { handle(engine, "engine") }.is_ok() {
+            // SAFETY: made by into_raw in this library; released once.
+            let mut b = unsafe { Box::from_raw(engine) };
+            b.tag = 0;
+        }
+    })
+}
+
+// ---- tier ------------------------------------------------------------------
+
+/// # Safety
+/// Pointers as `kvt_tier_create` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_tier_create(
+    pool: *mut KvtPool,
+    exec: i32,
+    num_slots: u32,
+    out: *mut *mut KvtTier,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        let p = unsafe { handle(pool, "pool")? }.pool.clone();
+        unsafe {
+            put(out, || {
+                executor(exec)
+                    .and_then(|x| Tier::new(p, x, num_slots))
+                    .map(|tier| KvtTier {
+                        tag: KvtTier::TAG,
+                        tier: Mutex::new(tier),
+                    })
+            })
+        }
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_tier_bind_slot` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_tier_bind_slot(
+    tier: *mut KvtTier,
+    slot: u32,
+    region: *const KvtRegion,
+    stream_: CUstream,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        let t = unsafe { handle(tier, "tier")? };
+        let r = unsafe { handle(region, "region")? };
+        let mut tier = lock(&t.tier);
+        if !Arc::ptr_eq(tier.pool(), &r.pool) {
+            return Err(invalid("region", "belongs to another pool than the tier's"));
+        }
+        tier.bind_slot(slot, &r.region, stream(stream_))
+    })
+}
+
+/// # Safety
+/// `tier` is null or a live `kvt_tier`; `stream_` as the header says.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_tier_unbind_slot(
+    tier: *mut KvtTier,
+    slot: u32,
+    stream_: CUstream,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        let t = unsafe { handle(tier, "tier")? };
+        lock(&t.tier).unbind_slot(slot, stream(stream_))
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_tier_gather` in `bindings/kvtier.h` describes them; every
+/// buffer in `args` addresses what it claims.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_tier_gather(
+    tier: *const KvtTier,
+    layer: u32,
+    args: *const KvtGatherArgs,
+    stream_: CUstream,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer and buffer.
+        let t = unsafe { handle(tier, "tier")? };
+        let a = unsafe { arg_ref(args, "args")? };
+        let tier = lock(&t.tier);
+        let loc = tier.executor().location();
+        let batch = unsafe {
+            GatherBatch {
+                req_slots: buf(&a.req_slots, "req_slots", loc)?,
+                seq_lens: buf(&a.seq_lens, "seq_lens", loc)?,
+                topk: buf(&a.topk, "topk", loc)?,
+                k: a.k,
+                topk_stride: a.topk_stride,
+            }
+        };
+        let out = unsafe { buf_mut(&a.out, "out", loc)? };
+        tier.gather(layer, &batch, out, stream(stream_))
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_tier_writeback_layer` in `bindings/kvtier.h` describes
+/// them; every buffer in `args` addresses what it claims.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_tier_writeback_layer(
+    tier: *const KvtTier,
+    layer: u32,
+    args: *const KvtWritebackArgs,
+    stream_: CUstream,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer and buffer.
+        let t = unsafe { handle(tier, "tier")? };
+        let a = unsafe { arg_ref(args, "args")? };
+        let tier = lock(&t.tier);
+        let loc = tier.executor().location();
+        let items = unsafe {
+            WritebackItems {
+                slots: buf(&a.slots, "slots", loc)?,
+                tokens: buf(&a.tokens, "tokens", loc)?,
+                src_rows: buf(&a.src_rows, "src_rows", loc)?,
+            }
+        };
+        let src = unsafe { buf(&a.src, "src", loc)? };
+        tier.writeback_layer(layer, &items, src, stream(stream_))
+    })
+}
+
+/// # Safety
+/// `tier` is null or a live `kvt_tier`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_tier_enable_swap_in(
+    tier: *mut KvtTier,
+    max_batch: u32,
+    max_top_k: u32,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        let t = unsafe { handle(tier, "tier")? };
+        lock(&t.tier).enable_swap_in(max_batch, max_top_k)
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_tier_swap_in` in `bindings/kvtier.h` describes them;
+/// every buffer in `args` addresses what it claims.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_tier_swap_in(
+    tier: *const KvtTier,
+    args: *const KvtSwapInArgs,
+    stream_: CUstream,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer and buffer.
+        let t = unsafe { handle(tier, "tier")? };
+        let a = unsafe { arg_ref(args, "args")? };
+        let tier = lock(&t.tier);
+        let args = unsafe { swap_in_args(a, tier.executor().location())? };
+        tier.swap_in(&args, stream(stream_))
+    })
+}
+
+/// # Safety
+/// `tier` is null or a live `kvt_tier`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_tier_check(tier: *const KvtTier, stream_: CUstream) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        let t = unsafe { handle(tier, "tier")? };
+        lock(&t.tier).check(stream(stream_))
+    })
+}
+
+/// # Safety
+/// `tier` is null or a live `kvt_tier`; it must not be used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_tier_destroy(tier: *mut KvtTier) {
+    guard_void(|| {
+        // SAFETY: the header's contract.
+        if unsafe { handle(tier, "tier") }.is_ok() {
+            // SAFETY: made by into_raw in this library; released once.
+            let mut b = unsafe { Box::from_raw(tier) };
+            b.tag = 0;
+        }
+    })
+}
+
+/// Sizes and field offsets of the `#[repr(C)]` mirrors, for the layout test
+/// against the C header (`tests/ffi.rs`).
+#[doc(hidden)]
+pub fn layout_table() -> Vec<(&'static str, usize)> {
+    use std::mem::{offset_of, size_of};
+    macro_rules! fields {
+        ($t:ty, $name:literal: $($f:ident),*) => {{
+            let mut v = vec![(concat!("sizeof ", $name), size_of::<$t>())];
+            $(v.push((concat!($name, ".", stringify!($f)), offset_of!($t, $f)));)*
+            v
+        }};
+    }
+    let mut v = Vec::new();
+    v.extend(fields!(KvtBuf, "kvt_buf": ptr, len));
+    v.extend(fields!(KvtLayout, "kvt_layout": entry_bytes, layers, tokens_per_region));
+    v.extend(fields!(KvtPoolOptions, "kvt_pool_options": rank, ranks, clients, register_flags));
+    v.extend(
+        fields!(KvtPoolInfo, "kvt_pool_info": layout, num_devices, num_regions, free_regions,
+        region_stride, uuid),
+    );
+    v.extend(fields!(KvtRegionInfo, "kvt_region_info": index, device, host_addr, bytes));
+    v.extend(
+        fields!(KvtSwapInArgs, "kvt_swap_in_args": top_k_tokens, top_k_stride,
+        device_buffer_tokens, device_buffer_locs, buffer_stride, lru_slots, lru_stride,
+        host_cache_locs, host_stride, host_cache, device_buffer, top_k_device_locs, out_stride,
+        req_pool_indices, seq_lens, num_real_reqs, miss_src, miss_dst, miss_count, miss_stride,
+        req_pool_indices_type, seq_lens_type, max_tokens, num_requests, num_top_k,
+        hot_buffer_size, item_size_bytes, skip_io),
+    );
+    v.extend(
+        fields!(KvtGatherArgs, "kvt_gather_args": req_slots, seq_lens, topk, k, topk_stride,
+        out),
+    );
+    v.extend(fields!(KvtWritebackArgs, "kvt_writeback_args": slots, tokens, src_rows, src));
+    v
+}

@@ -1,0 +1,293 @@
+/*
+ * Compiled against bindings/kvtier.h and linked to libkvtier by tests/ffi.rs.
+ * `layout` prints every struct's size and field offsets (compared with the
+ * Rust mirrors); `run` drives the C ABI on the CPU executor and prints one
+ * line per check ("ok ..." or "FAIL ...").
+ */
+#include <kvtier.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FIELD(t, f) printf("%s.%s %zu\n", #t, #f, offsetof(t, f))
+#define SIZE(t) printf("sizeof %s %zu\n", #t, sizeof(t))
+
+static void layout(void) {
+    SIZE(kvt_buf);
+    FIELD(kvt_buf, ptr);
+    FIELD(kvt_buf, len);
+    SIZE(kvt_layout);
+    FIELD(kvt_layout, entry_bytes);
+    FIELD(kvt_layout, layers);
+    FIELD(kvt_layout, tokens_per_region);
+    SIZE(kvt_pool_options);
+    FIELD(kvt_pool_options, rank);
+    FIELD(kvt_pool_options, ranks);
+    FIELD(kvt_pool_options, clients);
+    FIELD(kvt_pool_options, register_flags);
+    SIZE(kvt_pool_info);
+    FIELD(kvt_pool_info, layout);
+    FIELD(kvt_pool_info, num_devices);
+    FIELD(kvt_pool_info, num_regions);
+    FIELD(kvt_pool_info, free_regions);
+    FIELD(kvt_pool_info, region_stride);
+    FIELD(kvt_pool_info, uuid);
+    SIZE(kvt_region_info);
+    FIELD(kvt_region_info, index);
+    FIELD(kvt_region_info, device);
+    FIELD(kvt_region_info, host_addr);
+    FIELD(kvt_region_info, bytes);
+    SIZE(kvt_swap_in_args);
+    FIELD(kvt_swap_in_args, top_k_tokens);
+    FIELD(kvt_swap_in_args, top_k_stride);
+    FIELD(kvt_swap_in_args, device_buffer_tokens);
+    FIELD(kvt_swap_in_args, device_buffer_locs);
+    FIELD(kvt_swap_in_args, buffer_stride);
+    FIELD(kvt_swap_in_args, lru_slots);
+    FIELD(kvt_swap_in_args, lru_stride);
+    FIELD(kvt_swap_in_args, host_cache_locs);
+    FIELD(kvt_swap_in_args, host_stride);
+    FIELD(kvt_swap_in_args, host_cache);
+    FIELD(kvt_swap_in_args, device_buffer);
+    FIELD(kvt_swap_in_args, top_k_device_locs);
+    FIELD(kvt_swap_in_args, out_stride);
+    FIELD(kvt_swap_in_args, req_pool_indices);
+    FIELD(kvt_swap_in_args, seq_lens);
+    FIELD(kvt_swap_in_args, num_real_reqs);
+    FIELD(kvt_swap_in_args, miss_src);
+    FIELD(kvt_swap_in_args, miss_dst);
+    FIELD(kvt_swap_in_args, miss_count);
+    FIELD(kvt_swap_in_args, miss_stride);
+    FIELD(kvt_swap_in_args, req_pool_indices_type);
+    FIELD(kvt_swap_in_args, seq_lens_type);
+    FIELD(kvt_swap_in_args, max_tokens);
+    FIELD(kvt_swap_in_args, num_requests);
+    FIELD(kvt_swap_in_args, num_top_k);
+    FIELD(kvt_swap_in_args, hot_buffer_size);
+    FIELD(kvt_swap_in_args, item_size_bytes);
+    FIELD(kvt_swap_in_args, skip_io);
+    SIZE(kvt_gather_args);
+    FIELD(kvt_gather_args, req_slots);
+    FIELD(kvt_gather_args, seq_lens);
+    FIELD(kvt_gather_args, topk);
+    FIELD(kvt_gather_args, k);
+    FIELD(kvt_gather_args, topk_stride);
+    FIELD(kvt_gather_args, out);
+    SIZE(kvt_writeback_args);
+    FIELD(kvt_writeback_args, slots);
+    FIELD(kvt_writeback_args, tokens);
+    FIELD(kvt_writeback_args, src_rows);
+    FIELD(kvt_writeback_args, src);
+}
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                  \
+    do {                                  \
+        if (cond) {                       \
+            printf("ok ");                \
+        } else {                          \
+            printf("FAIL ");              \
+            failures++;                   \
+        }                                 \
+        printf(__VA_ARGS__);              \
+        printf(" [%s]\n", kvt_last_error()); \
+    } while (0)
+
+#define BUF(p, n) ((kvt_buf){(void *)(p), (uint64_t)(n)})
+
+enum { ITEM = 16 };
+
+/* DESIGN.md section 4: HOT = 4, slots 0..3 hold tokens 1, 4, 2, 5 at device
+ * rows 9, 7, 3, 5; the newest token 7 in the reserved slot at row 11; LRU
+ * 0, 1, 2, 3; seq_len 8; token t in host row t (filled with t). */
+static void swap_in(void) {
+    int32_t tokens[5] = {1, 4, 2, 5, 7};
+    const int32_t locs[5] = {9, 7, 3, 5, 11};
+    int16_t lru[4] = {0, 1, 2, 3};
+    int64_t host_locs[8];
+    uint8_t host_cache[8 * ITEM];
+    uint8_t device_buffer[12 * ITEM];
+    for (int t = 0; t < 8; t++) {
+        host_locs[t] = t;
+        memset(host_cache + t * ITEM, t, ITEM);
+    }
+    memset(device_buffer, 0xEE, sizeof device_buffer);
+    int32_t query[3] = {4, 2, 7};
+    int32_t out[3] = {-7, -7, -7};
+    int32_t req[1] = {0};
+    int64_t seq[1] = {8};
+
+    kvt_swap_in *engine = NULL;
+    CHECK(kvt_swap_in_create(KVT_EXECUTOR_CPU, &engine) == KVT_OK && engine, "create a CPU engine");
+    kvt_swap_in_args a;
+    memset(&a, 0, sizeof a);
+    a.top_k_tokens = BUF(query, 3);
+    a.top_k_stride = 3;
+    a.device_buffer_tokens = BUF(tokens, 5);
+    a.device_buffer_locs = BUF(locs, 5);
+    a.buffer_stride = 5;
+    a.lru_slots = BUF(lru, 4);
+    a.lru_stride = 4;
+    a.host_cache_locs = BUF(host_locs, 8);
+    a.host_stride = 8;
+    a.host_cache = BUF(host_cache, sizeof host_cache);
+    a.device_buffer = BUF(device_buffer, sizeof device_buffer);
+    a.top_k_device_locs = BUF(out, 3);
+    a.out_stride = 3;
+    a.req_pool_indices = BUF(req, 1);
+    a.req_pool_indices_type = KVT_INDEX_INT32;
+    a.seq_lens = BUF(seq, 1);
+    a.seq_lens_type = KVT_INDEX_INT64;
+    a.max_tokens = 8;
+    a.num_requests = 1;
+    a.num_top_k = 3;
+    a.hot_buffer_size = 4;
+    a.item_size_bytes = ITEM;
+
+    kvt_status s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
+    CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "reserve"),
+          "without capacity or a miss plan: invalid argument naming reserve (%d)", s);
+    CHECK(kvt_swap_in_reserve(engine, 1, 3) == KVT_OK, "reserve 1 x 3");
+    uint32_t mb = 0, mk = 0;
+    CHECK(kvt_swap_in_capacity(engine, &mb, &mk) == KVT_OK && mb == 1 && mk == 3, "capacity %u x %u", mb, mk);
+    s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
+    CHECK(s == KVT_OK && out[0] == 7 && out[1] == 3 && out[2] == 11, "query [4,2,7] -> [%d,%d,%d]", out[0],
+          out[1], out[2]);
+    CHECK(lru[0] == 0 && lru[1] == 3 && lru[2] == 1 && lru[3] == 2, "LRU [%d,%d,%d,%d]", lru[0], lru[1], lru[2],
+          lru[3]);
+
+    /* The second query, recording SGLang's miss plan. */
+    int32_t q2[1] = {6};
+    int32_t out2[1] = {-7};
+    int64_t miss_src[2] = {-1, -1};
+    int32_t miss_dst[2] = {-1, -1};
+    int32_t miss_count[1] = {-1};
+    a.top_k_tokens = BUF(q2, 1);
+    a.top_k_stride = 1;
+    a.top_k_device_locs = BUF(out2, 1);
+    a.out_stride = 1;
+    a.num_top_k = 1;
+    a.miss_src = BUF(miss_src, 2);
+    a.miss_dst = BUF(miss_dst, 2);
+    a.miss_count = BUF(miss_count, 1);
+    a.miss_stride = 2;
+    s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
+    CHECK(s == KVT_OK && out2[0] == 9 && tokens[0] == 6 && device_buffer[9 * ITEM] == 6, "query [6] -> [%d]",
+          out2[0]);
+    CHECK(miss_count[0] == 1 && miss_src[0] == 6 && miss_dst[0] == 9, "miss plan %d: %" PRId64 " -> %d",
+          miss_count[0], miss_src[0], miss_dst[0]);
+
+    /* Bad input: clear statuses and messages, nothing run. */
+    a.miss_dst = BUF(NULL, 0);
+    s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
+    CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "together"), "a partial miss plan (%d)", s);
+    a.miss_src = a.miss_dst = a.miss_count = BUF(NULL, 0);
+    s = kvt_swap_in_run(engine, &a, 7, NULL);
+    CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "strategy"), "strategy 7 (%d)", s);
+    a.seq_lens_type = 3;
+    s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
+    CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "seq_lens"), "index type 3 (%d)", s);
+    a.seq_lens_type = KVT_INDEX_INT64;
+    a.host_cache = BUF(NULL, 16);
+    s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
+    CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "host_cache"), "a null buffer with a length (%d)",
+          s);
+    a.host_cache = BUF(host_cache, sizeof host_cache);
+    q2[0] = 8;
+    s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
+    CHECK(s == KVT_BAD_INDICES && strstr(kvt_last_error(), "top_k_tokens"), "token 8 of seq_len 8 (%d)", s);
+    CHECK(kvt_swap_in_run(engine, NULL, 0, NULL) == KVT_INVALID_ARGUMENT, "null args");
+    CHECK(kvt_swap_in_run(NULL, &a, 0, NULL) == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "null"),
+          "null engine");
+        uint64_t mapped = 0;
+    CHECK(kvt_swap_in_map_host(engine, host_cache, &mapped) == KVT_OK && mapped == (uint64_t)(uintptr_t)host_cache,
+          "the CPU executor addresses host memory as it is");
+    CHECK(kvt_swap_in_map_host(engine, NULL, &mapped) == KVT_INVALID_ARGUMENT, "map a null pointer");
+    CHECK(kvt_swap_in_create(-2, &engine) == KVT_INVALID_ARGUMENT, "executor -2");
+    kvt_swap_in_destroy(engine);
+    kvt_swap_in_destroy(NULL);
+}
+
+/* A pool, a region, a tier: write back one entry, gather it. */
+static void tier(void) {
+    kvt_layout l = {ITEM, 2, 8};
+    uint64_t bytes = 0;
+    CHECK(kvt_pool_device_bytes_for(&l, 2, &bytes) == KVT_OK && bytes > 0, "device bytes for 2 regions");
+    char spec[64];
+    snprintf(spec, sizeof spec, "anon:%" PRIu64, bytes);
+    const char *devices[1] = {spec};
+    kvt_pool *pool = NULL;
+    CHECK(kvt_pool_create(&l, devices, 1, NULL, &pool) == KVT_OK, "create a pool on %s", spec);
+    kvt_pool_info info;
+    CHECK(kvt_pool_info_get(pool, &info) == KVT_OK && info.num_regions == 2 && info.free_regions == 2 &&
+              info.layout.entry_bytes == ITEM,
+          "pool info: %u regions", info.num_regions);
+    kvt_region *region = NULL;
+    CHECK(kvt_region_alloc(pool, 42, &region) == KVT_OK, "allocate a region");
+    kvt_region_info ri;
+    CHECK(kvt_region_info_get(region, &ri) == KVT_OK && ri.bytes == 2 * 8 * ITEM && ri.host_addr != 0,
+          "region %u on device %u, %" PRIu64 " bytes", ri.index, ri.device, ri.bytes);
+    kvt_tier *t = NULL;
+    CHECK(kvt_tier_create(pool, KVT_EXECUTOR_CPU, 4, &t) == KVT_OK, "create a CPU tier");
+    CHECK(kvt_tier_bind_slot(t, 2, region, NULL) == KVT_OK, "bind slot 2");
+
+    uint8_t src[3 * ITEM];
+    for (int i = 0; i < 3 * ITEM; i++) src[i] = (uint8_t)(100 + i);
+    int32_t slots[1] = {2}, toks[1] = {5};
+    int64_t rows[1] = {1};
+    kvt_writeback_args w = {BUF(slots, 1), BUF(toks, 1), BUF(rows, 1), BUF(src, sizeof src)};
+    CHECK(kvt_tier_writeback_layer(t, 1, &w, NULL) == KVT_OK, "write back row 1 to token 5 of layer 1");
+    const uint8_t *region_bytes = (const uint8_t *)(uintptr_t)ri.host_addr;
+    CHECK(memcmp(region_bytes + (1 * 8 + 5) * ITEM, src + ITEM, ITEM) == 0, "the pool holds it layer-first");
+
+    int32_t gslots[1] = {2}, gseq[1] = {8}, topk[2] = {5, -1};
+    uint8_t gout[2 * ITEM];
+    memset(gout, 0xAB, sizeof gout);
+    kvt_gather_args g = {BUF(gslots, 1), BUF(gseq, 1), BUF(topk, 2), 2, 2, BUF(gout, sizeof gout)};
+    CHECK(kvt_tier_gather(t, 1, &g, NULL) == KVT_OK, "gather layer 1");
+    uint8_t zero[ITEM] = {0};
+    CHECK(memcmp(gout, src + ITEM, ITEM) == 0 && memcmp(gout + ITEM, zero, ITEM) == 0,
+          "gathered the entry, zero-filled the padding");
+    CHECK(kvt_tier_check(t, NULL) == KVT_OK, "check");
+
+    CHECK(kvt_tier_gather(t, 2, &g, NULL) == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "layer"),
+          "layer 2 of 2");
+    CHECK(kvt_tier_bind_slot(t, 2, (const kvt_region *)pool, NULL) == KVT_INVALID_ARGUMENT &&
+              strstr(kvt_last_error(), "not a kvt_region"),
+          "a pool handle passed as a region");
+    CHECK(kvt_pool_info_get((const kvt_pool *)t, &info) == KVT_INVALID_ARGUMENT, "a tier handle passed as a pool");
+    const char *bad[1] = {"tape:/dev/st0"};
+    kvt_pool *p2 = NULL;
+    CHECK(kvt_pool_create(&l, bad, 1, NULL, &p2) == KVT_INVALID_ARGUMENT && p2 == NULL &&
+              strstr(kvt_last_error(), "device kind"),
+          "an unknown device kind");
+    CHECK(kvt_pool_create(&l, devices, 1, NULL, NULL) == KVT_INVALID_ARGUMENT, "a null out pointer");
+    kvt_layout odd = {12, 1, 1};
+    CHECK(kvt_pool_create(&odd, devices, 1, NULL, &p2) == KVT_INVALID_ARGUMENT &&
+              strstr(kvt_last_error(), "entry_bytes"),
+          "12-byte entries");
+
+    CHECK(kvt_region_publish(region) == KVT_OK, "publish");
+    kvt_tier_destroy(t);
+    CHECK(kvt_region_free(region) == KVT_OK, "free the region");
+    CHECK(kvt_pool_info_get(pool, &info) == KVT_OK && info.free_regions == 2, "both regions free again");
+    kvt_pool_close(pool);
+    kvt_pool_close(NULL);
+    kvt_tier_destroy(NULL);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "layout") == 0) {
+        layout();
+        return 0;
+    }
+    CHECK(kvt_abi_version() == KVT_ABI_VERSION, "ABI version %u", kvt_abi_version());
+    CHECK(strlen(kvt_version()) > 0, "version %s", kvt_version());
+    swap_in();
+    tier();
+    printf("failures %d\n", failures);
+    return failures == 0 ? 0 : 1;
+}
