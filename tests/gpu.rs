@@ -399,3 +399,41 @@ fn every_device_kind_registers_and_serves_gathers() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The host cache an engine passes (e.g. a pinned torch tensor) is looked up
+/// as the kernels will address it; pageable memory is a clear error.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn host_memory_is_mapped_for_the_kernels_or_refused() {
+    let Executor::Cuda(dev) = cuda() else {
+        unreachable!()
+    };
+    let mut pinned = vec![0u8; 1 << 20];
+    // SAFETY: the vector outlives the registration and is not registered yet.
+    let reg = unsafe {
+        kvtier::cuda::HostRegistration::register(
+            &dev,
+            pinned.as_mut_ptr(),
+            pinned.len(),
+            kvtier::cuda::REGISTER_FLAGS,
+        )
+    }
+    .unwrap();
+    let base = dev.mapped_host_address(pinned.as_ptr() as u64).unwrap();
+    assert_eq!(base, reg.device_addr());
+    let inner = dev
+        .mapped_host_address(pinned.as_ptr() as u64 + 4096)
+        .unwrap();
+    assert_eq!(
+        inner,
+        base + 4096,
+        "an interior pointer maps to the same offset"
+    );
+    let pageable = vec![0u8; 1 << 20];
+    let err = dev
+        .mapped_host_address(pageable.as_ptr() as u64)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not page-locked"), "{err}");
+    drop(reg);
+}
