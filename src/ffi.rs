@@ -217,15 +217,17 @@ unsafe fn handle<'a, T: Tagged>(p: *const T, arg: &'static str) -> Result<&'a T>
     if p.is_null() {
         return Err(invalid(arg, format!("is a null {}", T::NAME)));
     }
-    // Every handle struct starts with its tag (checked below through the
-    // struct itself, so the read is in bounds for a real handle).
+    // Every handle struct is #[repr(C)] with its tag first, so a handle of
+    // any kind can be told apart by its first 8 bytes. (A released handle is
+    // freed memory: its tag is cleared before the free, which often catches
+    // a use after release, but reading it is the caller's fault.)
     // SAFETY: per this function's contract.
     let tag = unsafe { std::ptr::read(p as *const u64) };
     if tag != T::TAG {
         return Err(invalid(
             arg,
             format!(
-                "is not a {} (another kind of handle, or a released one)",
+                "is not a {} (a handle of another kind, or a released one)",
                 T::NAME
             ),
         ));
