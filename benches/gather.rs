@@ -152,7 +152,7 @@ fn gpu_gather(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(3));
+    config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(3)).without_plots();
     targets = cpu_gather, cpu_decode_writeback, gpu_gather
 }
 criterion_main!(benches);

@@ -28,6 +28,9 @@ fi
 echo "== cargo test"
 cargo test --locked
 
+echo "== kvtier bench --quick (every scenario and method; JSON lines and a plot)"
+cargo run --release --locked --quiet -- bench --quick --json target/bench-quick.jsonl --plot target/bench-quick.png
+
 echo "== Python package (bindings/python) with the release library"
 scripts/python-env.sh
 cargo build --release --locked --lib

@@ -18,9 +18,9 @@ pub struct Cli {
 enum Command {
     /// The CUDA driver and GPUs, the kernels this build carries, pool devices.
     Info,
-    /// The microbenchmarks: top-k gather and swap-in next to their limits
-    /// and baselines.
-    Bench(bench::BenchArgs),
+    /// The top-k fetch microbenchmark: gather, swap-in and writeback next to
+    /// the link's limit and the baselines.
+    Bench(Box<bench::BenchArgs>),
     /// Create, inspect, check and destroy pools on memory devices.
     #[command(subcommand)]
     Pool(pool::PoolCommand),
@@ -29,7 +29,7 @@ enum Command {
 pub fn run(cli: Cli) -> kvtier::Result<()> {
     match cli.command {
         Command::Info => info::run(),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench::run(*args),
         Command::Pool(cmd) => pool::run(cmd),
     }
 }

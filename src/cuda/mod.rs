@@ -177,6 +177,30 @@ impl CudaDevice {
         self.ctx.ordinal()
     }
 
+    /// The GPU's PCI bus id, e.g. `0000:1B:00.0`.
+    pub fn pci_bus_id(&self) -> Result<String> {
+        let mut buf = [0 as std::ffi::c_char; 32];
+        // SAFETY: the driver writes at most `len` bytes, NUL-terminated.
+        unsafe {
+            sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, self.ctx.cu_device())
+        }
+        .result()
+        .call("cuDeviceGetPCIBusId")?;
+        // SAFETY: NUL-terminated within the buffer.
+        let id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        Ok(id.to_string_lossy().into_owned())
+    }
+
+    /// The NUMA node the GPU hangs off (from sysfs), where the machine says.
+    pub fn numa_node(&self) -> Option<u32> {
+        let id = self.pci_bus_id().ok()?.to_lowercase();
+        let text = std::fs::read_to_string(format!("/sys/bus/pci/devices/{id}/numa_node")).ok()?;
+        text.trim()
+            .parse::<i64>()
+            .ok()
+            .and_then(|n| u32::try_from(n).ok())
+    }
+
     /// Makes the device's context current on the calling thread (engines call
     /// kvtier from threads that may have another context current).
     pub(crate) fn bind(&self) -> Result<()> {
@@ -220,6 +244,27 @@ impl CudaDevice {
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, stream.raw()) }
             .result()
             .call("cuMemcpyHtoDAsync")
+    }
+
+    /// Enqueues a copy of `bytes` bytes from device memory to host memory on
+    /// `stream` (the copy engine; the writeback benchmark's limit).
+    ///
+    /// # Safety
+    /// `src..src + bytes` must be device memory of this device and
+    /// `dst..dst + bytes` host memory (registered or pinned for the copy to be
+    /// asynchronous), both valid until the copy completes.
+    pub unsafe fn copy_device_to_host_async(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: per this function's contract.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, stream.raw()) }
+            .result()
+            .call("cuMemcpyDtoHAsync")
     }
 
     /// Enqueues a device-to-device copy of `bytes` bytes on `stream`.

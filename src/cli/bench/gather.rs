@@ -1,65 +1,123 @@
-//! The `gather` scenario: for each batch size, kvtier's top-k gather and a
-//! contiguous copy of the same number of bytes out of the same pool memory
-//! into the same output buffer (the link's limit).
+//! The `gather` scenario: the top-k fetch of one layer for a batch, over the
+//! grid k × entry size × batch × context × index distribution. Per point,
+//! five methods move the same useful bytes out of the same pool memory:
+//!
+//! 1. kvtier's gather kernel (or the CPU executor);
+//! 2. the limit: one contiguous copy of as many bytes;
+//! 3. one `cudaMemcpyAsync` per entry;
+//! 4. a host gather into pinned staging, then one copy;
+//! 5. the full-context fetch: each request's whole layer copied contiguously
+//!    (it moves `context / k` times the bytes).
 
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
-use rand::{RngCore, SeedableRng};
+use rand::{Rng, RngCore, SeedableRng};
+use serde_json::json;
 
 use kvtier::cuda::EventTimer;
 use kvtier::{
-    Buf, BufMut, CudaDevice, DeviceBuffer, DeviceSpec, Executor, GatherBatch, LayerFirstLayout,
-    Pool, Region, Stream, Tier,
+    Buf, BufMut, DeviceBuffer, Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier,
 };
 
-use super::{BenchArgs, Row, invalid, time_cpu, time_cuda};
+use super::transfer::{self, Dir, Staging};
+use super::{Bench, Indices, Measurement, invalid};
 
-pub(super) fn run(args: &BenchArgs, exec: &Executor, entry: u32) -> kvtier::Result<Vec<Row>> {
-    let batches = if args.batch.is_empty() {
-        vec![1, 64]
-    } else {
-        args.batch.clone()
+const SCENARIO: &str = "gather";
+
+struct Grid {
+    entries: Vec<u32>,
+    contexts: Vec<u32>,
+    batches: Vec<u32>,
+    ks: Vec<u32>,
+    indices: Vec<Indices>,
+}
+
+fn grid(b: &Bench) -> kvtier::Result<Grid> {
+    let a = b.args;
+    let or = |v: &Vec<u32>, d: &[u32]| if v.is_empty() { d.to_vec() } else { v.clone() };
+    let g = Grid {
+        entries: b.entries(&["fp8-dsa", "bf16-mla"])?,
+        contexts: or(&a.context, &[32768, 131072]),
+        batches: b.batches(&[1, 8, 64]),
+        ks: or(&a.k, &[256, 512, 1024, 2048]),
+        indices: if a.indices.is_empty() {
+            vec![Indices::Uniform, Indices::Locality]
+        } else {
+            a.indices.clone()
+        },
     };
-    if args.k == 0 || args.k > args.context {
+    let min_context = *g.contexts.iter().min().expect("non-empty");
+    if let Some(&k) = g.ks.iter().find(|&&k| k == 0 || k > min_context) {
         return Err(invalid(
             "--k",
-            format!("{} must be in 1..=context ({})", args.k, args.context),
+            format!("{k} must be in 1..=context ({min_context})"),
         ));
     }
-    let max_batch = *batches.iter().max().unwrap();
-    let layout = LayerFirstLayout::new(entry, 1, args.context)?;
-    let pool_bytes = Pool::device_bytes_for(&layout, max_batch);
-    let pool = Pool::create(layout, DeviceSpec::Anon { bytes: pool_bytes })?;
-    let mut rng = StdRng::seed_from_u64(args.seed);
-    let regions = fill_pool(&pool, max_batch, &mut rng)?;
-    let mut tier = Tier::new(pool.clone(), exec.clone(), max_batch)?;
-    for (slot, region) in regions.iter().enumerate() {
-        tier.bind_slot(slot as u32, region, Stream::null())?;
-    }
-    if let Executor::Cuda(dev) = exec {
-        dev.synchronize_all()?; // the timed work runs on another stream
-    }
-    println!(
-        "gather: top-k gather, k = {}, entry {entry} B, context {} tokens, uniform distinct indices, {} \
-         iterations after {} warm-up",
-        args.k, args.context, args.iters, args.warmup
-    );
+    Ok(g)
+}
 
+pub(super) fn points(b: &Bench) -> kvtier::Result<u64> {
+    let g = grid(b)?;
+    Ok(
+        (g.entries.len() * g.contexts.len() * g.batches.len() * g.ks.len() * g.indices.len())
+            as u64,
+    )
+}
+
+pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
+    let g = grid(b)?;
+    let budget = b.pool_budget()?;
+    let max_batch = *g.batches.iter().max().expect("non-empty");
     let mut rows = Vec::new();
-    for &batch in &batches {
-        let inputs = BatchInputs::draw(batch, args.k, args.context, &mut rng);
-        match exec {
-            Executor::Cpu => rows.extend(bench_cpu(&tier, &pool, &regions, &inputs, args)?),
-            Executor::Cuda(dev) => {
-                rows.extend(bench_cuda(&tier, dev, &pool, &regions, &inputs, args)?)
+    for &entry in &g.entries {
+        for &context in &g.contexts {
+            let layout = LayerFirstLayout::new(entry, 1, context)?;
+            // Distinct regions within the memory budget; rows beyond share them.
+            let fit = (budget / layout.region_bytes().max(1)).max(1);
+            let distinct = (max_batch as u64).min(fit) as u32;
+            let pool = Pool::create(
+                layout,
+                b.pool_device(Pool::device_bytes_for(&layout, distinct)),
+            )?;
+            let mut rng =
+                StdRng::seed_from_u64(b.args.seed ^ ((entry as u64) << 32) ^ context as u64);
+            let regions = fill_pool(&pool, distinct, &mut rng)?;
+            let mut tier = Tier::new(pool.clone(), b.exec.clone(), max_batch)?;
+            for slot in 0..max_batch {
+                tier.bind_slot(slot, &regions[(slot % distinct) as usize], Stream::null())?;
+            }
+            if let Executor::Cuda(dev) = &b.exec {
+                dev.synchronize_all()?; // the timed work runs on another stream
+            }
+            let setup = Setup {
+                tier: &tier,
+                pool: &pool,
+                regions: &regions,
+                entry,
+                context,
+                distinct,
+            };
+            for &batch in &g.batches {
+                for &k in &g.ks {
+                    for &indices in &g.indices {
+                        b.progress.set_message(format!(
+                            "gather: {entry} B, context {context}, batch {batch}, k {k}, {}",
+                            indices.name()
+                        ));
+                        let inp = Inputs::draw(batch, k, context, indices, &mut rng);
+                        rows.extend(setup.measure(b, &inp)?);
+                        b.progress.inc(1);
+                    }
+                }
             }
         }
     }
     Ok(rows)
 }
 
-/// Allocates `n` regions and fills their one layer with random bytes.
+/// Allocates `n` regions and fills their one layer with random bytes (touching
+/// every page: untouched anonymous memory reads as the zero page).
 fn fill_pool(pool: &Arc<Pool>, n: u32, rng: &mut StdRng) -> kvtier::Result<Vec<Region>> {
     let layout = pool.layout();
     let chunk_tokens = 4096.min(layout.tokens_per_region());
@@ -80,160 +138,305 @@ fn fill_pool(pool: &Arc<Pool>, n: u32, rng: &mut StdRng) -> kvtier::Result<Vec<R
     Ok(regions)
 }
 
-/// The host-side inputs of one batch: slot per row, lengths, distinct
-/// uniformly drawn top-k indices.
-struct BatchInputs {
+/// One batch's host-side inputs: slot per row, lengths, top-k indices.
+struct Inputs {
     batch: u32,
     k: u32,
+    indices: Indices,
     req_slots: Vec<i32>,
     seq_lens: Vec<i32>,
     topk: Vec<i32>,
 }
 
-impl BatchInputs {
-    fn draw(batch: u32, k: u32, context: u32, rng: &mut StdRng) -> Self {
+impl Inputs {
+    fn draw(batch: u32, k: u32, context: u32, indices: Indices, rng: &mut StdRng) -> Self {
         let mut topk = Vec::with_capacity((batch * k) as usize);
         for _ in 0..batch {
-            let picks = rand::seq::index::sample(rng, context as usize, k as usize);
-            topk.extend(picks.into_iter().map(|t| t as i32));
+            match indices {
+                Indices::Uniform => {
+                    let picks = rand::seq::index::sample(rng, context as usize, k as usize);
+                    topk.extend(picks.into_iter().map(|t| t as i32));
+                }
+                Indices::Locality => {
+                    // Runs of 1..=32 neighbours at uniform starts, distinct tokens.
+                    let mut taken = vec![false; context as usize];
+                    let mut row = Vec::with_capacity(k as usize);
+                    while row.len() < k as usize {
+                        let start = rng.random_range(0..context);
+                        let len = rng.random_range(1..=32u32);
+                        for t in start..(start + len).min(context) {
+                            if row.len() < k as usize && !taken[t as usize] {
+                                taken[t as usize] = true;
+                                row.push(t as i32);
+                            }
+                        }
+                    }
+                    topk.extend(row);
+                }
+            }
         }
-        BatchInputs {
+        Inputs {
             batch,
             k,
+            indices,
             req_slots: (0..batch as i32).collect(),
             seq_lens: vec![context as i32; batch as usize],
             topk,
         }
     }
+}
 
-    fn bytes(&self, entry: u32) -> u64 {
-        self.batch as u64 * self.k as u64 * entry as u64
+struct Setup<'a> {
+    tier: &'a Tier,
+    pool: &'a Arc<Pool>,
+    regions: &'a [Region],
+    entry: u32,
+    context: u32,
+    distinct: u32,
+}
+
+impl Setup<'_> {
+    fn region_of(&self, row: usize) -> &Region {
+        &self.regions[row % self.distinct as usize]
     }
 
-    fn point(&self) -> String {
-        format!("batch {}", self.batch)
+    /// Host address of the entry of top-k position `i` (row-major over the batch).
+    fn source_of(&self, inp: &Inputs, i: usize) -> kvtier::Result<u64> {
+        let row = i / inp.k as usize;
+        let base = self.pool.region_host_addr(self.region_of(row))?;
+        Ok(base + inp.topk[i] as u64 * self.entry as u64)
     }
 
-    /// Checks the first and last output rows against the pool (a benchmark
-    /// that moves the wrong bytes measures nothing).
-    fn verify(&self, pool: &Pool, regions: &[Region], out: &[u8]) -> kvtier::Result<()> {
-        let entry = pool.layout().entry_bytes() as usize;
-        for r in [0, (self.batch * self.k) as usize - 1] {
-            let (b, token) = (r / self.k as usize, self.topk[r] as u32);
+    /// Checks the first and last gathered entries against the pool (a
+    /// benchmark that moves the wrong bytes measures nothing).
+    fn verify(&self, method: &str, inp: &Inputs, out: &[u8]) -> kvtier::Result<()> {
+        let entry = self.entry as usize;
+        for i in [0, (inp.batch * inp.k) as usize - 1] {
             let mut want = vec![0u8; entry];
-            pool.read_tokens(&regions[self.req_slots[b] as usize], 0, token, &mut want)?;
-            if out[r * entry..][..entry] != want[..] {
+            let region = self.region_of(i / inp.k as usize);
+            self.pool
+                .read_tokens(region, 0, inp.topk[i] as u32, &mut want)?;
+            if out[i * entry..][..entry] != want[..] {
                 return Err(kvtier::Error::Pool(format!(
-                    "benchmark self-check failed: gathered row {r} differs from the pool"
+                    "benchmark self-check failed: {method} put the wrong bytes in entry {i}"
                 )));
             }
         }
         Ok(())
     }
-}
 
-fn bench_cpu(
-    tier: &Tier,
-    pool: &Pool,
-    regions: &[Region],
-    inp: &BatchInputs,
-    args: &BenchArgs,
-) -> kvtier::Result<Vec<Row>> {
-    let bytes = inp.bytes(pool.layout().entry_bytes());
-    let mut out = vec![0u8; bytes as usize];
-    let src = pool.region_host_addr(&regions[0])? as *const u8;
-    let gather = time_cpu(
-        args,
-        &mut out,
-        |_| {},
-        |out| {
-            let batch = GatherBatch::new(
-                Buf::host(&inp.req_slots),
-                Buf::host(&inp.seq_lens),
-                Buf::host(&inp.topk),
-                inp.k,
-            );
-            tier.gather(0, &batch, BufMut::host(out), Stream::null())
-        },
-    )?;
-    inp.verify(pool, regions, &out)?;
-    let limit = time_cpu(
-        args,
-        &mut out,
-        |_| {},
-        |out| {
-            // SAFETY: the pool holds batch regions of context >= k tokens
-            // each, contiguous from region 0, so `bytes` bytes are mapped.
-            unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), bytes as usize) };
-            Ok(())
-        },
-    )?;
-    Ok(vec![
-        Row {
-            point: inp.point(),
-            method: "kvtier gather (CPU executor)",
-            bytes,
-            median_us: gather.0,
-            p99_us: gather.1,
-            limit: false,
-        },
-        Row {
-            point: inp.point(),
-            method: "contiguous memcpy (limit)",
-            bytes,
-            median_us: limit.0,
-            p99_us: limit.1,
-            limit: true,
-        },
-    ])
-}
+    fn params(&self, inp: &Inputs) -> Vec<(&'static str, serde_json::Value)> {
+        vec![
+            ("k", json!(inp.k)),
+            ("entry", json!(self.entry)),
+            ("batch", json!(inp.batch)),
+            ("context", json!(self.context)),
+            ("indices", json!(inp.indices.name())),
+            ("distinct_regions", json!(self.distinct.min(inp.batch))),
+        ]
+    }
 
-fn bench_cuda(
-    tier: &Tier,
-    dev: &Arc<CudaDevice>,
-    pool: &Pool,
-    regions: &[Region],
-    inp: &BatchInputs,
-    args: &BenchArgs,
-) -> kvtier::Result<Vec<Row>> {
-    let bytes = inp.bytes(pool.layout().entry_bytes());
-    let stream = dev.create_stream()?;
-    let slots = DeviceBuffer::from_host(dev, &inp.req_slots)?;
-    let seq_lens = DeviceBuffer::from_host(dev, &inp.seq_lens)?;
-    let topk = DeviceBuffer::from_host(dev, &inp.topk)?;
-    let mut out = DeviceBuffer::<u8>::zeroed(dev, bytes as usize)?;
-    let src = pool.region_host_addr(&regions[0])?;
-    let timer = EventTimer::new(dev)?;
-    let no_reset = |_: Stream| Ok(());
+    fn measure(&self, b: &Bench, inp: &Inputs) -> kvtier::Result<Vec<Measurement>> {
+        let entry = self.entry as usize;
+        let useful = inp.batch as usize * inp.k as usize * entry;
+        let layer_bytes = self.context as usize * entry;
+        let full = inp.batch as usize * layer_bytes;
+        let sources: Vec<u64> = (0..(inp.batch * inp.k) as usize)
+            .map(|i| self.source_of(inp, i))
+            .collect::<kvtier::Result<_>>()?;
+        let region_bases: Vec<u64> = (0..inp.batch as usize)
+            .map(|r| self.pool.region_host_addr(self.region_of(r)))
+            .collect::<kvtier::Result<_>>()?;
+        let first = self.pool.region_host_addr(&self.regions[0])?;
+        // The limit reads `useful` contiguous bytes from the first region on.
+        if useful as u64 > self.distinct as u64 * self.pool.region_stride() {
+            return Err(invalid(
+                "--pool-memory",
+                format!("too small for the limit's {useful} contiguous bytes; raise it"),
+            ));
+        }
+        let mut staging = Staging::new(&b.exec, useful)?;
+        let params = self.params(inp);
+        let row = |method, bytes: usize, t: (f64, f64, usize), limit| Measurement {
+            scenario: SCENARIO,
+            method,
+            params: params.clone(),
+            bytes: bytes as u64,
+            median_us: t.0,
+            p99_us: t.1,
+            samples: t.2,
+            limit,
+        };
 
-    let gather = time_cuda(args, &timer, stream.stream(), no_reset, |s| {
-        let batch = GatherBatch::new(slots.as_buf(), seq_lens.as_buf(), topk.as_buf(), inp.k);
-        tier.gather(0, &batch, out.as_buf_mut(), s)
-    })?;
-    tier.check(stream.stream())?;
-    inp.verify(pool, regions, &out.to_vec()?)?;
-    let dst = out.device_ptr();
-    let limit = time_cuda(args, &timer, stream.stream(), no_reset, |s| {
-        // SAFETY: `src` is registered pool memory holding at least `bytes`
-        // bytes (batch regions of context >= k tokens); `dst` holds `bytes`.
-        unsafe { dev.copy_host_to_device_async(dst, src as *const u8, bytes as usize, s) }
-    })?;
-    Ok(vec![
-        Row {
-            point: inp.point(),
-            method: "kvtier gather",
-            bytes,
-            median_us: gather.0,
-            p99_us: gather.1,
-            limit: false,
-        },
-        Row {
-            point: inp.point(),
-            method: "contiguous H2D copy (limit)",
-            bytes,
-            median_us: limit.0,
-            p99_us: limit.1,
-            limit: true,
-        },
-    ])
+        match &b.exec {
+            Executor::Cpu => {
+                let mut out = vec![0u8; useful];
+                let mut layer = vec![0u8; layer_bytes];
+                let kv = b.time_cpu(
+                    &mut out,
+                    |_| {},
+                    |out| {
+                        let batch = GatherBatch::new(
+                            Buf::host(&inp.req_slots),
+                            Buf::host(&inp.seq_lens),
+                            Buf::host(&inp.topk),
+                            inp.k,
+                        );
+                        self.tier
+                            .gather(0, &batch, BufMut::host(out), Stream::null())
+                    },
+                )?;
+                self.verify("the kvtier gather", inp, &out)?;
+                // SAFETY (all four): the sources are pool entries of `entry`
+                // bytes, `first` starts at least `useful` mapped bytes (the
+                // pool's regions are contiguous and hold batch × k entries or
+                // more), and the destinations are the host buffers here.
+                let limit = b.time_cpu(
+                    &mut out,
+                    |_| {},
+                    |out| unsafe {
+                        let dst = out.as_mut_ptr() as u64;
+                        transfer::contiguous(
+                            &b.exec,
+                            Dir::HostToDevice,
+                            first,
+                            dst,
+                            useful,
+                            Stream::null(),
+                        )
+                    },
+                )?;
+                let pairs: Vec<(u64, u64)> = (sources.iter().enumerate())
+                    .map(|(i, &s)| (s, out.as_ptr() as u64 + (i * entry) as u64))
+                    .collect();
+                let each = b.time_cpu(
+                    &mut (),
+                    |_| {},
+                    |_| unsafe {
+                        transfer::per_entry(
+                            &b.exec,
+                            Dir::HostToDevice,
+                            &pairs,
+                            entry,
+                            Stream::null(),
+                        )
+                    },
+                )?;
+                self.verify("per-entry memcpy", inp, &out)?;
+                let staged = b.time_cpu(
+                    &mut out,
+                    |_| {},
+                    |out| unsafe {
+                        let dst = out.as_mut_ptr() as u64;
+                        transfer::staged_gather(
+                            &b.exec,
+                            &sources,
+                            &mut staging,
+                            dst,
+                            entry,
+                            Stream::null(),
+                        )
+                    },
+                )?;
+                self.verify("the staged gather", inp, &out)?;
+                let whole = b.time_cpu(
+                    &mut layer,
+                    |_| {},
+                    |layer| unsafe {
+                        for &base in &region_bases {
+                            let dst = layer.as_mut_ptr() as u64;
+                            transfer::contiguous(
+                                &b.exec,
+                                Dir::HostToDevice,
+                                base,
+                                dst,
+                                layer_bytes,
+                                Stream::null(),
+                            )?;
+                        }
+                        Ok(())
+                    },
+                )?;
+                Ok(vec![
+                    row("kvtier gather (CPU executor)", useful, kv, false),
+                    row("contiguous memcpy (limit)", useful, limit, true),
+                    row("per-entry memcpy", useful, each, false),
+                    row("host gather to staging + one memcpy", useful, staged, false),
+                    row(
+                        "full-context fetch (memcpy per request)",
+                        full,
+                        whole,
+                        false,
+                    ),
+                ])
+            }
+            Executor::Cuda(dev) => {
+                let owned = dev.create_stream()?;
+                let s = owned.stream();
+                let slots = DeviceBuffer::from_host(dev, &inp.req_slots)?;
+                let seq_lens = DeviceBuffer::from_host(dev, &inp.seq_lens)?;
+                let topk = DeviceBuffer::from_host(dev, &inp.topk)?;
+                let mut out = DeviceBuffer::<u8>::zeroed(dev, useful)?;
+                let layer = DeviceBuffer::<u8>::zeroed(dev, layer_bytes)?;
+                let timer = EventTimer::new(dev)?;
+                let none = |_: Stream| Ok(());
+                let kv = b.time_cuda(&timer, s, none, |s| {
+                    let batch =
+                        GatherBatch::new(slots.as_buf(), seq_lens.as_buf(), topk.as_buf(), inp.k);
+                    self.tier.gather(0, &batch, out.as_buf_mut(), s)
+                })?;
+                self.tier.check(s)?;
+                self.verify("the kvtier gather", inp, &out.to_vec()?)?;
+                let dst = out.device_ptr();
+                // SAFETY (all four): the sources are registered pool memory
+                // (`first` starts at least `useful` bytes of it), the
+                // destinations device buffers of the sizes copied.
+                let limit = b.time_cuda(&timer, s, none, |s| unsafe {
+                    transfer::contiguous(&b.exec, Dir::HostToDevice, first, dst, useful, s)
+                })?;
+                let pairs: Vec<(u64, u64)> = (sources.iter().enumerate())
+                    .map(|(i, &src)| (src, dst + (i * entry) as u64))
+                    .collect();
+                let each = b.time_host_driven(dev, s, none, |s| unsafe {
+                    transfer::per_entry(&b.exec, Dir::HostToDevice, &pairs, entry, s)
+                })?;
+                self.verify("per-entry cudaMemcpyAsync", inp, &out.to_vec()?)?;
+                let staged = b.time_host_driven(dev, s, none, |s| unsafe {
+                    transfer::staged_gather(&b.exec, &sources, &mut staging, dst, entry, s)
+                })?;
+                self.verify("the staged gather", inp, &out.to_vec()?)?;
+                let whole_dst = layer.device_ptr();
+                let whole = b.time_cuda(&timer, s, none, |s| unsafe {
+                    for &base in &region_bases {
+                        transfer::contiguous(
+                            &b.exec,
+                            Dir::HostToDevice,
+                            base,
+                            whole_dst,
+                            layer_bytes,
+                            s,
+                        )?;
+                    }
+                    Ok(())
+                })?;
+                Ok(vec![
+                    row("kvtier gather", useful, kv, false),
+                    row("contiguous H2D copy (limit)", useful, limit, true),
+                    row("cudaMemcpyAsync per entry", useful, each, false),
+                    row(
+                        "host gather to pinned staging + one H2D copy",
+                        useful,
+                        staged,
+                        false,
+                    ),
+                    row(
+                        "full-context fetch (one H2D copy per request)",
+                        full,
+                        whole,
+                        false,
+                    ),
+                ])
+            }
+        }
+    }
 }

@@ -1,94 +1,351 @@
-//! `kvtier bench`: microbenchmarks of the per-layer calls, each method timed
-//! side by side with the others in one run, on the same bytes and memory.
+//! `kvtier bench`: the top-k fetch microbenchmark. Every method of a grid
+//! point is timed side by side in one run, on the same bytes and the same
+//! memory, and reported as a ratio to the link's limit.
 //!
-//! * `gather`: kvtier's top-k gather next to a contiguous copy of the same
-//!   bytes out of the same pool (the limit of the link).
-//! * `swap-in`: kvtier's swap-in (plan per request, one copy over all misses)
-//!   next to the one-block-per-request design SGLang uses, and to a contiguous
-//!   copy of the missed bytes (the limit).
+//! * `gather`: kvtier's top-k gather; the limit (one contiguous copy of the
+//!   same bytes); per-entry `cudaMemcpyAsync`; a CPU gather into pinned
+//!   staging and one copy; the full-context fetch RDMA pools do.
+//! * `swap-in`: kvtier's swap-in; the one-block-per-request design SGLang
+//!   uses; the limit (the missed bytes in one copy); per-entry copies of the
+//!   misses; a CPU gather of the misses and one copy.
+//! * `writeback`: one layer of a prefill chunk, and every layer of one decode
+//!   token per request: kvtier's writeback; the limit (one device→host copy);
+//!   per-entry copies; one copy into pinned staging and a CPU scatter.
 //!
-//! On a GPU the CUDA executor runs and times with CUDA events; the limit is a
+//! On a GPU the CUDA executor runs and times with CUDA events (host-driven
+//! methods with the wall clock around a stream sync); the limit is a
 //! copy-engine transfer. Without one the CPU executor runs, the limit is a
-//! host memcpy, and the table says so.
+//! host memcpy, and every line of the output says so.
 
 mod gather;
+mod report;
 mod swap_in;
+mod transfer;
+mod writeback;
 
-use std::time::Instant;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use kvtier::cuda::EventTimer;
-use kvtier::{EntryFormat, Executor, Stream};
+use indicatif::{ProgressBar, ProgressStyle};
+use kvtier::cuda::{DriverStatus, EventTimer};
+use kvtier::pool::{numa_nodes, parse_size};
+use kvtier::{DeviceSpec, EntryFormat, Executor, Stream};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Which scenarios to run.
     #[arg(long, value_enum, default_value_t = Scenario::All)]
     scenario: Scenario,
-    /// Top-k entries per request and layer.
-    #[arg(long, default_value_t = 2048)]
-    k: u32,
-    /// Entry format: fp8-dsa (656 B), bf16-mla (1152 B) or a byte count.
-    #[arg(long, default_value = "fp8-dsa")]
-    entry: String,
-    /// Batch sizes, comma-separated (default: gather 1,64; swap-in 1,16,64,256).
+    /// gather: top-k entries per request and layer (default 256,512,1024,2048).
+    #[arg(long, value_delimiter = ',')]
+    k: Vec<u32>,
+    /// Entry formats: fp8-dsa (656 B), bf16-mla (1152 B) or byte counts
+    /// (default: fp8-dsa,bf16-mla; swap-in: fp8-dsa).
+    #[arg(long, value_delimiter = ',')]
+    entry: Vec<String>,
+    /// Batch sizes (default: gather and writeback 1,8,64; swap-in 1,10,100,256).
     #[arg(long, value_delimiter = ',')]
     batch: Vec<u32>,
-    /// gather: tokens of context per request; top-k indices are drawn from it.
-    #[arg(long, default_value_t = 32768)]
-    context: u32,
-    /// swap-in: hot buffer sizes (LRU slots per request), comma-separated.
+    /// gather: tokens of context per request (default 32768,131072).
+    #[arg(long, value_delimiter = ',')]
+    context: Vec<u32>,
+    /// gather: how top-k indices are drawn (default uniform,locality).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    indices: Vec<Indices>,
+    /// swap-in: hot buffer sizes (LRU slots per request).
     #[arg(long, value_delimiter = ',', default_values_t = [4096u32, 8192])]
     hot: Vec<u32>,
-    /// swap-in: misses per request (of the top-k), comma-separated.
+    /// swap-in: misses per request (of the top-k).
     #[arg(long, value_delimiter = ',', default_values_t = [2u32, 410])]
     misses: Vec<u32>,
+    /// swap-in: top-k per request.
+    #[arg(long, default_value_t = 2048)]
+    swap_k: u32,
+    /// writeback: tokens of the prefill chunk written back for one layer
+    /// (default 1024,8192).
+    #[arg(long, value_delimiter = ',')]
+    prefill_tokens: Vec<u32>,
+    /// writeback: layers of a decode token written back at once.
+    #[arg(long, default_value_t = 61)]
+    layers: u32,
     /// Timed iterations per measurement.
     #[arg(long, default_value_t = 50)]
     iters: u32,
     /// Untimed warm-up iterations per measurement.
     #[arg(long, default_value_t = 5)]
     warmup: u32,
+    /// Time budget per measurement in seconds: a slow method stops after this
+    /// (with at least 5 samples) and the output says how many it took.
+    #[arg(long, default_value_t = 5.0)]
+    max_seconds: f64,
+    /// Pool memory the gather scenario may use (a size, or auto: 8 GiB, or
+    /// half the available memory when that is less); requests share regions
+    /// (round-robin) beyond it, and the output says how many are distinct.
+    #[arg(long, default_value = "auto")]
+    pool_memory: String,
     /// Executor: auto (CUDA when a GPU and the kernels are there), cpu or cuda.
     #[arg(long, default_value = "auto")]
     executor: String,
     /// GPU ordinal for the CUDA executor.
     #[arg(long, default_value_t = 0)]
     device: usize,
-    /// A short run of every scenario (small contexts and grids, few
-    /// iterations) for smoke tests and CI.
+    /// A small grid of every scenario, few iterations (well under a minute
+    /// without a GPU; CI runs it).
     #[arg(long)]
     quick: bool,
     /// Seed of the index and data generator.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Also write every measurement as one JSON object per line here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Also draw latency and bandwidth against k or batch, one line per
+    /// method, into this PNG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// TrueType font for the plot's text (default: DejaVu Sans or another
+    /// font found under /usr/share/fonts).
+    #[arg(long)]
+    plot_font: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Scenario {
     Gather,
     SwapIn,
+    Writeback,
     All,
 }
 
-/// One timed method at one point of a grid.
-struct Row {
-    /// The grid point, e.g. "batch 64" or "batch 16, hot 8192, 410 misses".
-    point: String,
-    method: &'static str,
-    /// Bytes the method moves (the same for every method of a point).
-    bytes: u64,
-    median_us: f64,
-    p99_us: f64,
-    /// True for the point's limit (the ratio column divides by it).
-    limit: bool,
+/// How the gather's top-k indices are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(super) enum Indices {
+    /// Distinct tokens drawn uniformly from the context.
+    Uniform,
+    /// Runs of neighbouring tokens (lengths 1 to 32) at uniform starts, as
+    /// real top-k sets cluster.
+    Locality,
+}
+
+impl Indices {
+    fn name(self) -> &'static str {
+        match self {
+            Indices::Uniform => "uniform",
+            Indices::Locality => "locality",
+        }
+    }
+}
+
+/// One timed method at one grid point.
+#[derive(Clone, Debug)]
+pub(super) struct Measurement {
+    pub scenario: &'static str,
+    pub method: &'static str,
+    /// The grid point, in order (the JSON `params` object).
+    pub params: Vec<(&'static str, serde_json::Value)>,
+    /// Bytes this method moves (the full-context fetch moves more than the
+    /// others, which move the point's useful bytes).
+    pub bytes: u64,
+    pub median_us: f64,
+    pub p99_us: f64,
+    pub samples: usize,
+    /// The point's limit: the ratio column divides its time by the others'.
+    pub limit: bool,
+}
+
+impl Measurement {
+    /// The point as a short label, e.g. "k 2048, 656 B, batch 8".
+    pub fn point(&self) -> String {
+        let batch = self
+            .params
+            .iter()
+            .find(|(k, _)| *k == "batch")
+            .map(|(_, v)| v);
+        self.params
+            .iter()
+            // distinct regions matter only when fewer than the batch
+            .filter(|(k, v)| *k != "distinct_regions" || batch != Some(v))
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => format!("{k} {s}"),
+                other => format!("{k} {other}"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// What every scenario needs: the arguments, the executor, the progress bar.
+pub(super) struct Bench<'a> {
+    pub args: &'a BenchArgs,
+    pub exec: Executor,
+    pub progress: ProgressBar,
+}
+
+impl Bench<'_> {
+    /// Where pool memory comes from: bound to the GPU's NUMA node when the
+    /// machine has several nodes and says which is the GPU's, else anonymous.
+    pub fn pool_device(&self, bytes: u64) -> DeviceSpec {
+        if let Executor::Cuda(dev) = &self.exec
+            && numa_nodes(std::path::Path::new("/sys")).len() > 1
+            && let Some(node) = dev.numa_node()
+        {
+            return DeviceSpec::Numa { node, bytes };
+        }
+        DeviceSpec::Anon { bytes }
+    }
+
+    /// The default or given entry sizes.
+    pub fn entries(&self, default: &[&str]) -> kvtier::Result<Vec<u32>> {
+        let given: Vec<String> = if self.args.entry.is_empty() {
+            default.iter().map(|s| s.to_string()).collect()
+        } else {
+            self.args.entry.clone()
+        };
+        given
+            .iter()
+            .map(|e| e.parse::<EntryFormat>().map(|f| f.bytes()))
+            .collect()
+    }
+
+    /// The default or given batch sizes.
+    pub fn batches(&self, default: &[u32]) -> Vec<u32> {
+        if self.args.batch.is_empty() {
+            default.to_vec()
+        } else {
+            self.args.batch.clone()
+        }
+    }
+
+    /// (median, p99, samples) in µs of `f` timed with the wall clock; `reset`
+    /// runs untimed before every call.
+    pub fn time_cpu<S>(
+        &self,
+        state: &mut S,
+        mut reset: impl FnMut(&mut S),
+        mut f: impl FnMut(&mut S) -> kvtier::Result<()>,
+    ) -> kvtier::Result<(f64, f64, usize)> {
+        for _ in 0..self.args.warmup {
+            reset(state);
+            f(state)?;
+        }
+        let mut samples = Vec::with_capacity(self.args.iters as usize);
+        let budget = self.budget();
+        let start = Instant::now();
+        for i in 0..self.args.iters {
+            if i >= 5 && start.elapsed() > budget {
+                break;
+            }
+            reset(state);
+            let t = Instant::now();
+            f(state)?;
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok(median_p99(samples))
+    }
+
+    /// (median, p99, samples) in µs of `f` timed with CUDA events on
+    /// `stream`; `reset` is enqueued untimed before every call.
+    pub fn time_cuda(
+        &self,
+        timer: &EventTimer,
+        stream: Stream,
+        mut reset: impl FnMut(Stream) -> kvtier::Result<()>,
+        mut f: impl FnMut(Stream) -> kvtier::Result<()>,
+    ) -> kvtier::Result<(f64, f64, usize)> {
+        for _ in 0..self.args.warmup {
+            reset(stream)?;
+            f(stream)?;
+        }
+        let mut samples = Vec::with_capacity(self.args.iters as usize);
+        let budget = self.budget();
+        let start = Instant::now();
+        for i in 0..self.args.iters {
+            if i >= 5 && start.elapsed() > budget {
+                break;
+            }
+            reset(stream)?;
+            timer.start(stream)?;
+            f(stream)?;
+            timer.stop(stream)?;
+            samples.push(timer.elapsed_us()?);
+        }
+        Ok(median_p99(samples))
+    }
+
+    /// (median, p99, samples) in µs of host-driven GPU work: the wall clock
+    /// from before `f` to the end of a synchronisation of `stream` (so the
+    /// host's part and the transfers it enqueued both count).
+    pub fn time_host_driven(
+        &self,
+        dev: &kvtier::CudaDevice,
+        stream: Stream,
+        mut reset: impl FnMut(Stream) -> kvtier::Result<()>,
+        mut f: impl FnMut(Stream) -> kvtier::Result<()>,
+    ) -> kvtier::Result<(f64, f64, usize)> {
+        let mut once = |stream: Stream, timed: bool| -> kvtier::Result<Option<f64>> {
+            reset(stream)?;
+            dev.synchronize(stream)?;
+            let t = Instant::now();
+            f(stream)?;
+            dev.synchronize(stream)?;
+            Ok(timed.then(|| t.elapsed().as_secs_f64() * 1e6))
+        };
+        for _ in 0..self.args.warmup {
+            once(stream, false)?;
+        }
+        let mut samples = Vec::with_capacity(self.args.iters as usize);
+        let budget = self.budget();
+        let start = Instant::now();
+        for i in 0..self.args.iters {
+            if i >= 5 && start.elapsed() > budget {
+                break;
+            }
+            samples.extend(once(stream, true)?);
+        }
+        Ok(median_p99(samples))
+    }
+
+    /// The gather's pool memory budget in bytes.
+    pub fn pool_budget(&self) -> kvtier::Result<u64> {
+        if self.args.pool_memory != "auto" {
+            return parse_size(&self.args.pool_memory);
+        }
+        let available = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("MemAvailable:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            })
+            .map(|kib| kib * 1024)
+            .unwrap_or(u64::MAX);
+        Ok((8u64 << 30).min(available / 2))
+    }
+
+    fn budget(&self) -> Duration {
+        Duration::from_secs_f64(self.args.max_seconds.max(0.0))
+    }
 }
 
 pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
     if args.quick {
-        args.context = args.context.min(4096);
+        let keep = |v: &mut Vec<u32>, quick: &[u32]| {
+            if v.is_empty() {
+                *v = quick.to_vec();
+            }
+        };
+        keep(&mut args.k, &[256, 2048]);
+        keep(&mut args.batch, &[1, 8]);
+        keep(&mut args.context, &[8192]);
+        keep(&mut args.prefill_tokens, &[1024]);
+        if args.entry.is_empty() {
+            args.entry = vec!["fp8-dsa".into()];
+        }
+        args.hot.truncate(1);
         args.iters = args.iters.min(10);
         args.warmup = args.warmup.min(2);
+        args.max_seconds = args.max_seconds.min(1.0);
     }
     if args.iters == 0 || args.batch.contains(&0) {
         return Err(invalid(
@@ -96,32 +353,70 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
             "need at least one iteration and batch sizes >= 1",
         ));
     }
-    let entry = args.entry.parse::<EntryFormat>()?.bytes();
+    if args.pool_memory != "auto" {
+        parse_size(&args.pool_memory)?;
+    }
     let (exec, why_cpu) = choose_executor(&args)?;
-    match &why_cpu {
-        Some(why) => println!(
-            "executor: CPU executor (no CUDA executor: {why}); the limits are host memcpys"
-        ),
-        None => println!(
-            "executor: {}; the limits are copy-engine transfers",
-            exec.describe()
-        ),
-    }
-    if matches!(args.scenario, Scenario::Gather | Scenario::All) {
-        println!();
-        print_table(&gather::run(&args, &exec, entry)?);
-    }
-    if matches!(args.scenario, Scenario::SwapIn | Scenario::All) {
-        println!();
-        print_table(&swap_in::run(&args, &exec, entry)?);
-    }
-    println!(
-        "\nvs limit = the limit's median time / this method's median time (1.00 = as fast as the limit)"
+    let env = report::Environment::probe(&exec, why_cpu.as_deref());
+    println!("{}", env.banner());
+
+    let scenarios: Vec<Scenario> = match args.scenario {
+        Scenario::All => vec![Scenario::Gather, Scenario::SwapIn, Scenario::Writeback],
+        s => vec![s],
+    };
+    let bench = Bench {
+        args: &args,
+        exec,
+        progress: ProgressBar::hidden(),
+    };
+    let total: u64 = scenarios
+        .iter()
+        .map(|s| match s {
+            Scenario::Gather => gather::points(&bench),
+            Scenario::SwapIn => swap_in::points(&bench),
+            Scenario::Writeback => writeback::points(&bench),
+            Scenario::All => Ok(0),
+        })
+        .sum::<kvtier::Result<u64>>()?;
+    // A bar on a terminal (stderr); nothing in logs and CI.
+    let progress = ProgressBar::new(total);
+    progress.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} points {elapsed_precise} {msg}")
+            .expect("a valid template"),
     );
+    let bench = Bench { progress, ..bench };
+
+    let mut all = Vec::new();
+    for s in scenarios {
+        let rows = match s {
+            Scenario::Gather => gather::run(&bench)?,
+            Scenario::SwapIn => swap_in::run(&bench)?,
+            Scenario::Writeback => writeback::run(&bench)?,
+            Scenario::All => unreachable!(),
+        };
+        bench.progress.suspend(|| {
+            println!();
+            report::print_table(&rows);
+        });
+        all.extend(rows);
+    }
+    bench.progress.finish_and_clear();
+    println!(
+        "\nGB/s = bytes the method moves / median time. vs limit = the limit's median time / this method's \
+         median time, for the same useful bytes (1.00 = as fast as the limit)."
+    );
+    if let Some(path) = &args.json {
+        report::write_json(path, &env, &all)?;
+        println!("wrote {} measurements to {}", all.len(), path.display());
+    }
+    if let Some(path) = &args.plot {
+        report::plot(path, args.plot_font.as_deref(), &env, &all)?;
+        println!("wrote the plot to {}", path.display());
+    }
     Ok(())
 }
 
-fn invalid(arg: &'static str, msg: impl Into<String>) -> kvtier::Error {
+pub(super) fn invalid(arg: &'static str, msg: impl Into<String>) -> kvtier::Error {
     kvtier::Error::InvalidArgument {
         arg,
         msg: msg.into(),
@@ -143,88 +438,21 @@ fn choose_executor(args: &BenchArgs) -> kvtier::Result<(Executor, Option<String>
     }
 }
 
-/// (median, p99) in µs of `f` timed with the wall clock; `reset` runs
-/// untimed before every call. Both get the mutable `state` the call works on.
-fn time_cpu<S>(
-    args: &BenchArgs,
-    state: &mut S,
-    mut reset: impl FnMut(&mut S),
-    mut f: impl FnMut(&mut S) -> kvtier::Result<()>,
-) -> kvtier::Result<(f64, f64)> {
-    for _ in 0..args.warmup {
-        reset(state);
-        f(state)?;
-    }
-    let mut samples = Vec::with_capacity(args.iters as usize);
-    for _ in 0..args.iters {
-        reset(state);
-        let t = Instant::now();
-        f(state)?;
-        samples.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    Ok(median_p99(samples))
-}
-
-/// (median, p99) in µs of `f` timed with CUDA events on `stream`; `reset`
-/// runs (enqueued on the stream) untimed before every call.
-fn time_cuda(
-    args: &BenchArgs,
-    timer: &EventTimer,
-    stream: Stream,
-    mut reset: impl FnMut(Stream) -> kvtier::Result<()>,
-    mut f: impl FnMut(Stream) -> kvtier::Result<()>,
-) -> kvtier::Result<(f64, f64)> {
-    for _ in 0..args.warmup {
-        reset(stream)?;
-        f(stream)?;
-    }
-    let mut samples = Vec::with_capacity(args.iters as usize);
-    for _ in 0..args.iters {
-        reset(stream)?;
-        timer.start(stream)?;
-        f(stream)?;
-        timer.stop(stream)?;
-        samples.push(timer.elapsed_us()?);
-    }
-    Ok(median_p99(samples))
-}
-
-/// (median, p99) of the samples, nearest-rank.
-fn median_p99(mut samples: Vec<f64>) -> (f64, f64) {
+/// (median, p99, samples) of the samples, nearest-rank.
+fn median_p99(mut samples: Vec<f64>) -> (f64, f64, usize) {
     samples.sort_by(f64::total_cmp);
     let n = samples.len();
     let p99 = samples[((n as f64 * 0.99).ceil() as usize).clamp(1, n) - 1];
-    (samples[n / 2], p99)
+    (samples[n / 2], p99, n)
 }
 
-fn print_table(rows: &[Row]) {
-    println!(
-        "{:<34} {:<34} {:>10} {:>11} {:>11} {:>9} {:>9}",
-        "point", "method", "bytes", "median µs", "p99 µs", "GB/s", "vs limit"
-    );
-    for group in rows.chunk_by(|a, b| a.point == b.point) {
-        let limit = group.iter().find(|r| r.limit).map(|r| r.median_us);
-        for r in group {
-            let gbps = r.bytes as f64 / r.median_us / 1e3;
-            let ratio = limit.map(|l| l / r.median_us).unwrap_or(f64::NAN);
-            println!(
-                "{:<34} {:<34} {:>10} {:>11.1} {:>11.1} {:>9.2} {:>9.2}",
-                r.point,
-                r.method,
-                format_bytes(r.bytes),
-                r.median_us,
-                r.p99_us,
-                gbps,
-                ratio
-            );
+/// The driver's version as "13.0", or why there is none.
+pub(super) fn driver_text() -> String {
+    match kvtier::cuda::probe_driver() {
+        DriverStatus::Ready { version, .. } => {
+            format!("CUDA {}.{}", version / 1000, version % 1000 / 10)
         }
-    }
-}
-
-fn format_bytes(bytes: u64) -> String {
-    if bytes >= 1_000_000 {
-        format!("{:.2} MB", bytes as f64 / 1e6)
-    } else {
-        format!("{:.1} KB", bytes as f64 / 1e3)
+        DriverStatus::Missing => "none (libcuda not found)".into(),
+        DriverStatus::InitFailed(why) => format!("none ({why})"),
     }
 }

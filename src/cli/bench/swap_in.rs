@@ -1,69 +1,84 @@
 //! The `swap-in` scenario: the HiSparse grid (batch × hot buffer × misses per
-//! request, K = `--k`, items of `--entry` bytes). Per point, kvtier's swap-in
-//! (plan per request, one copy over every miss of the batch), the
-//! one-block-per-request design SGLang uses (same planning, copies inside
-//! each request's block), and a contiguous copy of the missed bytes (the
-//! limit), each from the same state, restored untimed before every call.
+//! request; K = `--swap-k`, items of `--entry` bytes, every request a long
+//! sequence). Per point, from the same state restored untimed before every
+//! call:
+//!
+//! 1. kvtier's swap-in (plan per request, one copy over every miss);
+//! 2. the one-block-per-request design SGLang uses (same planning, each
+//!    request's copies inside its block; CUDA executor only);
+//! 3. the limit: the missed bytes in one contiguous copy;
+//! 4. one `cudaMemcpyAsync` per missed row (host row → its device row);
+//! 5. a host gather of the missed rows into pinned staging, then one copy to
+//!    a contiguous device area.
+//!
+//! 3 to 5 only move bytes: they are given the misses kvtier's plan found
+//! (recorded once with a miss plan), so they are lower bounds for designs
+//! that would also have to find them.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
+use serde_json::json;
 
 use kvtier::cuda::EventTimer;
 use kvtier::{
-    Buf, BufMut, CudaDevice, DeviceBuffer, DeviceSpec, Executor, IndexBuf, LayerFirstLayout, Pool,
+    Buf, BufMut, CudaDevice, DeviceBuffer, Executor, IndexBuf, LayerFirstLayout, MissPlan, Pool,
     Region, Stream, SwapInArgs, SwapInStrategy, Tier,
 };
 
-use super::{BenchArgs, Row, invalid, time_cpu, time_cuda};
+use super::transfer::{self, Dir, Staging};
+use super::{Bench, Measurement, invalid};
 
-pub(super) fn run(args: &BenchArgs, exec: &Executor, item: u32) -> kvtier::Result<Vec<Row>> {
-    let batches = match (args.batch.is_empty(), args.quick) {
-        (false, _) => args.batch.clone(),
-        (true, false) => vec![1, 16, 64, 256],
-        (true, true) => vec![1, 16],
-    };
-    let hots: Vec<u32> = if args.quick {
-        vec![*args.hot.iter().min().unwrap_or(&4096)]
-    } else {
-        args.hot.clone()
-    };
-    let k = args.k;
-    for &hot in &hots {
+const SCENARIO: &str = "swap-in";
+
+fn grid(b: &Bench) -> kvtier::Result<(Vec<u32>, Vec<u32>)> {
+    let k = b.args.swap_k;
+    for &hot in &b.args.hot {
         if k == 0 || k > hot {
-            return Err(invalid("--k", format!("{k} must be in 1..=hot ({hot})")));
+            return Err(invalid(
+                "--swap-k",
+                format!("{k} must be in 1..=hot ({hot})"),
+            ));
         }
     }
-    if let Some(&m) = args.misses.iter().find(|&&m| m > k) {
-        return Err(invalid("--misses", format!("{m} exceeds k = {k}")));
+    if let Some(&m) = b.args.misses.iter().find(|&&m| m > k) {
+        return Err(invalid("--misses", format!("{m} exceeds K = {k}")));
     }
-    println!(
-        "swap-in: HiSparse LRU swap-in, K = {k}, item {item} B, every request a long sequence (context = \
-         hot + 2K), {} iterations after {} warm-up, state restored before each",
-        args.iters, args.warmup
-    );
-    let max_batch = *batches.iter().max().unwrap();
+    Ok((b.entries(&["fp8-dsa"])?, b.batches(&[1, 10, 100, 256])))
+}
+
+pub(super) fn points(b: &Bench) -> kvtier::Result<u64> {
+    let (entries, batches) = grid(b)?;
+    Ok((entries.len() * b.args.hot.len() * batches.len() * b.args.misses.len()) as u64)
+}
+
+pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
+    let (entries, batches) = grid(b)?;
+    let max_batch = *batches.iter().max().expect("non-empty");
     let mut rows = Vec::new();
-    for &hot in &hots {
-        let state = State::build(args.seed ^ hot as u64, max_batch, hot, k, item, exec)?;
-        for &batch in &batches {
-            for &misses in &args.misses {
-                let q = state.queries(batch, misses, args.seed);
-                let point = format!("batch {batch}, hot {hot}, {misses} misses");
-                rows.extend(match exec {
-                    Executor::Cpu => state.bench_cpu(&q, point, args)?,
-                    Executor::Cuda(dev) => state.bench_cuda(dev, &q, point, args)?,
-                });
+    for &item in &entries {
+        for &hot in &b.args.hot {
+            let state = State::build(b, max_batch, hot, item)?;
+            for &batch in &batches {
+                for &misses in &b.args.misses {
+                    b.progress.set_message(format!(
+                        "swap-in: {item} B, hot {hot}, batch {batch}, {misses} misses"
+                    ));
+                    let q = state.queries(batch, misses, b.args.seed);
+                    rows.extend(state.measure(b, &q)?);
+                    b.progress.inc(1);
+                }
             }
         }
     }
     Ok(rows)
 }
 
-/// Per-request HiSparse state for `requests` long requests, host cache rows
-/// in a pool (registered for the GPU), and the device buffer.
+/// Per-request HiSparse state for `requests` long requests, the host cache
+/// rows in a pool (registered for the GPU by the tier), the swap-in engine.
 struct State {
     requests: u32,
     hot: u32,
@@ -88,16 +103,18 @@ struct Queries {
     seq: Vec<i32>,
 }
 
+/// What a swap-in call changes, restored before every timed call.
+struct Mutable {
+    tokens: Vec<i32>,
+    lru: Vec<i16>,
+    device_buffer: Vec<u8>,
+    out: Vec<i32>,
+}
+
 impl State {
-    fn build(
-        seed: u64,
-        requests: u32,
-        hot: u32,
-        k: u32,
-        item: u32,
-        exec: &Executor,
-    ) -> kvtier::Result<Self> {
-        let mut rng = StdRng::seed_from_u64(seed);
+    fn build(b: &Bench, requests: u32, hot: u32, item: u32) -> kvtier::Result<Self> {
+        let k = b.args.swap_k;
+        let mut rng = StdRng::seed_from_u64(b.args.seed ^ hot as u64 ^ ((item as u64) << 32));
         let context = hot + 2 * k;
         let (r, h, c) = (requests as usize, hot as usize, context as usize);
         let mut tokens = vec![-1i32; r * (h + 1)];
@@ -117,12 +134,7 @@ impl State {
         // The host cache, row j filled with a byte pattern of j, in the pool.
         let host_rows = r * c;
         let layout = LayerFirstLayout::new(item, 1, host_rows as u32)?;
-        let pool = Pool::create(
-            layout,
-            DeviceSpec::Anon {
-                bytes: Pool::device_bytes_for(&layout, 1),
-            },
-        )?;
+        let pool = Pool::create(layout, b.pool_device(Pool::device_bytes_for(&layout, 1)))?;
         let host_region = pool.alloc_region()?;
         let chunk = 4096usize;
         let mut bytes = vec![0u8; chunk * item as usize];
@@ -133,7 +145,7 @@ impl State {
             }
             pool.write_tokens(&host_region, 0, first as u32, &bytes[..n * item as usize])?;
         }
-        let mut tier = Tier::new(pool.clone(), exec.clone(), 1)?;
+        let mut tier = Tier::new(pool.clone(), b.exec.clone(), 1)?;
         tier.enable_swap_in(requests, k)?;
         Ok(State {
             requests,
@@ -163,7 +175,7 @@ impl State {
         for req in 0..batch as usize {
             let mut resident: Vec<i32> = self.tokens[req * (h + 1)..][..h].to_vec();
             resident.shuffle(&mut rng);
-            let present: std::collections::HashSet<i32> = resident.iter().copied().collect();
+            let present: HashSet<i32> = resident.iter().copied().collect();
             let mut absent: Vec<i32> = (0..self.context as i32 - 1)
                 .filter(|t| !present.contains(t))
                 .collect();
@@ -182,124 +194,255 @@ impl State {
         }
     }
 
-    fn missed_bytes(&self, q: &Queries) -> u64 {
-        q.batch as u64 * q.misses as u64 * self.item as u64
+    fn params(&self, q: &Queries) -> Vec<(&'static str, serde_json::Value)> {
+        vec![
+            ("batch", json!(q.batch)),
+            ("hot", json!(self.hot)),
+            ("misses", json!(q.misses)),
+            ("k", json!(self.k)),
+            ("entry", json!(self.item)),
+        ]
     }
 
-    /// Checks one loaded row of the first request: the device row the first
-    /// miss was given holds that token's host row.
-    fn verify(
-        &self,
-        q: &Queries,
-        out: &[i32],
-        row_of: impl Fn(usize) -> kvtier::Result<Vec<u8>>,
-    ) -> kvtier::Result<()> {
-        if q.misses == 0 || q.batch == 0 {
-            return Ok(());
-        }
-        let h = self.hot as usize;
-        let present: std::collections::HashSet<i32> = self.tokens[..h].iter().copied().collect();
-        let i = (0..self.k as usize)
-            .find(|&i| !present.contains(&q.topk[i]))
-            .expect("a miss in row 0");
-        let want = row_pattern(self.host_locs[q.topk[i] as usize] as usize);
-        let got = row_of(out[i] as usize)?;
-        if got.iter().any(|&b| b != want) {
-            return Err(kvtier::Error::Pool(
-                "benchmark self-check failed: a loaded row differs from its host row".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    fn bench_cpu(&self, q: &Queries, point: String, args: &BenchArgs) -> kvtier::Result<Vec<Row>> {
-        let (h, k, item) = (self.hot as usize, self.k as usize, self.item as usize);
-        let host_ptr = self.pool.region_host_addr(&self.host_region)?;
-        let host_len = self.host_locs.len() * item;
-        // SAFETY: the region holds host_rows rows of `item` bytes and lives in self.pool.
-        let host_cache = unsafe { std::slice::from_raw_parts(host_ptr as *const u8, host_len) };
-        // What a call mutates: slot tokens, LRU order, device buffer, output.
-        let mut st = (
-            self.tokens.clone(),
-            self.lru.clone(),
-            vec![0u8; self.device_rows() * item],
-            vec![0i32; q.batch as usize * k],
-        );
-        let reset = |st: &mut (Vec<i32>, Vec<i16>, Vec<u8>, Vec<i32>)| {
-            st.0.copy_from_slice(&self.tokens);
-            st.1.copy_from_slice(&self.lru);
-        };
-        let swap = time_cpu(args, &mut st, reset, |(t, l, device_buffer, out)| {
-            let a = SwapInArgs {
-                top_k_tokens: Buf::host(&q.topk),
+    /// The swap-in's arguments over buffers at `loc` addresses.
+    ///
+    /// # Safety
+    /// The raw addresses hold the state's arrays as the executor addresses
+    /// them, for as long as the arguments are used.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn args<'a>(
+        &'a self,
+        q: &'a Queries,
+        loc: kvtier::Location,
+        [
+            tokens,
+            lru,
+            device_buffer,
+            out,
+            topk,
+            locs,
+            host_locs,
+            req,
+            seq,
+        ]: [u64; 9],
+        host_cache: u64,
+        miss_plan: Option<MissPlan<'a>>,
+    ) -> SwapInArgs<'a> {
+        let (h, k) = (self.hot as usize, self.k as usize);
+        // SAFETY: per this function's contract.
+        unsafe {
+            SwapInArgs {
+                top_k_tokens: Buf::from_raw(topk, q.topk.len(), loc),
                 top_k_stride: k,
-                device_buffer_tokens: BufMut::host(t),
-                device_buffer_locs: Buf::host(&self.locs),
+                device_buffer_tokens: BufMut::from_raw(tokens, self.tokens.len(), loc),
+                device_buffer_locs: Buf::from_raw(locs, self.locs.len(), loc),
                 buffer_stride: h + 1,
-                lru_slots: BufMut::host(l),
+                lru_slots: BufMut::from_raw(lru, self.lru.len(), loc),
                 lru_stride: h,
-                host_cache_locs: Buf::host(&self.host_locs),
+                host_cache_locs: Buf::from_raw(host_locs, self.host_locs.len(), loc),
                 host_stride: self.context as usize,
                 max_tokens: self.context,
-                host_cache: Buf::host(host_cache),
-                device_buffer: BufMut::host(device_buffer),
-                top_k_device_locs: BufMut::host(out),
+                host_cache: Buf::from_raw(
+                    host_cache,
+                    self.host_locs.len() * self.item as usize,
+                    loc,
+                ),
+                device_buffer: BufMut::from_raw(
+                    device_buffer,
+                    self.device_rows() * self.item as usize,
+                    loc,
+                ),
+                top_k_device_locs: BufMut::from_raw(out, q.batch as usize * k, loc),
                 out_stride: k,
-                req_pool_indices: IndexBuf::I32(Buf::host(&q.req)),
-                seq_lens: IndexBuf::I32(Buf::host(&q.seq)),
+                req_pool_indices: IndexBuf::I32(Buf::from_raw(req, q.req.len(), loc)),
+                seq_lens: IndexBuf::I32(Buf::from_raw(seq, q.seq.len(), loc)),
                 num_real_reqs: None,
                 num_requests: self.requests,
                 num_top_k: self.k,
                 hot_buffer_size: self.hot,
                 item_size_bytes: self.item,
                 skip_io: false,
-                miss_plan: None,
-            };
-            self.tier.swap_in(&a, Stream::null())
-        })?;
-        let (_, _, device_buffer, out) = &st;
-        self.verify(q, out, |row| {
-            Ok(device_buffer[row * item..][..item].to_vec())
-        })?;
-        let bytes = self.missed_bytes(q);
-        let limit = time_cpu(
-            args,
-            &mut st.2,
-            |_| {},
-            |device_buffer| {
-                device_buffer[..bytes as usize].copy_from_slice(&host_cache[..bytes as usize]);
-                Ok(())
-            },
-        )?;
-        Ok(vec![
-            Row {
-                point: point.clone(),
-                method: "kvtier swap-in (CPU executor)",
-                bytes,
-                median_us: swap.0,
-                p99_us: swap.1,
-                limit: false,
-            },
-            Row {
-                point,
-                method: "contiguous memcpy of misses (limit)",
-                bytes,
-                median_us: limit.0,
-                p99_us: limit.1,
-                limit: true,
-            },
-        ])
+                miss_plan,
+            }
+        }
     }
 
-    fn bench_cuda(
+    /// The (host row, device row) of every miss of `q`, from a swap-in on the
+    /// CPU executor from the pristine state, recording its miss plan.
+    fn misses_of(&self, q: &Queries) -> kvtier::Result<Vec<(i64, i32)>> {
+        let k = self.k as usize;
+        let engine = kvtier::SwapInEngine::new(Executor::cpu())?;
+        let mut m = Mutable {
+            tokens: self.tokens.clone(),
+            lru: self.lru.clone(),
+            device_buffer: vec![0u8; self.device_rows() * self.item as usize],
+            out: vec![0; q.batch as usize * k],
+        };
+        let (mut src, mut dst, mut count) = (
+            vec![0i64; q.batch as usize * k],
+            vec![0i32; q.batch as usize * k],
+            vec![0i32; q.batch as usize],
+        );
+        let host_cache = self.pool.region_host_addr(&self.host_region)?;
+        let plan = MissPlan {
+            src: BufMut::host(&mut src),
+            dst: BufMut::host(&mut dst),
+            stride: k,
+            count: BufMut::host(&mut count),
+        };
+        // SAFETY: host vectors of the state's shapes, alive for the call.
+        let a = unsafe {
+            self.args(
+                q,
+                kvtier::Location::Host,
+                host_addrs(&mut m, self, q),
+                host_cache,
+                Some(plan),
+            )
+        };
+        engine.run(&a, Stream::null())?;
+        Ok((0..q.batch as usize)
+            .flat_map(|b| (0..count[b] as usize).map(move |i| (b, i)))
+            .map(|(b, i)| (src[b * k + i], dst[b * k + i]))
+            .collect())
+    }
+
+    fn measure(&self, b: &Bench, q: &Queries) -> kvtier::Result<Vec<Measurement>> {
+        let item = self.item as usize;
+        let misses = self.misses_of(q)?;
+        if misses.len() != (q.batch * q.misses) as usize {
+            return Err(kvtier::Error::Pool(format!(
+                "benchmark self-check failed: {} misses planned, {} drawn",
+                misses.len(),
+                q.batch * q.misses
+            )));
+        }
+        let bytes = misses.len() * item;
+        let host_base = self.pool.region_host_addr(&self.host_region)?;
+        let mut staging = Staging::new(&b.exec, bytes)?;
+        let params = self.params(q);
+        let row = |method, t: (f64, f64, usize), limit| Measurement {
+            scenario: SCENARIO,
+            method,
+            params: params.clone(),
+            bytes: bytes as u64,
+            median_us: t.0,
+            p99_us: t.1,
+            samples: t.2,
+            limit,
+        };
+        let sources: Vec<u64> = misses
+            .iter()
+            .map(|&(src, _)| host_base + src as u64 * item as u64)
+            .collect();
+        match &b.exec {
+            Executor::Cpu => {
+                let mut m = Mutable {
+                    tokens: self.tokens.clone(),
+                    lru: self.lru.clone(),
+                    device_buffer: vec![0u8; self.device_rows() * item],
+                    out: vec![0; q.batch as usize * self.k as usize],
+                };
+                let reset = |m: &mut Mutable| {
+                    m.tokens.copy_from_slice(&self.tokens);
+                    m.lru.copy_from_slice(&self.lru);
+                };
+                let kv = b.time_cpu(&mut m, reset, |m| {
+                    // SAFETY: host vectors of the state's shapes, alive for the call.
+                    let a = unsafe {
+                        self.args(
+                            q,
+                            kvtier::Location::Host,
+                            host_addrs(m, self, q),
+                            host_base,
+                            None,
+                        )
+                    };
+                    self.tier.swap_in(&a, Stream::null())
+                })?;
+                self.verify("the kvtier swap-in", &misses, |row| {
+                    Ok(m.device_buffer[row * item..][..item].to_vec())
+                })?;
+                let dev_base = m.device_buffer.as_mut_ptr() as u64;
+                let pairs: Vec<(u64, u64)> = misses
+                    .iter()
+                    .zip(&sources)
+                    .map(|(&(_, dst), &src)| (src, dev_base + dst as u64 * item as u64))
+                    .collect();
+                // SAFETY (all three): sources are host-cache rows, destinations
+                // rows of the device buffer (or its first `bytes`).
+                let limit = b.time_cpu(
+                    &mut (),
+                    |_| {},
+                    |_| unsafe {
+                        transfer::contiguous(
+                            &b.exec,
+                            Dir::HostToDevice,
+                            host_base,
+                            dev_base,
+                            bytes,
+                            Stream::null(),
+                        )
+                    },
+                )?;
+                let each = b.time_cpu(
+                    &mut (),
+                    |_| {},
+                    |_| unsafe {
+                        transfer::per_entry(
+                            &b.exec,
+                            Dir::HostToDevice,
+                            &pairs,
+                            item,
+                            Stream::null(),
+                        )
+                    },
+                )?;
+                self.verify("per-entry memcpy", &misses, |row| {
+                    Ok(m.device_buffer[row * item..][..item].to_vec())
+                })?;
+                let staged = b.time_cpu(
+                    &mut (),
+                    |_| {},
+                    |_| unsafe {
+                        transfer::staged_gather(
+                            &b.exec,
+                            &sources,
+                            &mut staging,
+                            dev_base,
+                            item,
+                            Stream::null(),
+                        )
+                    },
+                )?;
+                Ok(vec![
+                    row("kvtier swap-in (CPU executor)", kv, false),
+                    row("contiguous memcpy of the misses (limit)", limit, true),
+                    row("per-miss memcpy", each, false),
+                    row("host gather of the misses + one memcpy", staged, false),
+                ])
+            }
+            Executor::Cuda(dev) => {
+                self.measure_cuda(b, dev, q, &misses, &sources, &mut staging, row)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn measure_cuda(
         &self,
+        b: &Bench,
         dev: &Arc<CudaDevice>,
         q: &Queries,
-        point: String,
-        args: &BenchArgs,
-    ) -> kvtier::Result<Vec<Row>> {
-        let (h, k, item) = (self.hot as usize, self.k as usize, self.item as usize);
-        let stream = dev.create_stream()?;
+        misses: &[(i64, i32)],
+        sources: &[u64],
+        staging: &mut Staging,
+        row: impl Fn(&'static str, (f64, f64, usize), bool) -> Measurement,
+    ) -> kvtier::Result<Vec<Measurement>> {
+        let item = self.item as usize;
+        let bytes = misses.len() * item;
+        let owned = dev.create_stream()?;
+        let s = owned.stream();
         let timer = EventTimer::new(dev)?;
         let pristine_tokens = DeviceBuffer::from_host(dev, &self.tokens)?;
         let pristine_lru = DeviceBuffer::from_host(dev, &self.lru)?;
@@ -311,121 +454,120 @@ impl State {
         let req = DeviceBuffer::from_host(dev, &q.req)?;
         let seq = DeviceBuffer::from_host(dev, &q.seq)?;
         let device_buffer = DeviceBuffer::<u8>::zeroed(dev, self.device_rows() * item)?;
-        let out = DeviceBuffer::<i32>::zeroed(dev, q.batch as usize * k)?;
-        let host_base = self.pool.region_device_addr(&self.host_region, dev)?;
-        let host_len = self.host_locs.len() * item;
-        let (tok_dst, lru_dst) = (tokens.device_ptr(), lru.device_ptr());
+        let out = DeviceBuffer::<i32>::zeroed(dev, q.batch as usize * self.k as usize)?;
+        let host_cache = self.pool.region_device_addr(&self.host_region, dev)?;
+        let addrs = [
+            tokens.device_ptr(),
+            lru.device_ptr(),
+            device_buffer.device_ptr(),
+            out.device_ptr(),
+            topk.device_ptr(),
+            locs.device_ptr(),
+            host_locs.device_ptr(),
+            req.device_ptr(),
+            seq.device_ptr(),
+        ];
         let reset = |s: Stream| -> kvtier::Result<()> {
             // SAFETY: device copies between buffers of equal length, in stream order.
             unsafe {
                 dev.copy_device_to_device_async(
-                    tok_dst,
+                    tokens.device_ptr(),
                     pristine_tokens.device_ptr(),
                     4 * self.tokens.len(),
                     s,
                 )?;
                 dev.copy_device_to_device_async(
-                    lru_dst,
+                    lru.device_ptr(),
                     pristine_lru.device_ptr(),
                     2 * self.lru.len(),
                     s,
                 )
             }
         };
-
-        let time_strategy = |strategy: SwapInStrategy| -> kvtier::Result<((f64, f64), Vec<i32>)> {
-            let t = time_cuda(args, &timer, stream.stream(), reset, |s| {
-                // SAFETY: the buffers below live until after the timing's synchronisation.
-                let a = unsafe {
-                    SwapInArgs {
-                        top_k_tokens: topk.as_buf(),
-                        top_k_stride: k,
-                        device_buffer_tokens: BufMut::device(tok_dst, self.tokens.len()),
-                        device_buffer_locs: locs.as_buf(),
-                        buffer_stride: h + 1,
-                        lru_slots: BufMut::device(lru_dst, self.lru.len()),
-                        lru_stride: h,
-                        host_cache_locs: host_locs.as_buf(),
-                        host_stride: self.context as usize,
-                        max_tokens: self.context,
-                        host_cache: Buf::device(host_base, host_len),
-                        device_buffer: BufMut::device(
-                            device_buffer.device_ptr(),
-                            device_buffer.len(),
-                        ),
-                        top_k_device_locs: BufMut::device(out.device_ptr(), out.len()),
-                        out_stride: k,
-                        req_pool_indices: IndexBuf::I32(req.as_buf()),
-                        seq_lens: IndexBuf::I32(seq.as_buf()),
-                        num_real_reqs: None,
-                        num_requests: self.requests,
-                        num_top_k: self.k,
-                        hot_buffer_size: self.hot,
-                        item_size_bytes: self.item,
-                        skip_io: false,
-                        miss_plan: None,
-                    }
-                };
-                self.tier.swap_in_with(&a, strategy, s)
-            })?;
-            self.tier.check(stream.stream())?;
-            Ok((t, out.to_vec()?))
-        };
-        let (swap, out_kvtier) = time_strategy(SwapInStrategy::PlanThenCopy)?;
-        self.verify(q, &out_kvtier, |row| device_buffer.read(row * item, item))?;
-        let (baseline, out_baseline) = time_strategy(SwapInStrategy::OneBlockPerRequest)?;
+        let time_strategy =
+            |strategy: SwapInStrategy| -> kvtier::Result<((f64, f64, usize), Vec<i32>)> {
+                let t = b.time_cuda(&timer, s, reset, |s| {
+                    // SAFETY: the device buffers above live until after the timing.
+                    let a =
+                        unsafe { self.args(q, kvtier::Location::Device, addrs, host_cache, None) };
+                    self.tier.swap_in_with(&a, strategy, s)
+                })?;
+                self.tier.check(s)?;
+                Ok((t, out.to_vec()?))
+            };
+        let (kv, out_kvtier) = time_strategy(SwapInStrategy::PlanThenCopy)?;
+        self.verify("the kvtier swap-in", misses, |r| {
+            device_buffer.read(r * item, item)
+        })?;
+        let (one_block, out_baseline) = time_strategy(SwapInStrategy::OneBlockPerRequest)?;
         if out_kvtier != out_baseline {
             return Err(kvtier::Error::Pool(
                 "benchmark self-check failed: the two designs gave different page tables".into(),
             ));
         }
-        let bytes = self.missed_bytes(q);
-        let dst = device_buffer.device_ptr();
-        let limit = time_cuda(
-            args,
-            &timer,
-            stream.stream(),
-            |_| Ok(()),
-            |s| {
-                // SAFETY: `bytes` fit both the registered host cache and the device buffer.
-                unsafe {
-                    dev.copy_host_to_device_async(
-                        dst,
-                        self.pool.region_host_addr(&self.host_region)? as *const u8,
-                        bytes as usize,
-                        s,
-                    )
-                }
-            },
-        )?;
-
+        let host_base = self.pool.region_host_addr(&self.host_region)?;
+        let dev_base = device_buffer.device_ptr();
+        let pairs: Vec<(u64, u64)> = misses
+            .iter()
+            .zip(sources)
+            .map(|(&(_, dst), &src)| (src, dev_base + dst as u64 * item as u64))
+            .collect();
+        let none = |_: Stream| Ok(());
+        // SAFETY (all three): sources are registered host-cache rows,
+        // destinations rows of the device buffer (or its first `bytes`).
+        let limit = b.time_cuda(&timer, s, none, |s| unsafe {
+            transfer::contiguous(&b.exec, Dir::HostToDevice, host_base, dev_base, bytes, s)
+        })?;
+        let each = b.time_host_driven(dev, s, none, |s| unsafe {
+            transfer::per_entry(&b.exec, Dir::HostToDevice, &pairs, item, s)
+        })?;
+        self.verify("per-miss cudaMemcpyAsync", misses, |r| {
+            device_buffer.read(r * item, item)
+        })?;
+        let staged = b.time_host_driven(dev, s, none, |s| unsafe {
+            transfer::staged_gather(&b.exec, sources, staging, dev_base, item, s)
+        })?;
         Ok(vec![
-            Row {
-                point: point.clone(),
-                method: "kvtier swap-in (plan + wide copy)",
-                bytes,
-                median_us: swap.0,
-                p99_us: swap.1,
-                limit: false,
-            },
-            Row {
-                point: point.clone(),
-                method: "one block per request (SGLang)",
-                bytes,
-                median_us: baseline.0,
-                p99_us: baseline.1,
-                limit: false,
-            },
-            Row {
-                point,
-                method: "contiguous H2D copy of misses (limit)",
-                bytes,
-                median_us: limit.0,
-                p99_us: limit.1,
-                limit: true,
-            },
+            row("kvtier swap-in (plan + wide copy)", kv, false),
+            row("one block per request (SGLang's design)", one_block, false),
+            row("contiguous H2D copy of the misses (limit)", limit, true),
+            row("cudaMemcpyAsync per miss", each, false),
+            row("host gather of the misses + one H2D copy", staged, false),
         ])
     }
+
+    /// Checks the first and last loaded rows against their host rows.
+    fn verify(
+        &self,
+        method: &str,
+        misses: &[(i64, i32)],
+        row_of: impl Fn(usize) -> kvtier::Result<Vec<u8>>,
+    ) -> kvtier::Result<()> {
+        for &(src, dst) in [misses.first(), misses.last()].into_iter().flatten() {
+            let want = row_pattern(src as usize);
+            if row_of(dst as usize)?.iter().any(|&b| b != want) {
+                return Err(kvtier::Error::Pool(format!(
+                    "benchmark self-check failed: {method} loaded the wrong bytes into device row {dst}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The host addresses of the mutable and read-only arrays, in [`State::args`] order.
+fn host_addrs(m: &mut Mutable, s: &State, q: &Queries) -> [u64; 9] {
+    [
+        m.tokens.as_mut_ptr() as u64,
+        m.lru.as_mut_ptr() as u64,
+        m.device_buffer.as_mut_ptr() as u64,
+        m.out.as_mut_ptr() as u64,
+        q.topk.as_ptr() as u64,
+        s.locs.as_ptr() as u64,
+        s.host_locs.as_ptr() as u64,
+        q.req.as_ptr() as u64,
+        q.seq.as_ptr() as u64,
+    ]
 }
 
 /// The byte every byte of host row `row` holds.

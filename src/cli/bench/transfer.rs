@@ -1,0 +1,172 @@
+//! The baselines' data movement, for both executors: what a user would do
+//! instead of kvtier's kernels. On the CUDA executor these are copy-engine
+//! transfers (`cuMemcpy*Async`) and host loops; on the CPU executor the same
+//! shapes with `memcpy`.
+
+use memmap2::MmapMut;
+
+use kvtier::cuda::{HostRegistration, REGISTER_FLAGS};
+use kvtier::{Executor, Stream};
+
+/// Which way the bytes go on the CUDA executor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Dir {
+    /// Pool (host) to device: fetches.
+    HostToDevice,
+    /// Device to pool (host): writebacks.
+    DeviceToHost,
+}
+
+/// Page-aligned host memory, registered with the GPU for the CUDA executor
+/// (so that copies from and to it are asynchronous, as pinned staging is).
+pub(super) struct Staging {
+    // Dropped first: unregister before unmapping.
+    _registration: Option<HostRegistration>,
+    map: MmapMut,
+}
+
+impl Staging {
+    pub fn new(exec: &Executor, bytes: usize) -> kvtier::Result<Self> {
+        let mut map = MmapMut::map_anon(bytes.max(1)).map_err(|source| kvtier::Error::Io {
+            context: format!("mapping {bytes} B of staging memory"),
+            source,
+        })?;
+        // Touch every page: the first iteration should not pay the faults.
+        map.fill(0);
+        let registration = match exec {
+            Executor::Cpu => None,
+            // SAFETY: the mapping lives as long as the registration (field order).
+            Executor::Cuda(dev) => Some(unsafe {
+                HostRegistration::register(dev, map.as_mut_ptr(), map.len(), REGISTER_FLAGS)?
+            }),
+        };
+        Ok(Staging {
+            _registration: registration,
+            map,
+        })
+    }
+
+    pub fn ptr(&mut self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+}
+
+/// One contiguous copy of `bytes` bytes: the link's limit.
+///
+/// # Safety
+/// Both ranges are valid for `bytes` bytes as the executor addresses them
+/// (host memory for the CPU; for CUDA the host side registered and the
+/// device side device memory), until the copy completes.
+pub(super) unsafe fn contiguous(
+    exec: &Executor,
+    dir: Dir,
+    src: u64,
+    dst: u64,
+    bytes: usize,
+    stream: Stream,
+) -> kvtier::Result<()> {
+    // SAFETY: per this function's contract.
+    unsafe {
+        match (exec, dir) {
+            (Executor::Cpu, _) => {
+                std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes);
+                Ok(())
+            }
+            (Executor::Cuda(dev), Dir::HostToDevice) => {
+                dev.copy_host_to_device_async(dst, src as *const u8, bytes, stream)
+            }
+            (Executor::Cuda(dev), Dir::DeviceToHost) => {
+                dev.copy_device_to_host_async(dst as *mut u8, src, bytes, stream)
+            }
+        }
+    }
+}
+
+/// One copy call per entry: what DMA-only systems do (`cudaMemcpyAsync` per
+/// entry; `memcpy` per entry on the CPU executor).
+///
+/// # Safety
+/// As for [`contiguous`], for every (source, destination) pair and `entry`
+/// bytes.
+pub(super) unsafe fn per_entry(
+    exec: &Executor,
+    dir: Dir,
+    pairs: &[(u64, u64)],
+    entry: usize,
+    stream: Stream,
+) -> kvtier::Result<()> {
+    for &(src, dst) in pairs {
+        // SAFETY: per this function's contract.
+        unsafe { contiguous(exec, dir, src, dst, entry, stream)? };
+    }
+    Ok(())
+}
+
+/// The host gathers the entries into staging, then one copy takes staging to
+/// `dst` (host to device on the CUDA executor).
+///
+/// # Safety
+/// Every source is host memory holding `entry` bytes, the staging holds
+/// `sources.len() * entry` bytes, and `dst` is valid for as many as the
+/// executor addresses it, until the copy completes.
+pub(super) unsafe fn staged_gather(
+    exec: &Executor,
+    sources: &[u64],
+    staging: &mut Staging,
+    dst: u64,
+    entry: usize,
+    stream: Stream,
+) -> kvtier::Result<()> {
+    let base = staging.ptr();
+    for (i, &src) in sources.iter().enumerate() {
+        // SAFETY: per this function's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, base.add(i * entry), entry) };
+    }
+    // SAFETY: per this function's contract.
+    unsafe {
+        contiguous(
+            exec,
+            Dir::HostToDevice,
+            base as u64,
+            dst,
+            sources.len() * entry,
+            stream,
+        )
+    }
+}
+
+/// One copy takes `src` into staging (device to host on the CUDA executor,
+/// waited for), then the host scatters the entries to their destinations.
+///
+/// # Safety
+/// `src` holds `dests.len() * entry` bytes as the executor addresses it, the
+/// staging as many, and every destination is host memory of `entry` bytes.
+pub(super) unsafe fn staged_scatter(
+    exec: &Executor,
+    src: u64,
+    staging: &mut Staging,
+    dests: &[u64],
+    entry: usize,
+    stream: Stream,
+) -> kvtier::Result<()> {
+    let base = staging.ptr();
+    // SAFETY: per this function's contract.
+    unsafe {
+        contiguous(
+            exec,
+            Dir::DeviceToHost,
+            src,
+            base as u64,
+            dests.len() * entry,
+            stream,
+        )?
+    };
+    if let Executor::Cuda(dev) = exec {
+        dev.synchronize(stream)?;
+    }
+    for (i, &dst) in dests.iter().enumerate() {
+        // SAFETY: per this function's contract.
+        unsafe { std::ptr::copy_nonoverlapping(base.add(i * entry), dst as *mut u8, entry) };
+    }
+    Ok(())
+}

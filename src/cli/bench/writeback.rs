@@ -1,0 +1,411 @@
+//! The `writeback` scenario: new KV entries from device KV buffers into the
+//! pool, layer-first.
+//!
+//! * prefill: one layer of a prefill chunk (`--prefill-tokens` tokens of one
+//!   request, from rows scattered over the layer's KV buffer, as SGLang's
+//!   `out_cache_loc` are);
+//! * decode: every layer (`--layers`) of the newest token of each request of
+//!   a batch.
+//!
+//! Per point: kvtier's writeback; the limit (one contiguous device→host copy
+//! of the same bytes); one `cudaMemcpyAsync` per entry; one copy into pinned
+//! staging, then a host scatter into the pool.
+
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{RngCore, SeedableRng};
+use serde_json::json;
+
+use kvtier::cuda::EventTimer;
+use kvtier::{
+    Buf, DeviceBuffer, Executor, LayerFirstLayout, Pool, Region, Stream, Tier, WritebackItems,
+};
+
+use super::transfer::{self, Dir, Staging};
+use super::{Bench, Measurement, invalid};
+
+const SCENARIO: &str = "writeback";
+/// Tokens per decode region (the newest token is the last one).
+const DECODE_TOKENS: u32 = 16;
+
+fn chunks(b: &Bench) -> Vec<u32> {
+    if b.args.prefill_tokens.is_empty() {
+        vec![1024, 8192]
+    } else {
+        b.args.prefill_tokens.clone()
+    }
+}
+
+pub(super) fn points(b: &Bench) -> kvtier::Result<u64> {
+    if b.args.layers == 0 || chunks(b).contains(&0) {
+        return Err(invalid(
+            "--layers/--prefill-tokens",
+            "need at least one layer and one token",
+        ));
+    }
+    let entries = b.entries(&["fp8-dsa", "bf16-mla"])?.len();
+    Ok((entries * (chunks(b).len() + b.batches(&[1, 8, 64]).len())) as u64)
+}
+
+pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
+    let mut rows = Vec::new();
+    for entry in b.entries(&["fp8-dsa", "bf16-mla"])? {
+        for tokens in chunks(b) {
+            b.progress
+                .set_message(format!("writeback: {entry} B, prefill of {tokens} tokens"));
+            rows.extend(prefill(b, entry, tokens)?);
+            b.progress.inc(1);
+        }
+        let batches = b.batches(&[1, 8, 64]);
+        let max_batch = *batches.iter().max().expect("non-empty");
+        let layout = LayerFirstLayout::new(entry, b.args.layers, DECODE_TOKENS)?;
+        let pool = Pool::create(
+            layout,
+            b.pool_device(Pool::device_bytes_for(&layout, max_batch)),
+        )?;
+        let regions: Vec<Region> = (0..max_batch)
+            .map(|_| pool.alloc_region())
+            .collect::<kvtier::Result<_>>()?;
+        let mut tier = Tier::new(pool.clone(), b.exec.clone(), max_batch)?;
+        for (slot, r) in regions.iter().enumerate() {
+            tier.bind_slot(slot as u32, r, Stream::null())?;
+        }
+        if let Executor::Cuda(dev) = &b.exec {
+            dev.synchronize_all()?;
+        }
+        for batch in batches {
+            b.progress.set_message(format!(
+                "writeback: {entry} B, decode of batch {batch}, {} layers",
+                b.args.layers
+            ));
+            rows.extend(decode(b, &tier, &pool, &regions, entry, batch)?);
+            b.progress.inc(1);
+        }
+    }
+    Ok(rows)
+}
+
+/// Everything a writeback point needs: items, the source rows, where each
+/// entry lands in the pool.
+struct Point<'a> {
+    params: Vec<(&'static str, serde_json::Value)>,
+    entry: usize,
+    /// The source bytes (one layer's rows, or every layer's rows back to back).
+    src: Vec<u8>,
+    /// Per entry: (offset of its source row in `src`, its pool host address),
+    /// in `src` order for the staged scatter.
+    moves: Vec<(usize, u64)>,
+    pool: &'a Arc<Pool>,
+    /// The first pool byte the limit writes to (as many contiguous bytes).
+    pool_base: u64,
+}
+
+impl Point<'_> {
+    fn bytes(&self) -> usize {
+        self.moves.len() * self.entry
+    }
+
+    /// Checks the first and last entries landed where they belong.
+    fn verify(&self, method: &str) -> kvtier::Result<()> {
+        for &(off, addr) in [self.moves.first(), self.moves.last()]
+            .into_iter()
+            .flatten()
+        {
+            // SAFETY: `addr` is an entry of a live pool region.
+            let got = unsafe { std::slice::from_raw_parts(addr as *const u8, self.entry) };
+            if got != &self.src[off..][..self.entry] {
+                return Err(kvtier::Error::Pool(format!(
+                    "benchmark self-check failed: {method} wrote the wrong bytes"
+                )));
+            }
+        }
+        let _ = self.pool;
+        Ok(())
+    }
+
+    /// Times the four methods on the source at `src` (the executor's copy of
+    /// `self.src`); `kvtier_call` runs kvtier's writeback from it.
+    fn measure(
+        &self,
+        b: &Bench,
+        src: u64,
+        kvtier_call: impl Fn(Stream) -> kvtier::Result<()>,
+    ) -> kvtier::Result<Vec<Measurement>> {
+        let bytes = self.bytes();
+        let row = |method, t: (f64, f64, usize), limit| Measurement {
+            scenario: SCENARIO,
+            method,
+            params: self.params.clone(),
+            bytes: bytes as u64,
+            median_us: t.0,
+            p99_us: t.1,
+            samples: t.2,
+            limit,
+        };
+        let mut staging = Staging::new(&b.exec, bytes)?;
+        let dests: Vec<u64> = self.moves.iter().map(|&(_, addr)| addr).collect();
+        match &b.exec {
+            Executor::Cpu => {
+                let pairs: Vec<(u64, u64)> = self
+                    .moves
+                    .iter()
+                    .map(|&(off, addr)| (src + off as u64, addr))
+                    .collect();
+                let kv = b.time_cpu(&mut (), |_| {}, |_| kvtier_call(Stream::null()))?;
+                self.verify("the kvtier writeback")?;
+                // SAFETY (all three): the source is `src` (at least `bytes`),
+                // the destinations pool entries (and `bytes` contiguous pool
+                // bytes from `pool_base`).
+                let limit = b.time_cpu(
+                    &mut (),
+                    |_| {},
+                    |_| unsafe {
+                        transfer::contiguous(
+                            &b.exec,
+                            Dir::DeviceToHost,
+                            src,
+                            self.pool_base,
+                            bytes,
+                            Stream::null(),
+                        )
+                    },
+                )?;
+                let each = b.time_cpu(
+                    &mut (),
+                    |_| {},
+                    |_| unsafe {
+                        transfer::per_entry(
+                            &b.exec,
+                            Dir::DeviceToHost,
+                            &pairs,
+                            self.entry,
+                            Stream::null(),
+                        )
+                    },
+                )?;
+                self.verify("per-entry memcpy")?;
+                let staged = b.time_cpu(
+                    &mut (),
+                    |_| {},
+                    |_| unsafe {
+                        transfer::staged_scatter(
+                            &b.exec,
+                            src,
+                            &mut staging,
+                            &dests,
+                            self.entry,
+                            Stream::null(),
+                        )
+                    },
+                )?;
+                self.verify("the staged scatter")?;
+                Ok(vec![
+                    row("kvtier writeback (CPU executor)", kv, false),
+                    row("contiguous memcpy (limit)", limit, true),
+                    row("per-entry memcpy", each, false),
+                    row("one memcpy to staging + host scatter", staged, false),
+                ])
+            }
+            Executor::Cuda(dev) => {
+                let owned = dev.create_stream()?;
+                let s = owned.stream();
+                let timer = EventTimer::new(dev)?;
+                let pairs: Vec<(u64, u64)> = self
+                    .moves
+                    .iter()
+                    .map(|&(off, addr)| (src + off as u64, addr))
+                    .collect();
+                let none = |_: Stream| Ok(());
+                let kv = b.time_cuda(&timer, s, none, &kvtier_call)?;
+                dev.synchronize(s)?;
+                self.verify("the kvtier writeback")?;
+                // SAFETY (all three): the source is device memory of at least
+                // `bytes`, the destinations registered pool memory.
+                let limit = b.time_cuda(&timer, s, none, |s| unsafe {
+                    transfer::contiguous(&b.exec, Dir::DeviceToHost, src, self.pool_base, bytes, s)
+                })?;
+                let each = b.time_host_driven(dev, s, none, |s| unsafe {
+                    transfer::per_entry(&b.exec, Dir::DeviceToHost, &pairs, self.entry, s)
+                })?;
+                self.verify("per-entry cudaMemcpyAsync")?;
+                let staged = b.time_host_driven(dev, s, none, |s| unsafe {
+                    transfer::staged_scatter(&b.exec, src, &mut staging, &dests, self.entry, s)
+                })?;
+                self.verify("the staged scatter")?;
+                Ok(vec![
+                    row("kvtier writeback", kv, false),
+                    row("contiguous D2H copy (limit)", limit, true),
+                    row("cudaMemcpyAsync per entry", each, false),
+                    row(
+                        "one D2H copy to pinned staging + host scatter",
+                        staged,
+                        false,
+                    ),
+                ])
+            }
+        }
+    }
+}
+
+/// One layer of a prefill chunk: token t of one request from row
+/// `src_rows[t]` of the layer's KV buffer (a random permutation).
+fn prefill(b: &Bench, entry: u32, tokens: u32) -> kvtier::Result<Vec<Measurement>> {
+    let layout = LayerFirstLayout::new(entry, 1, tokens)?;
+    let pool = Pool::create(layout, b.pool_device(Pool::device_bytes_for(&layout, 1)))?;
+    let region = pool.alloc_region()?;
+    let mut tier = Tier::new(pool.clone(), b.exec.clone(), 1)?;
+    tier.bind_slot(0, &region, Stream::null())?;
+    if let Executor::Cuda(dev) = &b.exec {
+        dev.synchronize_all()?;
+    }
+    let mut rng = StdRng::seed_from_u64(b.args.seed ^ ((entry as u64) << 32) ^ tokens as u64);
+    let e = entry as usize;
+    let mut src = vec![0u8; tokens as usize * e];
+    rng.fill_bytes(&mut src);
+    let mut src_rows: Vec<i64> = (0..tokens as i64).collect();
+    src_rows.shuffle(&mut rng);
+    let slots = vec![0i32; tokens as usize];
+    let toks: Vec<i32> = (0..tokens as i32).collect();
+    let base = pool.region_host_addr(&region)?;
+    // In source order: source row r goes to the token t with src_rows[t] = r.
+    let mut moves = vec![(0usize, 0u64); tokens as usize];
+    for (t, &r) in src_rows.iter().enumerate() {
+        moves[r as usize] = (r as usize * e, base + (t * e) as u64);
+    }
+    let point = Point {
+        params: vec![
+            ("phase", json!("prefill")),
+            ("tokens", json!(tokens)),
+            ("layers", json!(1)),
+            ("entry", json!(entry)),
+        ],
+        entry: e,
+        src,
+        moves,
+        pool: &pool,
+        pool_base: base,
+    };
+    let items = ItemBuffers::new(&b.exec, &slots, &toks, &src_rows)?;
+    let source = Source::new(&b.exec, &point.src)?;
+    point.measure(b, source.addr(), |s| {
+        tier.writeback_layer(0, &items.items(), source.buf(), s)
+    })
+}
+
+/// Every layer of the newest token of each of `batch` requests: item b takes
+/// row b of every layer's KV buffer (layers back to back in one allocation).
+fn decode(
+    b: &Bench,
+    tier: &Tier,
+    pool: &Arc<Pool>,
+    regions: &[Region],
+    entry: u32,
+    batch: u32,
+) -> kvtier::Result<Vec<Measurement>> {
+    let (e, layers) = (entry as usize, b.args.layers as usize);
+    let mut rng = StdRng::seed_from_u64(b.args.seed ^ ((entry as u64) << 32) ^ batch as u64);
+    let layer_len = batch as usize * e;
+    let mut src = vec![0u8; layers * layer_len];
+    rng.fill_bytes(&mut src);
+    let layout = pool.layout();
+    let mut moves = Vec::with_capacity(layers * batch as usize);
+    for l in 0..layers {
+        let at = layout.entry_offset(l as u32, DECODE_TOKENS - 1)?;
+        for (r, region) in regions.iter().take(batch as usize).enumerate() {
+            moves.push((l * layer_len + r * e, pool.region_host_addr(region)? + at));
+        }
+    }
+    let slots: Vec<i32> = (0..batch as i32).collect();
+    let toks = vec![DECODE_TOKENS as i32 - 1; batch as usize];
+    let src_rows: Vec<i64> = (0..batch as i64).collect();
+    let point = Point {
+        params: vec![
+            ("phase", json!("decode")),
+            ("batch", json!(batch)),
+            ("layers", json!(layers)),
+            ("entry", json!(entry)),
+        ],
+        entry: e,
+        src,
+        moves,
+        pool,
+        pool_base: pool.region_host_addr(&regions[0])?,
+    };
+    let items = ItemBuffers::new(&b.exec, &slots, &toks, &src_rows)?;
+    let source = Source::new(&b.exec, &point.src)?;
+    let (src, loc) = (source.addr(), b.exec.location());
+    // SAFETY: the layers lie back to back in `source`, which outlives `kv`.
+    // Registering is set-up work, outside the timing.
+    let bufs: Vec<Buf<u8>> = (0..layers)
+        .map(|l| unsafe { Buf::from_raw(src + (l * layer_len) as u64, layer_len, loc) })
+        .collect();
+    let kv = tier.register_kv_layers(&bufs)?;
+    point.measure(b, src, |s| {
+        tier.writeback_all_layers(&items.items(), &kv, s)
+    })
+}
+
+/// The source rows where the executor reads them.
+enum Source {
+    Host(Vec<u8>),
+    Device(DeviceBuffer<u8>),
+}
+
+impl Source {
+    fn new(exec: &Executor, bytes: &[u8]) -> kvtier::Result<Self> {
+        Ok(match exec {
+            Executor::Cpu => Source::Host(bytes.to_vec()),
+            Executor::Cuda(dev) => Source::Device(DeviceBuffer::from_host(dev, bytes)?),
+        })
+    }
+
+    fn addr(&self) -> u64 {
+        match self {
+            Source::Host(v) => v.as_ptr() as u64,
+            Source::Device(d) => d.device_ptr(),
+        }
+    }
+
+    fn buf(&self) -> Buf<'_, u8> {
+        match self {
+            Source::Host(v) => Buf::host(v),
+            Source::Device(d) => d.as_buf(),
+        }
+    }
+}
+
+/// The item lists where the executor reads them.
+enum ItemBuffers {
+    Host(Vec<i32>, Vec<i32>, Vec<i64>),
+    Device(DeviceBuffer<i32>, DeviceBuffer<i32>, DeviceBuffer<i64>),
+}
+
+impl ItemBuffers {
+    fn new(exec: &Executor, slots: &[i32], tokens: &[i32], rows: &[i64]) -> kvtier::Result<Self> {
+        Ok(match exec {
+            Executor::Cpu => ItemBuffers::Host(slots.to_vec(), tokens.to_vec(), rows.to_vec()),
+            Executor::Cuda(dev) => ItemBuffers::Device(
+                DeviceBuffer::from_host(dev, slots)?,
+                DeviceBuffer::from_host(dev, tokens)?,
+                DeviceBuffer::from_host(dev, rows)?,
+            ),
+        })
+    }
+
+    fn items(&self) -> WritebackItems<'_> {
+        match self {
+            ItemBuffers::Host(s, t, r) => WritebackItems {
+                slots: Buf::host(s),
+                tokens: Buf::host(t),
+                src_rows: Buf::host(r),
+            },
+            ItemBuffers::Device(s, t, r) => WritebackItems {
+                slots: s.as_buf(),
+                tokens: t.as_buf(),
+                src_rows: r.as_buf(),
+            },
+        }
+    }
+}
