@@ -75,8 +75,9 @@ pub struct BenchArgs {
     /// Untimed warm-up iterations per measurement.
     #[arg(long, default_value_t = 5)]
     warmup: u32,
-    /// Time budget per measurement in seconds: a slow method stops after this
-    /// (with at least 5 samples) and the output says how many it took.
+    /// Time budget per measurement in seconds: a slow method stops warming up
+    /// after this (with at least one warm-up call) and stops sampling after
+    /// it (with at least 5 samples); the output says how many it took.
     #[arg(long, default_value_t = 5.0)]
     max_seconds: f64,
     /// Pool memory the gather scenario may use (a size, or auto: 8 GiB, or
@@ -225,7 +226,11 @@ impl Bench<'_> {
         mut reset: impl FnMut(&mut S),
         mut f: impl FnMut(&mut S) -> kvtier::Result<()>,
     ) -> kvtier::Result<(f64, f64, usize)> {
-        for _ in 0..self.args.warmup {
+        let warm = Instant::now();
+        for i in 0..self.args.warmup {
+            if i >= 1 && warm.elapsed() > self.budget() {
+                break;
+            }
             reset(state);
             f(state)?;
         }
@@ -253,7 +258,11 @@ impl Bench<'_> {
         mut reset: impl FnMut(Stream) -> kvtier::Result<()>,
         mut f: impl FnMut(Stream) -> kvtier::Result<()>,
     ) -> kvtier::Result<(f64, f64, usize)> {
-        for _ in 0..self.args.warmup {
+        let warm = Instant::now();
+        for i in 0..self.args.warmup {
+            if i >= 1 && warm.elapsed() > self.budget() {
+                break;
+            }
             reset(stream)?;
             f(stream)?;
         }
@@ -291,7 +300,11 @@ impl Bench<'_> {
             dev.synchronize(stream)?;
             Ok(timed.then(|| t.elapsed().as_secs_f64() * 1e6))
         };
-        for _ in 0..self.args.warmup {
+        let warm = Instant::now();
+        for i in 0..self.args.warmup {
+            if i >= 1 && warm.elapsed() > self.budget() {
+                break;
+            }
             once(stream, false)?;
         }
         let mut samples = Vec::with_capacity(self.args.iters as usize);
