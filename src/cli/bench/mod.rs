@@ -226,27 +226,12 @@ impl Bench<'_> {
         mut reset: impl FnMut(&mut S),
         mut f: impl FnMut(&mut S) -> kvtier::Result<()>,
     ) -> kvtier::Result<(f64, f64, usize)> {
-        let warm = Instant::now();
-        for i in 0..self.args.warmup {
-            if i >= 1 && warm.elapsed() > self.budget() {
-                break;
-            }
-            reset(state);
-            f(state)?;
-        }
-        let mut samples = Vec::with_capacity(self.args.iters as usize);
-        let budget = self.budget();
-        let start = Instant::now();
-        for i in 0..self.args.iters {
-            if i >= 5 && start.elapsed() > budget {
-                break;
-            }
+        self.sample(|| {
             reset(state);
             let t = Instant::now();
             f(state)?;
-            samples.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        Ok(median_p99(samples))
+            Ok(t.elapsed().as_secs_f64() * 1e6)
+        })
     }
 
     /// (median, p99, samples) in µs of `f` timed with CUDA events on
@@ -258,28 +243,13 @@ impl Bench<'_> {
         mut reset: impl FnMut(Stream) -> kvtier::Result<()>,
         mut f: impl FnMut(Stream) -> kvtier::Result<()>,
     ) -> kvtier::Result<(f64, f64, usize)> {
-        let warm = Instant::now();
-        for i in 0..self.args.warmup {
-            if i >= 1 && warm.elapsed() > self.budget() {
-                break;
-            }
-            reset(stream)?;
-            f(stream)?;
-        }
-        let mut samples = Vec::with_capacity(self.args.iters as usize);
-        let budget = self.budget();
-        let start = Instant::now();
-        for i in 0..self.args.iters {
-            if i >= 5 && start.elapsed() > budget {
-                break;
-            }
+        self.sample(|| {
             reset(stream)?;
             timer.start(stream)?;
             f(stream)?;
             timer.stop(stream)?;
-            samples.push(timer.elapsed_us()?);
-        }
-        Ok(median_p99(samples))
+            timer.elapsed_us()
+        })
     }
 
     /// (median, p99, samples) in µs of host-driven GPU work: the wall clock
@@ -292,29 +262,38 @@ impl Bench<'_> {
         mut reset: impl FnMut(Stream) -> kvtier::Result<()>,
         mut f: impl FnMut(Stream) -> kvtier::Result<()>,
     ) -> kvtier::Result<(f64, f64, usize)> {
-        let mut once = |stream: Stream, timed: bool| -> kvtier::Result<Option<f64>> {
+        self.sample(|| {
             reset(stream)?;
             dev.synchronize(stream)?;
             let t = Instant::now();
             f(stream)?;
             dev.synchronize(stream)?;
-            Ok(timed.then(|| t.elapsed().as_secs_f64() * 1e6))
-        };
+            Ok(t.elapsed().as_secs_f64() * 1e6)
+        })
+    }
+
+    /// Runs `once` (one call, returning its time in µs) for the warm-up and
+    /// then for the samples, within the time budget: warm-up stops after the
+    /// budget once there was one call, sampling once there are 5 samples.
+    fn sample(
+        &self,
+        mut once: impl FnMut() -> kvtier::Result<f64>,
+    ) -> kvtier::Result<(f64, f64, usize)> {
+        let budget = self.budget();
         let warm = Instant::now();
         for i in 0..self.args.warmup {
-            if i >= 1 && warm.elapsed() > self.budget() {
+            if i >= 1 && warm.elapsed() > budget {
                 break;
             }
-            once(stream, false)?;
+            once()?;
         }
         let mut samples = Vec::with_capacity(self.args.iters as usize);
-        let budget = self.budget();
         let start = Instant::now();
         for i in 0..self.args.iters {
             if i >= 5 && start.elapsed() > budget {
                 break;
             }
-            samples.extend(once(stream, true)?);
+            samples.push(once()?);
         }
         Ok(median_p99(samples))
     }
