@@ -15,13 +15,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use serde_json::json;
 
-use kvtier::cuda::EventTimer;
-use kvtier::{
-    Buf, BufMut, DeviceBuffer, Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier,
-};
+use kvtier::{Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier};
 
-use super::transfer::{self, Dir, Staging};
-use super::{Bench, Indices, Measurement, invalid};
+use super::transfer::{self, Dir, ExecVec, Staging};
+use super::{Bench, Clock, Indices, Measurement, Timing, invalid, named};
 
 const SCENARIO: &str = "gather";
 
@@ -257,186 +254,86 @@ impl Setup<'_> {
         }
         let mut staging = Staging::new(&b.exec, useful)?;
         let params = self.params(inp);
-        let row = |method, bytes: usize, t: (f64, f64, usize), limit| Measurement {
-            scenario: SCENARIO,
-            method,
-            params: params.clone(),
-            bytes: bytes as u64,
-            median_us: t.0,
-            p99_us: t.1,
-            samples: t.2,
-            limit,
-        };
+        let exec = &b.exec;
+        let clock = Clock::new(exec)?;
+        let slots = ExecVec::from_host(exec, &inp.req_slots)?;
+        let seq_lens = ExecVec::from_host(exec, &inp.seq_lens)?;
+        let topk = ExecVec::from_host(exec, &inp.topk)?;
+        let out = ExecVec::<u8>::zeroed(exec, useful)?;
+        let layer = ExecVec::<u8>::zeroed(exec, layer_bytes)?;
+        let none = |_: Stream| Ok(());
 
-        match &b.exec {
-            Executor::Cpu => {
-                let mut out = vec![0u8; useful];
-                let mut layer = vec![0u8; layer_bytes];
-                let kv = b.time_cpu(
-                    &mut out,
-                    |_| {},
-                    |out| {
-                        let batch = GatherBatch::new(
-                            Buf::host(&inp.req_slots),
-                            Buf::host(&inp.seq_lens),
-                            Buf::host(&inp.topk),
-                            inp.k,
-                        );
-                        self.tier
-                            .gather(0, &batch, BufMut::host(out), Stream::null())
-                    },
-                )?;
-                self.verify("the kvtier gather", inp, &out)?;
-                // SAFETY (all four): the sources are pool entries of `entry`
-                // bytes, `first` starts at least `useful` mapped bytes (the
-                // pool's regions are contiguous and hold batch × k entries or
-                // more), and the destinations are the host buffers here.
-                let limit = b.time_cpu(
-                    &mut out,
-                    |_| {},
-                    |out| unsafe {
-                        let dst = out.as_mut_ptr() as u64;
-                        transfer::contiguous(
-                            &b.exec,
-                            Dir::HostToDevice,
-                            first,
-                            dst,
-                            useful,
-                            Stream::null(),
-                        )
-                    },
-                )?;
-                let pairs: Vec<(u64, u64)> = (sources.iter().enumerate())
-                    .map(|(i, &s)| (s, out.as_ptr() as u64 + (i * entry) as u64))
-                    .collect();
-                let each = b.time_cpu(
-                    &mut (),
-                    |_| {},
-                    |_| unsafe {
-                        transfer::per_entry(
-                            &b.exec,
-                            Dir::HostToDevice,
-                            &pairs,
-                            entry,
-                            Stream::null(),
-                        )
-                    },
-                )?;
-                self.verify("per-entry memcpy", inp, &out)?;
-                let staged = b.time_cpu(
-                    &mut out,
-                    |_| {},
-                    |out| unsafe {
-                        let dst = out.as_mut_ptr() as u64;
-                        transfer::staged_gather(
-                            &b.exec,
-                            &sources,
-                            &mut staging,
-                            dst,
-                            entry,
-                            Stream::null(),
-                        )
-                    },
-                )?;
-                self.verify("the staged gather", inp, &out)?;
-                let whole = b.time_cpu(
-                    &mut layer,
-                    |_| {},
-                    |layer| unsafe {
-                        for &base in &region_bases {
-                            let dst = layer.as_mut_ptr() as u64;
-                            transfer::contiguous(
-                                &b.exec,
-                                Dir::HostToDevice,
-                                base,
-                                dst,
-                                layer_bytes,
-                                Stream::null(),
-                            )?;
-                        }
-                        Ok(())
-                    },
-                )?;
-                Ok(vec![
-                    row("kvtier gather (CPU executor)", useful, kv, false),
-                    row("contiguous memcpy (limit)", useful, limit, true),
-                    row("per-entry memcpy", useful, each, false),
-                    row("host gather to staging + one memcpy", useful, staged, false),
-                    row(
-                        "full-context fetch (memcpy per request)",
-                        full,
-                        whole,
-                        false,
-                    ),
-                ])
+        let kv = b.time(&clock, Timing::Device, none, |s| {
+            let batch = GatherBatch::new(slots.buf(), seq_lens.buf(), topk.buf(), inp.k);
+            // SAFETY: one method runs at a time.
+            self.tier.gather(0, &batch, unsafe { out.buf_mut() }, s)
+        })?;
+        self.tier.check(clock.stream())?;
+        self.verify("the kvtier gather", inp, &out.to_vec()?)?;
+        let dst = out.addr();
+        // SAFETY (all four): the sources are pool entries of `entry` bytes
+        // (registered for the CUDA executor), `first` starts at least
+        // `useful` of them (checked above), and the destinations are `out`
+        // and `layer`, of the sizes copied.
+        let limit = b.time(&clock, Timing::Device, none, |s| unsafe {
+            transfer::contiguous(exec, Dir::HostToDevice, first, dst, useful, s)
+        })?;
+        let pairs: Vec<(u64, u64)> = (sources.iter().enumerate())
+            .map(|(i, &src)| (src, dst + (i * entry) as u64))
+            .collect();
+        let each = b.time(&clock, Timing::HostDriven, none, |s| unsafe {
+            transfer::per_entry(exec, Dir::HostToDevice, &pairs, entry, s)
+        })?;
+        self.verify("a copy per entry", inp, &out.to_vec()?)?;
+        let staged = b.time(&clock, Timing::HostDriven, none, |s| unsafe {
+            transfer::staged_gather(exec, &sources, &mut staging, dst, entry, s)
+        })?;
+        self.verify("the staged gather", inp, &out.to_vec()?)?;
+        let whole = b.time(&clock, Timing::Device, none, |s| unsafe {
+            for &base in &region_bases {
+                transfer::contiguous(exec, Dir::HostToDevice, base, layer.addr(), layer_bytes, s)?;
             }
-            Executor::Cuda(dev) => {
-                let owned = dev.create_stream()?;
-                let s = owned.stream();
-                let slots = DeviceBuffer::from_host(dev, &inp.req_slots)?;
-                let seq_lens = DeviceBuffer::from_host(dev, &inp.seq_lens)?;
-                let topk = DeviceBuffer::from_host(dev, &inp.topk)?;
-                let mut out = DeviceBuffer::<u8>::zeroed(dev, useful)?;
-                let layer = DeviceBuffer::<u8>::zeroed(dev, layer_bytes)?;
-                let timer = EventTimer::new(dev)?;
-                let none = |_: Stream| Ok(());
-                let kv = b.time_cuda(&timer, s, none, |s| {
-                    let batch =
-                        GatherBatch::new(slots.as_buf(), seq_lens.as_buf(), topk.as_buf(), inp.k);
-                    self.tier.gather(0, &batch, out.as_buf_mut(), s)
-                })?;
-                self.tier.check(s)?;
-                self.verify("the kvtier gather", inp, &out.to_vec()?)?;
-                let dst = out.device_ptr();
-                // SAFETY (all four): the sources are registered pool memory
-                // (`first` starts at least `useful` bytes of it), the
-                // destinations device buffers of the sizes copied.
-                let limit = b.time_cuda(&timer, s, none, |s| unsafe {
-                    transfer::contiguous(&b.exec, Dir::HostToDevice, first, dst, useful, s)
-                })?;
-                let pairs: Vec<(u64, u64)> = (sources.iter().enumerate())
-                    .map(|(i, &src)| (src, dst + (i * entry) as u64))
-                    .collect();
-                let each = b.time_host_driven(dev, s, none, |s| unsafe {
-                    transfer::per_entry(&b.exec, Dir::HostToDevice, &pairs, entry, s)
-                })?;
-                self.verify("per-entry cudaMemcpyAsync", inp, &out.to_vec()?)?;
-                let staged = b.time_host_driven(dev, s, none, |s| unsafe {
-                    transfer::staged_gather(&b.exec, &sources, &mut staging, dst, entry, s)
-                })?;
-                self.verify("the staged gather", inp, &out.to_vec()?)?;
-                let whole_dst = layer.device_ptr();
-                let whole = b.time_cuda(&timer, s, none, |s| unsafe {
-                    for &base in &region_bases {
-                        transfer::contiguous(
-                            &b.exec,
-                            Dir::HostToDevice,
-                            base,
-                            whole_dst,
-                            layer_bytes,
-                            s,
-                        )?;
-                    }
-                    Ok(())
-                })?;
-                Ok(vec![
-                    row("kvtier gather", useful, kv, false),
-                    row("contiguous H2D copy (limit)", useful, limit, true),
-                    row("cudaMemcpyAsync per entry", useful, each, false),
-                    row(
-                        "host gather to pinned staging + one H2D copy",
-                        useful,
-                        staged,
-                        false,
-                    ),
-                    row(
-                        "full-context fetch (one H2D copy per request)",
-                        full,
-                        whole,
-                        false,
-                    ),
-                ])
-            }
-        }
+            Ok(())
+        })?;
+        let row = |cpu, cuda, bytes, t, limit| {
+            Measurement::new(SCENARIO, named(exec, cpu, cuda), &params, bytes, t, limit)
+        };
+        Ok(vec![
+            row(
+                "kvtier gather (CPU executor)",
+                "kvtier gather",
+                useful,
+                kv,
+                false,
+            ),
+            row(
+                "contiguous memcpy (limit)",
+                "contiguous H2D copy (limit)",
+                useful,
+                limit,
+                true,
+            ),
+            row(
+                "per-entry memcpy",
+                "cudaMemcpyAsync per entry",
+                useful,
+                each,
+                false,
+            ),
+            row(
+                "host gather to staging + one memcpy",
+                "host gather to pinned staging + one H2D copy",
+                useful,
+                staged,
+                false,
+            ),
+            row(
+                "full-context fetch (memcpy per request)",
+                "full-context fetch (one H2D copy per request)",
+                full,
+                whole,
+                false,
+            ),
+        ])
     }
 }

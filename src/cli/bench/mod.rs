@@ -24,11 +24,12 @@ mod transfer;
 mod writeback;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use kvtier::cuda::{DriverStatus, EventTimer};
+use kvtier::cuda::{DriverStatus, EventTimer, OwnedStream};
 use kvtier::pool::{numa_nodes, parse_size};
 use kvtier::{DeviceSpec, EntryFormat, Executor, Stream};
 
@@ -156,6 +157,27 @@ pub(super) struct Measurement {
 }
 
 impl Measurement {
+    /// A method's timing `(median, p99, samples)` at the point `params`.
+    pub fn new(
+        scenario: &'static str,
+        method: &'static str,
+        params: &[(&'static str, serde_json::Value)],
+        bytes: usize,
+        (median_us, p99_us, samples): (f64, f64, usize),
+        limit: bool,
+    ) -> Self {
+        Measurement {
+            scenario,
+            method,
+            params: params.to_vec(),
+            bytes: bytes as u64,
+            median_us,
+            p99_us,
+            samples,
+            limit,
+        }
+    }
+
     /// The point as a short label, e.g. "k 2048, 656 B, batch 8".
     pub fn point(&self) -> String {
         let batch = self
@@ -173,6 +195,65 @@ impl Measurement {
             })
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+/// How a method is timed on the CUDA executor (see [`Bench::time`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Timing {
+    /// Work enqueued on the stream: CUDA events around it.
+    Device,
+    /// Work the host drives (a copy call per entry, host loops): the wall
+    /// clock up to the stream's synchronisation.
+    HostDriven,
+}
+
+/// Where a scenario's methods run and are timed: the wall clock for the CPU
+/// executor; a stream of its own and an event pair for the CUDA executor.
+pub(super) enum Clock {
+    Wall,
+    Cuda {
+        dev: Arc<kvtier::CudaDevice>,
+        stream: OwnedStream,
+        timer: EventTimer,
+    },
+}
+
+impl Clock {
+    pub fn new(exec: &Executor) -> kvtier::Result<Self> {
+        Ok(match exec {
+            Executor::Cpu => Clock::Wall,
+            Executor::Cuda(dev) => Clock::Cuda {
+                dev: dev.clone(),
+                stream: dev.create_stream()?,
+                timer: EventTimer::new(dev)?,
+            },
+        })
+    }
+
+    /// The stream methods run on (the null stream for the CPU executor,
+    /// which ignores it).
+    pub fn stream(&self) -> Stream {
+        match self {
+            Clock::Wall => Stream::null(),
+            Clock::Cuda { stream, .. } => stream.stream(),
+        }
+    }
+
+    /// Waits for the work on the stream (before the host reads what it wrote).
+    pub fn sync(&self) -> kvtier::Result<()> {
+        match self {
+            Clock::Wall => Ok(()),
+            Clock::Cuda { dev, stream, .. } => dev.synchronize(stream.stream()),
+        }
+    }
+}
+
+/// A method's name for the executor it ran on.
+pub(super) fn named(exec: &Executor, cpu: &'static str, cuda: &'static str) -> &'static str {
+    match exec {
+        Executor::Cpu => cpu,
+        Executor::Cuda(_) => cuda,
     }
 }
 
@@ -218,58 +299,42 @@ impl Bench<'_> {
         }
     }
 
-    /// (median, p99, samples) in µs of `f` timed with the wall clock; `reset`
-    /// runs untimed before every call.
-    pub fn time_cpu<S>(
+    /// (median, p99, samples) in µs of `f` on `clock`'s stream; `reset` runs
+    /// untimed before every call. On the CUDA executor `how` picks CUDA
+    /// events around the call (device work) or the wall clock up to the
+    /// stream's synchronisation (host-driven work); the CPU executor always
+    /// uses the wall clock.
+    pub fn time(
         &self,
-        state: &mut S,
-        mut reset: impl FnMut(&mut S),
-        mut f: impl FnMut(&mut S) -> kvtier::Result<()>,
-    ) -> kvtier::Result<(f64, f64, usize)> {
-        self.sample(|| {
-            reset(state);
-            let t = Instant::now();
-            f(state)?;
-            Ok(t.elapsed().as_secs_f64() * 1e6)
-        })
-    }
-
-    /// (median, p99, samples) in µs of `f` timed with CUDA events on
-    /// `stream`; `reset` is enqueued untimed before every call.
-    pub fn time_cuda(
-        &self,
-        timer: &EventTimer,
-        stream: Stream,
+        clock: &Clock,
+        how: Timing,
         mut reset: impl FnMut(Stream) -> kvtier::Result<()>,
         mut f: impl FnMut(Stream) -> kvtier::Result<()>,
     ) -> kvtier::Result<(f64, f64, usize)> {
-        self.sample(|| {
-            reset(stream)?;
-            timer.start(stream)?;
-            f(stream)?;
-            timer.stop(stream)?;
-            timer.elapsed_us()
-        })
-    }
-
-    /// (median, p99, samples) in µs of host-driven GPU work: the wall clock
-    /// from before `f` to the end of a synchronisation of `stream` (so the
-    /// host's part and the transfers it enqueued both count).
-    pub fn time_host_driven(
-        &self,
-        dev: &kvtier::CudaDevice,
-        stream: Stream,
-        mut reset: impl FnMut(Stream) -> kvtier::Result<()>,
-        mut f: impl FnMut(Stream) -> kvtier::Result<()>,
-    ) -> kvtier::Result<(f64, f64, usize)> {
-        self.sample(|| {
-            reset(stream)?;
-            dev.synchronize(stream)?;
-            let t = Instant::now();
-            f(stream)?;
-            dev.synchronize(stream)?;
-            Ok(t.elapsed().as_secs_f64() * 1e6)
-        })
+        let s = clock.stream();
+        match (clock, how) {
+            (Clock::Wall, _) => self.sample(|| {
+                reset(s)?;
+                let t = Instant::now();
+                f(s)?;
+                Ok(t.elapsed().as_secs_f64() * 1e6)
+            }),
+            (Clock::Cuda { timer, .. }, Timing::Device) => self.sample(|| {
+                reset(s)?;
+                timer.start(s)?;
+                f(s)?;
+                timer.stop(s)?;
+                timer.elapsed_us()
+            }),
+            (Clock::Cuda { dev, .. }, Timing::HostDriven) => self.sample(|| {
+                reset(s)?;
+                dev.synchronize(s)?;
+                let t = Instant::now();
+                f(s)?;
+                dev.synchronize(s)?;
+                Ok(t.elapsed().as_secs_f64() * 1e6)
+            }),
+        }
     }
 
     /// Runs `once` (one call, returning its time in µs) for the warm-up and
@@ -300,19 +365,7 @@ impl Bench<'_> {
 
     /// The gather's pool memory budget in bytes.
     pub fn pool_budget(&self) -> kvtier::Result<u64> {
-        if self.args.pool_memory != "auto" {
-            return parse_size(&self.args.pool_memory);
-        }
-        let available = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("MemAvailable:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            })
-            .map(|kib| kib * 1024)
-            .unwrap_or(u64::MAX);
-        Ok((8u64 << 30).min(available / 2))
+        pool_budget(self.args)
     }
 
     fn budget(&self) -> Duration {
@@ -345,9 +398,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
             "need at least one iteration and batch sizes >= 1",
         ));
     }
-    if args.pool_memory != "auto" {
-        parse_size(&args.pool_memory)?;
-    }
+    pool_budget(&args)?;
     let (exec, why_cpu) = choose_executor(&args)?;
     let env = report::Environment::probe(&exec, why_cpu.as_deref());
     println!("{}", env.banner());
@@ -406,6 +457,24 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
         println!("wrote the plot to {}", path.display());
     }
     Ok(())
+}
+
+/// `--pool-memory` in bytes: the size given, or (auto) 8 GiB or half the
+/// available memory, whichever is less.
+fn pool_budget(args: &BenchArgs) -> kvtier::Result<u64> {
+    if args.pool_memory != "auto" {
+        return parse_size(&args.pool_memory);
+    }
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(u64::MAX);
+    Ok((8u64 << 30).min(available / 2))
 }
 
 pub(super) fn invalid(arg: &'static str, msg: impl Into<String>) -> kvtier::Error {

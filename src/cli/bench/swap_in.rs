@@ -23,14 +23,13 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde_json::json;
 
-use kvtier::cuda::EventTimer;
 use kvtier::{
-    Buf, BufMut, CudaDevice, DeviceBuffer, Executor, IndexBuf, LayerFirstLayout, MissPlan, Pool,
-    Region, Stream, SwapInArgs, SwapInStrategy, Tier,
+    Buf, BufMut, Executor, IndexBuf, LayerFirstLayout, MissPlan, Pool, Region, Stream, SwapInArgs,
+    SwapInStrategy, Tier,
 };
 
-use super::transfer::{self, Dir, Staging};
-use super::{Bench, Measurement, invalid};
+use super::transfer::{self, Dir, ExecVec, Staging};
+use super::{Bench, Clock, Measurement, Timing, invalid, named};
 
 const SCENARIO: &str = "swap-in";
 
@@ -103,12 +102,49 @@ struct Queries {
     seq: Vec<i32>,
 }
 
-/// What a swap-in call changes, restored before every timed call.
-struct Mutable {
-    tokens: Vec<i32>,
-    lru: Vec<i16>,
-    device_buffer: Vec<u8>,
-    out: Vec<i32>,
+/// The swap-in's arrays where an executor reads them: what a call changes
+/// (slot tokens, LRU order, device buffer, output), then what it only reads.
+struct Buffers {
+    tokens: ExecVec<i32>,
+    lru: ExecVec<i16>,
+    device_buffer: ExecVec<u8>,
+    out: ExecVec<i32>,
+    topk: ExecVec<i32>,
+    locs: ExecVec<i32>,
+    host_locs: ExecVec<i64>,
+    req: ExecVec<i32>,
+    seq: ExecVec<i32>,
+}
+
+impl Buffers {
+    fn new(exec: &Executor, s: &State, q: &Queries) -> kvtier::Result<Self> {
+        Ok(Buffers {
+            tokens: ExecVec::from_host(exec, &s.tokens)?,
+            lru: ExecVec::from_host(exec, &s.lru)?,
+            device_buffer: ExecVec::zeroed(exec, s.device_rows() * s.item as usize)?,
+            out: ExecVec::zeroed(exec, q.batch as usize * s.k as usize)?,
+            topk: ExecVec::from_host(exec, &q.topk)?,
+            locs: ExecVec::from_host(exec, &s.locs)?,
+            host_locs: ExecVec::from_host(exec, &s.host_locs)?,
+            req: ExecVec::from_host(exec, &q.req)?,
+            seq: ExecVec::from_host(exec, &q.seq)?,
+        })
+    }
+
+    /// The addresses, in [`State::args`] order.
+    fn addrs(&self) -> [u64; 9] {
+        [
+            self.tokens.addr(),
+            self.lru.addr(),
+            self.device_buffer.addr(),
+            self.out.addr(),
+            self.topk.addr(),
+            self.locs.addr(),
+            self.host_locs.addr(),
+            self.req.addr(),
+            self.seq.addr(),
+        ]
+    }
 }
 
 impl State {
@@ -272,12 +308,7 @@ impl State {
     fn misses_of(&self, q: &Queries) -> kvtier::Result<Vec<(i64, i32)>> {
         let k = self.k as usize;
         let engine = kvtier::SwapInEngine::new(Executor::cpu())?;
-        let mut m = Mutable {
-            tokens: self.tokens.clone(),
-            lru: self.lru.clone(),
-            device_buffer: vec![0u8; self.device_rows() * self.item as usize],
-            out: vec![0; q.batch as usize * k],
-        };
+        let m = Buffers::new(&Executor::cpu(), self, q)?;
         let (mut src, mut dst, mut count) = (
             vec![0i64; q.batch as usize * k],
             vec![0i32; q.batch as usize * k],
@@ -291,15 +322,7 @@ impl State {
             count: BufMut::host(&mut count),
         };
         // SAFETY: host vectors of the state's shapes, alive for the call.
-        let a = unsafe {
-            self.args(
-                q,
-                kvtier::Location::Host,
-                host_addrs(&mut m, self, q),
-                host_cache,
-                Some(plan),
-            )
-        };
+        let a = unsafe { self.args(q, kvtier::Location::Host, m.addrs(), host_cache, Some(plan)) };
         engine.run(&a, Stream::null())?;
         Ok((0..q.batch as usize)
             .flat_map(|b| (0..count[b] as usize).map(move |i| (b, i)))
@@ -321,219 +344,111 @@ impl State {
         let host_base = self.pool.region_host_addr(&self.host_region)?;
         let mut staging = Staging::new(&b.exec, bytes)?;
         let params = self.params(q);
-        let row = |method, t: (f64, f64, usize), limit| Measurement {
-            scenario: SCENARIO,
-            method,
-            params: params.clone(),
-            bytes: bytes as u64,
-            median_us: t.0,
-            p99_us: t.1,
-            samples: t.2,
-            limit,
-        };
         let sources: Vec<u64> = misses
             .iter()
             .map(|&(src, _)| host_base + src as u64 * item as u64)
             .collect();
-        match &b.exec {
-            Executor::Cpu => {
-                let mut m = Mutable {
-                    tokens: self.tokens.clone(),
-                    lru: self.lru.clone(),
-                    device_buffer: vec![0u8; self.device_rows() * item],
-                    out: vec![0; q.batch as usize * self.k as usize],
-                };
-                let reset = |m: &mut Mutable| {
-                    m.tokens.copy_from_slice(&self.tokens);
-                    m.lru.copy_from_slice(&self.lru);
-                };
-                let kv = b.time_cpu(&mut m, reset, |m| {
-                    // SAFETY: host vectors of the state's shapes, alive for the call.
-                    let a = unsafe {
-                        self.args(
-                            q,
-                            kvtier::Location::Host,
-                            host_addrs(m, self, q),
-                            host_base,
-                            None,
-                        )
-                    };
-                    self.tier.swap_in(&a, Stream::null())
-                })?;
-                self.verify("the kvtier swap-in", &misses, |row| {
-                    Ok(m.device_buffer[row * item..][..item].to_vec())
-                })?;
-                let dev_base = m.device_buffer.as_mut_ptr() as u64;
-                let pairs: Vec<(u64, u64)> = misses
-                    .iter()
-                    .zip(&sources)
-                    .map(|(&(_, dst), &src)| (src, dev_base + dst as u64 * item as u64))
-                    .collect();
-                // SAFETY (all three): sources are host-cache rows, destinations
-                // rows of the device buffer (or its first `bytes`).
-                let limit = b.time_cpu(
-                    &mut (),
-                    |_| {},
-                    |_| unsafe {
-                        transfer::contiguous(
-                            &b.exec,
-                            Dir::HostToDevice,
-                            host_base,
-                            dev_base,
-                            bytes,
-                            Stream::null(),
-                        )
-                    },
-                )?;
-                let each = b.time_cpu(
-                    &mut (),
-                    |_| {},
-                    |_| unsafe {
-                        transfer::per_entry(
-                            &b.exec,
-                            Dir::HostToDevice,
-                            &pairs,
-                            item,
-                            Stream::null(),
-                        )
-                    },
-                )?;
-                self.verify("per-entry memcpy", &misses, |row| {
-                    Ok(m.device_buffer[row * item..][..item].to_vec())
-                })?;
-                let staged = b.time_cpu(
-                    &mut (),
-                    |_| {},
-                    |_| unsafe {
-                        transfer::staged_gather(
-                            &b.exec,
-                            &sources,
-                            &mut staging,
-                            dev_base,
-                            item,
-                            Stream::null(),
-                        )
-                    },
-                )?;
-                Ok(vec![
-                    row("kvtier swap-in (CPU executor)", kv, false),
-                    row("contiguous memcpy of the misses (limit)", limit, true),
-                    row("per-miss memcpy", each, false),
-                    row("host gather of the misses + one memcpy", staged, false),
-                ])
-            }
-            Executor::Cuda(dev) => {
-                self.measure_cuda(b, dev, q, &misses, &sources, &mut staging, row)
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn measure_cuda(
-        &self,
-        b: &Bench,
-        dev: &Arc<CudaDevice>,
-        q: &Queries,
-        misses: &[(i64, i32)],
-        sources: &[u64],
-        staging: &mut Staging,
-        row: impl Fn(&'static str, (f64, f64, usize), bool) -> Measurement,
-    ) -> kvtier::Result<Vec<Measurement>> {
-        let item = self.item as usize;
-        let bytes = misses.len() * item;
-        let owned = dev.create_stream()?;
-        let s = owned.stream();
-        let timer = EventTimer::new(dev)?;
-        let pristine_tokens = DeviceBuffer::from_host(dev, &self.tokens)?;
-        let pristine_lru = DeviceBuffer::from_host(dev, &self.lru)?;
-        let tokens = DeviceBuffer::from_host(dev, &self.tokens)?;
-        let lru = DeviceBuffer::from_host(dev, &self.lru)?;
-        let locs = DeviceBuffer::from_host(dev, &self.locs)?;
-        let host_locs = DeviceBuffer::from_host(dev, &self.host_locs)?;
-        let topk = DeviceBuffer::from_host(dev, &q.topk)?;
-        let req = DeviceBuffer::from_host(dev, &q.req)?;
-        let seq = DeviceBuffer::from_host(dev, &q.seq)?;
-        let device_buffer = DeviceBuffer::<u8>::zeroed(dev, self.device_rows() * item)?;
-        let out = DeviceBuffer::<i32>::zeroed(dev, q.batch as usize * self.k as usize)?;
-        let host_cache = self.pool.region_device_addr(&self.host_region, dev)?;
-        let addrs = [
-            tokens.device_ptr(),
-            lru.device_ptr(),
-            device_buffer.device_ptr(),
-            out.device_ptr(),
-            topk.device_ptr(),
-            locs.device_ptr(),
-            host_locs.device_ptr(),
-            req.device_ptr(),
-            seq.device_ptr(),
-        ];
+        let exec = &b.exec;
+        let clock = Clock::new(exec)?;
+        // The pristine state, copied back untimed before every call.
+        let pristine_tokens = ExecVec::from_host(exec, &self.tokens)?;
+        let pristine_lru = ExecVec::from_host(exec, &self.lru)?;
+        let m = Buffers::new(exec, self, q)?;
+        let (tokens, lru, device_buffer, out) = (&m.tokens, &m.lru, &m.device_buffer, &m.out);
+        let host_cache = match exec {
+            Executor::Cpu => host_base,
+            Executor::Cuda(dev) => self.pool.region_device_addr(&self.host_region, dev)?,
+        };
+        let addrs = m.addrs();
         let reset = |s: Stream| -> kvtier::Result<()> {
-            // SAFETY: device copies between buffers of equal length, in stream order.
+            // SAFETY: copies between buffers of equal length, in stream order.
             unsafe {
-                dev.copy_device_to_device_async(
-                    tokens.device_ptr(),
-                    pristine_tokens.device_ptr(),
+                transfer::copy_within(
+                    exec,
+                    tokens.addr(),
+                    pristine_tokens.addr(),
                     4 * self.tokens.len(),
                     s,
                 )?;
-                dev.copy_device_to_device_async(
-                    lru.device_ptr(),
-                    pristine_lru.device_ptr(),
-                    2 * self.lru.len(),
-                    s,
-                )
+                transfer::copy_within(exec, lru.addr(), pristine_lru.addr(), 2 * self.lru.len(), s)
             }
         };
+        let loc = exec.location();
         let time_strategy =
             |strategy: SwapInStrategy| -> kvtier::Result<((f64, f64, usize), Vec<i32>)> {
-                let t = b.time_cuda(&timer, s, reset, |s| {
-                    // SAFETY: the device buffers above live until after the timing.
-                    let a =
-                        unsafe { self.args(q, kvtier::Location::Device, addrs, host_cache, None) };
+                let t = b.time(&clock, Timing::Device, reset, |s| {
+                    // SAFETY: the buffers above live until after the timing.
+                    let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
                     self.tier.swap_in_with(&a, strategy, s)
                 })?;
-                self.tier.check(s)?;
+                self.tier.check(clock.stream())?;
                 Ok((t, out.to_vec()?))
             };
         let (kv, out_kvtier) = time_strategy(SwapInStrategy::PlanThenCopy)?;
-        self.verify("the kvtier swap-in", misses, |r| {
-            device_buffer.read(r * item, item)
-        })?;
-        let (one_block, out_baseline) = time_strategy(SwapInStrategy::OneBlockPerRequest)?;
-        if out_kvtier != out_baseline {
-            return Err(kvtier::Error::Pool(
-                "benchmark self-check failed: the two designs gave different page tables".into(),
-            ));
-        }
-        let host_base = self.pool.region_host_addr(&self.host_region)?;
-        let dev_base = device_buffer.device_ptr();
+        let row_of = |r: usize| device_buffer.read(r * item, item);
+        self.verify("the kvtier swap-in", &misses, row_of)?;
+        // The CPU executor has one way; on a GPU, SGLang's design next to ours.
+        let one_block = match exec {
+            Executor::Cpu => None,
+            Executor::Cuda(_) => {
+                let (t, out_baseline) = time_strategy(SwapInStrategy::OneBlockPerRequest)?;
+                if out_kvtier != out_baseline {
+                    return Err(kvtier::Error::Pool(
+                        "benchmark self-check failed: the two designs gave different page tables"
+                            .into(),
+                    ));
+                }
+                Some(t)
+            }
+        };
+        let dev_base = device_buffer.addr();
         let pairs: Vec<(u64, u64)> = misses
             .iter()
-            .zip(sources)
+            .zip(&sources)
             .map(|(&(_, dst), &src)| (src, dev_base + dst as u64 * item as u64))
             .collect();
         let none = |_: Stream| Ok(());
-        // SAFETY (all three): sources are registered host-cache rows,
-        // destinations rows of the device buffer (or its first `bytes`).
-        let limit = b.time_cuda(&timer, s, none, |s| unsafe {
-            transfer::contiguous(&b.exec, Dir::HostToDevice, host_base, dev_base, bytes, s)
+        // SAFETY (all three): sources are host-cache rows (registered for the
+        // CUDA executor), destinations rows of the device buffer (or its
+        // first `bytes`).
+        let limit = b.time(&clock, Timing::Device, none, |s| unsafe {
+            transfer::contiguous(exec, Dir::HostToDevice, host_base, dev_base, bytes, s)
         })?;
-        let each = b.time_host_driven(dev, s, none, |s| unsafe {
-            transfer::per_entry(&b.exec, Dir::HostToDevice, &pairs, item, s)
+        let each = b.time(&clock, Timing::HostDriven, none, |s| unsafe {
+            transfer::per_entry(exec, Dir::HostToDevice, &pairs, item, s)
         })?;
-        self.verify("per-miss cudaMemcpyAsync", misses, |r| {
-            device_buffer.read(r * item, item)
+        self.verify("a copy per miss", &misses, row_of)?;
+        let staged = b.time(&clock, Timing::HostDriven, none, |s| unsafe {
+            transfer::staged_gather(exec, &sources, &mut staging, dev_base, item, s)
         })?;
-        let staged = b.time_host_driven(dev, s, none, |s| unsafe {
-            transfer::staged_gather(&b.exec, sources, staging, dev_base, item, s)
-        })?;
-        Ok(vec![
-            row("kvtier swap-in (plan + wide copy)", kv, false),
-            row("one block per request (SGLang's design)", one_block, false),
-            row("contiguous H2D copy of the misses (limit)", limit, true),
-            row("cudaMemcpyAsync per miss", each, false),
-            row("host gather of the misses + one H2D copy", staged, false),
-        ])
+        let row = |cpu, cuda, t, limit| {
+            Measurement::new(SCENARIO, named(exec, cpu, cuda), &params, bytes, t, limit)
+        };
+        let mut rows = vec![row(
+            "kvtier swap-in (CPU executor)",
+            "kvtier swap-in (plan + wide copy)",
+            kv,
+            false,
+        )];
+        if let Some(t) = one_block {
+            rows.push(row("", "one block per request (SGLang's design)", t, false));
+        }
+        rows.extend([
+            row(
+                "contiguous memcpy of the misses (limit)",
+                "contiguous H2D copy of the misses (limit)",
+                limit,
+                true,
+            ),
+            row("per-miss memcpy", "cudaMemcpyAsync per miss", each, false),
+            row(
+                "host gather of the misses + one memcpy",
+                "host gather of the misses + one H2D copy",
+                staged,
+                false,
+            ),
+        ]);
+        Ok(rows)
     }
 
     /// Checks the first and last loaded rows against their host rows.
@@ -553,21 +468,6 @@ impl State {
         }
         Ok(())
     }
-}
-
-/// The host addresses of the mutable and read-only arrays, in [`State::args`] order.
-fn host_addrs(m: &mut Mutable, s: &State, q: &Queries) -> [u64; 9] {
-    [
-        m.tokens.as_mut_ptr() as u64,
-        m.lru.as_mut_ptr() as u64,
-        m.device_buffer.as_mut_ptr() as u64,
-        m.out.as_mut_ptr() as u64,
-        q.topk.as_ptr() as u64,
-        s.locs.as_ptr() as u64,
-        s.host_locs.as_ptr() as u64,
-        q.req.as_ptr() as u64,
-        q.seq.as_ptr() as u64,
-    ]
 }
 
 /// The byte every byte of host row `row` holds.

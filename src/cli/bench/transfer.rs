@@ -3,10 +3,112 @@
 //! transfers (`cuMemcpy*Async`) and host loops; on the CPU executor the same
 //! shapes with `memcpy`.
 
+use std::cell::UnsafeCell;
+
 use memmap2::MmapMut;
 
 use kvtier::cuda::{HostRegistration, REGISTER_FLAGS};
-use kvtier::{Executor, Stream};
+use kvtier::{Buf, BufMut, DeviceBuffer, Executor, Location, Stream};
+
+/// A buffer where the executor reads and writes it: a host vector for the
+/// CPU executor (in an `UnsafeCell`: methods write it through raw
+/// addresses), device memory for the CUDA executor.
+pub(super) enum ExecVec<T: Copy> {
+    Host(UnsafeCell<Vec<T>>),
+    Device(DeviceBuffer<T>),
+}
+
+impl<T: Copy + Default> ExecVec<T> {
+    pub fn from_host(exec: &Executor, data: &[T]) -> kvtier::Result<Self> {
+        Ok(match exec {
+            Executor::Cpu => ExecVec::Host(UnsafeCell::new(data.to_vec())),
+            Executor::Cuda(dev) => ExecVec::Device(DeviceBuffer::from_host(dev, data)?),
+        })
+    }
+
+    pub fn zeroed(exec: &Executor, len: usize) -> kvtier::Result<Self> {
+        Ok(match exec {
+            Executor::Cpu => ExecVec::Host(UnsafeCell::new(vec![T::default(); len])),
+            Executor::Cuda(dev) => ExecVec::Device(DeviceBuffer::zeroed(dev, len)?),
+        })
+    }
+
+    /// Its address as the executor addresses it.
+    pub fn addr(&self) -> u64 {
+        match self {
+            // SAFETY: only the pointer is taken; its length never changes.
+            ExecVec::Host(v) => unsafe { (*v.get()).as_mut_ptr() as u64 },
+            ExecVec::Device(d) => d.device_ptr(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            // SAFETY: as in `addr`.
+            ExecVec::Host(v) => unsafe { (*v.get()).len() },
+            ExecVec::Device(d) => d.len(),
+        }
+    }
+
+    fn location(&self) -> Location {
+        match self {
+            ExecVec::Host(_) => Location::Host,
+            ExecVec::Device(_) => Location::Device,
+        }
+    }
+
+    pub fn buf(&self) -> Buf<'_, T> {
+        // SAFETY: the memory is this buffer's, alive as long as the borrow.
+        unsafe { Buf::from_raw(self.addr(), self.len(), self.location()) }
+    }
+
+    /// A writable view.
+    ///
+    /// # Safety
+    /// Nothing else reads or writes the buffer while the view is used (the
+    /// benchmark runs one method at a time).
+    pub unsafe fn buf_mut(&self) -> BufMut<'_, T> {
+        // SAFETY: per this function's contract.
+        unsafe { BufMut::from_raw(self.addr(), self.len(), self.location()) }
+    }
+
+    /// `len` elements from `start`, on the host (waits for the device).
+    pub fn read(&self, start: usize, len: usize) -> kvtier::Result<Vec<T>> {
+        match self {
+            // SAFETY: no method is writing while the benchmark reads.
+            ExecVec::Host(v) => Ok(unsafe { &*v.get() }[start..][..len].to_vec()),
+            ExecVec::Device(d) => d.read(start, len),
+        }
+    }
+
+    pub fn to_vec(&self) -> kvtier::Result<Vec<T>> {
+        self.read(0, self.len())
+    }
+}
+
+/// Copies `bytes` bytes between two buffers on the executor's side (device to
+/// device for the CUDA executor, in stream order).
+///
+/// # Safety
+/// Both ranges are valid for `bytes` bytes as the executor addresses them.
+pub(super) unsafe fn copy_within(
+    exec: &Executor,
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: Stream,
+) -> kvtier::Result<()> {
+    // SAFETY: per this function's contract.
+    unsafe {
+        match exec {
+            Executor::Cpu => {
+                std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes);
+                Ok(())
+            }
+            Executor::Cuda(dev) => dev.copy_device_to_device_async(dst, src, bytes, stream),
+        }
+    }
+}
 
 /// Which way the bytes go on the CUDA executor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

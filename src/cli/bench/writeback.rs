@@ -18,13 +18,10 @@ use rand::seq::SliceRandom;
 use rand::{RngCore, SeedableRng};
 use serde_json::json;
 
-use kvtier::cuda::EventTimer;
-use kvtier::{
-    Buf, DeviceBuffer, Executor, LayerFirstLayout, Pool, Region, Stream, Tier, WritebackItems,
-};
+use kvtier::{Buf, Executor, LayerFirstLayout, Pool, Region, Stream, Tier, WritebackItems};
 
-use super::transfer::{self, Dir, Staging};
-use super::{Bench, Measurement, invalid};
+use super::transfer::{self, Dir, ExecVec, Staging};
+use super::{Bench, Clock, Measurement, Timing, invalid, named};
 
 const SCENARIO: &str = "writeback";
 /// Tokens per decode region (the newest token is the last one).
@@ -134,118 +131,65 @@ impl Point<'_> {
         kvtier_call: impl Fn(Stream) -> kvtier::Result<()>,
     ) -> kvtier::Result<Vec<Measurement>> {
         let bytes = self.bytes();
-        let row = |method, t: (f64, f64, usize), limit| Measurement {
-            scenario: SCENARIO,
-            method,
-            params: self.params.clone(),
-            bytes: bytes as u64,
-            median_us: t.0,
-            p99_us: t.1,
-            samples: t.2,
-            limit,
-        };
-        let mut staging = Staging::new(&b.exec, bytes)?;
+        let exec = &b.exec;
+        let clock = Clock::new(exec)?;
+        let mut staging = Staging::new(exec, bytes)?;
         let dests: Vec<u64> = self.moves.iter().map(|&(_, addr)| addr).collect();
-        match &b.exec {
-            Executor::Cpu => {
-                let pairs: Vec<(u64, u64)> = self
-                    .moves
-                    .iter()
-                    .map(|&(off, addr)| (src + off as u64, addr))
-                    .collect();
-                let kv = b.time_cpu(&mut (), |_| {}, |_| kvtier_call(Stream::null()))?;
-                self.verify("the kvtier writeback")?;
-                // SAFETY (all three): the source is `src` (at least `bytes`),
-                // the destinations pool entries (and `bytes` contiguous pool
-                // bytes from `pool_base`).
-                let limit = b.time_cpu(
-                    &mut (),
-                    |_| {},
-                    |_| unsafe {
-                        transfer::contiguous(
-                            &b.exec,
-                            Dir::DeviceToHost,
-                            src,
-                            self.pool_base,
-                            bytes,
-                            Stream::null(),
-                        )
-                    },
-                )?;
-                let each = b.time_cpu(
-                    &mut (),
-                    |_| {},
-                    |_| unsafe {
-                        transfer::per_entry(
-                            &b.exec,
-                            Dir::DeviceToHost,
-                            &pairs,
-                            self.entry,
-                            Stream::null(),
-                        )
-                    },
-                )?;
-                self.verify("per-entry memcpy")?;
-                let staged = b.time_cpu(
-                    &mut (),
-                    |_| {},
-                    |_| unsafe {
-                        transfer::staged_scatter(
-                            &b.exec,
-                            src,
-                            &mut staging,
-                            &dests,
-                            self.entry,
-                            Stream::null(),
-                        )
-                    },
-                )?;
-                self.verify("the staged scatter")?;
-                Ok(vec![
-                    row("kvtier writeback (CPU executor)", kv, false),
-                    row("contiguous memcpy (limit)", limit, true),
-                    row("per-entry memcpy", each, false),
-                    row("one memcpy to staging + host scatter", staged, false),
-                ])
-            }
-            Executor::Cuda(dev) => {
-                let owned = dev.create_stream()?;
-                let s = owned.stream();
-                let timer = EventTimer::new(dev)?;
-                let pairs: Vec<(u64, u64)> = self
-                    .moves
-                    .iter()
-                    .map(|&(off, addr)| (src + off as u64, addr))
-                    .collect();
-                let none = |_: Stream| Ok(());
-                let kv = b.time_cuda(&timer, s, none, &kvtier_call)?;
-                dev.synchronize(s)?;
-                self.verify("the kvtier writeback")?;
-                // SAFETY (all three): the source is device memory of at least
-                // `bytes`, the destinations registered pool memory.
-                let limit = b.time_cuda(&timer, s, none, |s| unsafe {
-                    transfer::contiguous(&b.exec, Dir::DeviceToHost, src, self.pool_base, bytes, s)
-                })?;
-                let each = b.time_host_driven(dev, s, none, |s| unsafe {
-                    transfer::per_entry(&b.exec, Dir::DeviceToHost, &pairs, self.entry, s)
-                })?;
-                self.verify("per-entry cudaMemcpyAsync")?;
-                let staged = b.time_host_driven(dev, s, none, |s| unsafe {
-                    transfer::staged_scatter(&b.exec, src, &mut staging, &dests, self.entry, s)
-                })?;
-                self.verify("the staged scatter")?;
-                Ok(vec![
-                    row("kvtier writeback", kv, false),
-                    row("contiguous D2H copy (limit)", limit, true),
-                    row("cudaMemcpyAsync per entry", each, false),
-                    row(
-                        "one D2H copy to pinned staging + host scatter",
-                        staged,
-                        false,
-                    ),
-                ])
-            }
-        }
+        let pairs: Vec<(u64, u64)> = self
+            .moves
+            .iter()
+            .map(|&(off, addr)| (src + off as u64, addr))
+            .collect();
+        let none = |_: Stream| Ok(());
+        let kv = b.time(&clock, Timing::Device, none, &kvtier_call)?;
+        clock.sync()?;
+        self.verify("the kvtier writeback")?;
+        // SAFETY (all three): the source is `src` (at least `bytes`, device
+        // memory for the CUDA executor), the destinations pool entries (and
+        // `bytes` contiguous pool bytes from `pool_base`), registered for the
+        // CUDA executor.
+        let limit = b.time(&clock, Timing::Device, none, |s| unsafe {
+            transfer::contiguous(exec, Dir::DeviceToHost, src, self.pool_base, bytes, s)
+        })?;
+        let each = b.time(&clock, Timing::HostDriven, none, |s| unsafe {
+            transfer::per_entry(exec, Dir::DeviceToHost, &pairs, self.entry, s)
+        })?;
+        self.verify("a copy per entry")?;
+        let staged = b.time(&clock, Timing::HostDriven, none, |s| unsafe {
+            transfer::staged_scatter(exec, src, &mut staging, &dests, self.entry, s)
+        })?;
+        self.verify("the staged scatter")?;
+        let row = |cpu, cuda, t, limit| {
+            Measurement::new(
+                SCENARIO,
+                named(exec, cpu, cuda),
+                &self.params,
+                bytes,
+                t,
+                limit,
+            )
+        };
+        Ok(vec![
+            row(
+                "kvtier writeback (CPU executor)",
+                "kvtier writeback",
+                kv,
+                false,
+            ),
+            row(
+                "contiguous memcpy (limit)",
+                "contiguous D2H copy (limit)",
+                limit,
+                true,
+            ),
+            row("per-entry memcpy", "cudaMemcpyAsync per entry", each, false),
+            row(
+                "one memcpy to staging + host scatter",
+                "one D2H copy to pinned staging + host scatter",
+                staged,
+                false,
+            ),
+        ])
     }
 }
 
@@ -287,8 +231,8 @@ fn prefill(b: &Bench, entry: u32, tokens: u32) -> kvtier::Result<Vec<Measurement
         pool: &pool,
         pool_base: base,
     };
-    let items = ItemBuffers::new(&b.exec, &slots, &toks, &src_rows)?;
-    let source = Source::new(&b.exec, &point.src)?;
+    let items = Items::new(&b.exec, &slots, &toks, &src_rows)?;
+    let source = ExecVec::from_host(&b.exec, &point.src)?;
     point.measure(b, source.addr(), |s| {
         tier.writeback_layer(0, &items.items(), source.buf(), s)
     })
@@ -333,8 +277,8 @@ fn decode(
         pool,
         pool_base: pool.region_host_addr(&regions[0])?,
     };
-    let items = ItemBuffers::new(&b.exec, &slots, &toks, &src_rows)?;
-    let source = Source::new(&b.exec, &point.src)?;
+    let items = Items::new(&b.exec, &slots, &toks, &src_rows)?;
+    let source = ExecVec::from_host(&b.exec, &point.src)?;
     let (src, loc) = (source.addr(), b.exec.location());
     // SAFETY: the layers lie back to back in `source`, which outlives `kv`.
     // Registering is set-up work, outside the timing.
@@ -347,65 +291,27 @@ fn decode(
     })
 }
 
-/// The source rows where the executor reads them.
-enum Source {
-    Host(Vec<u8>),
-    Device(DeviceBuffer<u8>),
-}
-
-impl Source {
-    fn new(exec: &Executor, bytes: &[u8]) -> kvtier::Result<Self> {
-        Ok(match exec {
-            Executor::Cpu => Source::Host(bytes.to_vec()),
-            Executor::Cuda(dev) => Source::Device(DeviceBuffer::from_host(dev, bytes)?),
-        })
-    }
-
-    fn addr(&self) -> u64 {
-        match self {
-            Source::Host(v) => v.as_ptr() as u64,
-            Source::Device(d) => d.device_ptr(),
-        }
-    }
-
-    fn buf(&self) -> Buf<'_, u8> {
-        match self {
-            Source::Host(v) => Buf::host(v),
-            Source::Device(d) => d.as_buf(),
-        }
-    }
-}
-
 /// The item lists where the executor reads them.
-enum ItemBuffers {
-    Host(Vec<i32>, Vec<i32>, Vec<i64>),
-    Device(DeviceBuffer<i32>, DeviceBuffer<i32>, DeviceBuffer<i64>),
+struct Items {
+    slots: ExecVec<i32>,
+    tokens: ExecVec<i32>,
+    rows: ExecVec<i64>,
 }
 
-impl ItemBuffers {
+impl Items {
     fn new(exec: &Executor, slots: &[i32], tokens: &[i32], rows: &[i64]) -> kvtier::Result<Self> {
-        Ok(match exec {
-            Executor::Cpu => ItemBuffers::Host(slots.to_vec(), tokens.to_vec(), rows.to_vec()),
-            Executor::Cuda(dev) => ItemBuffers::Device(
-                DeviceBuffer::from_host(dev, slots)?,
-                DeviceBuffer::from_host(dev, tokens)?,
-                DeviceBuffer::from_host(dev, rows)?,
-            ),
+        Ok(Items {
+            slots: ExecVec::from_host(exec, slots)?,
+            tokens: ExecVec::from_host(exec, tokens)?,
+            rows: ExecVec::from_host(exec, rows)?,
         })
     }
 
     fn items(&self) -> WritebackItems<'_> {
-        match self {
-            ItemBuffers::Host(s, t, r) => WritebackItems {
-                slots: Buf::host(s),
-                tokens: Buf::host(t),
-                src_rows: Buf::host(r),
-            },
-            ItemBuffers::Device(s, t, r) => WritebackItems {
-                slots: s.as_buf(),
-                tokens: t.as_buf(),
-                src_rows: r.as_buf(),
-            },
+        WritebackItems {
+            slots: self.slots.buf(),
+            tokens: self.tokens.buf(),
+            src_rows: self.rows.buf(),
         }
     }
 }
