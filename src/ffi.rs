@@ -255,6 +255,22 @@ unsafe fn put<T>(out: *mut *mut T, make: impl FnOnce() -> Result<T>) -> Result<(
     Ok(())
 }
 
+/// [`put`] for a pool handle.
+///
+/// # Safety
+/// As for [`put`].
+unsafe fn put_pool(out: *mut *mut KvtPool, open: impl FnOnce() -> Result<Arc<Pool>>) -> Result<()> {
+    // SAFETY: per this function's contract.
+    unsafe {
+        put(out, || {
+            open().map(|pool| KvtPool {
+                tag: KvtPool::TAG,
+                pool,
+            })
+        })
+    }
+}
+
 /// Writes `value` through `out` (checked non-null first).
 ///
 /// # Safety
@@ -589,14 +605,7 @@ pub unsafe extern "C" fn kvt_pool_create(
         let l = layout(unsafe { arg_ref(layout_, "layout")? })?;
         let specs = unsafe { device_specs(devices, num_devices)? };
         let opts = pool_options(unsafe { options.as_ref() });
-        unsafe {
-            put(out, || {
-                Pool::create_on(l, specs, opts).map(|pool| KvtPool {
-                    tag: KvtPool::TAG,
-                    pool,
-                })
-            })
-        }
+        unsafe { put_pool(out, || Pool::create_on(l, specs, opts)) }
     })
 }
 
@@ -613,14 +622,7 @@ pub unsafe extern "C" fn kvt_pool_open(
         // SAFETY: the header's contract for each pointer.
         let specs = unsafe { device_specs(devices, num_devices)? };
         let opts = pool_options(unsafe { options.as_ref() });
-        unsafe {
-            put(out, || {
-                Pool::open(specs, opts).map(|pool| KvtPool {
-                    tag: KvtPool::TAG,
-                    pool,
-                })
-            })
-        }
+        unsafe { put_pool(out, || Pool::open(specs, opts)) }
     })
 }
 
@@ -639,14 +641,7 @@ pub unsafe extern "C" fn kvt_pool_open_or_create(
         let l = layout(unsafe { arg_ref(layout_, "layout")? })?;
         let specs = unsafe { device_specs(devices, num_devices)? };
         let opts = pool_options(unsafe { options.as_ref() });
-        unsafe {
-            put(out, || {
-                Pool::open_or_create(l, specs, opts).map(|pool| KvtPool {
-                    tag: KvtPool::TAG,
-                    pool,
-                })
-            })
-        }
+        unsafe { put_pool(out, || Pool::open_or_create(l, specs, opts)) }
     })
 }
 
