@@ -327,26 +327,27 @@ fn gather_agrees(case: &GatherCase) {
     }
 }
 
-/// Runs a writeback case through the emulated kernel with `grid` blocks.
-fn emulate_writeback(case: &WritebackCase, grid: u32) -> (Vec<Vec<u8>>, ErrorWord, Report) {
-    let fx = filled_pool(case.setup.layout, case.setup.n_regions);
-    let slots = slot_table(&fx, &case.setup);
+/// The kernel parameters of a writeback case whose source buffers are at
+/// `table` (one per layer; `Layer` mode reads the first), reporting into `err`.
+fn writeback_params(
+    case: &WritebackCase,
+    slots: &[u64],
+    table: &[u64],
+    err: &mut ErrorWord,
+) -> kvt_writeback_params {
     let layout = case.setup.layout;
-    let src: Vec<Aligned> = case.src.iter().map(|b| Aligned::from(b)).collect();
-    let table: Vec<u64> = src.iter().map(Aligned::addr).collect();
-    let mut err = ErrorWord::clear();
     let (first_layer, num_layers, src_base, src_layer_bases) = match case.mode {
-        WritebackMode::Layer(l) => (l, 1, src[0].addr(), 0),
+        WritebackMode::Layer(l) => (l, 1, table[0], 0),
         WritebackMode::AllLayers => (0, layout.layers(), 0, table.as_ptr() as u64),
     };
-    let p = kvt_writeback_params {
+    kvt_writeback_params {
         slot_bases: slots.as_ptr() as u64,
         item_slots: case.slots.as_ptr() as u64,
         item_tokens: case.tokens.as_ptr() as u64,
         item_src_rows: case.src_rows.as_ptr() as u64,
         src_base,
         src_layer_bases,
-        error: &mut err as *mut ErrorWord as u64,
+        error: err as *mut ErrorWord as u64,
         src_rows: case.rows,
         layer_bytes: layout.layer_bytes(),
         entry_bytes: layout.entry_bytes(),
@@ -355,7 +356,17 @@ fn emulate_writeback(case: &WritebackCase, grid: u32) -> (Vec<Vec<u8>>, ErrorWor
         num_items: case.slots.len() as u32,
         first_layer,
         num_layers,
-    };
+    }
+}
+
+/// Runs a writeback case through the emulated kernel with `grid` blocks.
+fn emulate_writeback(case: &WritebackCase, grid: u32) -> (Vec<Vec<u8>>, ErrorWord, Report) {
+    let fx = filled_pool(case.setup.layout, case.setup.n_regions);
+    let slots = slot_table(&fx, &case.setup);
+    let src: Vec<Aligned> = case.src.iter().map(|b| Aligned::from(b)).collect();
+    let table: Vec<u64> = src.iter().map(Aligned::addr).collect();
+    let mut err = ErrorWord::clear();
+    let p = writeback_params(case, &slots, &table, &mut err);
     let mut loads: Vec<Range> = src.iter().map(Aligned::range).collect();
     loads.extend(writeback_meta(&p));
     let stores = region_ranges(&fx, &case.setup);
@@ -576,7 +587,6 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
         let wb = WritebackCase::random(seed, SMALL, HOSTILE, true);
         let pool = ShiftedPool::new(&wb.setup, 8);
         let slots = pool.slot_table(&wb.setup);
-        let layout = wb.setup.layout;
         let src: Vec<Aligned> = wb
             .src
             .iter()
@@ -588,27 +598,7 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
             .collect();
         let table: Vec<u64> = src.iter().map(Aligned::addr).collect();
         let mut err = ErrorWord::clear();
-        let (first_layer, num_layers, src_base, src_layer_bases) = match wb.mode {
-            WritebackMode::Layer(l) => (l, 1, src[0].addr(), 0),
-            WritebackMode::AllLayers => (0, layout.layers(), 0, table.as_ptr() as u64),
-        };
-        let p = kvt_writeback_params {
-            slot_bases: slots.as_ptr() as u64,
-            item_slots: wb.slots.as_ptr() as u64,
-            item_tokens: wb.tokens.as_ptr() as u64,
-            item_src_rows: wb.src_rows.as_ptr() as u64,
-            src_base,
-            src_layer_bases,
-            error: &mut err as *mut ErrorWord as u64,
-            src_rows: wb.rows,
-            layer_bytes: layout.layer_bytes(),
-            entry_bytes: layout.entry_bytes(),
-            tokens_per_region: layout.tokens_per_region(),
-            num_slots: wb.setup.num_slots(),
-            num_items: wb.slots.len() as u32,
-            first_layer,
-            num_layers,
-        };
+        let p = writeback_params(&wb, &slots, &table, &mut err);
         let mut loads: Vec<Range> = src.iter().map(Aligned::range).collect();
         loads.extend(writeback_meta(&p));
         let stores = [pool.mem.range()];
@@ -726,16 +716,7 @@ fn emulate_swap(
     let mut lru = case.lru.clone();
     let host_cache = Aligned::from(&case.host_cache);
     let mut device_buffer = Aligned::from(&case.device_buffer);
-    let req32: Vec<i32> = case
-        .req
-        .iter()
-        .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
-        .collect();
-    let seq32: Vec<i32> = case
-        .seq
-        .iter()
-        .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
-        .collect();
+    let (req32, seq32) = (clamp32(&case.req), clamp32(&case.seq));
     let num_real: Vec<i32> = case.num_real.into_iter().collect();
     let stride = plan_stride(k);
     let mut plan_src = vec![-5i64; batch * stride];

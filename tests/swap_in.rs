@@ -283,7 +283,6 @@ fn evictable_slots_with_bad_device_rows_are_never_loaded() {
 }
 
 fn args_error(f: impl FnOnce(&mut SwapInArgs<'_>)) -> (&'static str, String) {
-    let c = worked_example(&[4, 2, 7]);
     let pool = Pool::create(
         LayerFirstLayout::new(8, 1, 8).unwrap(),
         DeviceSpec::Anon { bytes: 4 << 20 },
@@ -291,38 +290,8 @@ fn args_error(f: impl FnOnce(&mut SwapInArgs<'_>)) -> (&'static str, String) {
     .unwrap();
     let mut tier = Tier::new(pool, Executor::cpu(), 1).unwrap();
     tier.enable_swap_in(4, 4).unwrap();
-    let (mut tokens, mut lru, mut dev, mut out) = (
-        c.tokens.clone(),
-        c.lru.clone(),
-        c.device_buffer.clone(),
-        vec![0; 3],
-    );
-    let (req, seq) = ([0i32], [8i64]);
-    let mut args = SwapInArgs {
-        top_k_tokens: Buf::host(&c.topk),
-        top_k_stride: 3,
-        device_buffer_tokens: BufMut::host(&mut tokens),
-        device_buffer_locs: Buf::host(&c.locs),
-        buffer_stride: 5,
-        lru_slots: BufMut::host(&mut lru),
-        lru_stride: 4,
-        host_cache_locs: Buf::host(&c.host_locs),
-        host_stride: 8,
-        max_tokens: 8,
-        host_cache: Buf::host(&c.host_cache),
-        device_buffer: BufMut::host(&mut dev),
-        top_k_device_locs: BufMut::host(&mut out),
-        out_stride: 3,
-        req_pool_indices: IndexBuf::I32(Buf::host(&req)),
-        seq_lens: IndexBuf::I64(Buf::host(&seq)),
-        num_real_reqs: None,
-        num_requests: 1,
-        num_top_k: 3,
-        hot_buffer_size: 4,
-        item_size_bytes: ITEM as u32,
-        skip_io: false,
-        miss_plan: None,
-    };
+    let mut b = Bare::new();
+    let mut args = b.args();
     f(&mut args);
     match tier.swap_in(&args, Stream::null()) {
         Err(Error::InvalidArgument { arg, msg }) => (arg, msg),
@@ -357,53 +326,27 @@ fn arguments_are_checked_before_anything_runs() {
 
 #[test]
 fn swap_in_needs_enabling_and_respects_its_capacity() {
-    let c = worked_example(&[4, 2, 7]);
     let pool = Pool::create(
         LayerFirstLayout::new(8, 1, 8).unwrap(),
         DeviceSpec::Anon { bytes: 4 << 20 },
     )
     .unwrap();
     let mut tier = Tier::new(pool, Executor::cpu(), 1).unwrap();
-    let (mut tokens, mut lru, mut dev, mut out) = (
-        c.tokens.clone(),
-        c.lru.clone(),
-        c.device_buffer.clone(),
-        vec![0; 3],
-    );
-    let (req, seq) = ([0i32], [8i32]);
-    let args = SwapInArgs {
-        top_k_tokens: Buf::host(&c.topk),
-        top_k_stride: 3,
-        device_buffer_tokens: BufMut::host(&mut tokens),
-        device_buffer_locs: Buf::host(&c.locs),
-        buffer_stride: 5,
-        lru_slots: BufMut::host(&mut lru),
-        lru_stride: 4,
-        host_cache_locs: Buf::host(&c.host_locs),
-        host_stride: 8,
-        max_tokens: 8,
-        host_cache: Buf::host(&c.host_cache),
-        device_buffer: BufMut::host(&mut dev),
-        top_k_device_locs: BufMut::host(&mut out),
-        out_stride: 3,
-        req_pool_indices: IndexBuf::I32(Buf::host(&req)),
-        seq_lens: IndexBuf::I32(Buf::host(&seq)),
-        num_real_reqs: None,
-        num_requests: 1,
-        num_top_k: 3,
-        hot_buffer_size: 4,
-        item_size_bytes: ITEM as u32,
-        skip_io: false,
-        miss_plan: None,
-    };
-    let err = tier.swap_in(&args, Stream::null()).unwrap_err().to_string();
+    let mut b = Bare::new();
+    let err = tier
+        .swap_in(&b.args(), Stream::null())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("enable_swap_in"), "{err}");
     tier.enable_swap_in(1, 2).unwrap();
-    let err = tier.swap_in(&args, Stream::null()).unwrap_err().to_string();
+    let err = tier
+        .swap_in(&b.args(), Stream::null())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("capacity"), "{err}");
     tier.enable_swap_in(1, 3).unwrap();
-    tier.swap_in(&args, Stream::null()).unwrap();
-    assert_eq!(out, vec![7, 3, 11]);
+    tier.swap_in(&b.args(), Stream::null()).unwrap();
+    assert_eq!(b.out, vec![7, 3, 11]);
 }
 
 proptest! {
@@ -494,7 +437,7 @@ fn skip_io_updates_outputs_and_state_but_moves_no_bytes() {
     );
 }
 
-/// The worked example's buffers, for calls on a bare [`SwapInEngine`].
+/// The worked example's buffers and arguments, for direct calls.
 struct Bare {
     c: SwapCase,
     tokens: Vec<i32>,

@@ -157,6 +157,14 @@ pub fn plan_rows(
         .collect()
 }
 
+/// Index values as an int32 tensor carries them (clamped).
+pub fn clamp32(values: &[i64]) -> Vec<i32> {
+    values
+        .iter()
+        .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
+        .collect()
+}
+
 /// Row stride of the miss plans the tests record (wider than k, so that a
 /// kernel that ignored the stride would be caught).
 pub fn plan_stride(k: usize) -> usize {
@@ -441,16 +449,7 @@ impl SwapCase {
         tier.enable_swap_in(self.batch().max(1) as u32, self.k as u32)
             .unwrap();
 
-        let req32: Vec<i32> = self
-            .req
-            .iter()
-            .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
-            .collect();
-        let seq32: Vec<i32> = self
-            .seq
-            .iter()
-            .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
-            .collect();
+        let (req32, seq32) = (clamp32(&self.req), clamp32(&self.seq));
         let num_real = self.num_real.map(|n| vec![n]);
         let out_len = if self.batch() == 0 {
             0
