@@ -28,14 +28,17 @@ class SwapInEngine:
         check(library().kvt_swap_in_create(ordinal, ctypes.byref(handle)))
         self._handle = handle
         self._lock = threading.Lock()
+        self._capacity = (0, 0)
 
     def reserve(self, max_batch: int, max_top_k: int) -> None:
         check(library().kvt_swap_in_reserve(self._handle, int(max_batch), int(max_top_k)))
-
-    def capacity(self) -> tuple:
         b, k = ctypes.c_uint32(), ctypes.c_uint32()
         check(library().kvt_swap_in_capacity(self._handle, ctypes.byref(b), ctypes.byref(k)))
-        return b.value, k.value
+        # Kept here so the per-layer call does not ask the library each time.
+        self._capacity = (b.value, k.value)
+
+    def capacity(self) -> tuple:
+        return self._capacity
 
     def map_host(self, host_addr: int) -> int:
         """The address the engine's kernels use for host memory at `host_addr`

@@ -16,6 +16,12 @@ ENV = "KVTIER_SGLANG_CONFIG"
 STRATEGIES = ("plan_then_copy", "one_block_per_request")
 
 
+def is_private(device: str) -> bool:
+    """Whether a device is memory of one process (anon, numa) rather than
+    shared by the ranks (file, dax)."""
+    return device.split(":", 1)[0] in ("anon", "numa")
+
+
 @dataclass
 class KvtierConfig:
     """What :func:`kvtier.sglang.install` replaces and where the host pool goes.
@@ -57,7 +63,7 @@ class KvtierConfig:
                 raise KvtierError(
                     f"kvtier config: device {d!r} is not anon[:SIZE], numa:NODE[:SIZE], file:PATH:SIZE or dax:PATH"
                 )
-        private = [d.split(":", 1)[0] in ("anon", "numa") for d in self.devices]
+        private = [is_private(d) for d in self.devices]
         if any(private) and not all(private):
             raise KvtierError(
                 "kvtier config: `devices` mixes private (anon, numa) and shared (file, dax) devices; a pool is "

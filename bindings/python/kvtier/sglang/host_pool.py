@@ -17,7 +17,7 @@ import sys
 
 from .._lib import KvtierError
 from .._pool import Layout, Pool, device_bytes_for
-from ._config import KvtierConfig
+from ._config import KvtierConfig, is_private
 
 
 def detect_rank(config: KvtierConfig) -> tuple:
@@ -58,10 +58,6 @@ def sized_devices(devices: list, layout: Layout) -> list:
     return out
 
 
-def _is_private(device: str) -> bool:
-    return device.split(":", 1)[0] in ("anon", "numa")
-
-
 class KvtierHostTensorAllocator:
     """An SGLang host-tensor allocator that places each buffer in a kvtier
     region: ``allocate((layers, rows, 1, kv_dim), dtype, "cpu")``. With a torch
@@ -99,7 +95,7 @@ class KvtierHostTensorAllocator:
         layout = Layout(entry, layers, rows)
         rank, ranks = detect_rank(self.config)
         devices = sized_devices(self.config.devices, layout)
-        if all(_is_private(d) for d in devices):
+        if all(is_private(d) for d in devices):
             pool = Pool.create(layout, devices, rank=rank, ranks=ranks)
         else:
             pool = Pool.open_or_create(layout, devices, rank=rank, ranks=ranks, clients=self.config.clients)
