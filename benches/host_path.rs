@@ -8,8 +8,8 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use kvtier::pool::RoundRobinPlacement;
 use kvtier::{
-    Buf, BufMut, DeviceSpec, Executor, GatherBatch, IndexBuf, LayerFirstLayout, Pool, Stream,
-    SwapInArgs, SwapInEngine, Tier, WritebackItems,
+    Buf, BufMut, DeviceSpec, Executor, GatherBatch, IndexBuf, KvBuffers, LayerFirstLayout, Pool,
+    QueryKind, Stream, SwapInArgs, SwapInEngine, Tier, WritebackItems,
 };
 
 fn small_pool(regions: u32) -> std::sync::Arc<Pool> {
@@ -71,16 +71,22 @@ fn swap_in_overhead(c: &mut Criterion) {
             let a = SwapInArgs {
                 top_k_tokens: Buf::host(&query),
                 top_k_stride: 1,
+                query: QueryKind::Tokens,
                 device_buffer_tokens: BufMut::host(&mut tokens),
+                tokens_stride: hot + 1,
                 device_buffer_locs: Buf::host(&locs),
-                buffer_stride: hot + 1,
+                locs_stride: hot + 1,
                 lru_slots: BufMut::host(&mut lru),
                 lru_stride: hot,
                 host_cache_locs: Buf::host(&host_locs),
                 host_stride: 8,
                 max_tokens: 8,
-                host_cache: Buf::host(&host_cache),
-                device_buffer: BufMut::host(&mut device_buffer),
+                kv: KvBuffers::linear(
+                    656,
+                    Buf::host(&host_cache),
+                    BufMut::host(&mut device_buffer),
+                )
+                .unwrap(),
                 top_k_device_locs: BufMut::host(&mut out),
                 out_stride: 1,
                 req_pool_indices: IndexBuf::I32(Buf::host(&req)),
@@ -89,7 +95,6 @@ fn swap_in_overhead(c: &mut Criterion) {
                 num_requests: 1,
                 num_top_k: 1,
                 hot_buffer_size: hot as u32,
-                item_size_bytes: 656,
                 skip_io: false,
                 miss_plan: None,
             };

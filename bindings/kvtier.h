@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes. */
-#define KVT_ABI_VERSION 1
+#define KVT_ABI_VERSION 2
 
 typedef int32_t kvt_status;
 #define KVT_OK 0
@@ -143,22 +143,45 @@ kvt_status kvt_region_free(kvt_region *region);
 #define KVT_SWAP_IN_PLAN_THEN_COPY 0        /* plan per request, one copy over every miss */
 #define KVT_SWAP_IN_ONE_BLOCK_PER_REQUEST 1 /* SGLang's design, for comparison */
 
+/* How a row of a KV buffer is addressed: pages of rows_per_page rows (a power
+ * of two), page_bytes apart; within a page the rows' values (value_bytes
+ * each) come first, then their scales (scale_bytes each, at most 256), then
+ * padding. Linear rows of N bytes: {1, N, 0, 0, N}. DeepSeek-V4's C4 cache:
+ * {64, 576, 8, 0, 37440}. */
+typedef struct kvt_items {
+    uint32_t rows_per_page;
+    uint32_t value_bytes;         /* a positive multiple of 8 */
+    uint32_t scale_bytes;         /* a multiple of 8 */
+    uint32_t _reserved;
+    uint64_t page_bytes;          /* a multiple of 8 holding both runs */
+} kvt_items;
+
+/* The KV rows a swap-in or a replay moves: host row h -> device row d of
+ * each plane (MLA: one; MHA: K and V). */
+typedef struct kvt_kv_buffers {
+    kvt_items items;
+    kvt_buf host_cache;           /* bytes: plane 0 (MLA latent, MHA K); host-mapped for CUDA */
+    kvt_buf device_buffer;        /* bytes: plane 0 on the device */
+    kvt_buf host_cache_v;         /* bytes: plane 1 (MHA V), or ptr NULL for one plane */
+    kvt_buf device_buffer_v;      /* bytes: plane 1 on the device, NULL with host_cache_v */
+} kvt_kv_buffers;
+
 /* One layer's swap-in for a batch, in SGLang's formats (strides in elements;
- * see DESIGN.md section 4 for the semantics). The batch is the length of
- * req_pool_indices. */
+ * the semantics are those of kvtier's swap_in module). The batch is the
+ * length of req_pool_indices. */
 typedef struct kvt_swap_in_args {
-    kvt_buf top_k_tokens;         /* int32 [batch][top_k_stride], -1 padding */
+    kvt_buf top_k_tokens;         /* int32 [batch][top_k_stride]: num_top_k tokens (or blocks), -1 padding */
     uint64_t top_k_stride;
-    kvt_buf device_buffer_tokens; /* int32 [num_requests][buffer_stride], slots 0..=hot */
-    kvt_buf device_buffer_locs;   /* int32 [num_requests][buffer_stride] */
-    uint64_t buffer_stride;
+    kvt_buf device_buffer_tokens; /* int32 [num_requests][tokens_stride], the hot LRU slots */
+    uint64_t tokens_stride;
+    kvt_buf device_buffer_locs;   /* int32 [num_requests][locs_stride], slots 0..=hot */
+    uint64_t locs_stride;
     kvt_buf lru_slots;            /* int16 [num_requests][lru_stride], hot entries */
     uint64_t lru_stride;
     kvt_buf host_cache_locs;      /* int64 [num_requests][host_stride], max_tokens entries */
     uint64_t host_stride;
-    kvt_buf host_cache;           /* bytes: rows of item_size_bytes (host-mapped for CUDA) */
-    kvt_buf device_buffer;        /* bytes: rows of item_size_bytes */
-    kvt_buf top_k_device_locs;    /* int32 [batch][out_stride], written */
+    kvt_kv_buffers kv;
+    kvt_buf top_k_device_locs;    /* int32 [batch][out_stride], written: num_top_k * max(block_tokens, 1) columns */
     uint64_t out_stride;
     kvt_buf req_pool_indices;     /* [batch], of req_pool_indices_type */
     kvt_buf seq_lens;             /* [batch], of seq_lens_type */
@@ -167,15 +190,31 @@ typedef struct kvt_swap_in_args {
     kvt_buf miss_dst;             /* int32 [batch][miss_stride], device row per miss */
     kvt_buf miss_count;           /* int32 [batch], misses per row */
     uint64_t miss_stride;
+    uint64_t miss_capacity;       /* misses a plan row holds (its columns); at least the entries per row */
     uint32_t req_pool_indices_type; /* KVT_INDEX_INT32 or KVT_INDEX_INT64 */
     uint32_t seq_lens_type;         /* KVT_INDEX_INT32 or KVT_INDEX_INT64 */
     uint32_t max_tokens;
     uint32_t num_requests;
     uint32_t num_top_k;
     uint32_t hot_buffer_size;
-    uint32_t item_size_bytes;
+    uint32_t block_tokens;          /* 0: top_k_tokens holds tokens; else block ids of this many tokens */
     uint32_t skip_io;               /* nonzero: outputs, state and miss plan only, no KV bytes */
 } kvt_swap_in_args;
+
+/* A recorded miss plan to replay (SGLang's copy_cache_planned_mla): rows below
+ * num_real_reqs copy miss_count[r] host rows miss_src[r][m] to device rows
+ * miss_dst[r][m] of each plane; every count and row is checked. */
+typedef struct kvt_planned_copy_args {
+    kvt_buf miss_src;             /* int64 [rows][miss_stride] */
+    kvt_buf miss_dst;             /* int32 [rows][miss_stride] */
+    kvt_buf miss_count;           /* int32 [rows]: the plan's rows */
+    uint64_t miss_stride;
+    uint64_t miss_capacity;       /* misses a row holds; larger counts are refused */
+    kvt_buf num_real_reqs;        /* int32 [1] on the executor's side, or ptr NULL: every row */
+    kvt_kv_buffers kv;
+    uint32_t warps;               /* most warps the CUDA replay uses; 0: as many as the plan needs */
+    uint32_t skip_io;             /* nonzero: walk nothing, move nothing (a timing probe) */
+} kvt_planned_copy_args;
 
 typedef struct kvt_swap_in kvt_swap_in;
 
@@ -189,6 +228,9 @@ kvt_status kvt_swap_in_capacity(const kvt_swap_in *engine, uint32_t *max_batch, 
  * allocation, no host synchronisation (CUDA-graph capturable). */
 kvt_status kvt_swap_in_run(const kvt_swap_in *engine, const kvt_swap_in_args *args, uint32_t strategy,
                            kvt_cuda_stream stream);
+/* Replays a miss plan on `stream` (CUDA-graph capturable as kvt_swap_in_run). */
+kvt_status kvt_swap_in_copy_planned(const kvt_swap_in *engine, const kvt_planned_copy_args *args,
+                                    kvt_cuda_stream stream);
 /* The address the engine's kernels use for host memory at `host`: itself for
  * the CPU executor; for the CUDA executor the mapped device address of pinned
  * or registered memory (KVT_INVALID_ARGUMENT for memory that is neither), e.g.

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 /* Bumped whenever a struct below changes shape or meaning. */
-#define KVT_ABI_VERSION 1
+#define KVT_ABI_VERSION 2
 
 /* An address the executor dereferences (device, host-mapped or host). */
 typedef uint64_t kvt_addr;
@@ -36,7 +36,8 @@ typedef uint64_t kvt_addr;
 #define KVT_ERR_WRITEBACK_SLOT 3   /* item_slots[item] is < -1, >= num_slots, or names an unbound slot */
 #define KVT_ERR_WRITEBACK_TOKEN 4  /* item_tokens[item] is < 0 or >= tokens_per_region */
 #define KVT_ERR_WRITEBACK_SRC_ROW 5 /* item_src_rows[item] is < 0 or >= src_rows */
-/* swap-in kinds: position (batch row << 16) | top-k column (0 for request-level kinds) */
+/* swap-in kinds: position (batch row << 16) | entry (0 for request-level kinds; the query column
+ * for a bad block id; the miss index for a replayed plan entry) */
 #define KVT_ERR_SWAP_NUM_REAL 6    /* num_real_reqs[0] is < 0 or > batch (clamped) */
 #define KVT_ERR_SWAP_REQ 7         /* req_pool_indices[row] is < 0 or >= num_requests */
 #define KVT_ERR_SWAP_SEQ_LEN 8     /* seq_lens[row] is < 0 or > max_tokens */
@@ -45,6 +46,7 @@ typedef uint64_t kvt_addr;
 #define KVT_ERR_SWAP_HOST_LOC 11   /* host_cache_locs[req][token] is < 0 or >= host_rows */
 #define KVT_ERR_SWAP_DEVICE_LOC 12 /* a top-k entry's device row is < 0 or >= device_rows, or no usable slot is left */
 #define KVT_ERR_SWAP_SLOT_LOC 13   /* an evictable slot's device row is out of range (column = slot; never loaded into) */
+#define KVT_ERR_SWAP_PLAN_COUNT 14 /* a replayed miss plan's count[row] is < 0 or > plan_capacity (the row copies nothing) */
 #define KVT_ERR_KINDS 16           /* slots reserved in the error word (room for later kinds) */
 
 /* Value of an empty kvt_error_word.first slot. */
@@ -130,62 +132,105 @@ typedef struct kvt_writeback_params {
 #define KVT_SWAP_REQ_INDICES_I64 2u /* req_pool_indices holds int64_t (else int32_t) */
 #define KVT_SWAP_COPY_IN_PLAN 4u    /* kvt_swap_in_plan copies its own misses (one block per request) */
 #define KVT_SWAP_SKIP_IO 8u         /* no KV bytes move (a timing probe): plan, outputs and state only */
+#define KVT_SWAP_QUERY_BLOCKS 16u   /* top_k_tokens holds block ids of block_tokens tokens each (MiniMax-M3) */
+#define KVT_SWAP_REPLAY 32u         /* kvt_swap_in_copy replays a caller's plan alone (no plan kernel ran) */
 
-/* Largest top-k and hot buffer a swap-in accepts. */
+/* Largest number of resolved top-k entries per row (top_k * block_tokens) and
+ * largest hot buffer a swap-in accepts. */
 #define KVT_SWAP_MAX_TOP_K 4096
 #define KVT_SWAP_MAX_HOT 16384
+/* Threads per kvt_swap_in_plan block. */
+#define KVT_SWAP_PLAN_THREADS 512
+/* Largest scale piece of an item layout: one 8-byte word per lane of a warp. */
+#define KVT_ITEM_MAX_SCALE_BYTES 256
+
+/*
+ * How row r of a KV buffer is addressed (src/layout.rs, ItemLayout). Rows are
+ * grouped in pages of (1 << page_shift) rows, page_bytes apart. Within a page
+ * the rows' value pieces come first, value_bytes each, then their scale
+ * pieces, scale_bytes each (none when scale_bytes is 0):
+ *   value of r  = base + (r >> page_shift) * page_bytes + (r & mask) * value_bytes
+ *   scale of r  = base + (r >> page_shift) * page_bytes + (value_bytes << page_shift)
+ *                      + (r & mask) * scale_bytes
+ * A linear buffer of item_bytes rows is page_shift 0, page_bytes = value_bytes
+ * = item_bytes, scale_bytes 0. DeepSeek-V4's page-padded C4 cache is
+ * page_shift 6, value_bytes 576, scale_bytes 8, page_bytes 37440.
+ */
+typedef struct kvt_item_layout {
+    uint64_t page_bytes;   /* a multiple of 8, >= (value_bytes + scale_bytes) << page_shift */
+    uint32_t page_shift;   /* log2 of rows per page, <= 16 */
+    uint32_t value_bytes;  /* a positive multiple of 8 */
+    uint32_t scale_bytes;  /* a multiple of 8, <= KVT_ITEM_MAX_SCALE_BYTES */
+    uint32_t _reserved;
+} kvt_item_layout;
 
 /*
  * LRU device-buffer swap-in with page-table update, one layer, a whole batch
- * (SGLang HiSparse semantics; see DESIGN.md section 4 and src/swap_in.rs).
+ * (SGLang HiSparse semantics; the contract is in src/swap_in/mod.rs).
  *
  * Per request state, row `req` of each array (req = req_pool_indices[row]):
- *   device_buffer_tokens[req][0..=hot]  token cached in each slot, -1 empty
+ *   device_buffer_tokens[req][0..hot)   token cached in each LRU slot, -1 empty
  *   device_buffer_locs[req][0..=hot]    device row of each slot (slot hot = newest token)
  *   lru_slots[req][0..hot)              permutation of the LRU slots, index 0 = LRU
  *   host_cache_locs[req][0..max_tokens) host row of each token position
  *
+ * The query of batch row b is top_k columns of top_k_tokens: token positions,
+ * or with KVT_SWAP_QUERY_BLOCKS block ids, column j standing for the tokens
+ * j * block_tokens .. of block top_k_tokens[b][j]. Either way a row resolves
+ * `entries` = top_k * block_tokens entries, and top_k_device_locs gets one
+ * column per entry.
+ *
+ * The KV rows are one or two planes (MLA: the latent; MHA: K and V, which
+ * move together), host_cache[p] -> device_buffer[p], addressed with `items`.
+ *
  * Two kernels share these parameters. kvt_swap_in_plan (one block per batch
  * row) finds hits, assigns misses to evicted slots, writes top_k_device_locs,
-  * device_buffer_tokens and lru_slots, and records each row's misses in the
+ * device_buffer_tokens and lru_slots, and records each row's misses in the
  * miss plan (plan_src/plan_dst rows of plan_stride elements, plan_count; the
  * same format as SGLang's miss_src/miss_dst/miss_count, so the plan is either
  * kvtier's scratch or the caller's). Then kvt_swap_in_copy moves every planned
- * miss of the batch, a warp per miss over one wide grid: host_cache row
- * plan_src -> device_buffer row plan_dst. With KVT_SWAP_COPY_IN_PLAN the plan
- * kernel copies its own misses instead (the one-block-per-request design, kept
- * as a baseline); with KVT_SWAP_SKIP_IO nothing is copied.
+ * miss of rows below num_real_reqs, a warp per miss over one wide grid: host
+ * row plan_src -> device row plan_dst of every plane. With KVT_SWAP_COPY_IN_PLAN
+ * the plan kernel copies its own misses instead (the one-block-per-request
+ * design, kept as a baseline); with KVT_SWAP_SKIP_IO nothing is copied. With
+ * KVT_SWAP_REPLAY kvt_swap_in_copy runs alone on a caller's plan (SGLang's
+ * copy_cache_planned_mla): only the plan, num_real_reqs, the KV planes and
+ * the error word are read.
  */
 typedef struct kvt_swap_in_params {
     kvt_addr top_k_tokens;         /* const int32_t[batch][top_k_stride] */
-    kvt_addr device_buffer_tokens; /* int32_t[num_requests][buffer_stride] */
-    kvt_addr device_buffer_locs;   /* const int32_t[num_requests][buffer_stride] */
+    kvt_addr device_buffer_tokens; /* int32_t[num_requests][tokens_stride] */
+    kvt_addr device_buffer_locs;   /* const int32_t[num_requests][locs_stride] */
     kvt_addr lru_slots;            /* int16_t[num_requests][lru_stride] */
     kvt_addr host_cache_locs;      /* const int64_t[num_requests][host_stride] */
     kvt_addr top_k_device_locs;    /* int32_t[batch][out_stride] */
     kvt_addr req_pool_indices;     /* const int32_t or int64_t [batch] */
     kvt_addr seq_lens;             /* const int32_t or int64_t [batch] */
     kvt_addr num_real_reqs;        /* const int32_t[1] on the device, or 0 for "batch" */
-    kvt_addr host_cache;           /* host_rows rows of item_bytes (host-mapped) */
-    kvt_addr device_buffer;        /* device_rows rows of item_bytes */
-        kvt_addr plan_src;             /* int64_t[batch][plan_stride]: host row per miss */
+    kvt_addr host_cache[2];        /* host_rows rows per plane (host-mapped); plane 1 may be 0 */
+    kvt_addr device_buffer[2];     /* device_rows rows per plane; 0 where host_cache is 0 */
+    kvt_addr plan_src;             /* int64_t[batch][plan_stride]: host row per miss */
     kvt_addr plan_dst;             /* int32_t[batch][plan_stride]: device row per miss */
     kvt_addr plan_count;           /* int32_t[batch]: misses per row */
     kvt_addr error;                /* kvt_error_word* */
+    kvt_item_layout items;         /* the row layout of both ends of every plane */
     uint64_t host_rows;
     uint64_t device_rows;
     uint64_t top_k_stride;         /* elements between rows of top_k_tokens */
-    uint64_t buffer_stride;        /* elements between rows of device_buffer_tokens/_locs */
+    uint64_t tokens_stride;        /* elements between rows of device_buffer_tokens */
+    uint64_t locs_stride;          /* elements between rows of device_buffer_locs */
     uint64_t lru_stride;           /* elements between rows of lru_slots */
     uint64_t host_stride;          /* elements between rows of host_cache_locs */
-        uint64_t out_stride;           /* elements between rows of top_k_device_locs */
-    uint64_t plan_stride;          /* elements between rows of plan_src/plan_dst, >= top_k */
-    uint32_t batch;                /* rows of top_k_tokens; < 65536 */
-    uint32_t top_k;                /* K, <= hot and <= KVT_SWAP_MAX_TOP_K */
+    uint64_t out_stride;           /* elements between rows of top_k_device_locs */
+    uint64_t plan_stride;          /* elements between rows of plan_src/plan_dst */
+    uint32_t batch;                /* rows of top_k_tokens (of the plan, for a replay); < 65536 */
+    uint32_t top_k;                /* query columns per row */
+    uint32_t block_tokens;         /* tokens per query column: 1 unless KVT_SWAP_QUERY_BLOCKS */
+    uint32_t entries;              /* top_k * block_tokens, <= hot and <= KVT_SWAP_MAX_TOP_K */
     uint32_t hot;                  /* LRU slots per request, <= KVT_SWAP_MAX_HOT */
-    uint32_t item_bytes;           /* bytes per KV row, a multiple of 8 */
     uint32_t num_requests;         /* rows of the per-request state arrays */
     uint32_t max_tokens;           /* valid columns of host_cache_locs */
+    uint32_t plan_capacity;        /* misses a plan row holds (<= plan_stride); counts above it are refused */
     uint32_t flags;                /* KVT_SWAP_* */
     uint32_t _reserved;
 } kvt_swap_in_params;

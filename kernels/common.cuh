@@ -168,6 +168,27 @@ __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, ch
     }
 }
 
+// Copies row src_row of the buffer at src_base to row dst_row of the buffer at
+// dst_base, both addressed with the item layout L (kvt_item_layout in abi.h),
+// with the whole warp (same calling rule as warp_copy_entry). A row is a value
+// piece and an optional scale piece of at most 256 bytes; each lane loads its
+// 8-byte word of the scale before the value moves and stores it after, so the
+// two pieces cost one round trip over the link, not two.
+template <class P>
+__device__ __forceinline__ void warp_copy_item(const kvt_item_layout& L, kvt_addr src_base, kvt_addr dst_base,
+                                               uint64_t src_row, uint64_t dst_row, uint32_t lane) {
+    const uint64_t mask = (1ull << L.page_shift) - 1;
+    const char* src = reinterpret_cast<const char*>(src_base) + (src_row >> L.page_shift) * L.page_bytes;
+    char* dst = reinterpret_cast<char*>(dst_base) + (dst_row >> L.page_shift) * L.page_bytes;
+    const uint64_t src_in_page = src_row & mask, dst_in_page = dst_row & mask;
+    const uint64_t scale_run = (uint64_t)L.value_bytes << L.page_shift;
+    const bool has_scale_word = lane < (L.scale_bytes >> 3);
+    uint2 scale = make_uint2(0, 0);
+    if (has_scale_word) scale = P::load8(src + scale_run + src_in_page * L.scale_bytes + 8 * lane);
+    warp_copy_entry<P>(src + src_in_page * L.value_bytes, dst + dst_in_page * L.value_bytes, L.value_bytes, lane);
+    if (has_scale_word) P::store8(dst + scale_run + dst_in_page * L.scale_bytes + 8 * lane, scale);
+}
+
 // Zero-fills one entry with the whole warp (same calling rule as above).
 template <class P>
 __device__ __forceinline__ void warp_zero_entry(char* __restrict__ dst, uint32_t bytes, uint32_t lane) {

@@ -1,20 +1,17 @@
 // kernels/swap_in.cu — LRU device-buffer swap-in with page-table update
 // (SGLang HiSparse semantics), split into per-request planning and one wide
-// copy over every miss of the batch.
+// copy over every miss of the batch; the same copy kernel replays a caller's
+// miss plan on its own (SGLang's copy_cache_planned_mla).
 #include "common.cuh"
-
-// Threads per planning block; host launchers use the same value
-// (SWAP_PLAN_THREADS in src/swap_in.rs).
-#define KVT_SWAP_PLAN_THREADS 512
 
 namespace kvt {
 namespace swap {
 
-constexpr int32_t kEmptyKey = -1;         // hash key of an empty cell (inserted tokens are >= 0)
-constexpr int32_t kNone = 0x7fffffff;     // "nothing yet" for min-reductions
-// Per top-k entry class; a value >= 0 marks a duplicate of that (canonical) entry.
-constexpr int32_t kPad = -1;     // -1 padding: output -1
-constexpr int32_t kBad = -2;     // token outside [-1, seq_len): output -1, reported
+constexpr int32_t kEmptyKey = -1;      // hash key of an empty cell (inserted tokens are >= 0)
+constexpr int32_t kNone = 0x7fffffff;  // "nothing yet" for min-reductions
+// Per entry class; a value >= 0 marks a duplicate of that (canonical) entry.
+constexpr int32_t kPad = -1;     // padding (or a block token past the sequence): output -1
+constexpr int32_t kBad = -2;     // refused and reported: output -1
 constexpr int32_t kNewest = -3;  // the token being decoded: the reserved slot
 constexpr int32_t kCand = -4;    // a token of the LRU part, not yet resolved
 constexpr int32_t kMiss = -5;    // to be loaded into an evicted slot
@@ -24,10 +21,10 @@ constexpr uint16_t kSlotMask = 0x3fff;
 constexpr uint16_t kUsable = 0x4000;  // not a hit, and its device row is in range
 constexpr uint16_t kHit = 0x8000;
 
-// Open-addressing table size for K tokens: a power of two >= 2K.
-__device__ __forceinline__ uint32_t hash_size(uint32_t k) {
+// Open-addressing table size for E entries: a power of two >= 2E.
+__device__ __forceinline__ uint32_t hash_size(uint32_t entries) {
     uint32_t n = 1;
-    while (n < 2 * k) n <<= 1;
+    while (n < 2 * entries) n <<= 1;
     return n;
 }
 __device__ __forceinline__ uint32_t hash_of(int32_t key, uint32_t mask) {
@@ -35,22 +32,22 @@ __device__ __forceinline__ uint32_t hash_of(int32_t key, uint32_t mask) {
 }
 
 // The planning block's shared memory, carved from kvt_dynamic_smem. The
-// host computes the same size (swap_in::plan_smem_bytes in src/swap_in.rs);
+// host computes the same size (plan_smem_bytes in src/swap_in/cuda.rs);
 // 4-byte arrays first, then the 2-byte ones.
 struct PlanSmem {
     int32_t* scalars;       // [4]: [0] = the LRU row is invalid
     uint32_t* scan;         // [3 * threads] block-scan scratch
     int32_t* hash_keys;     // [hash] token
-    int32_t* hash_vals;     // [hash] lowest top-k index holding the token
-    int32_t* e_class;       // [K]
-    int32_t* e_val;         // [K] lowest LRU position of a hit, then the output
+    int32_t* hash_vals;     // [hash] lowest entry index holding the token
+    int32_t* e_class;       // [E]
+    int32_t* e_val;         // [E] lowest LRU position of a hit, then the output
     uint32_t* bitmap;       // [ceil(hot / 32)] slots seen in lru_slots
     uint16_t* lru_old;      // [hot] slot per LRU position, with flags
-    uint16_t* usable_slot;  // [K] the first K usable evictable slots, in LRU order
+    uint16_t* usable_slot;  // [E] the first E usable evictable slots, in LRU order
 
-    __device__ PlanSmem(uint32_t k, uint32_t hot, uint32_t threads) {
+    __device__ PlanSmem(uint32_t entries, uint32_t hot, uint32_t threads) {
         int32_t* w = reinterpret_cast<int32_t*>(kvt_dynamic_smem);
-        const uint32_t hs = hash_size(k);
+        const uint32_t hs = hash_size(entries);
         scalars = w;
         w += 4;
         scan = reinterpret_cast<uint32_t*>(w);
@@ -60,9 +57,9 @@ struct PlanSmem {
         hash_vals = w;
         w += hs;
         e_class = w;
-        w += k;
+        w += entries;
         e_val = w;
-        w += k;
+        w += entries;
         bitmap = reinterpret_cast<uint32_t*>(w);
         w += (hot + 31) / 32;
         lru_old = reinterpret_cast<uint16_t*>(w);
@@ -82,7 +79,7 @@ __device__ __forceinline__ void hash_insert(const PlanSmem& s, uint32_t mask, in
     }
 }
 
-// The lowest top-k index holding `token`, or -1.
+// The lowest entry index holding `token`, or -1.
 __device__ __forceinline__ int32_t hash_find(const PlanSmem& s, uint32_t mask, int32_t token) {
     uint32_t h = hash_of(token, mask);
     while (true) {
@@ -100,9 +97,40 @@ __device__ __forceinline__ int64_t load_index(kvt_addr base, uint32_t row, bool 
 
 __device__ __forceinline__ bool in_rows(int64_t row, uint64_t rows) { return row >= 0 && (uint64_t)row < rows; }
 
-// Copies host_cache row `src` to device_buffer row `dst` with the calling
-// warp, after checking both rows (the plan already did; this keeps the copy
-// safe on its own).
+// Rows at or past num_real_reqs[0] (clamped to the batch) are CUDA-graph
+// padding; an out-of-range value is reported by thread 0 of block 0 when
+// `report_it` is set.
+__device__ __forceinline__ uint32_t real_rows(const kvt_swap_in_params& p, kvt_error_word* err, bool report_it) {
+    if (p.num_real_reqs == 0) return p.batch;
+    const int32_t given = ld(reinterpret_cast<const int32_t*>(p.num_real_reqs));
+    const uint32_t real = given < 0 ? 0u : ((uint32_t)given > p.batch ? p.batch : (uint32_t)given);
+    if (report_it && (int64_t)given != (int64_t)real && blockIdx.x == 0 && threadIdx.x == 0)
+        report(err, KVT_ERR_SWAP_NUM_REAL, 0, given);
+    return real;
+}
+
+// What entry i of a row's query names: a token position, or -1 for padding.
+// With a block query (KVT_SWAP_QUERY_BLOCKS) entry i is token i % block_tokens
+// of the block in column i / block_tokens; a block id of -1 is padding, a
+// lower one is refused (`bad`, reported once per column by the caller).
+struct QueryEntry {
+    int64_t token;
+    bool bad;
+};
+__device__ __forceinline__ QueryEntry query_entry(const kvt_swap_in_params& p, const int32_t* q, uint32_t i) {
+    if (!(p.flags & KVT_SWAP_QUERY_BLOCKS)) {
+        const int32_t t = ld(q + i);
+        return {t, t < -1};
+    }
+    const uint32_t column = i / p.block_tokens;
+    const int32_t block = ld(q + column);
+    if (block < 0) return {-1, block < -1};
+    return {(int64_t)block * p.block_tokens + (i - column * p.block_tokens), false};
+}
+
+// Copies host row `src` to device row `dst` of every KV plane with the calling
+// warp, after checking both rows (the plan already did; a replayed plan is the
+// caller's, so the copy stays safe on its own).
 __device__ __forceinline__ void copy_row(const kvt_swap_in_params& p, kvt_error_word* err, int64_t src, int64_t dst,
                                          uint32_t position, uint32_t lane) {
     if (!in_rows(src, p.host_rows) || !in_rows(dst, p.device_rows)) {
@@ -111,27 +139,31 @@ __device__ __forceinline__ void copy_row(const kvt_swap_in_params& p, kvt_error_
                    in_rows(src, p.host_rows) ? dst : src);
         return;
     }
-    const char* from = reinterpret_cast<const char*>(p.host_cache) + (uint64_t)src * p.item_bytes;
-    char* to = reinterpret_cast<char*>(p.device_buffer) + (uint64_t)dst * p.item_bytes;
-    warp_copy_entry<PoolToDevice>(from, to, p.item_bytes, lane);
+    warp_copy_item<PoolToDevice>(p.items, p.host_cache[0], p.device_buffer[0], (uint64_t)src, (uint64_t)dst, lane);
+    if (p.host_cache[1] != 0)
+        warp_copy_item<PoolToDevice>(p.items, p.host_cache[1], p.device_buffer[1], (uint64_t)src, (uint64_t)dst,
+                                     lane);
 }
 
 }  // namespace swap
 }  // namespace kvt
 
 // kvt_swap_in_plan — one block per batch row (contract: kvt_swap_in_params in
-// abi.h, semantics: DESIGN.md section 4 and src/swap_in.rs).
-// Reads:   the row's top-k tokens, req_pool_indices/seq_lens/num_real_reqs, and
-//          the request's device_buffer_tokens, device_buffer_locs, lru_slots
-//          and host_cache_locs, each index range-checked first.
-// Writes:  top_k_device_locs (all K columns of the row), device_buffer_tokens
-//          of the slots that receive misses, the request's lru_slots, the
-//          row's plan (plan_src/plan_dst/plan_count), the error word; with
-//          KVT_SWAP_COPY_IN_PLAN (and not KVT_SWAP_SKIP_IO) also the
-//          device_buffer rows of its misses.
+// abi.h; semantics: src/swap_in/mod.rs).
+// Reads:   the row's query, req_pool_indices/seq_lens/num_real_reqs, and the
+//          request's device_buffer_tokens (LRU slots only),
+//          device_buffer_locs, lru_slots and host_cache_locs, each index
+//          range-checked first.
+// Writes:  top_k_device_locs (all `entries` columns of the row),
+//          device_buffer_tokens of the slots that receive misses, the
+//          request's lru_slots, the row's plan (plan_src/plan_dst; plan_count
+//          for every row below num_real_reqs), the error word; with
+//          KVT_SWAP_COPY_IN_PLAN (and not KVT_SWAP_SKIP_IO) also the device
+//          rows of its misses.
 // Assumes: blockDim.x == KVT_SWAP_PLAN_THREADS, gridDim.x == batch, dynamic
-//          shared memory of swap_in::plan_smem_bytes, and the host-checked
-//          shapes (K <= hot <= KVT_SWAP_MAX_HOT, buffers cover their rows).
+//          shared memory of plan_smem_bytes (src/swap_in/cuda.rs), and the
+//          host-checked shapes (entries <= hot <= KVT_SWAP_MAX_HOT, buffers
+//          cover their rows).
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     kvt_swap_in_plan(const kvt_swap_in_params p) {
     using namespace kvt;
@@ -139,33 +171,33 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     const uint32_t b = blockIdx.x;
     const uint32_t tid = threadIdx.x;
     const uint32_t nthreads = blockDim.x;
-    const uint32_t K = p.top_k;
+    const uint32_t E = p.entries;
     const uint32_t H = p.hot;
+    const bool blocks = p.flags & KVT_SWAP_QUERY_BLOCKS;
     kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
     int32_t* out = reinterpret_cast<int32_t*>(p.top_k_device_locs) + (uint64_t)b * p.out_stride;
     int32_t* plan_count = reinterpret_cast<int32_t*>(p.plan_count);
-        int64_t* plan_src = reinterpret_cast<int64_t*>(p.plan_src) + (uint64_t)b * p.plan_stride;
+    int64_t* plan_src = reinterpret_cast<int64_t*>(p.plan_src) + (uint64_t)b * p.plan_stride;
     int32_t* plan_dst = reinterpret_cast<int32_t*>(p.plan_dst) + (uint64_t)b * p.plan_stride;
     const uint32_t row_pos = b << 16;
-
-    // A refused row (padding, or a bad request): every output -1, no plan, no
-    // state change. Block-uniform, so the early returns below are safe.
-    auto refuse = [&]() {
-        for (uint32_t i = tid; i < K; i += nthreads) st(out + i, (int32_t)-1);
-        if (tid == 0) st(plan_count + b, (int32_t)0);
+    auto fill_out = [&]() {
+        for (uint32_t i = tid; i < E; i += nthreads) st(out + i, (int32_t)-1);
     };
 
-    // Rows at or past num_real_reqs are CUDA-graph padding.
-    int64_t num_real = p.batch;
-    if (p.num_real_reqs != 0) {
-        const int32_t given = ld(reinterpret_cast<const int32_t*>(p.num_real_reqs));
-        num_real = given < 0 ? 0 : (given > (int32_t)p.batch ? (int64_t)p.batch : given);
-        if (given != num_real && b == 0 && tid == 0) report(err, KVT_ERR_SWAP_NUM_REAL, 0, given);
-    }
-    if ((int64_t)b >= num_real) {
-        refuse();
+    // Padding rows: every output -1; the state and the plan row stay as they
+    // were (SGLang leaves a padding row's miss_count alone too; the copy
+    // kernel reads only rows below num_real_reqs). Block-uniform, so the
+    // early returns below are safe.
+    if (b >= real_rows(p, err, true)) {
+        fill_out();
         return;
     }
+    // A refused row (a bad request or length): every output -1, no misses, no
+    // state change.
+    auto refuse = [&]() {
+        fill_out();
+        if (tid == 0) st(plan_count + b, (int32_t)0);
+    };
 
     const int64_t rid = swap::load_index(p.req_pool_indices, b, p.flags & KVT_SWAP_REQ_INDICES_I64);
     if (rid < 0 || rid >= (int64_t)p.num_requests) {
@@ -181,20 +213,43 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     }
 
     const int32_t* topk = reinterpret_cast<const int32_t*>(p.top_k_tokens) + (uint64_t)b * p.top_k_stride;
-    int32_t* btok = reinterpret_cast<int32_t*>(p.device_buffer_tokens) + (uint64_t)rid * p.buffer_stride;
-    const int32_t* bloc = reinterpret_cast<const int32_t*>(p.device_buffer_locs) + (uint64_t)rid * p.buffer_stride;
+    int32_t* btok = reinterpret_cast<int32_t*>(p.device_buffer_tokens) + (uint64_t)rid * p.tokens_stride;
+    const int32_t* bloc = reinterpret_cast<const int32_t*>(p.device_buffer_locs) + (uint64_t)rid * p.locs_stride;
     int16_t* lru = reinterpret_cast<int16_t*>(p.lru_slots) + (uint64_t)rid * p.lru_stride;
     const int64_t* hloc = reinterpret_cast<const int64_t*>(p.host_cache_locs) + (uint64_t)rid * p.host_stride;
 
-    // Short sequence: token t lives in slot t; no copies, no state change.
+    // What entry i names, refused entries reported: a token query's bad token
+    // at its column, a block query's bad block once, at its column.
+    auto classify = [&](uint32_t i) -> int64_t {
+        const QueryEntry q = query_entry(p, topk, i);
+        if (q.bad) {
+            if (!blocks)
+                report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, q.token);
+            else if (i % p.block_tokens == 0)
+                report(err, KVT_ERR_SWAP_TOKEN, row_pos | (i / p.block_tokens), ld(topk + i / p.block_tokens));
+            return -2;
+        }
+        if (q.token >= seq) {
+            // A block may run past the sequence (its last block, or one the
+            // selector padded with): those entries are padding. A token query
+            // naming a position past the sequence is refused.
+            if (blocks) return -1;
+            report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, q.token);
+            return -2;
+        }
+        return q.token;
+    };
+
+    // Short sequence: token t lives in slot t; no copies, no state change. A
+    // token query resolves only its first min(seq_len, top_k) entries (the
+    // others are -1 whatever they hold); a block query resolves every entry.
     if (seq <= (int64_t)H) {
-        for (uint32_t i = tid; i < K; i += nthreads) {
-            const int32_t t = ld(topk + i);
+        const uint32_t count = blocks || seq >= (int64_t)E ? E : (uint32_t)seq;
+        for (uint32_t i = tid; i < E; i += nthreads) {
             int32_t o = -1;
-            if (t != -1) {
-                if (t < -1 || t >= seq) {
-                    report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, t);
-                } else {
+            if (i < count) {
+                const int64_t t = classify(i);
+                if (t >= 0) {
                     const int32_t loc = ld(bloc + t);
                     if (in_rows(loc, p.device_rows))
                         o = loc;
@@ -209,35 +264,34 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     }
 
     // Long sequence.
-    const PlanSmem s(K, H, nthreads);
-    const uint32_t mask = hash_size(K) - 1;
+    const PlanSmem s(E, H, nthreads);
+    const uint32_t mask = hash_size(E) - 1;
     const int32_t newest = (int32_t)(seq - 1);
 
     for (uint32_t i = tid; i <= mask; i += nthreads) {
         s.hash_keys[i] = kEmptyKey;
         s.hash_vals[i] = kNone;
     }
-    for (uint32_t i = tid; i < K; i += nthreads) s.e_val[i] = kNone;
+    for (uint32_t i = tid; i < E; i += nthreads) s.e_val[i] = kNone;
     for (uint32_t w = tid; w < (H + 31) / 32; w += nthreads) s.bitmap[w] = 0;
     if (tid == 0) s.scalars[0] = 0;
     __syncthreads();
 
-    // Classify the top-k entries; tokens of the LRU part go into the hash table
-    // (a token's value is the lowest index holding it, so duplicates resolve to
+    // Classify the entries; tokens of the LRU part go into the hash table (a
+    // token's value is the lowest entry holding it, so duplicates resolve to
     // their first occurrence).
-    for (uint32_t i = tid; i < K; i += nthreads) {
-        const int32_t t = ld(topk + i);
+    for (uint32_t i = tid; i < E; i += nthreads) {
+        const int64_t t = classify(i);
         int32_t cls;
         if (t == -1) {
             cls = kPad;
-        } else if (t < -1 || t >= seq) {
+        } else if (t < 0) {
             cls = kBad;
-            report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, t);
         } else if (t == newest) {
             cls = kNewest;
         } else {
             cls = kCand;
-            hash_insert(s, mask, t, (int32_t)i);
+            hash_insert(s, mask, (int32_t)t, (int32_t)i);
         }
         s.e_class[i] = cls;
     }
@@ -260,12 +314,12 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     }
 
     // Duplicates point at their canonical entry; LRU slots whose token is in
-    // the top-k are hits (the lowest LRU position wins for a token that sits in
-    // two slots); the others are evictable, usable when their device row is in
-    // range.
-    for (uint32_t i = tid; i < K; i += nthreads) {
+    // the query are hits (the lowest LRU position wins for a token that sits
+    // in two slots); the others are evictable, usable when their device row
+    // is in range.
+    for (uint32_t i = tid; i < E; i += nthreads) {
         if (s.e_class[i] == kCand) {
-            const int32_t c = hash_find(s, mask, ld(topk + i));
+            const int32_t c = hash_find(s, mask, (int32_t)query_entry(p, topk, i).token);
             if (c != (int32_t)i) s.e_class[i] = c;
         }
     }
@@ -276,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         if (c >= 0) {
             s.lru_old[pos] = slot | kHit;
             atomicMin(&s.e_val[c], (int32_t)pos);
-                } else {
+        } else {
             const int32_t loc = ld(bloc + slot);
             if (in_rows(loc, p.device_rows))
                 s.lru_old[pos] = slot | kUsable;
@@ -287,7 +341,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     __syncthreads();
 
     // Outputs of the newest token and of hits; host rows of the misses.
-    for (uint32_t i = tid; i < K; i += nthreads) {
+    for (uint32_t i = tid; i < E; i += nthreads) {
         const int32_t cls = s.e_class[i];
         int32_t o = -1;
         if (cls == kNewest || (cls == kCand && s.e_val[i] != kNone)) {
@@ -298,7 +352,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
             else
                 report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, loc);
         } else if (cls == kCand) {
-            const int64_t h = ld(hloc + ld(topk + i));
+            const int64_t h = ld(hloc + query_entry(p, topk, i).token);
             if (in_rows(h, p.host_rows)) {
                 s.e_class[i] = kMiss;
                 continue;
@@ -333,15 +387,15 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         for (uint32_t pos = lo; pos < hi; ++pos) {
             const uint16_t f = s.lru_old[pos];
             if (!(f & kHit) && (f & kUsable)) {
-                if (u < K) s.usable_slot[u] = f & kSlotMask;
+                if (u < E) s.usable_slot[u] = f & kSlotMask;
                 u++;
             }
         }
     }
 
-    // The m-th miss (top-k order) takes the m-th usable evictable slot.
-    const uint32_t kchunk = (K + nthreads - 1) / nthreads;
-    const uint32_t klo = min(tid * kchunk, K), khi = min(klo + kchunk, K);
+    // The m-th miss (query order) takes the m-th usable evictable slot.
+    const uint32_t kchunk = (E + nthreads - 1) / nthreads;
+    const uint32_t klo = min(tid * kchunk, E), khi = min(klo + kchunk, E);
     uint32_t miss[1] = {0};
     for (uint32_t i = klo; i < khi; ++i) miss[0] += s.e_class[i] == kMiss;
     uint32_t miss_total[1];
@@ -354,11 +408,11 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
             int32_t o = -1;
             if (m < n_load) {
                 const uint16_t slot = s.usable_slot[m];
-                const int32_t token = ld(topk + i);
+                const int32_t token = (int32_t)query_entry(p, topk, i).token;
                 o = ld(bloc + slot);
                 st(btok + slot, token);
                 st(plan_src + m, ld(hloc + token));
-                                st(plan_dst + m, o);
+                st(plan_dst + m, o);
             } else {
                 report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, -1);
             }
@@ -371,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     __syncthreads();
 
     // Outputs, duplicates taking their canonical entry's.
-    for (uint32_t i = tid; i < K; i += nthreads) {
+    for (uint32_t i = tid; i < E; i += nthreads) {
         const int32_t cls = s.e_class[i];
         st(out + i, cls >= 0 ? s.e_val[cls] : s.e_val[i]);
     }
@@ -395,7 +449,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         }
     }
 
-        // The one-block-per-request design copies its own misses here.
+    // The one-block-per-request design copies its own misses here.
     if ((p.flags & KVT_SWAP_COPY_IN_PLAN) && !(p.flags & KVT_SWAP_SKIP_IO)) {
         __syncthreads();  // the plan rows above were written by other threads
         const uint32_t lane = tid % KVT_WARP;
@@ -404,38 +458,49 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     }
 }
 
-// kvt_swap_in_copy — every planned miss of the batch, a warp per miss over one
-// grid (contract: kvt_swap_in_params in abi.h).
-// Reads:   plan_count[0..batch), the plan rows, host_cache rows (host-mapped).
-// Writes:  device_buffer rows; the error word if a planned row is out of range.
-// Assumes: kvt_swap_in_plan ran on the same stream for the same params
-//          (plan rows of plan_stride elements, plan_stride >= top_k),
-//          dynamic shared memory of (batch + 1 + blockDim.x) words.
-// Mapping: each block computes the prefix sums of plan_count (deterministic,
+// kvt_swap_in_copy — every planned miss of the rows below num_real_reqs, a
+// warp per miss over one grid (contract: kvt_swap_in_params in abi.h).
+// Reads:   num_real_reqs, plan_count of those rows, their plan rows, host
+//          rows of every plane (host-mapped).
+// Writes:  device rows of every plane; the error word for a planned row out
+//          of range and (block 0 only, so each is counted once) a count
+//          outside [0, plan_capacity], and with KVT_SWAP_REPLAY an
+//          out-of-range num_real_reqs.
+// Assumes: kvt_swap_in_plan ran on the same stream for the same params, or
+//          (KVT_SWAP_REPLAY) the plan is the caller's; plan rows of
+//          plan_stride >= plan_capacity elements; dynamic shared memory of
+//          (batch + 1 + blockDim.x) words.
+// Mapping: each block computes the prefix sums of the counts (deterministic,
 //          no atomics, nothing to reset between launches), then its warps take
 //          miss g, g + grid_warps, ... and find the row by binary search.
 extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_swap_in_copy(const kvt_swap_in_params p) {
     using namespace kvt;
-    const uint32_t tid = threadIdx.x, nthreads = blockDim.x, B = p.batch, K = p.top_k;
+    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
+    const uint32_t B = swap::real_rows(p, err, p.flags & KVT_SWAP_REPLAY);
+    if (p.flags & KVT_SWAP_SKIP_IO) return;  // after the num_real_reqs check: a probe still validates
+    const uint32_t tid = threadIdx.x, nthreads = blockDim.x, cap = p.plan_capacity;
     uint32_t* prefix = reinterpret_cast<uint32_t*>(kvt_dynamic_smem);  // [B + 1]
     uint32_t* scan = prefix + B + 1;                                    // [nthreads]
     const int32_t* plan_count = reinterpret_cast<const int32_t*>(p.plan_count);
+    // A count outside [0, cap] copies nothing (reported by block 0).
+    auto count_of = [&](uint32_t r, bool report_it) -> uint32_t {
+        const int32_t c = ld(plan_count + r);
+        if (c >= 0 && (uint32_t)c <= cap) return (uint32_t)c;
+        if (report_it && blockIdx.x == 0) report(err, KVT_ERR_SWAP_PLAN_COUNT, r << 16, c);
+        return 0;
+    };
 
     const uint32_t chunk = (B + nthreads - 1) / nthreads;
     const uint32_t lo = min(tid * chunk, B), hi = min(lo + chunk, B);
     uint32_t sum[1] = {0};
-    for (uint32_t r = lo; r < hi; ++r) {
-        const int32_t c = ld(plan_count + r);
-        sum[0] += c < 0 ? 0u : min((uint32_t)c, K);
-    }
+    for (uint32_t r = lo; r < hi; ++r) sum[0] += count_of(r, true);
     uint32_t total[1];
     block_exclusive_scan<1>(sum, total, scan);
     {
         uint32_t acc = sum[0];
         for (uint32_t r = lo; r < hi; ++r) {
             prefix[r] = acc;
-            const int32_t c = ld(plan_count + r);
-            acc += c < 0 ? 0u : min((uint32_t)c, K);
+            acc += count_of(r, false);
         }
     }
     if (tid == 0) prefix[B] = total[0];
@@ -452,9 +517,8 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_swap_in_copy
                 hi_r = mid;
         }
         const uint32_t m = g - prefix[lo_r];
-                const uint64_t at = (uint64_t)lo_r * p.plan_stride + m;
-        swap::copy_row(p, reinterpret_cast<kvt_error_word*>(p.error),
-                       ld(reinterpret_cast<const int64_t*>(p.plan_src) + at),
+        const uint64_t at = (uint64_t)lo_r * p.plan_stride + m;
+        swap::copy_row(p, err, ld(reinterpret_cast<const int64_t*>(p.plan_src) + at),
                        ld(reinterpret_cast<const int32_t*>(p.plan_dst) + at), (lo_r << 16) | m, lane);
     }
 }

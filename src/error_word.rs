@@ -11,9 +11,9 @@ use std::fmt;
 use crate::abi::{
     KVT_ERR_FIRST_NONE, KVT_ERR_GATHER_INDEX, KVT_ERR_GATHER_SEQ_LEN, KVT_ERR_GATHER_SLOT,
     KVT_ERR_KINDS, KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_LRU,
-    KVT_ERR_SWAP_NUM_REAL, KVT_ERR_SWAP_REQ, KVT_ERR_SWAP_SEQ_LEN, KVT_ERR_SWAP_SLOT_LOC,
-    KVT_ERR_SWAP_TOKEN, KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW, KVT_ERR_WRITEBACK_TOKEN,
-    kvt_error_word,
+    KVT_ERR_SWAP_NUM_REAL, KVT_ERR_SWAP_PLAN_COUNT, KVT_ERR_SWAP_REQ, KVT_ERR_SWAP_SEQ_LEN,
+    KVT_ERR_SWAP_SLOT_LOC, KVT_ERR_SWAP_TOKEN, KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW,
+    KVT_ERR_WRITEBACK_TOKEN, kvt_error_word,
 };
 use crate::error::{Error, Result};
 
@@ -97,19 +97,25 @@ pub enum BadIndexKind {
     SwapSeqLen,
     /// Swap-in: the request's `lru_slots` row is not a permutation of `0..hot`.
     SwapLru,
-    /// Swap-in: `top_k_tokens[row][col]` is below -1 or not below `seq_lens[row]`.
+    /// Swap-in: `top_k_tokens[row][col]` is below -1 or not below
+    /// `seq_lens[row]` (a block query: a block id below -1).
     SwapToken,
-    /// Swap-in: the host row of a missed token is outside the host cache.
+    /// Swap-in: the host row of a missed token (or of a replayed plan's
+    /// miss `col`) is outside the host cache.
     SwapHostLoc,
-    /// Swap-in: a device row is outside the device buffer, or no usable slot was left.
+    /// Swap-in: a device row is outside the device buffer, or no usable slot
+    /// was left (a replayed plan: miss `col`'s device row).
     SwapDeviceLoc,
     /// Swap-in: an evictable slot's device row is outside the device buffer
     /// (the slot is never loaded into; the column is the slot).
     SwapSlotLoc,
+    /// Plan replay: `miss_count[row]` is negative or above the plan's
+    /// capacity (the row copied nothing).
+    SwapPlanCount,
 }
 
 impl BadIndexKind {
-    const ALL: [(u32, BadIndexKind); 14] = [
+    const ALL: [(u32, BadIndexKind); 15] = [
         (KVT_ERR_GATHER_SLOT, BadIndexKind::GatherSlot),
         (KVT_ERR_GATHER_SEQ_LEN, BadIndexKind::GatherSeqLen),
         (KVT_ERR_GATHER_INDEX, BadIndexKind::GatherIndex),
@@ -124,6 +130,7 @@ impl BadIndexKind {
         (KVT_ERR_SWAP_HOST_LOC, BadIndexKind::SwapHostLoc),
         (KVT_ERR_SWAP_DEVICE_LOC, BadIndexKind::SwapDeviceLoc),
         (KVT_ERR_SWAP_SLOT_LOC, BadIndexKind::SwapSlotLoc),
+        (KVT_ERR_SWAP_PLAN_COUNT, BadIndexKind::SwapPlanCount),
     ];
 
     /// The kind's bit number in the error word (`KVT_ERR_*`).
@@ -255,22 +262,29 @@ impl fmt::Display for BadIndex {
             ),
             BadIndexKind::SwapToken => write!(
                 f,
-                "top_k_tokens[{r}][{c}] = {v} is outside [-1, seq_lens[{r}]) (-1 marks padding)"
+                "top_k_tokens[{r}][{c}] = {v} is outside [-1, seq_lens[{r}]) (-1 marks padding; \
+                 a block query: block ids below -1 are refused)"
             ),
             BadIndexKind::SwapHostLoc => write!(
                 f,
-                "top_k_tokens[{r}][{c}] maps to host row {v}{}, outside the host cache",
+                "entry [{r}][{c}] (a top-k entry, or a replayed plan's miss_src) maps to host row \
+                 {v}{}, outside the host cache",
                 clamped(v)
             ),
             BadIndexKind::SwapDeviceLoc => write!(
                 f,
-                "top_k_tokens[{r}][{c}] needs device row {v}, outside the device buffer \
-                                  (-1: no usable slot was left)"
+                "entry [{r}][{c}] (a top-k entry, or a replayed plan's miss_dst) needs device row \
+                 {v}, outside the device buffer (-1: no usable slot was left)"
             ),
             BadIndexKind::SwapSlotLoc => write!(
                 f,
                 "device_buffer_locs of slot {c} of the request of batch row {r} is {v}, outside the \
                  device buffer; the slot was not loaded into"
+            ),
+            BadIndexKind::SwapPlanCount => write!(
+                f,
+                "miss_count[{r}] = {v} of a replayed plan is outside [0, its capacity]; the row \
+                 copied nothing"
             ),
         }
     }

@@ -20,15 +20,18 @@ use crate::cuda::{KernelBuild, REGISTER_FLAGS, Stream};
 use crate::error::{Error, Result, invalid};
 use crate::executor::Executor;
 use crate::gather::GatherBatch;
-use crate::layout::LayerFirstLayout;
+use crate::layout::{ItemLayout, LayerFirstLayout};
 use crate::mem::{Buf, BufMut, Location};
 use crate::pool::{DEFAULT_CLIENTS, DeviceSpec, Pool, PoolOptions, Region};
-use crate::swap_in::{IndexBuf, MissPlan, SwapInArgs, SwapInEngine, SwapInStrategy};
+use crate::swap_in::{
+    IndexBuf, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, QueryKind, SwapInArgs, SwapInEngine,
+    SwapInStrategy,
+};
 use crate::tier::Tier;
 use crate::writeback::WritebackItems;
 
 /// `KVT_ABI_VERSION` in the header.
-pub const KVT_ABI_VERSION: u32 = 1;
+pub const KVT_ABI_VERSION: u32 = 2;
 
 pub type KvtStatus = i32;
 pub const KVT_OK: KvtStatus = 0;
@@ -97,6 +100,28 @@ pub struct KvtRegionInfo {
     pub bytes: u64,
 }
 
+/// `kvt_items`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtItems {
+    pub rows_per_page: u32,
+    pub value_bytes: u32,
+    pub scale_bytes: u32,
+    pub _reserved: u32,
+    pub page_bytes: u64,
+}
+
+/// `kvt_kv_buffers`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtKvBuffers {
+    pub items: KvtItems,
+    pub host_cache: KvtBuf,
+    pub device_buffer: KvtBuf,
+    pub host_cache_v: KvtBuf,
+    pub device_buffer_v: KvtBuf,
+}
+
 /// `kvt_swap_in_args`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -104,14 +129,14 @@ pub struct KvtSwapInArgs {
     pub top_k_tokens: KvtBuf,
     pub top_k_stride: u64,
     pub device_buffer_tokens: KvtBuf,
+    pub tokens_stride: u64,
     pub device_buffer_locs: KvtBuf,
-    pub buffer_stride: u64,
+    pub locs_stride: u64,
     pub lru_slots: KvtBuf,
     pub lru_stride: u64,
     pub host_cache_locs: KvtBuf,
     pub host_stride: u64,
-    pub host_cache: KvtBuf,
-    pub device_buffer: KvtBuf,
+    pub kv: KvtKvBuffers,
     pub top_k_device_locs: KvtBuf,
     pub out_stride: u64,
     pub req_pool_indices: KvtBuf,
@@ -121,13 +146,29 @@ pub struct KvtSwapInArgs {
     pub miss_dst: KvtBuf,
     pub miss_count: KvtBuf,
     pub miss_stride: u64,
+    pub miss_capacity: u64,
     pub req_pool_indices_type: u32,
     pub seq_lens_type: u32,
     pub max_tokens: u32,
     pub num_requests: u32,
     pub num_top_k: u32,
     pub hot_buffer_size: u32,
-    pub item_size_bytes: u32,
+    pub block_tokens: u32,
+    pub skip_io: u32,
+}
+
+/// `kvt_planned_copy_args`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtPlannedCopyArgs {
+    pub miss_src: KvtBuf,
+    pub miss_dst: KvtBuf,
+    pub miss_count: KvtBuf,
+    pub miss_stride: u64,
+    pub miss_capacity: u64,
+    pub num_real_reqs: KvtBuf,
+    pub kv: KvtKvBuffers,
+    pub warps: u32,
     pub skip_io: u32,
 }
 
@@ -508,6 +549,59 @@ fn stride(v: u64, arg: &'static str) -> Result<usize> {
     usize::try_from(v).map_err(|_| invalid(arg, "is larger than the address space"))
 }
 
+/// An optional int32 `[1]` buffer (a null pointer: none).
+///
+/// # Safety
+/// As for [`buf`].
+unsafe fn optional_buf<'a, T>(
+    b: &KvtBuf,
+    arg: &'static str,
+    loc: Location,
+) -> Result<Option<Buf<'a, T>>> {
+    if b.ptr.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: per this function's contract.
+    Ok(Some(unsafe { buf(b, arg, loc)? }))
+}
+
+/// The Rust form of a `kvt_kv_buffers`.
+///
+/// # Safety
+/// Every buffer in `kv` per [`buf`]'s contract.
+unsafe fn kv_buffers<'a>(kv: &KvtKvBuffers, loc: Location) -> Result<KvBuffers<'a>> {
+    let i = &kv.items;
+    let layout = ItemLayout::paged(i.rows_per_page, i.value_bytes, i.scale_bytes, i.page_bytes)?;
+    // SAFETY: per this function's contract, for every buffer below.
+    unsafe {
+        let k = KvPlane {
+            host: buf(&kv.host_cache, "host_cache", loc)?,
+            device: buf_mut(&kv.device_buffer, "device_buffer", loc)?,
+        };
+        let v = match (
+            kv.host_cache_v.ptr.is_null(),
+            kv.device_buffer_v.ptr.is_null(),
+        ) {
+            (true, true) => None,
+            (false, false) => Some(KvPlane {
+                host: buf(&kv.host_cache_v, "host_cache_v", loc)?,
+                device: buf_mut(&kv.device_buffer_v, "device_buffer_v", loc)?,
+            }),
+            _ => {
+                return Err(invalid(
+                    "host_cache_v",
+                    "host_cache_v and device_buffer_v must be given together (or neither)",
+                ));
+            }
+        };
+        Ok(KvBuffers { layout, k, v })
+    }
+}
+
+fn capacity(v: u64, arg: &'static str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| invalid(arg, "is larger than the address space"))
+}
+
 /// The Rust arguments of a C swap-in call.
 ///
 /// # Safety
@@ -521,6 +615,7 @@ unsafe fn swap_in_args<'a>(a: &KvtSwapInArgs, loc: Location) -> Result<SwapInArg
             src: unsafe { buf_mut(&a.miss_src, "miss_src", loc)? },
             dst: unsafe { buf_mut(&a.miss_dst, "miss_dst", loc)? },
             stride: stride(a.miss_stride, "miss_stride")?,
+            capacity: capacity(a.miss_capacity, "miss_capacity")?,
             count: unsafe { buf_mut(&a.miss_count, "miss_count", loc)? },
         }),
         _ => {
@@ -530,27 +625,26 @@ unsafe fn swap_in_args<'a>(a: &KvtSwapInArgs, loc: Location) -> Result<SwapInArg
             ));
         }
     };
-    let num_real_reqs = if a.num_real_reqs.ptr.is_null() {
-        None
-    } else {
-        // SAFETY: per this function's contract.
-        Some(unsafe { buf(&a.num_real_reqs, "num_real_reqs", loc)? })
+    let query = match a.block_tokens {
+        0 => QueryKind::Tokens,
+        block_tokens => QueryKind::Blocks { block_tokens },
     };
     // SAFETY: per this function's contract, for every buffer below.
     unsafe {
         Ok(SwapInArgs {
             top_k_tokens: buf(&a.top_k_tokens, "top_k_tokens", loc)?,
             top_k_stride: stride(a.top_k_stride, "top_k_stride")?,
+            query,
             device_buffer_tokens: buf_mut(&a.device_buffer_tokens, "device_buffer_tokens", loc)?,
+            tokens_stride: stride(a.tokens_stride, "tokens_stride")?,
             device_buffer_locs: buf(&a.device_buffer_locs, "device_buffer_locs", loc)?,
-            buffer_stride: stride(a.buffer_stride, "buffer_stride")?,
+            locs_stride: stride(a.locs_stride, "locs_stride")?,
             lru_slots: buf_mut(&a.lru_slots, "lru_slots", loc)?,
             lru_stride: stride(a.lru_stride, "lru_stride")?,
             host_cache_locs: buf(&a.host_cache_locs, "host_cache_locs", loc)?,
             host_stride: stride(a.host_stride, "host_stride")?,
             max_tokens: a.max_tokens,
-            host_cache: buf(&a.host_cache, "host_cache", loc)?,
-            device_buffer: buf_mut(&a.device_buffer, "device_buffer", loc)?,
+            kv: kv_buffers(&a.kv, loc)?,
             top_k_device_locs: buf_mut(&a.top_k_device_locs, "top_k_device_locs", loc)?,
             out_stride: stride(a.out_stride, "out_stride")?,
             req_pool_indices: index_buf(
@@ -560,13 +654,35 @@ unsafe fn swap_in_args<'a>(a: &KvtSwapInArgs, loc: Location) -> Result<SwapInArg
                 loc,
             )?,
             seq_lens: index_buf(&a.seq_lens, a.seq_lens_type, "seq_lens", loc)?,
-            num_real_reqs,
+            num_real_reqs: optional_buf(&a.num_real_reqs, "num_real_reqs", loc)?,
             num_requests: a.num_requests,
             num_top_k: a.num_top_k,
             hot_buffer_size: a.hot_buffer_size,
-            item_size_bytes: a.item_size_bytes,
             skip_io: a.skip_io != 0,
             miss_plan,
+        })
+    }
+}
+
+/// The Rust arguments of a C plan replay.
+///
+/// # Safety
+/// Every buffer in `a` per [`buf`]'s contract.
+unsafe fn planned_copy_args<'a>(
+    a: &KvtPlannedCopyArgs,
+    loc: Location,
+) -> Result<PlannedCopyArgs<'a>> {
+    // SAFETY: per this function's contract, for every buffer below.
+    unsafe {
+        Ok(PlannedCopyArgs {
+            src: buf(&a.miss_src, "miss_src", loc)?,
+            dst: buf(&a.miss_dst, "miss_dst", loc)?,
+            count: buf(&a.miss_count, "miss_count", loc)?,
+            stride: stride(a.miss_stride, "miss_stride")?,
+            capacity: capacity(a.miss_capacity, "miss_capacity")?,
+            num_real_reqs: optional_buf(&a.num_real_reqs, "num_real_reqs", loc)?,
+            kv: kv_buffers(&a.kv, loc)?,
+            skip_io: a.skip_io != 0,
         })
     }
 }
@@ -850,6 +966,26 @@ pub unsafe extern "C" fn kvt_swap_in_run(
 }
 
 /// # Safety
+/// Pointers as `kvt_swap_in_copy_planned` in `bindings/kvtier.h` describes
+/// them; every buffer in `args` addresses what it claims.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_copy_planned(
+    engine: *const KvtSwapIn,
+    args: *const KvtPlannedCopyArgs,
+    stream_: CUstream,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer and buffer.
+        let e = unsafe { handle(engine, "engine")? };
+        let a = unsafe { arg_ref(args, "args")? };
+        let engine = lock(&e.engine);
+        let args = unsafe { planned_copy_args(a, engine.executor().location())? };
+        let warps = (a.warps != 0).then_some(a.warps);
+        engine.copy_planned(&args, warps, stream(stream_))
+    })
+}
+
+/// # Safety
 /// Pointers as `kvt_swap_in_map_host` in `bindings/kvtier.h` describes them.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvt_swap_in_map_host(
@@ -1096,11 +1232,20 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
     v.extend(fields!(KvtRegionInfo, "kvt_region_info": index, device, host_addr, bytes));
     v.extend(
         fields!(KvtSwapInArgs, "kvt_swap_in_args": top_k_tokens, top_k_stride,
-        device_buffer_tokens, device_buffer_locs, buffer_stride, lru_slots, lru_stride,
-        host_cache_locs, host_stride, host_cache, device_buffer, top_k_device_locs, out_stride,
+        device_buffer_tokens, tokens_stride, device_buffer_locs, locs_stride, lru_slots,
+        lru_stride, host_cache_locs, host_stride, kv, top_k_device_locs, out_stride,
         req_pool_indices, seq_lens, num_real_reqs, miss_src, miss_dst, miss_count, miss_stride,
-        req_pool_indices_type, seq_lens_type, max_tokens, num_requests, num_top_k,
-        hot_buffer_size, item_size_bytes, skip_io),
+        miss_capacity, req_pool_indices_type, seq_lens_type, max_tokens, num_requests, num_top_k,
+        hot_buffer_size, block_tokens, skip_io),
+    );
+    v.extend(fields!(KvtItems, "kvt_items": rows_per_page, value_bytes, scale_bytes, page_bytes));
+    v.extend(
+        fields!(KvtKvBuffers, "kvt_kv_buffers": items, host_cache, device_buffer, host_cache_v,
+        device_buffer_v),
+    );
+    v.extend(
+        fields!(KvtPlannedCopyArgs, "kvt_planned_copy_args": miss_src, miss_dst, miss_count,
+        miss_stride, miss_capacity, num_real_reqs, kv, warps, skip_io),
     );
     v.extend(
         fields!(KvtGatherArgs, "kvt_gather_args": req_slots, seq_lens, topk, k, topk_stride,

@@ -1,4 +1,5 @@
-//! KV entry formats and the layer-first region layout.
+//! KV entry formats, the layer-first region layout, and item layouts (how a
+//! row of a KV buffer is addressed).
 //!
 //! A request's region holds `[layer][token][entry_bytes]`: every layer's
 //! tokens are contiguous, so a prefill can write one layer at a time and a
@@ -9,6 +10,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::abi::{KVT_ITEM_MAX_SCALE_BYTES, kvt_item_layout};
 use crate::error::{Result, invalid};
 
 /// Named KV entry formats.
@@ -163,6 +165,170 @@ impl LayerFirstLayout {
     }
 }
 
+/// How row `r` of a KV buffer is addressed: a linear buffer of equal rows,
+/// or rows grouped in padded pages that keep each row's value and scale in
+/// separate runs (DeepSeek-V4's C4 cache). The swap-in copies rows between
+/// host and device buffers of one item layout.
+///
+/// Rows are grouped in pages of `rows_per_page` rows, `page_bytes` apart.
+/// Within a page the rows' value pieces come first (`value_bytes` each), then
+/// their scale pieces (`scale_bytes` each), then padding. A linear buffer is
+/// one row per page, no scale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ItemLayout {
+    page_shift: u32,
+    value_bytes: u32,
+    scale_bytes: u32,
+    page_bytes: u64,
+}
+
+impl ItemLayout {
+    /// Rows per page of DeepSeek-V4's page-padded C4 cache.
+    pub const DSV4_PAGE_ROWS: u32 = 64;
+    /// Bytes of a C4 token's value (fp8 nope + bf16 rope).
+    pub const DSV4_VALUE_BYTES: u32 = 576;
+    /// Bytes of a C4 token's scales.
+    pub const DSV4_SCALE_BYTES: u32 = 8;
+
+    /// Rows of `item_bytes`, back to back (`item_bytes` a positive multiple of 8).
+    pub fn linear(item_bytes: u32) -> Result<Self> {
+        Self::paged(1, item_bytes, 0, item_bytes as u64)
+    }
+
+    /// Pages of `rows_per_page` rows (a power of two, at most 65536), each row
+    /// a value of `value_bytes` and a scale of `scale_bytes` (multiples of 8;
+    /// the scale at most 256 bytes, one 8-byte word per lane of a warp), pages
+    /// `page_bytes` apart (a multiple of 8 that holds both runs).
+    pub fn paged(
+        rows_per_page: u32,
+        value_bytes: u32,
+        scale_bytes: u32,
+        page_bytes: u64,
+    ) -> Result<Self> {
+        if !rows_per_page.is_power_of_two() || rows_per_page > 1 << 16 {
+            return Err(invalid(
+                "rows_per_page",
+                format!("{rows_per_page} is not a power of two in 1..=65536"),
+            ));
+        }
+        if value_bytes == 0 || !value_bytes.is_multiple_of(8) {
+            return Err(invalid(
+                "item_size_bytes",
+                format!("{value_bytes} is not a positive multiple of 8"),
+            ));
+        }
+        if !scale_bytes.is_multiple_of(8) || scale_bytes > KVT_ITEM_MAX_SCALE_BYTES {
+            return Err(invalid(
+                "scale_bytes",
+                format!("{scale_bytes} is not a multiple of 8 in 0..={KVT_ITEM_MAX_SCALE_BYTES}"),
+            ));
+        }
+        let used = (value_bytes as u64 + scale_bytes as u64) * rows_per_page as u64;
+        if !page_bytes.is_multiple_of(8) || page_bytes < used {
+            return Err(invalid(
+                "page_bytes",
+                format!(
+                    "{page_bytes} is not a multiple of 8 of at least {used} (the page's value and scale runs)"
+                ),
+            ));
+        }
+        Ok(ItemLayout {
+            page_shift: rows_per_page.trailing_zeros(),
+            value_bytes,
+            scale_bytes,
+            page_bytes,
+        })
+    }
+
+    /// DeepSeek-V4's page-padded C4 layout (SGLang's `DeepSeekV4PagedHostPool`
+    /// and the device C4 cache): pages of 64 rows, each row a 576-byte value
+    /// and an 8-byte scale in separate runs, pages padded to a multiple of 576
+    /// bytes (37440).
+    pub fn dsv4_c4() -> Self {
+        let rows = Self::DSV4_PAGE_ROWS as u64;
+        let item = (Self::DSV4_VALUE_BYTES + Self::DSV4_SCALE_BYTES) as u64;
+        let page_bytes = (item * rows).div_ceil(576) * 576;
+        Self::paged(
+            Self::DSV4_PAGE_ROWS,
+            Self::DSV4_VALUE_BYTES,
+            Self::DSV4_SCALE_BYTES,
+            page_bytes,
+        )
+        .expect("the C4 layout is valid")
+    }
+
+    /// Bytes a row carries (value and scale).
+    pub fn item_bytes(&self) -> u32 {
+        self.value_bytes + self.scale_bytes
+    }
+
+    /// Rows per page (1 for a linear layout).
+    pub fn rows_per_page(&self) -> u32 {
+        1 << self.page_shift
+    }
+
+    /// Bytes from one page to the next.
+    pub fn page_bytes(&self) -> u64 {
+        self.page_bytes
+    }
+
+    /// True for a linear layout (one row per page, no scale piece).
+    pub fn is_linear(&self) -> bool {
+        self.page_shift == 0 && self.scale_bytes == 0
+    }
+
+    /// Whole rows a buffer of `bytes` holds (only whole pages count).
+    pub fn rows_in(&self, bytes: u64) -> u64 {
+        (bytes / self.page_bytes) << self.page_shift
+    }
+
+    /// Byte offsets of row `row`'s value and scale pieces (the scale's length
+    /// is 0 when the layout has none).
+    pub fn pieces(&self, row: u64) -> [(u64, usize); 2] {
+        let page = (row >> self.page_shift) * self.page_bytes;
+        let within = row & ((1u64 << self.page_shift) - 1);
+        let scale_run = (self.value_bytes as u64) << self.page_shift;
+        [
+            (
+                page + within * self.value_bytes as u64,
+                self.value_bytes as usize,
+            ),
+            (
+                page + scale_run + within * self.scale_bytes as u64,
+                self.scale_bytes as usize,
+            ),
+        ]
+    }
+
+    /// The kernels' form.
+    pub fn to_abi(self) -> kvt_item_layout {
+        kvt_item_layout {
+            page_bytes: self.page_bytes,
+            page_shift: self.page_shift,
+            value_bytes: self.value_bytes,
+            scale_bytes: self.scale_bytes,
+            _reserved: 0,
+        }
+    }
+}
+
+impl fmt::Display for ItemLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_linear() {
+            write!(f, "rows of {} B", self.value_bytes)
+        } else {
+            write!(
+                f,
+                "pages of {} rows ({} B value + {} B scale per row) every {} B",
+                self.rows_per_page(),
+                self.value_bytes,
+                self.scale_bytes,
+                self.page_bytes
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,6 +362,34 @@ mod tests {
             err.contains("entry_bytes") && err.contains("multiple of 8"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn item_layouts() {
+        let lin = ItemLayout::linear(656).unwrap();
+        assert!(lin.is_linear());
+        assert_eq!(lin.rows_in(656 * 10 + 655), 10);
+        assert_eq!(lin.pieces(3), [(3 * 656, 656), (4 * 656, 0)]);
+        let c4 = ItemLayout::dsv4_c4();
+        assert_eq!(c4.page_bytes(), 37_440);
+        assert_eq!(c4.item_bytes(), 584);
+        assert_eq!(c4.rows_in(2 * 37_440), 128);
+        // row 64 + 1: page 1, second row; the scale run starts at 64 * 576
+        assert_eq!(
+            c4.pieces(65),
+            [(37_440 + 576, 576), (37_440 + 36_864 + 8, 8)]
+        );
+        for (rows, v, s, page) in [
+            (3, 8, 0, 24),
+            (1, 12, 0, 12),
+            (2, 8, 264, 1024),
+            (2, 8, 8, 24),
+        ] {
+            assert!(
+                ItemLayout::paged(rows, v, s, page).is_err(),
+                "{rows} {v} {s} {page}"
+            );
+        }
     }
 
     #[test]

@@ -43,10 +43,13 @@ pub use error::{Error, Result};
 pub use error_word::{BadIndex, BadIndexKind, BadIndexReport, ErrorWord};
 pub use executor::Executor;
 pub use gather::GatherBatch;
-pub use layout::{EntryFormat, LayerFirstLayout};
+pub use layout::{EntryFormat, ItemLayout, LayerFirstLayout};
 pub use mem::{Buf, BufMut, Location};
 pub use pool::{DeviceSpec, Pool, PoolOptions, Region};
-pub use swap_in::{IndexBuf, MissPlan, SwapInArgs, SwapInEngine, SwapInStrategy};
+pub use swap_in::{
+    IndexBuf, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, QueryKind, SwapInArgs, SwapInEngine,
+    SwapInStrategy,
+};
 pub use tier::{KvLayers, Tier};
 pub use writeback::WritebackItems;
 

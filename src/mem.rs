@@ -90,6 +90,20 @@ impl<'a, T> Buf<'a, T> {
     pub fn location(&self) -> Location {
         self.loc
     }
+
+    /// Checks it as argument `arg` of a call on `want` memory that reads
+    /// `min_len` elements: location, element alignment, length.
+    pub(crate) fn check(&self, arg: &'static str, want: Location, min_len: usize) -> Result<()> {
+        check_buf(
+            arg,
+            self.addr,
+            self.len,
+            self.loc,
+            want,
+            align_of::<T>() as u64,
+            min_len,
+        )
+    }
 }
 
 impl<'a, T> From<&'a [T]> for Buf<'a, T> {
@@ -170,6 +184,29 @@ impl<'a, T> BufMut<'a, T> {
     /// Where the buffer lives.
     pub fn location(&self) -> Location {
         self.loc
+    }
+
+    /// As [`Buf::check`], for a buffer the call writes.
+    pub(crate) fn check(&self, arg: &'static str, want: Location, min_len: usize) -> Result<()> {
+        check_buf(
+            arg,
+            self.addr,
+            self.len,
+            self.loc,
+            want,
+            align_of::<T>() as u64,
+            min_len,
+        )
+    }
+
+    /// The same memory, read-only.
+    pub fn as_buf(&self) -> Buf<'_, T> {
+        Buf {
+            addr: self.addr,
+            len: self.len,
+            loc: self.loc,
+            _borrow: PhantomData,
+        }
     }
 }
 

@@ -22,7 +22,7 @@ use crate::layout::LayerFirstLayout;
 use crate::mem::{Buf, BufMut, check_buf};
 use crate::pool::{Pool, Region};
 use crate::slots::TierTables;
-use crate::swap_in::{self, SwapInArgs, SwapInEngine, SwapInStrategy};
+use crate::swap_in::{SwapInArgs, SwapInEngine, SwapInStrategy};
 use crate::writeback::{self, WritebackItems, WritebackSource};
 
 /// Most slots a tier's table may have.
@@ -382,7 +382,7 @@ impl Tier {
     pub fn check(&self, _stream: Stream) -> Result<()> {
         let mut word = match &self.backend {
             Backend::Cpu => ErrorWord::clear(),
-            Backend::Cuda { dev, error, .. } => swap_in::take_error_word(dev, error)?,
+            Backend::Cuda { dev, error, .. } => crate::cuda::take_error_word(dev, error)?,
         };
         if let Some(engine) = &self.swap_in {
             word.merge(&engine.take_word()?);

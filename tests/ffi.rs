@@ -42,6 +42,14 @@ fn compile(out: &Path) {
     assert!(status.success(), "compiling tests/ffi/abi_test.c failed");
 }
 
+/// Runs the C test program against the library cargo built with this test
+/// (cargo's LD_LIBRARY_PATH may name a stale build in target/<profile> first).
+fn run_c(bin: &Path) -> Command {
+    let mut c = Command::new(bin);
+    c.env("LD_LIBRARY_PATH", lib_dir());
+    c
+}
+
 /// The C test program, compiled into a directory of its own for `test`.
 fn test_binary(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kvtier-ffi-{}-{test}", std::process::id()));
@@ -54,7 +62,7 @@ fn test_binary(test: &str) -> PathBuf {
 #[test]
 fn header_struct_layouts_match_the_library() {
     let bin = test_binary("layout");
-    let out = Command::new(&bin).arg("layout").output().unwrap();
+    let out = run_c(&bin).arg("layout").output().unwrap();
     assert!(out.status.success());
     let c: Vec<(String, usize)> = String::from_utf8(out.stdout)
         .unwrap()
@@ -75,7 +83,7 @@ fn header_struct_layouts_match_the_library() {
 #[test]
 fn the_c_abi_works_from_c_and_refuses_bad_input() {
     let bin = test_binary("run");
-    let out = Command::new(&bin).output().unwrap();
+    let out = run_c(&bin).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     let failed: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL")).collect();
     assert!(

@@ -295,13 +295,9 @@ fn swap_in_production_shapes() {
         (4, 8192, 2, 32),
     ] {
         let shape = SwapShape {
-            hot,
-            k: 2048,
-            item: 656,
-            requests: batch,
             batch: Some(batch),
-            max_tokens: hot + 4096,
             short_share: 0.1,
+            ..SwapShape::tokens(hot, 2048, 656, batch, hot + 4096)
         };
         swap_agrees(&SwapCase::shaped(seed, shape, Some(misses)), &gpu);
     }
@@ -314,14 +310,11 @@ fn swap_in_production_shapes() {
 fn swap_in_largest_shape() {
     use common::swap::*;
     let gpu = cuda();
+    let hot = kvtier::swap_in::MAX_HOT as usize;
     let shape = SwapShape {
-        hot: kvtier::swap_in::MAX_HOT as usize,
-        k: kvtier::swap_in::MAX_TOP_K as usize,
-        item: 16,
-        requests: 2,
         batch: Some(2),
-        max_tokens: kvtier::swap_in::MAX_HOT as usize + 8192,
         short_share: 0.0,
+        ..SwapShape::tokens(hot, kvtier::swap_in::MAX_TOP_K as usize, 16, 2, hot + 8192)
     };
     swap_agrees(&SwapCase::shaped(5, shape, Some(1000)), &gpu);
 }

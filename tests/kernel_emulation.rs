@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use common::swap::*;
 use common::*;
 use kvtier::abi::{kvt_gather_params, kvt_swap_in_params, kvt_writeback_params};
+use kvtier::swap_in::{EmulationScratch, emulation_params, emulation_replay_params};
 use kvtier::{ErrorWord, Executor, LayerFirstLayout, SwapInStrategy};
 
 #[repr(C)]
@@ -697,129 +698,74 @@ fn swap_fn(symbol: &[u8]) -> libloading::Symbol<'static, SwapFn> {
     unsafe { emulator().get(symbol) }.unwrap()
 }
 
+fn range(addr: u64, bytes: usize) -> Range {
+    Range {
+        start: addr,
+        end: addr + bytes as u64,
+    }
+}
+
 /// Runs a swap-in case through the emulated plan kernel (and, for
-/// plan-then-copy, the copy kernel with `copy_grid` blocks).
+/// plan-then-copy, the copy kernel with `copy_grid` blocks), with the
+/// parameters the library builds for a real launch.
 fn emulate_swap(
     case: &SwapCase,
     strategy: SwapInStrategy,
     copy_grid: u32,
     opts: SwapOptions,
 ) -> (SwapOutcome, Vec<Report>) {
-    let (k, batch) = (case.k, case.batch());
-    let out_len = if batch == 0 {
-        0
-    } else {
-        (batch - 1) * case.out_stride + k
-    };
-    let mut out = vec![OUT_BEFORE; out_len];
-    let mut tokens = case.tokens.clone();
-    let mut lru = case.lru.clone();
-    let host_cache = Aligned::from(&case.host_cache);
-    let mut device_buffer = Aligned::from(&case.device_buffer);
-    let (req32, seq32) = (clamp32(&case.req), clamp32(&case.seq));
-    let num_real: Vec<i32> = case.num_real.into_iter().collect();
-    let stride = plan_stride(k);
-    let mut plan_src = vec![-5i64; batch * stride];
-    let mut plan_dst = vec![-5i32; batch * stride];
-    let mut plan_count = vec![-5i32; batch];
+    let (batch, e) = (case.batch(), case.entries());
+    let stride = plan_stride(e);
+    let mut s = case.host_state();
     let mut err = ErrorWord::clear();
-    let (req_addr, req_len) = if case.req_i64 {
-        (case.req.as_ptr() as u64, 8 * batch)
-    } else {
-        (req32.as_ptr() as u64, 4 * batch)
-    };
-    let (seq_addr, seq_len) = if case.seq_i64 {
-        (case.seq.as_ptr() as u64, 8 * batch)
-    } else {
-        (seq32.as_ptr() as u64, 4 * batch)
-    };
-    let mut flags = 0;
-    if case.req_i64 {
-        flags |= kvtier::abi::KVT_SWAP_REQ_INDICES_I64;
-    }
-    if case.seq_i64 {
-        flags |= kvtier::abi::KVT_SWAP_SEQ_LENS_I64;
-    }
-    if strategy == SwapInStrategy::OneBlockPerRequest {
-        flags |= kvtier::abi::KVT_SWAP_COPY_IN_PLAN;
-    }
-    if opts.skip_io {
-        flags |= kvtier::abi::KVT_SWAP_SKIP_IO;
-    }
-    let p = kvt_swap_in_params {
-        top_k_tokens: case.topk.as_ptr() as u64,
-        device_buffer_tokens: tokens.as_mut_ptr() as u64,
-        device_buffer_locs: case.locs.as_ptr() as u64,
-        lru_slots: lru.as_mut_ptr() as u64,
-        host_cache_locs: case.host_locs.as_ptr() as u64,
-        top_k_device_locs: out.as_mut_ptr() as u64,
-        req_pool_indices: req_addr,
-        seq_lens: seq_addr,
-        num_real_reqs: if num_real.is_empty() {
-            0
-        } else {
-            num_real.as_ptr() as u64
-        },
-        host_cache: host_cache.addr(),
-        device_buffer: device_buffer.addr(),
-        plan_src: plan_src.as_mut_ptr() as u64,
-        plan_dst: plan_dst.as_mut_ptr() as u64,
-        plan_count: plan_count.as_mut_ptr() as u64,
-        error: &mut err as *mut ErrorWord as u64,
-        host_rows: case.host_rows() as u64,
-        device_rows: case.device_rows() as u64,
-        top_k_stride: case.top_k_stride as u64,
-        buffer_stride: case.buffer_stride as u64,
-        lru_stride: case.lru_stride as u64,
-        host_stride: case.host_stride as u64,
-        out_stride: case.out_stride as u64,
-        plan_stride: stride as u64,
-        batch: batch as u32,
-        top_k: k as u32,
-        hot: case.hot as u32,
-        item_bytes: case.item as u32,
-        num_requests: case.requests as u32,
-        max_tokens: case.max_tokens as u32,
-        flags,
-        _reserved: 0,
-    };
-    let range = |addr: u64, bytes: usize| Range {
-        start: addr,
-        end: addr + bytes as u64,
+    // Without a caller's plan the kernels record into the engine's scratch:
+    // here the same arrays, rows of `stride` (= max_top_k) elements.
+    let scratch = EmulationScratch {
+        src: s.plan_src.as_mut_ptr() as u64,
+        dst: s.plan_dst.as_mut_ptr() as u64,
+        count: s.plan_count.as_mut_ptr() as u64,
+        max_batch: batch as u32,
+        max_top_k: stride as u32,
     };
     let plan = [
-        range(p.plan_src, 8 * batch * stride),
-        range(p.plan_dst, 4 * batch * stride),
-        range(p.plan_count, 4 * batch),
+        range(scratch.src, 8 * batch * stride),
+        range(scratch.dst, 4 * batch * stride),
+        range(scratch.count, 4 * batch),
     ];
+    let p = {
+        let args = case.host_args(&mut s, opts);
+        emulation_params(&args, strategy, scratch, &mut err as *mut ErrorWord as u64).unwrap()
+    };
+    let index_bytes = |wide: bool| if wide { 8 } else { 4 } * batch;
     let mut loads = vec![
         range(p.top_k_tokens, 4 * case.topk.len()),
-        range(p.device_buffer_tokens, 4 * tokens.len()),
+        range(p.device_buffer_tokens, 4 * case.tokens.len()),
         range(p.device_buffer_locs, 4 * case.locs.len()),
-        range(p.lru_slots, 2 * lru.len()),
+        range(p.lru_slots, 2 * case.lru.len()),
         range(p.host_cache_locs, 8 * case.host_locs.len()),
-        range(req_addr, req_len),
-        range(seq_addr, seq_len),
-        range(p.num_real_reqs, 4 * num_real.len()),
-        host_cache.range(),
+        range(p.req_pool_indices, index_bytes(case.req_i64)),
+        range(p.seq_lens, index_bytes(case.seq_i64)),
+        range(p.num_real_reqs, 4 * case.num_real.iter().count()),
     ];
-    loads.extend(plan);
     let mut stores = vec![
-        range(p.top_k_device_locs, 4 * out_len),
-        range(p.device_buffer_tokens, 4 * tokens.len()),
-        range(p.lru_slots, 2 * lru.len()),
-        device_buffer.range(),
+        range(p.top_k_device_locs, 4 * s.out.len()),
+        range(p.device_buffer_tokens, 4 * case.tokens.len()),
+        range(p.lru_slots, 2 * case.lru.len()),
     ];
+    for plane in 0..case.planes() {
+        loads.push(range(p.host_cache[plane], case.host_cache.len()));
+        stores.push(range(p.device_buffer[plane], case.device_buffer.len()));
+    }
+    loads.extend(plan);
     stores.extend(plan);
     let mut reports = Vec::new();
     if batch > 0 {
-        let smem = kvtier::swap_in::plan_smem_bytes(k as u32, case.hot as u32);
-        let threads = kvtier::swap_in::SWAP_PLAN_THREADS;
+        let smem = kvtier::swap_in::plan_smem_bytes(e as u32, case.hot as u32);
         reports.push(unsafe {
             swap_fn(b"kvt_emu_swap_in_plan")(
                 &p,
                 batch as u32,
-                threads,
+                kvtier::abi::KVT_SWAP_PLAN_THREADS,
                 smem,
                 loads.as_ptr(),
                 loads.len(),
@@ -844,17 +790,54 @@ fn emulate_swap(
             });
         }
     }
-    let outcome = SwapOutcome {
-        out,
-        tokens,
-        lru,
-        device_buffer: device_buffer.bytes_mut().to_vec(),
-        report: (!err.is_clear()).then(|| kvtier::BadIndexReport::decode(&err)),
-        plan: opts
-            .record_plan
-            .then(|| plan_rows(&plan_src, &plan_dst, &plan_count, stride, k)),
+    let report = (!err.is_clear()).then(|| kvtier::BadIndexReport::decode(&err));
+    (case.outcome(&s, report, opts), reports)
+}
+
+/// Runs a plan replay through the emulated copy kernel with `grid` blocks.
+fn emulate_replay(case: &ReplayCase, grid: u32) -> (ReplayOutcome, Report) {
+    let host: Vec<Vec<u64>> = case.host.iter().map(|h| words(h)).collect();
+    let mut device: Vec<Vec<u64>> = case.device.iter().map(|d| words(d)).collect();
+    let num_real: Vec<i32> = case.num_real.into_iter().collect();
+    let mut err = ErrorWord::clear();
+    let p = {
+        let args = case.host_args(&host, &mut device, &num_real);
+        emulation_replay_params(&args, &mut err as *mut ErrorWord as u64).unwrap()
     };
-    (outcome, reports)
+    let cells = case.src.len();
+    let mut loads = vec![
+        range(p.plan_src, 8 * cells),
+        range(p.plan_dst, 4 * cells),
+        range(p.plan_count, 4 * case.count.len()),
+        range(p.num_real_reqs, 4 * num_real.len()),
+    ];
+    let mut stores = Vec::new();
+    for plane in 0..case.host.len() {
+        loads.push(range(p.host_cache[plane], case.host[0].len()));
+        stores.push(range(p.device_buffer[plane], case.device[0].len()));
+    }
+    let report = if case.count.is_empty() {
+        Report::default() // the host launches nothing for an empty plan
+    } else {
+        unsafe {
+            swap_fn(b"kvt_emu_swap_in_copy")(
+                &p,
+                grid,
+                BLOCK,
+                kvtier::swap_in::copy_smem_bytes(case.count.len() as u32),
+                loads.as_ptr(),
+                loads.len(),
+                stores.as_ptr(),
+                stores.len(),
+            )
+        }
+    };
+    let dn = case.device[0].len();
+    let outcome = ReplayOutcome {
+        device: device.iter().map(|d| as_bytes(d, dn).to_vec()).collect(),
+        report: (!err.is_clear()).then(|| kvtier::BadIndexReport::decode(&err)),
+    };
+    (outcome, report)
 }
 
 fn swap_agrees(case: &SwapCase) {
@@ -867,7 +850,7 @@ fn swap_agrees(case: &SwapCase) {
         record_plan: true,
         skip_io: true,
     };
-    let rows = case.batch() as u64 * case.k as u64;
+    let rows = case.batch() as u64 * case.entries() as u64;
     let runs = [
         (SwapInStrategy::PlanThenCopy, 1, plain),
         (SwapInStrategy::PlanThenCopy, grids(rows)[2], plain),
@@ -914,4 +897,32 @@ fn swap_in_kernels_on_bigger_hot_buffers() {
         swap_agrees(&SwapCase::random(seed, SWAP_MEDIUM, CLEAN, Some(misses)));
     }
     swap_agrees(&SwapCase::random(5, SWAP_MEDIUM, HOSTILE, None));
+}
+
+#[test]
+fn replay_kernel_matches_the_cpu_executor() {
+    for seed in 0..60 {
+        for hostile in [false, true] {
+            let case = ReplayCase::random(seed, hostile);
+            let cpu = case.run_cpu();
+            assert_eq!(
+                cpu,
+                case.expected(),
+                "CPU executor differs from the model for {case:?}"
+            );
+            let cells = case.count.len() as u64 * case.capacity as u64;
+            for (grid, schedule) in grids(cells).into_iter().zip(SCHEDULES) {
+                set_schedule(schedule);
+                let (got, report) = emulate_replay(&case, grid);
+                assert!(
+                    report.clean(),
+                    "bad accesses {report:?} (grid {grid}) for {case:?}"
+                );
+                assert_eq!(
+                    got, cpu,
+                    "kernel differs from the CPU executor (grid {grid}) for {case:?}"
+                );
+            }
+        }
+    }
 }

@@ -1,31 +1,36 @@
-//! LRU swap-in on the CPU executor: DESIGN.md's worked example, batches with
-//! padding rows and mixed short/long sequences, SGLang compatibility on valid
-//! input, the safety rules on bad input, argument checks, and property tests
-//! against the model in tests/common/swap.rs.
+//! LRU swap-in on the CPU executor: the worked example of the contract
+//! (src/swap_in/mod.rs), batches with padding rows and mixed short/long
+//! sequences, SGLang compatibility on valid input, the safety rules on bad
+//! input, argument checks, and property tests against the model in
+//! tests/common/swap.rs.
 
 mod common;
 
 use common::swap::*;
 use common::*;
 use kvtier::{
-    BadIndexKind, Buf, BufMut, DeviceSpec, Error, Executor, IndexBuf, LayerFirstLayout, MissPlan,
-    Pool, Stream, SwapInArgs, SwapInEngine, SwapInStrategy, Tier,
+    BadIndexKind, Buf, BufMut, DeviceSpec, Error, Executor, IndexBuf, ItemLayout, KvBuffers,
+    LayerFirstLayout, MissPlan, Pool, QueryKind, Stream, SwapInArgs, SwapInEngine, SwapInStrategy,
+    Tier,
 };
 use proptest::prelude::*;
 
 const ITEM: usize = 16;
 
-/// DESIGN.md §4: HOT = 4; slots 0..3 hold tokens 1, 4, 2, 5 at device rows 9,
-/// 7, 3, 5; the newest token 7 sits in the reserved slot at row 11; LRU order
-/// [0, 1, 2, 3]; seq_len 8; host row of token t is t (row t filled with t).
+/// The worked example: HOT = 4; slots 0..3 hold tokens 1, 4, 2, 5 at device
+/// rows 9, 7, 3, 5; the newest token 7 sits in the reserved slot at row 11;
+/// LRU order [0, 1, 2, 3]; seq_len 8; host row of token t is t (row t filled
+/// with t).
 fn worked_example(query: &[i32]) -> SwapCase {
     SwapCase {
         hot: 4,
         k: query.len(),
-        item: ITEM,
+        query: QueryKind::Tokens,
+        layout: ItemLayout::linear(ITEM as u32).unwrap(),
         requests: 1,
         max_tokens: 8,
-        buffer_stride: 5,
+        tokens_stride: 5,
+        locs_stride: 5,
         lru_stride: 4,
         host_stride: 8,
         top_k_stride: query.len(),
@@ -36,6 +41,8 @@ fn worked_example(query: &[i32]) -> SwapCase {
         host_locs: (0..8).collect(),
         host_cache: (0..8u8).flat_map(|r| [r; ITEM]).collect(),
         device_buffer: vec![0xEE; 12 * ITEM],
+        host_cache_v: None,
+        device_buffer_v: None,
         topk: query.to_vec(),
         req: vec![0],
         seq: vec![8],
@@ -160,8 +167,9 @@ fn mixed_short_and_long_rows() {
 
 #[test]
 fn minus_one_inside_a_long_query_is_padding_not_a_miss() {
-    // SGLang's sentinel for a hit is also -1: it counts the padding as a miss
-    // and copies host_cache_locs[-1]. Here it is padding: -1, no copy, no slot.
+    // SGLang's internal hit marker (TOKEN_HIT) is also -1, so its kernel
+    // takes the entry for a resolved one: no copy, no slot, and no output
+    // written (the entry keeps what the buffer held). kvtier writes -1.
     let c = worked_example(&[4, -1, 6]);
     let after = cpu(&c);
     assert_eq!(after.report, None);
@@ -173,6 +181,14 @@ fn minus_one_inside_a_long_query_is_padding_not_a_miss() {
         "one miss (6 into slot 0), one hit (slot 1)"
     );
     assert_eq!(after, c.expected());
+    assert_eq!(after, c.sglang(-1), "SGLang on a -1 pre-filled output");
+    let stale = c.sglang(123);
+    assert_eq!(
+        stale.out,
+        vec![7, 123, 9],
+        "SGLang leaves the entry unwritten"
+    );
+    assert_eq!((stale.tokens, stale.lru), (after.tokens, after.lru));
 }
 
 #[test]
@@ -180,7 +196,7 @@ fn duplicates_resolve_to_one_slot_and_one_copy() {
     let c = worked_example(&[6, 4, 6, 4, 7, 7]);
     let mut c = SwapCase { hot: 6, ..c };
     // widen to HOT 6 so that K = 6 fits; two more empty slots
-    c.buffer_stride = 7;
+    (c.tokens_stride, c.locs_stride) = (7, 7);
     c.lru_stride = 6;
     c.tokens = vec![1, 4, 2, 5, -1, -1, 7];
     c.locs = vec![9, 7, 3, 5, 1, 2, 11];
@@ -303,13 +319,24 @@ fn args_error(f: impl FnOnce(&mut SwapInArgs<'_>)) -> (&'static str, String) {
 fn arguments_are_checked_before_anything_runs() {
     assert_eq!(args_error(|a| a.num_top_k = 5).0, "hot_buffer_size");
     assert_eq!(args_error(|a| a.num_top_k = 0).0, "num_top_k");
-    assert_eq!(args_error(|a| a.item_size_bytes = 12).0, "item_size_bytes");
     assert_eq!(args_error(|a| a.top_k_stride = 2).0, "top_k_stride");
-    assert_eq!(args_error(|a| a.buffer_stride = 4).0, "buffer_stride");
+    assert_eq!(args_error(|a| a.tokens_stride = 3).0, "tokens_stride");
+    assert_eq!(args_error(|a| a.locs_stride = 4).0, "locs_stride");
     assert_eq!(args_error(|a| a.num_requests = 2).0, "device_buffer_tokens");
     assert_eq!(args_error(|a| a.max_tokens = 9).0, "host_stride");
     let (arg, msg) = args_error(|a| a.hot_buffer_size = 5);
-    assert_eq!(arg, "buffer_stride", "{msg}");
+    assert_eq!(arg, "locs_stride", "{msg}");
+    let (arg, msg) = args_error(|a| {
+        a.query = QueryKind::Blocks { block_tokens: 2 };
+    });
+    assert_eq!(
+        arg, "hot_buffer_size",
+        "3 blocks of 2 tokens need 6 slots: {msg}"
+    );
+    let (arg, msg) = args_error(|a| {
+        a.query = QueryKind::Blocks { block_tokens: 0 };
+    });
+    assert_eq!(arg, "sparse_block_size", "{msg}");
     let (arg, msg) = args_error(|a| a.top_k_device_locs = unsafe { BufMut::device(0x1000, 3) });
     assert_eq!(arg, "top_k_device_locs");
     assert!(msg.contains("CPU executor reads host memory"), "{msg}");
@@ -352,18 +379,18 @@ fn swap_in_needs_enabling_and_respects_its_capacity() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-    /// Valid input: the CPU executor, the model and SGLang's algorithm agree
-    /// on outputs, slot tokens, LRU order and device buffer.
+    /// Valid input on every path (token and block queries, linear and
+    /// paged rows, one or two planes): the CPU executor, the model and
+    /// SGLang's algorithm agree on outputs, slot tokens, LRU order, device
+    /// buffers and the miss plan.
     #[test]
     fn valid_input_matches_the_model_and_sglang(seed in any::<u64>()) {
         let c = SwapCase::random(seed, SWAP_SMALL, CLEAN, None);
-        let got = cpu(&c);
+        let got = c.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, RECORD);
         prop_assert_eq!(&got.report, &None);
-        prop_assert_eq!(&got, &c.expected());
-        prop_assert_eq!(&got, &c.sglang(-1));
+        prop_assert_eq!(&got, &c.expected_with(RECORD));
+        prop_assert_eq!(&got, &c.sglang_with(-1, RECORD));
     }
-
-
 
     /// Bad input: refused and reported exactly as the model says, state and
     /// buffers changed exactly as it says.
@@ -373,7 +400,7 @@ proptest! {
         prop_assert_eq!(cpu(&c), c.expected());
     }
 
-        #[test]
+    #[test]
     fn padded_input_matches_the_model(seed in any::<u64>()) {
         let c = SwapCase::random(seed, SWAP_SMALL, PADDED, None);
         prop_assert_eq!(cpu(&c), c.expected());
@@ -409,17 +436,18 @@ fn the_miss_plan_is_sglangs_miss_src_dst_count() {
     second.lru = vec![0, 3, 1, 2];
     let got = second.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, RECORD);
     assert_eq!(got.out, vec![9]);
-    assert_eq!(got.plan, Some(vec![vec![(6, 9)]]));
+    assert_eq!(got.plan, Some(vec![Some(vec![(6, 9)])]));
     assert_eq!(&got.device_buffer[9 * ITEM..][..ITEM], &[6u8; ITEM]);
 
-    // Hits only, and a padding row: both record 0 misses.
+    // Hits only: 0 misses; a padding row keeps its count, as in SGLang.
     let mut hits = worked_example(&[4, 2, 7]);
     hits.req = vec![0, 0];
     hits.seq = vec![8, 8];
     hits.topk = vec![4, 2, 7, 1, 1, 1];
     hits.num_real = Some(1);
     let got = hits.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, RECORD);
-    assert_eq!(got.plan, Some(vec![vec![], vec![]]));
+    assert_eq!(got.plan, Some(vec![Some(vec![]), None]));
+    assert_eq!(got, hits.sglang_with(-1, RECORD));
 }
 
 #[test]
@@ -430,7 +458,7 @@ fn skip_io_updates_outputs_and_state_but_moves_no_bytes() {
     assert_eq!(got.out, vec![9]);
     assert_eq!(got.tokens, vec![6, 4, 2, 5, 7]);
     assert_eq!(got.lru, vec![3, 1, 2, 0]);
-    assert_eq!(got.plan, Some(vec![vec![(6, 9)]]));
+    assert_eq!(got.plan, Some(vec![Some(vec![(6, 9)])]));
     assert_eq!(
         got.device_buffer, second.device_buffer,
         "skip_io leaves the device buffer alone"
@@ -466,16 +494,22 @@ impl Bare {
         SwapInArgs {
             top_k_tokens: Buf::host(&self.c.topk),
             top_k_stride: 3,
+            query: QueryKind::Tokens,
             device_buffer_tokens: BufMut::host(&mut self.tokens),
+            tokens_stride: 5,
             device_buffer_locs: Buf::host(&self.c.locs),
-            buffer_stride: 5,
+            locs_stride: 5,
             lru_slots: BufMut::host(&mut self.lru),
             lru_stride: 4,
             host_cache_locs: Buf::host(&self.c.host_locs),
             host_stride: 8,
             max_tokens: 8,
-            host_cache: Buf::host(&self.c.host_cache),
-            device_buffer: BufMut::host(&mut self.dev),
+            kv: KvBuffers::linear(
+                ITEM as u32,
+                Buf::host(&self.c.host_cache),
+                BufMut::host(&mut self.dev),
+            )
+            .unwrap(),
             top_k_device_locs: BufMut::host(&mut self.out),
             out_stride: 3,
             req_pool_indices: IndexBuf::I32(Buf::host(&self.req)),
@@ -484,7 +518,6 @@ impl Bare {
             num_requests: 1,
             num_top_k: 3,
             hot_buffer_size: 4,
-            item_size_bytes: ITEM as u32,
             skip_io: false,
             miss_plan: None,
         }
@@ -510,6 +543,7 @@ fn a_bare_engine_needs_capacity_or_a_miss_plan() {
             src: BufMut::host(&mut src),
             dst: BufMut::host(&mut dst),
             stride: 3,
+            capacity: 3,
             count: BufMut::host(&mut count),
         });
         engine.run(&args, Stream::null()).unwrap();
@@ -531,7 +565,8 @@ fn a_bare_engine_needs_capacity_or_a_miss_plan() {
 #[test]
 fn a_miss_plan_too_small_for_the_batch_is_refused() {
     let engine = SwapInEngine::new(Executor::cpu()).unwrap();
-    let plan_error = |stride: usize, rows: usize, counts: usize| -> (&'static str, String) {
+    let plan_error = |capacity: usize, rows: usize, counts: usize| -> (&'static str, String) {
+        let stride = capacity;
         let mut b = Bare::new();
         let (mut src, mut dst, mut count) = (
             vec![0i64; rows * stride],
@@ -543,6 +578,7 @@ fn a_miss_plan_too_small_for_the_batch_is_refused() {
             src: BufMut::host(&mut src),
             dst: BufMut::host(&mut dst),
             stride,
+            capacity,
             count: BufMut::host(&mut count),
         });
         match engine.run(&args, Stream::null()) {
@@ -551,8 +587,8 @@ fn a_miss_plan_too_small_for_the_batch_is_refused() {
         }
     };
     let (arg, msg) = plan_error(2, 1, 1);
-    assert_eq!(arg, "miss_plan", "{msg}");
-    assert!(msg.contains("less than num_top_k"), "{msg}");
+    assert_eq!(arg, "miss_src", "{msg}");
+    assert!(msg.contains("a row can have 3"), "{msg}");
     assert_eq!(plan_error(3, 0, 1).0, "miss_src");
     assert_eq!(plan_error(3, 1, 0).0, "miss_count");
 }
@@ -570,6 +606,116 @@ proptest! {
         prop_assert_eq!(&got, &c.expected_with(opts));
         if skip {
             prop_assert_eq!(&got.device_buffer, &c.device_buffer);
+            prop_assert_eq!(&got.device_buffer_v, &c.device_buffer_v);
         }
+    }
+}
+
+#[test]
+fn a_short_token_row_resolves_only_its_first_seq_len_entries() {
+    // SGLang's fast path: with seq_len 2 only entries 0 and 1 are resolved;
+    // the others output -1 whatever they hold (here valid tokens).
+    let mut c = worked_example(&[1, -1, 0, 0]);
+    c.tokens = vec![0, 1, 2, 3, -1];
+    c.seq = vec![2];
+    let after = cpu(&c);
+    assert_eq!(after.report, None);
+    assert_eq!(after.out, vec![7, -1, -1, -1]);
+    assert_eq!((&after.tokens, &after.lru), (&c.tokens, &c.lru));
+    assert_eq!(after, c.expected());
+    assert_eq!(
+        after,
+        c.sglang(123456),
+        "SGLang overwrites the stale output"
+    );
+}
+
+/// MiniMax-M3's block query over the worked example's state: 2 blocks of
+/// 2 tokens, K and V planes.
+fn block_example(blocks: &[i32], seq: i64) -> SwapCase {
+    let mut c = worked_example(blocks);
+    c.query = QueryKind::Blocks { block_tokens: 2 };
+    c.out_stride = 2 * blocks.len();
+    c.seq = vec![seq];
+    c.host_cache_v = Some((0..8u8).flat_map(|r| [r + 100; ITEM]).collect());
+    c.device_buffer_v = Some(vec![0xDD; 12 * ITEM]);
+    c
+}
+
+#[test]
+fn block_queries_resolve_each_blocks_tokens() {
+    // seq_len 8: block 2 = tokens 4 (hit, slot 1) and 5 (hit, slot 3); block
+    // 3 = tokens 6 (miss) and 7 (the newest, reserved slot).
+    let c = block_example(&[2, 3], 8);
+    let after = cpu(&c);
+    assert_eq!(after.report, None);
+    assert_eq!(after.out, vec![7, 5, 9, 11]);
+    assert_eq!(after.tokens, vec![6, 4, 2, 5, 7]);
+    assert_eq!(
+        after.lru,
+        vec![2, 0, 1, 3],
+        "unused evictable 2, loaded 0, hits 1 and 3"
+    );
+    assert_eq!(&after.device_buffer[9 * ITEM..][..ITEM], &[6u8; ITEM]);
+    assert_eq!(
+        &after.device_buffer_v.as_ref().unwrap()[9 * ITEM..][..ITEM],
+        &[106u8; ITEM],
+        "V moves with K"
+    );
+    assert_eq!(after, c.expected());
+    assert_eq!(after, c.sglang(-1));
+
+    // A -1 block is padding.
+    let c = block_example(&[-1, 2], 8);
+    let after = cpu(&c);
+    assert_eq!(
+        (after.out.clone(), after.report.clone()),
+        (vec![-1, -1, 7, 5], None)
+    );
+    assert_eq!(after, c.sglang(-1));
+
+    // seq_len 7: block 3's first token is the newest, its second is past the
+    // sequence (-1, nothing reported); a block id below -1 is refused.
+    let c = block_example(&[3, -4], 7);
+    let after = cpu(&c);
+    assert_eq!(after.out, vec![11, -1, -1, -1]);
+    let r = after.report.clone().expect("the bad block is reported");
+    assert_eq!(r.count, 1, "{r}");
+    assert!(r.to_string().contains("top_k_tokens[0][1] = -4"), "{r}");
+    assert_eq!(after, c.expected());
+}
+
+#[test]
+fn page_padded_items_move_value_and_scale() {
+    // DeepSeek-V4's C4 layout: rows 64 to a page, the 576 B values first,
+    // then the 8 B scales.
+    let layout = ItemLayout::dsv4_c4();
+    let mut c = worked_example(&[6]);
+    c.layout = layout;
+    let page = layout.page_bytes() as usize;
+    c.host_cache = (0..page).map(|i| (i % 251) as u8).collect();
+    c.device_buffer = vec![0xEE; page];
+    let after = cpu(&c);
+    assert_eq!(after.out, vec![9]);
+    assert_eq!(
+        item_bytes(&layout, &after.device_buffer, 9),
+        item_bytes(&layout, &c.host_cache, 6)
+    );
+    let mut untouched = after.device_buffer.clone();
+    for (at, len) in layout.pieces(9) {
+        untouched[at as usize..][..len].fill(0xEE);
+    }
+    assert!(
+        untouched.iter().all(|&b| b == 0xEE),
+        "only row 9's two pieces change"
+    );
+    assert_eq!(after, c.expected());
+}
+
+#[test]
+fn replays_match_the_model() {
+    for seed in 0..200 {
+        let c = ReplayCase::random(seed, seed % 2 == 1);
+        assert_eq!(c.run_cpu(), c.expected(), "{c:?}");
     }
 }

@@ -138,7 +138,7 @@ impl Kernel {
     /// Threads per block the kernel is written for.
     pub fn block_threads(self) -> u32 {
         match self {
-            Kernel::SwapInPlan => crate::swap_in::SWAP_PLAN_THREADS,
+            Kernel::SwapInPlan => crate::abi::KVT_SWAP_PLAN_THREADS,
             _ => BLOCK_THREADS,
         }
     }

@@ -382,3 +382,26 @@ impl Drop for EventTimer {
         }
     }
 }
+
+/// Reads a device error word and, when something was recorded, clears it and
+/// waits for the reset to land (so no later kernel on any stream reports into
+/// the old contents).
+pub(crate) fn take_error_word(
+    dev: &Arc<CudaDevice>,
+    error: &DeviceBuffer<crate::error_word::ErrorWord>,
+) -> Result<crate::error_word::ErrorWord> {
+    use crate::error_word::ErrorWord;
+    // to_vec waits for the whole context, so work on every stream that may
+    // report into the word has finished.
+    let word = error.to_vec()?[0];
+    if !word.is_clear() {
+        copy_to_device_async(
+            dev,
+            error.device_ptr(),
+            &[ErrorWord::clear()],
+            Stream::null(),
+        )?;
+        dev.synchronize_all()?;
+    }
+    Ok(word)
+}

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, result, sys};
 
 pub use kernels::{BLOCK_THREADS, FatbinImage, Kernel, KernelBuild};
-pub(crate) use memory::copy_to_device_async;
 pub use memory::{
     DeviceBuffer, EventTimer, HostRegistration, OwnedStream, REGISTER_FLAGS, REGISTER_IOMEMORY,
 };
+pub(crate) use memory::{copy_to_device_async, take_error_word};
 
 use crate::error::{DriverContext, Error, Result};
 

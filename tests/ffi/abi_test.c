@@ -43,14 +43,14 @@ static void layout(void) {
     FIELD(kvt_swap_in_args, top_k_tokens);
     FIELD(kvt_swap_in_args, top_k_stride);
     FIELD(kvt_swap_in_args, device_buffer_tokens);
+    FIELD(kvt_swap_in_args, tokens_stride);
     FIELD(kvt_swap_in_args, device_buffer_locs);
-    FIELD(kvt_swap_in_args, buffer_stride);
+    FIELD(kvt_swap_in_args, locs_stride);
     FIELD(kvt_swap_in_args, lru_slots);
     FIELD(kvt_swap_in_args, lru_stride);
     FIELD(kvt_swap_in_args, host_cache_locs);
     FIELD(kvt_swap_in_args, host_stride);
-    FIELD(kvt_swap_in_args, host_cache);
-    FIELD(kvt_swap_in_args, device_buffer);
+    FIELD(kvt_swap_in_args, kv);
     FIELD(kvt_swap_in_args, top_k_device_locs);
     FIELD(kvt_swap_in_args, out_stride);
     FIELD(kvt_swap_in_args, req_pool_indices);
@@ -60,14 +60,36 @@ static void layout(void) {
     FIELD(kvt_swap_in_args, miss_dst);
     FIELD(kvt_swap_in_args, miss_count);
     FIELD(kvt_swap_in_args, miss_stride);
+    FIELD(kvt_swap_in_args, miss_capacity);
     FIELD(kvt_swap_in_args, req_pool_indices_type);
     FIELD(kvt_swap_in_args, seq_lens_type);
     FIELD(kvt_swap_in_args, max_tokens);
     FIELD(kvt_swap_in_args, num_requests);
     FIELD(kvt_swap_in_args, num_top_k);
     FIELD(kvt_swap_in_args, hot_buffer_size);
-    FIELD(kvt_swap_in_args, item_size_bytes);
+    FIELD(kvt_swap_in_args, block_tokens);
     FIELD(kvt_swap_in_args, skip_io);
+    SIZE(kvt_items);
+    FIELD(kvt_items, rows_per_page);
+    FIELD(kvt_items, value_bytes);
+    FIELD(kvt_items, scale_bytes);
+    FIELD(kvt_items, page_bytes);
+    SIZE(kvt_kv_buffers);
+    FIELD(kvt_kv_buffers, items);
+    FIELD(kvt_kv_buffers, host_cache);
+    FIELD(kvt_kv_buffers, device_buffer);
+    FIELD(kvt_kv_buffers, host_cache_v);
+    FIELD(kvt_kv_buffers, device_buffer_v);
+    SIZE(kvt_planned_copy_args);
+    FIELD(kvt_planned_copy_args, miss_src);
+    FIELD(kvt_planned_copy_args, miss_dst);
+    FIELD(kvt_planned_copy_args, miss_count);
+    FIELD(kvt_planned_copy_args, miss_stride);
+    FIELD(kvt_planned_copy_args, miss_capacity);
+    FIELD(kvt_planned_copy_args, num_real_reqs);
+    FIELD(kvt_planned_copy_args, kv);
+    FIELD(kvt_planned_copy_args, warps);
+    FIELD(kvt_planned_copy_args, skip_io);
     SIZE(kvt_gather_args);
     FIELD(kvt_gather_args, req_slots);
     FIELD(kvt_gather_args, seq_lens);
@@ -100,7 +122,7 @@ static int failures = 0;
 
 enum { ITEM = 16 };
 
-/* DESIGN.md section 4: HOT = 4, slots 0..3 hold tokens 1, 4, 2, 5 at device
+/* The worked example: HOT = 4, slots 0..3 hold tokens 1, 4, 2, 5 at device
  * rows 9, 7, 3, 5; the newest token 7 in the reserved slot at row 11; LRU
  * 0, 1, 2, 3; seq_len 8; token t in host row t (filled with t). */
 static void swap_in(void) {
@@ -127,14 +149,16 @@ static void swap_in(void) {
     a.top_k_tokens = BUF(query, 3);
     a.top_k_stride = 3;
     a.device_buffer_tokens = BUF(tokens, 5);
+    a.tokens_stride = 5;
     a.device_buffer_locs = BUF(locs, 5);
-    a.buffer_stride = 5;
+    a.locs_stride = 5;
     a.lru_slots = BUF(lru, 4);
     a.lru_stride = 4;
     a.host_cache_locs = BUF(host_locs, 8);
     a.host_stride = 8;
-    a.host_cache = BUF(host_cache, sizeof host_cache);
-    a.device_buffer = BUF(device_buffer, sizeof device_buffer);
+    a.kv.items = (kvt_items){1, ITEM, 0, 0, ITEM};
+    a.kv.host_cache = BUF(host_cache, sizeof host_cache);
+    a.kv.device_buffer = BUF(device_buffer, sizeof device_buffer);
     a.top_k_device_locs = BUF(out, 3);
     a.out_stride = 3;
     a.req_pool_indices = BUF(req, 1);
@@ -145,7 +169,6 @@ static void swap_in(void) {
     a.num_requests = 1;
     a.num_top_k = 3;
     a.hot_buffer_size = 4;
-    a.item_size_bytes = ITEM;
 
     kvt_status s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
     CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "reserve"),
@@ -174,11 +197,35 @@ static void swap_in(void) {
     a.miss_dst = BUF(miss_dst, 2);
     a.miss_count = BUF(miss_count, 1);
     a.miss_stride = 2;
+    a.miss_capacity = 2;
     s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
     CHECK(s == KVT_OK && out2[0] == 9 && tokens[0] == 6 && device_buffer[9 * ITEM] == 6, "query [6] -> [%d]",
           out2[0]);
     CHECK(miss_count[0] == 1 && miss_src[0] == 6 && miss_dst[0] == 9, "miss plan %d: %" PRId64 " -> %d",
           miss_count[0], miss_src[0], miss_dst[0]);
+
+    /* Replay that plan into another layer's device buffer (a shared-index layer). */
+    uint8_t other_layer[12 * ITEM];
+    memset(other_layer, 0xEE, sizeof other_layer);
+    kvt_planned_copy_args r;
+    memset(&r, 0, sizeof r);
+    r.miss_src = BUF(miss_src, 2);
+    r.miss_dst = BUF(miss_dst, 2);
+    r.miss_count = BUF(miss_count, 1);
+    r.miss_stride = 2;
+    r.miss_capacity = 2;
+    r.kv = a.kv;
+    r.kv.device_buffer = BUF(other_layer, sizeof other_layer);
+    s = kvt_swap_in_copy_planned(engine, &r, NULL);
+    CHECK(s == KVT_OK && other_layer[9 * ITEM] == 6 && other_layer[8 * ITEM] == 0xEE, "replay: row 9 <- host row 6");
+    miss_count[0] = 3;
+    s = kvt_swap_in_copy_planned(engine, &r, NULL);
+    CHECK(s == KVT_BAD_INDICES && strstr(kvt_last_error(), "miss_count"), "a count above the capacity (%d)", s);
+    miss_count[0] = 1;
+    r.kv.host_cache_v = BUF(host_cache, sizeof host_cache);
+    s = kvt_swap_in_copy_planned(engine, &r, NULL);
+    CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "together"), "a V plane without its device side (%d)",
+          s);
 
     /* Bad input: clear statuses and messages, nothing run. */
     a.miss_dst = BUF(NULL, 0);
@@ -191,18 +238,22 @@ static void swap_in(void) {
     s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
     CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "seq_lens"), "index type 3 (%d)", s);
     a.seq_lens_type = KVT_INDEX_INT64;
-    a.host_cache = BUF(NULL, 16);
+    a.kv.host_cache = BUF(NULL, 16);
     s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
     CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "host_cache"), "a null buffer with a length (%d)",
           s);
-    a.host_cache = BUF(host_cache, sizeof host_cache);
+    a.kv.host_cache = BUF(host_cache, sizeof host_cache);
+    a.kv.items.value_bytes = 12;
+    s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
+    CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "item_size_bytes"), "a 12-byte item (%d)", s);
+    a.kv.items.value_bytes = ITEM;
     q2[0] = 8;
     s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
     CHECK(s == KVT_BAD_INDICES && strstr(kvt_last_error(), "top_k_tokens"), "token 8 of seq_len 8 (%d)", s);
     CHECK(kvt_swap_in_run(engine, NULL, 0, NULL) == KVT_INVALID_ARGUMENT, "null args");
     CHECK(kvt_swap_in_run(NULL, &a, 0, NULL) == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "null"),
           "null engine");
-        uint64_t mapped = 0;
+    uint64_t mapped = 0;
     CHECK(kvt_swap_in_map_host(engine, host_cache, &mapped) == KVT_OK && mapped == (uint64_t)(uintptr_t)host_cache,
           "the CPU executor addresses host memory as it is");
     CHECK(kvt_swap_in_map_host(engine, NULL, &mapped) == KVT_INVALID_ARGUMENT, "map a null pointer");

@@ -24,8 +24,8 @@ use rand::seq::SliceRandom;
 use serde_json::json;
 
 use kvtier::{
-    Buf, BufMut, Executor, IndexBuf, LayerFirstLayout, MissPlan, Pool, Region, Stream, SwapInArgs,
-    SwapInStrategy, Tier,
+    Buf, BufMut, Executor, IndexBuf, KvBuffers, LayerFirstLayout, MissPlan, Pool, QueryKind,
+    Region, Stream, SwapInArgs, SwapInStrategy, Tier,
 };
 
 use super::transfer::{self, Dir, ExecVec, Staging};
@@ -270,24 +270,22 @@ impl State {
             SwapInArgs {
                 top_k_tokens: Buf::from_raw(topk, q.topk.len(), loc),
                 top_k_stride: k,
+                query: QueryKind::Tokens,
                 device_buffer_tokens: BufMut::from_raw(tokens, self.tokens.len(), loc),
+                tokens_stride: h + 1,
                 device_buffer_locs: Buf::from_raw(locs, self.locs.len(), loc),
-                buffer_stride: h + 1,
+                locs_stride: h + 1,
                 lru_slots: BufMut::from_raw(lru, self.lru.len(), loc),
                 lru_stride: h,
                 host_cache_locs: Buf::from_raw(host_locs, self.host_locs.len(), loc),
                 host_stride: self.context as usize,
                 max_tokens: self.context,
-                host_cache: Buf::from_raw(
-                    host_cache,
-                    self.host_locs.len() * self.item as usize,
-                    loc,
-                ),
-                device_buffer: BufMut::from_raw(
-                    device_buffer,
-                    self.device_rows() * self.item as usize,
-                    loc,
-                ),
+                kv: KvBuffers::linear(
+                    self.item,
+                    Buf::from_raw(host_cache, self.host_locs.len() * self.item as usize, loc),
+                    BufMut::from_raw(device_buffer, self.device_rows() * self.item as usize, loc),
+                )
+                .expect("the bench's items are multiples of 8"),
                 top_k_device_locs: BufMut::from_raw(out, q.batch as usize * k, loc),
                 out_stride: k,
                 req_pool_indices: IndexBuf::I32(Buf::from_raw(req, q.req.len(), loc)),
@@ -296,7 +294,6 @@ impl State {
                 num_requests: self.requests,
                 num_top_k: self.k,
                 hot_buffer_size: self.hot,
-                item_size_bytes: self.item,
                 skip_io: false,
                 miss_plan,
             }
@@ -319,6 +316,7 @@ impl State {
             src: BufMut::host(&mut src),
             dst: BufMut::host(&mut dst),
             stride: k,
+            capacity: k,
             count: BufMut::host(&mut count),
         };
         // SAFETY: host vectors of the state's shapes, alive for the call.

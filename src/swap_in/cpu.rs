@@ -1,0 +1,237 @@
+//! The CPU executor: the reference of `kvt_swap_in_plan` +
+//! `kvt_swap_in_copy` (same outputs, same state, same device buffer, same
+//! miss plan, same error word), interpreting the same kernel parameters.
+
+use std::slice::{from_raw_parts, from_raw_parts_mut};
+
+use super::items::copy_row;
+use super::policy::Row;
+use super::{QueryKind, span};
+use crate::abi::{
+    KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_NUM_REAL, KVT_ERR_SWAP_PLAN_COUNT,
+    KVT_ERR_SWAP_REQ, KVT_ERR_SWAP_SEQ_LEN, KVT_SWAP_QUERY_BLOCKS, KVT_SWAP_REQ_INDICES_I64,
+    KVT_SWAP_SEQ_LENS_I64, KVT_SWAP_SKIP_IO, kvt_swap_in_params,
+};
+use crate::error_word::ErrorWord;
+
+fn in_rows(row: i64, rows: u64) -> bool {
+    row >= 0 && (row as u64) < rows
+}
+
+/// Rows below `num_real_reqs[0]` (clamped to the batch), reporting an
+/// out-of-range value when `report` is set.
+///
+/// # Safety
+/// `p.num_real_reqs` is 0 or one readable int32.
+unsafe fn real_rows(p: &kvt_swap_in_params, err: &mut ErrorWord, report: bool) -> usize {
+    if p.num_real_reqs == 0 {
+        return p.batch as usize;
+    }
+    // SAFETY: per this function's contract.
+    let given = unsafe { *(p.num_real_reqs as *const i32) } as i64;
+    let real = given.clamp(0, p.batch as i64);
+    if report && given != real {
+        err.report(KVT_ERR_SWAP_NUM_REAL, 0, given);
+    }
+    real as usize
+}
+
+/// One swap-in.
+///
+/// # Safety
+/// Every address in `p` must be host memory matching the shapes in `p`, as
+/// the argument checks establish for host buffers.
+pub(super) unsafe fn run(p: &kvt_swap_in_params) -> ErrorWord {
+    let mut err = ErrorWord::clear();
+    let (batch, k, entries, hot) = (
+        p.batch as usize,
+        p.top_k as usize,
+        p.entries as usize,
+        p.hot as usize,
+    );
+    let r = p.num_requests as usize;
+    if batch == 0 {
+        return err;
+    }
+    // SAFETY: shapes checked, per this function's contract.
+    let (topk, out, btok, bloc, lru, hloc) = unsafe {
+        (
+            from_raw_parts(
+                p.top_k_tokens as *const i32,
+                span(batch, p.top_k_stride as usize, k),
+            ),
+            from_raw_parts_mut(
+                p.top_k_device_locs as *mut i32,
+                span(batch, p.out_stride as usize, entries),
+            ),
+            from_raw_parts_mut(
+                p.device_buffer_tokens as *mut i32,
+                span(r, p.tokens_stride as usize, hot),
+            ),
+            from_raw_parts(
+                p.device_buffer_locs as *const i32,
+                span(r, p.locs_stride as usize, hot + 1),
+            ),
+            from_raw_parts_mut(p.lru_slots as *mut i16, span(r, p.lru_stride as usize, hot)),
+            from_raw_parts(
+                p.host_cache_locs as *const i64,
+                span(r, p.host_stride as usize, p.max_tokens as usize),
+            ),
+        )
+    };
+    let index = |base: u64, row: usize, is_i64: bool| -> i64 {
+        // SAFETY: `row` < batch, the checked length of these arrays.
+        unsafe {
+            if is_i64 {
+                *(base as *const i64).add(row)
+            } else {
+                *(base as *const i32).add(row) as i64
+            }
+        }
+    };
+    let kind = if p.flags & KVT_SWAP_QUERY_BLOCKS != 0 {
+        QueryKind::Blocks {
+            block_tokens: p.block_tokens,
+        }
+    } else {
+        QueryKind::Tokens
+    };
+    let skip_io = p.flags & KVT_SWAP_SKIP_IO != 0;
+    // The miss plan, where one is recorded (the caller's; the CPU executor
+    // has no scratch).
+    let plan_stride = p.plan_stride as usize;
+    // SAFETY: the caller's plan buffers were checked against the batch.
+    let mut miss_plan = (p.plan_count != 0).then(|| unsafe {
+        (
+            from_raw_parts_mut(
+                p.plan_src as *mut i64,
+                span(batch, plan_stride, p.plan_capacity as usize),
+            ),
+            from_raw_parts_mut(
+                p.plan_dst as *mut i32,
+                span(batch, plan_stride, p.plan_capacity as usize),
+            ),
+            from_raw_parts_mut(p.plan_count as *mut i32, batch),
+        )
+    });
+    // SAFETY: num_real_reqs was checked to hold one element.
+    let num_real = unsafe { real_rows(p, &mut err, true) };
+
+    for b in 0..batch {
+        let position = (b as u32) << 16;
+        let out_row = &mut out[b * p.out_stride as usize..][..entries];
+        if b >= num_real {
+            // padding: outputs -1; state and the plan row's count as they were
+            out_row.fill(-1);
+            continue;
+        }
+        let mut record = |misses: &[(i64, i32)]| {
+            if let Some((src, dst, count)) = miss_plan.as_mut() {
+                for (m, &(h, d)) in misses.iter().enumerate() {
+                    src[b * plan_stride + m] = h;
+                    dst[b * plan_stride + m] = d;
+                }
+                count[b] = misses.len() as i32;
+            }
+        };
+        let rid = index(
+            p.req_pool_indices,
+            b,
+            p.flags & KVT_SWAP_REQ_INDICES_I64 != 0,
+        );
+        if rid < 0 || rid >= r as i64 {
+            err.report(KVT_ERR_SWAP_REQ, position, rid);
+            out_row.fill(-1);
+            record(&[]);
+            continue;
+        }
+        let seq = index(p.seq_lens, b, p.flags & KVT_SWAP_SEQ_LENS_I64 != 0);
+        if seq < 0 || seq > p.max_tokens as i64 {
+            err.report(KVT_ERR_SWAP_SEQ_LEN, position, seq);
+            out_row.fill(-1);
+            record(&[]);
+            continue;
+        }
+        let rid = rid as usize;
+        let mut row = Row {
+            query: &topk[b * p.top_k_stride as usize..][..k],
+            kind,
+            entries,
+            seq,
+            hot,
+            tokens: &mut btok[rid * p.tokens_stride as usize..][..hot],
+            locs: &bloc[rid * p.locs_stride as usize..][..hot + 1],
+            lru: &mut lru[rid * p.lru_stride as usize..][..hot],
+            host_locs: &hloc[rid * p.host_stride as usize..][..p.max_tokens as usize],
+            host_rows: p.host_rows,
+            device_rows: p.device_rows,
+            position,
+        };
+        if seq <= hot as i64 {
+            row.short(out_row, &mut err);
+            record(&[]);
+            continue;
+        }
+        let misses = row.long(out_row, &mut err);
+        record(&misses);
+        if !skip_io {
+            for &(h, d) in &misses {
+                // SAFETY: the policy loads only host rows < host_rows into
+                // device rows < device_rows. Distinct slots of a request have
+                // distinct rows, or the caller accepts the race the kernel
+                // leaves.
+                unsafe { copy_row(p, h as u64, d as u64) };
+            }
+        }
+    }
+    err
+}
+
+/// Replays a caller's miss plan (`kvt_swap_in_copy` with KVT_SWAP_REPLAY):
+/// the copies of rows below `num_real_reqs`, each count and row checked.
+///
+/// # Safety
+/// As for [`run`], for the plan, `num_real_reqs` and the KV planes.
+pub(super) unsafe fn replay(p: &kvt_swap_in_params) -> ErrorWord {
+    let mut err = ErrorWord::clear();
+    let (batch, stride, cap) = (
+        p.batch as usize,
+        p.plan_stride as usize,
+        p.plan_capacity as usize,
+    );
+    if batch == 0 {
+        return err; // nothing is launched for an empty plan
+    }
+    // SAFETY: num_real_reqs was checked to hold one element.
+    let num_real = unsafe { real_rows(p, &mut err, true) };
+    if p.flags & KVT_SWAP_SKIP_IO != 0 {
+        return err;
+    }
+    // SAFETY: the plan buffers were checked against batch × capacity.
+    let (src, dst, count) = unsafe {
+        (
+            from_raw_parts(p.plan_src as *const i64, span(batch, stride, cap)),
+            from_raw_parts(p.plan_dst as *const i32, span(batch, stride, cap)),
+            from_raw_parts(p.plan_count as *const i32, batch),
+        )
+    };
+    for (b, &c) in count.iter().enumerate().take(num_real) {
+        let position = (b as u32) << 16;
+        if c < 0 || c as usize > cap {
+            err.report(KVT_ERR_SWAP_PLAN_COUNT, position, c as i64);
+            continue;
+        }
+        for m in 0..c as usize {
+            let (h, d) = (src[b * stride + m], dst[b * stride + m] as i64);
+            if !in_rows(h, p.host_rows) {
+                err.report(KVT_ERR_SWAP_HOST_LOC, position | m as u32, h);
+            } else if !in_rows(d, p.device_rows) {
+                err.report(KVT_ERR_SWAP_DEVICE_LOC, position | m as u32, d);
+            } else {
+                // SAFETY: both rows were just checked.
+                unsafe { copy_row(p, h as u64, d as u64) };
+            }
+        }
+    }
+    err
+}

@@ -1,0 +1,114 @@
+//! The CUDA executor's launches: `kvt_swap_in_plan` then `kvt_swap_in_copy`
+//! for a swap-in, `kvt_swap_in_copy` alone for a plan replay, on the
+//! caller's stream; and the shared memory each needs.
+
+use crate::abi::{
+    KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_IO, kvt_swap_in_params,
+};
+use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
+use crate::error::{Result, invalid};
+
+/// Bytes of dynamic shared memory `kvt_swap_in_plan` uses for rows of
+/// `entries` entries (the carve-up of `PlanSmem` in kernels/swap_in.cu).
+pub fn plan_smem_bytes(entries: u32, hot: u32) -> usize {
+    let hash = (2 * entries as usize).next_power_of_two();
+    let words = 4
+        + 3 * KVT_SWAP_PLAN_THREADS as usize
+        + 2 * hash
+        + 2 * entries as usize
+        + hot.div_ceil(32) as usize;
+    words * 4 + 2 * (hot as usize + entries as usize)
+}
+
+/// Bytes of dynamic shared memory `kvt_swap_in_copy` uses.
+pub fn copy_smem_bytes(batch: u32) -> usize {
+    4 * (batch as usize + 1 + BLOCK_THREADS as usize)
+}
+
+fn fits(dev: &CudaDevice, smem: usize, what: impl FnOnce() -> String) -> Result<()> {
+    let max = dev.max_dynamic_smem();
+    if smem > max {
+        return Err(invalid(
+            "num_top_k",
+            format!(
+                "{} needs {smem} B of shared memory per block; this GPU offers {max} B",
+                what()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Enqueues the swap-in on `stream`: the plan kernel, then (for the
+/// plan-then-copy strategy, unless `skip_io`) the copy kernel.
+///
+/// # Safety
+/// `p` must come from the argument checks for device buffers and plan
+/// scratch of `dev` sized for its batch and entries, valid until the kernels
+/// complete.
+pub(super) unsafe fn launch(
+    dev: &CudaDevice,
+    p: &kvt_swap_in_params,
+    stream: Stream,
+) -> Result<()> {
+    if p.batch == 0 {
+        return Ok(());
+    }
+    let smem = plan_smem_bytes(p.entries, p.hot);
+    fits(dev, smem.max(copy_smem_bytes(p.batch)), || {
+        format!("{} entries with a hot buffer of {}", p.entries, p.hot)
+    })?;
+    // SAFETY: per this function's contract; grid = one block per row.
+    unsafe {
+        dev.launch(
+            Kernel::SwapInPlan,
+            p.batch,
+            KVT_SWAP_PLAN_THREADS,
+            smem as u32,
+            p,
+            stream,
+        )?
+    };
+    if p.flags & (KVT_SWAP_COPY_IN_PLAN | KVT_SWAP_SKIP_IO) == 0 {
+        let grid = dev.grid_for_rows(Kernel::SwapInCopy, p.batch as u64 * p.entries as u64);
+        let smem = copy_smem_bytes(p.batch) as u32;
+        // SAFETY: the plan kernel ran first on the same stream.
+        unsafe { dev.launch(Kernel::SwapInCopy, grid, BLOCK_THREADS, smem, p, stream)? };
+    }
+    Ok(())
+}
+
+/// Enqueues a plan replay on `stream`: the copy kernel over the plan's rows,
+/// on at most `warps` warps (None: enough for every planned miss, capped at
+/// what is resident at once).
+///
+/// # Safety
+/// `p` must come from the replay's argument checks for device buffers,
+/// valid until the kernel completes.
+pub(super) unsafe fn launch_replay(
+    dev: &CudaDevice,
+    p: &kvt_swap_in_params,
+    warps: Option<u32>,
+    stream: Stream,
+) -> Result<()> {
+    if p.batch == 0 {
+        return Ok(());
+    }
+    let smem = copy_smem_bytes(p.batch);
+    fits(dev, smem, || format!("a plan of {} rows", p.batch))?;
+    let mut grid = dev.grid_for_rows(Kernel::SwapInCopy, p.batch as u64 * p.plan_capacity as u64);
+    if let Some(w) = warps {
+        grid = grid.min(w.div_ceil(BLOCK_THREADS / 32).max(1));
+    }
+    // SAFETY: per this function's contract.
+    unsafe {
+        dev.launch(
+            Kernel::SwapInCopy,
+            grid,
+            BLOCK_THREADS,
+            smem as u32,
+            p,
+            stream,
+        )
+    }
+}

@@ -1,0 +1,400 @@
+//! LRU device-buffer swap-in with page-table update: SGLang HiSparse's
+//! single-step swap-in paths, with SGLang's outputs and state on valid input
+//! and strictly safer behaviour on bad input.
+//!
+//! # The contract
+//!
+//! Per request `req` a swap-in keeps SGLang's state: `device_buffer_tokens`
+//! (the token each of the `hot` LRU slots holds, -1 empty),
+//! `device_buffer_locs` (the device row of each slot, slot `hot` reserved for
+//! the token being decoded), `lru_slots` (a permutation of the `hot` slots,
+//! index 0 least recently used) and `host_cache_locs` (the host row of each
+//! token position). Only the LRU slots of `device_buffer_tokens` are read or
+//! written: SGLang's `[.., hot + page_size]` rows and a `[.., hot]` row both
+//! do.
+//!
+//! A batch row `b` names request `req_pool_indices[b]`, whose sequence has
+//! `seq_lens[b]` tokens (the one being decoded included), and a query: `K`
+//! token positions ([`QueryKind::Tokens`], DeepSeek-V3.2/V4 and GLM), or `K`
+//! block ids of `S` tokens each ([`QueryKind::Blocks`], MiniMax-M3), entry
+//! `i` being token `i % S` of the block in column `i / S`. A row resolves
+//! `E = K` (tokens) or `E = K × S` (blocks) entries and writes one output
+//! column per entry:
+//!
+//! * **Padding rows** (`b >= num_real_reqs[0]`, CUDA-graph padding): every
+//!   output -1; state, device buffer and the row's miss-plan count untouched.
+//! * **Short sequence** (`seq_len <= hot`): token `t` lives in slot `t`; no
+//!   copies, no state change, an empty miss plan. A token query resolves only
+//!   its first `min(seq_len, K)` entries (`device_buffer_locs[t]`, -1 for
+//!   padding) and writes -1 to the others whatever they hold; a block query
+//!   resolves every entry, tokens past the sequence giving -1.
+//! * **Long sequence**:
+//!   1. The newest token (`seq_len - 1`) maps to the reserved slot's row and
+//!      takes no part in the LRU.
+//!   2. Walking `lru_slots` from LRU to MRU, a slot whose token is in the
+//!      query is a hit (output its row); every other slot, empty ones
+//!      included, is evictable, in LRU order.
+//!   3. The misses are the remaining entries in query order; the m-th miss
+//!      takes the m-th evictable slot: output its row, set its token, copy
+//!      host row `host_cache_locs[req][token]` into that device row (every KV
+//!      plane).
+//!   4. New LRU order: evictables not used (old order), the slots just loaded
+//!      (miss order), the hits (old order).
+//!
+//!   Entries of a block query that fall past the sequence (the last block's
+//!   tail, or a block the selector padded with) and block ids of -1 output -1
+//!   and take no part, as in SGLang.
+//!
+//! With a miss plan ([`MissPlan`], SGLang's `miss_src`/`miss_dst`/
+//! `miss_count`) every real row records its misses (host row, device row, in
+//! miss order) and their count; short rows record 0, padding rows keep their
+//! old count. [`SwapInEngine::copy_planned`] replays such a plan (SGLang's
+//! `copy_cache_planned_mla`, for shared-index layers): the copies of rows
+//! below `num_real_reqs[0]`, nothing else. `skip_io` moves no KV bytes (a
+//! timing probe); outputs, state and plan are as usual.
+//!
+//! KV rows are addressed with an [`ItemLayout`] (linear rows, or DeepSeek-V4's
+//! page-padded C4 pages) on one or two planes ([`KvBuffers`]: MLA's latent
+//! cache, or MHA's K and V, which move together).
+//!
+//! # Bad input
+//!
+//! kvtier never follows an unchecked index; each refused entry outputs -1
+//! and is recorded in the error word (CPU executor: an error at once; CUDA:
+//! at the next [`SwapInEngine::check`]). Where SGLang's kernel does something
+//! else, kvtier is safer, and only there do the two differ:
+//!
+//! * `-1` inside a long token query is padding: output -1, no copy, nothing
+//!   reported. SGLang's kernel uses -1 as its internal hit marker
+//!   (`TOKEN_HIT`), so it neither copies nor writes that entry: its output
+//!   keeps whatever the buffer held, and the entry's hash insertion may race
+//!   with a real token's.
+//! * A duplicated token resolves to one slot: every occurrence outputs that
+//!   slot's row, one copy. (SGLang's result depends on thread timing.)
+//! * Tokens outside `[-1, seq_len)` of a token query, block ids below -1,
+//!   host rows outside the host cache, device rows outside the device buffer,
+//!   a request index or length out of range, and an `lru_slots` row that is
+//!   not a permutation are refused (a refused request keeps its state). An
+//!   evictable slot whose device row is out of range is never loaded into. A
+//!   replayed plan's out-of-range rows and counts are refused the same way.
+//!
+//! # How it runs
+//!
+//! The CUDA executor runs two kernels: `kvt_swap_in_plan` (one block per row:
+//! hits, slot assignment, outputs, state, and the row's miss plan) and
+//! `kvt_swap_in_copy` (every miss of the batch over one wide grid, so a step
+//! with few rows or few misses is not limited to one block's warps waiting
+//! on PCIe latency). [`SwapInStrategy::OneBlockPerRequest`] copies inside each
+//! row's block instead (SGLang's design, kept as a baseline). The copy kernel
+//! alone replays a caller's plan. The CPU executor ([`cpu`]) interprets the
+//! same parameters with the same semantics and the same error word.
+
+mod args;
+mod cpu;
+mod cuda;
+mod items;
+mod policy;
+mod replay;
+
+pub use args::{IndexBuf, MissPlan, QueryKind, SwapInArgs};
+pub use cuda::{copy_smem_bytes, plan_smem_bytes};
+pub use items::{KvBuffers, KvPlane};
+pub use replay::PlannedCopyArgs;
+
+use crate::abi::{KVT_SWAP_MAX_HOT, KVT_SWAP_MAX_TOP_K};
+use crate::cuda::{DeviceBuffer, Stream, take_error_word};
+use crate::error::{Result, invalid};
+use crate::error_word::ErrorWord;
+use crate::executor::Executor;
+pub use crate::layout::ItemLayout;
+
+/// Largest number of entries a row resolves (top-k tokens, or blocks × block size).
+pub const MAX_TOP_K: u32 = KVT_SWAP_MAX_TOP_K;
+/// Largest hot buffer (LRU slots per request) a swap-in accepts.
+pub const MAX_HOT: u32 = KVT_SWAP_MAX_HOT;
+/// Largest batch a swap-in accepts: the copy kernel keeps a prefix sum per
+/// row in shared memory (64 KiB at this size).
+pub const MAX_BATCH: u32 = 16_384;
+
+/// How the CUDA executor runs a swap-in (the CPU executor has one way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwapInStrategy {
+    /// Plan per request, then one copy kernel over every miss of the batch.
+    PlanThenCopy,
+    /// Plan and copy inside one block per request (SGLang's design): the
+    /// baseline the benchmark compares against.
+    OneBlockPerRequest,
+}
+
+/// The plan scratch of the CUDA executor: a host row and a device row per
+/// entry of each batch row, and a miss count per batch row.
+struct PlanScratch {
+    src: DeviceBuffer<i64>,
+    dst: DeviceBuffer<i32>,
+    count: DeviceBuffer<i32>,
+}
+
+/// Where the plan scratch and the error word are, as the executor addresses
+/// them (plan addresses 0: no scratch, as for the CPU executor).
+pub(crate) struct SwapInTarget {
+    pub location: crate::mem::Location,
+    pub max_batch: u32,
+    pub max_top_k: u32,
+    pub plan_src: u64,
+    pub plan_dst: u64,
+    pub plan_count: u64,
+    pub error: u64,
+}
+
+/// Runs swap-ins and miss-plan replays on one executor: owns the plan
+/// scratch and the error word they report into. A [`crate::Tier`] holds one;
+/// engines that keep their KV elsewhere (the SGLang shim) use one directly.
+///
+/// Swap-ins of one engine must run one after the other (one stream, or
+/// ordered with events), as layers do: they share the scratch.
+pub struct SwapInEngine {
+    exec: Executor,
+    /// The CUDA executor's error word (the CPU executor reports at once).
+    error: Option<DeviceBuffer<ErrorWord>>,
+    max_batch: u32,
+    max_top_k: u32,
+    scratch: Option<PlanScratch>,
+    /// Scratch replaced by a larger [`SwapInEngine::reserve`]: a CUDA graph
+    /// captured earlier still addresses it, so it lives as long as the engine.
+    retired: Vec<PlanScratch>,
+}
+
+impl SwapInEngine {
+    /// An engine on `exec` with no capacity yet: reserve some, or pass a
+    /// [`MissPlan`] with every swap-in. For the CUDA executor this allocates
+    /// the error word.
+    pub fn new(exec: Executor) -> Result<Self> {
+        let error = match &exec {
+            Executor::Cpu => None,
+            Executor::Cuda(dev) => Some(DeviceBuffer::from_host(dev, &[ErrorWord::clear()])?),
+        };
+        Ok(SwapInEngine {
+            exec,
+            error,
+            max_batch: 0,
+            max_top_k: 0,
+            scratch: None,
+            retired: Vec::new(),
+        })
+    }
+
+    /// The executor.
+    pub fn executor(&self) -> &Executor {
+        &self.exec
+    }
+
+    /// The largest batch and number of entries per row (top-k tokens, or
+    /// blocks × block size) a swap-in without a caller's miss plan may have.
+    pub fn capacity(&self) -> (u32, u32) {
+        (self.max_batch, self.max_top_k)
+    }
+
+    /// Makes room for swap-ins of up to `max_batch` rows of up to
+    /// `max_top_k` entries (never shrinks): for the CUDA executor, allocates
+    /// plan scratch of 12 B per row and entry. Set-up work, not for the
+    /// per-layer path or inside a CUDA graph capture. Scratch it replaces is
+    /// kept until the engine drops, so graphs captured before stay valid.
+    pub fn reserve(&mut self, max_batch: u32, max_top_k: u32) -> Result<()> {
+        if max_batch == 0 || max_batch > MAX_BATCH {
+            return Err(invalid(
+                "max_batch",
+                format!("{max_batch} is outside 1..={MAX_BATCH}"),
+            ));
+        }
+        if max_top_k == 0 || max_top_k > MAX_TOP_K {
+            return Err(invalid(
+                "max_top_k",
+                format!("{max_top_k} is outside 1..={MAX_TOP_K}"),
+            ));
+        }
+        let (batch, top_k) = (max_batch.max(self.max_batch), max_top_k.max(self.max_top_k));
+        if (batch, top_k) == (self.max_batch, self.max_top_k) {
+            return Ok(());
+        }
+        if let Executor::Cuda(dev) = &self.exec {
+            let entries = batch as usize * top_k as usize;
+            let fresh = PlanScratch {
+                src: DeviceBuffer::zeroed(dev, entries)?,
+                dst: DeviceBuffer::zeroed(dev, entries)?,
+                count: DeviceBuffer::zeroed(dev, batch as usize)?,
+            };
+            if let Some(old) = self.scratch.replace(fresh) {
+                self.retired.push(old);
+            }
+        }
+        (self.max_batch, self.max_top_k) = (batch, top_k);
+        Ok(())
+    }
+
+    fn target(&self) -> SwapInTarget {
+        let (plan_src, plan_dst, plan_count) = match &self.scratch {
+            Some(s) => (s.src.device_ptr(), s.dst.device_ptr(), s.count.device_ptr()),
+            None => (0, 0, 0),
+        };
+        SwapInTarget {
+            location: self.exec.location(),
+            max_batch: self.max_batch,
+            max_top_k: self.max_top_k,
+            plan_src,
+            plan_dst,
+            plan_count,
+            error: self.error.as_ref().map_or(0, |e| e.device_ptr()),
+        }
+    }
+
+    /// One layer's swap-in for a whole batch (see the module docs): plan per
+    /// row, then one copy over every miss of the batch. On `stream`, no
+    /// allocation, no host synchronisation; bad indices are refused and
+    /// reported (CPU: now; CUDA: at the next [`SwapInEngine::check`]).
+    pub fn run(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
+        self.run_with(args, SwapInStrategy::PlanThenCopy, stream)
+    }
+
+    /// [`SwapInEngine::run`] with an explicit strategy for the CUDA executor
+    /// (the CPU executor has one); the benchmark runs the
+    /// one-block-per-request baseline on identical inputs with it.
+    pub fn run_with(
+        &self,
+        args: &SwapInArgs<'_>,
+        strategy: SwapInStrategy,
+        stream: Stream,
+    ) -> Result<()> {
+        let p = args::check(&self.target(), args, strategy)?;
+        match &self.exec {
+            // SAFETY: `check` checked every host buffer against its shape.
+            Executor::Cpu => unsafe { cpu::run(&p) }.into_result(),
+            // SAFETY: `check` checked every buffer is device memory of the
+            // right size; the scratch is this engine's and fits batch ×
+            // entries (or the caller's plan was checked instead).
+            Executor::Cuda(dev) => unsafe { cuda::launch(dev, &p, stream) },
+        }
+    }
+
+    /// Replays a recorded miss plan (SGLang's `copy_cache_planned_mla`): the
+    /// host → device copies of the rows below `num_real_reqs`, nothing else.
+    /// `warps` caps the copy grid (SGLang passes `num_blocks × block_size /
+    /// 32` worth of warps so that the replay, on a side stream, leaves the
+    /// other SMs to the compute it overlaps); None sizes it for the plan.
+    pub fn copy_planned(
+        &self,
+        args: &PlannedCopyArgs<'_>,
+        warps: Option<u32>,
+        stream: Stream,
+    ) -> Result<()> {
+        let p = replay::check(&self.target(), args)?;
+        match &self.exec {
+            // SAFETY: `check` checked every host buffer against its shape.
+            Executor::Cpu => unsafe { cpu::replay(&p) }.into_result(),
+            // SAFETY: `check` checked every buffer is device memory of the right size.
+            Executor::Cuda(dev) => unsafe { cuda::launch_replay(dev, &p, warps, stream) },
+        }
+    }
+
+    /// The address this engine's kernels use for host memory at `host`: the
+    /// same address for the CPU executor; for the CUDA executor the mapped
+    /// device address, when the memory is pinned or registered (else an
+    /// error naming `host_cache`).
+    pub fn host_address_for_executor(&self, host: u64) -> Result<u64> {
+        match &self.exec {
+            Executor::Cpu => Ok(host),
+            Executor::Cuda(dev) => dev.mapped_host_address(host),
+        }
+    }
+
+    /// The sync point: waits for the device, then reports (and clears) the
+    /// bad indices that swap-ins recorded since the last check. A no-op for
+    /// the CPU executor. Not for the per-layer path.
+    pub fn check(&self) -> Result<()> {
+        self.take_word()?.into_result()
+    }
+
+    /// Reads and clears the error word (waits for the whole context).
+    pub(crate) fn take_word(&self) -> Result<ErrorWord> {
+        match (&self.exec, &self.error) {
+            (Executor::Cuda(dev), Some(error)) => take_error_word(dev, error),
+            _ => Ok(ErrorWord::clear()),
+        }
+    }
+}
+
+impl Drop for SwapInEngine {
+    fn drop(&mut self) {
+        // Kernels still running may use the scratch and the error word.
+        if let Executor::Cuda(dev) = &self.exec {
+            let _ = dev.synchronize_all();
+        }
+    }
+}
+
+impl std::fmt::Debug for SwapInEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SwapInEngine")
+            .field("executor", &self.exec)
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+/// Elements a buffer of `rows` rows `stride` apart, `width` used per row, spans.
+pub(crate) fn span(rows: usize, stride: usize, width: usize) -> usize {
+    if rows == 0 {
+        0
+    } else {
+        (rows - 1) * stride + width
+    }
+}
+
+/// Plan scratch at host addresses, for [`emulation_params`].
+#[doc(hidden)]
+pub struct EmulationScratch {
+    pub src: u64,
+    pub dst: u64,
+    pub count: u64,
+    pub max_batch: u32,
+    pub max_top_k: u32,
+}
+
+/// The kernel parameters a swap-in of host buffers launches with, for tests
+/// that run the kernels' own source on the host (tests/kernel_emulation.rs):
+/// the same checks and the same parameters as a real launch.
+#[doc(hidden)]
+pub fn emulation_params(
+    args: &SwapInArgs<'_>,
+    strategy: SwapInStrategy,
+    scratch: EmulationScratch,
+    error: u64,
+) -> Result<crate::abi::kvt_swap_in_params> {
+    let target = SwapInTarget {
+        location: crate::mem::Location::Host,
+        max_batch: scratch.max_batch,
+        max_top_k: scratch.max_top_k,
+        plan_src: scratch.src,
+        plan_dst: scratch.dst,
+        plan_count: scratch.count,
+        error,
+    };
+    args::check(&target, args, strategy)
+}
+
+/// As [`emulation_params`], for a plan replay.
+#[doc(hidden)]
+pub fn emulation_replay_params(
+    args: &PlannedCopyArgs<'_>,
+    error: u64,
+) -> Result<crate::abi::kvt_swap_in_params> {
+    let target = SwapInTarget {
+        location: crate::mem::Location::Host,
+        max_batch: 0,
+        max_top_k: 0,
+        plan_src: 0,
+        plan_dst: 0,
+        plan_count: 0,
+        error,
+    };
+    replay::check(&target, args)
+}
