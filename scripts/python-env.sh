@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Creates .tools/venv, a Python environment for the Python package's tests
-# (pinned numpy, pytest and setuptools; no torch, no GPU), and downloads the
-# pinned SGLang wheels whose published source the contract test reads
-# (.tools/sglang-wheels; never installed, never imported). Idempotent.
+# (pinned numpy, pytest and setuptools; no torch, no GPU), and installs the
+# pinned SGLang releases, each with `pip install --no-deps` into
+# .tools/sglang/<version>, whose source the contract test reads (never
+# imported: SGLang needs torch and a GPU stack). Idempotent.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.tools/venv"
 wheels="$root/.tools/sglang-wheels"
+trees="$root/.tools/sglang"
 pins=(numpy==2.3.5 pytest==8.4.2 setuptools==80.9.0)
-# 0.5.15: the sixteen-parameter signature DESIGN.md gives; 0.5.23: the newest,
-# with miss_src/miss_dst/miss_count/skip_io and a coordinator that passes them.
-sglang_pins=(0.5.15 0.5.23)
+# 0.5.21-0.5.23: the newest three, which kvtier supports
+# (kvtier.sglang.compat.CHECKED_VERSIONS); 0.5.15: an older one, with the
+# sixteen-parameter MLA and DeepSeek-V4 swap-ins only.
+sglang_pins=(0.5.15 0.5.21 0.5.22 0.5.23)
 python=${PYTHON:-python3}
 
 stamp="$venv/.kvtier-pins"
@@ -28,5 +31,12 @@ for v in "${sglang_pins[@]}"; do
     echo "python-env: downloading the sglang $v wheel (source for the contract test)"
     "$venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
       --python-version 3.11 --platform manylinux_2_34_x86_64 -d "$wheels" "sglang==$v"
+  fi
+  if [ ! -f "$trees/$v/.kvtier-installed" ]; then
+    echo "python-env: installing the sglang $v tree (--no-deps) for the contract test"
+    rm -rf "$trees/$v"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile \
+      --target "$trees/$v" "$wheels"/sglang-"$v"-*.whl
+    touch "$trees/$v/.kvtier-installed"
   fi
 done

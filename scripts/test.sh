@@ -36,7 +36,7 @@ scripts/python-env.sh
 cargo build --release --locked --lib
 .tools/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
   --force-reinstall ./bindings/python
-KVTIER_EXPECT_INSTALLED=1 KVTIER_SGLANG_WHEELS="$PWD/.tools/sglang-wheels" KVTIER_REQUIRE_SGLANG_SOURCE=1 \
+KVTIER_EXPECT_INSTALLED=1 KVTIER_SGLANG_TREES="$PWD/.tools/sglang" KVTIER_REQUIRE_SGLANG_SOURCE=1 \
   .tools/venv/bin/python -m pytest -q -p no:cacheprovider bindings/python/tests
 
 echo "== kvtier info"

@@ -431,7 +431,7 @@ const PROBE: SwapOptions = SwapOptions {
 
 #[test]
 fn the_miss_plan_is_sglangs_miss_src_dst_count() {
-    // DESIGN.md's second query: token 6 misses, evicts slot 0 (device row 9).
+    // The worked example's second query: token 6 misses, evicts slot 0 (device row 9).
     let mut second = worked_example(&[6]);
     second.lru = vec![0, 3, 1, 2];
     let got = second.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, RECORD);

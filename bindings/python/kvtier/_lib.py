@@ -13,7 +13,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIB_NAME = "libkvtier.so"
 
 # Status codes (bindings/kvtier.h).
@@ -89,19 +89,60 @@ class RegionInfo(ctypes.Structure):
     ]
 
 
+class Items(ctypes.Structure):
+    """``kvt_items``: how a row of a KV buffer is addressed (see
+    :func:`linear_items` and :data:`DSV4_C4_ITEMS`)."""
+
+    _fields_ = [
+        ("rows_per_page", ctypes.c_uint32),
+        ("value_bytes", ctypes.c_uint32),
+        ("scale_bytes", ctypes.c_uint32),
+        ("_reserved", ctypes.c_uint32),
+        ("page_bytes", ctypes.c_uint64),
+    ]
+
+
+def linear_items(item_bytes: int) -> Items:
+    """Rows of `item_bytes`, back to back."""
+    return Items(1, item_bytes, 0, 0, item_bytes)
+
+
+# DeepSeek-V4's page-padded C4 cache: pages of 64 rows, a row's 576-byte value
+# and 8-byte scale in separate runs, pages padded to a multiple of 576 bytes.
+DSV4_PAGE_ROWS = 64
+DSV4_VALUE_BYTES = 576
+DSV4_SCALE_BYTES = 8
+DSV4_ITEM_BYTES = DSV4_VALUE_BYTES + DSV4_SCALE_BYTES
+DSV4_PAGE_BYTES = -(-DSV4_ITEM_BYTES * DSV4_PAGE_ROWS // 576) * 576
+
+
+def dsv4_items() -> Items:
+    return Items(DSV4_PAGE_ROWS, DSV4_VALUE_BYTES, DSV4_SCALE_BYTES, 0, DSV4_PAGE_BYTES)
+
+
+class KvBuffers(ctypes.Structure):
+    _fields_ = [
+        ("items", Items),
+        ("host_cache", Buf),
+        ("device_buffer", Buf),
+        ("host_cache_v", Buf),
+        ("device_buffer_v", Buf),
+    ]
+
+
 class SwapInArgs(ctypes.Structure):
     _fields_ = [
         ("top_k_tokens", Buf),
         ("top_k_stride", ctypes.c_uint64),
         ("device_buffer_tokens", Buf),
+        ("tokens_stride", ctypes.c_uint64),
         ("device_buffer_locs", Buf),
-        ("buffer_stride", ctypes.c_uint64),
+        ("locs_stride", ctypes.c_uint64),
         ("lru_slots", Buf),
         ("lru_stride", ctypes.c_uint64),
         ("host_cache_locs", Buf),
         ("host_stride", ctypes.c_uint64),
-        ("host_cache", Buf),
-        ("device_buffer", Buf),
+        ("kv", KvBuffers),
         ("top_k_device_locs", Buf),
         ("out_stride", ctypes.c_uint64),
         ("req_pool_indices", Buf),
@@ -111,13 +152,28 @@ class SwapInArgs(ctypes.Structure):
         ("miss_dst", Buf),
         ("miss_count", Buf),
         ("miss_stride", ctypes.c_uint64),
+        ("miss_capacity", ctypes.c_uint64),
         ("req_pool_indices_type", ctypes.c_uint32),
         ("seq_lens_type", ctypes.c_uint32),
         ("max_tokens", ctypes.c_uint32),
         ("num_requests", ctypes.c_uint32),
         ("num_top_k", ctypes.c_uint32),
         ("hot_buffer_size", ctypes.c_uint32),
-        ("item_size_bytes", ctypes.c_uint32),
+        ("block_tokens", ctypes.c_uint32),
+        ("skip_io", ctypes.c_uint32),
+    ]
+
+
+class PlannedCopyArgs(ctypes.Structure):
+    _fields_ = [
+        ("miss_src", Buf),
+        ("miss_dst", Buf),
+        ("miss_count", Buf),
+        ("miss_stride", ctypes.c_uint64),
+        ("miss_capacity", ctypes.c_uint64),
+        ("num_real_reqs", Buf),
+        ("kv", KvBuffers),
+        ("warps", ctypes.c_uint32),
         ("skip_io", ctypes.c_uint32),
     ]
 
@@ -130,6 +186,9 @@ STRUCTS = {
     "kvt_pool_info": PoolInfo,
     "kvt_region_info": RegionInfo,
     "kvt_swap_in_args": SwapInArgs,
+    "kvt_items": Items,
+    "kvt_kv_buffers": KvBuffers,
+    "kvt_planned_copy_args": PlannedCopyArgs,
 }
 
 _P = ctypes.c_void_p
@@ -160,6 +219,7 @@ _PROTOTYPES = {
     "kvt_swap_in_reserve": (_S, [_P, _U32, _U32]),
     "kvt_swap_in_capacity": (_S, [_P, ctypes.POINTER(_U32), ctypes.POINTER(_U32)]),
     "kvt_swap_in_run": (_S, [_P, ctypes.POINTER(SwapInArgs), _U32, _P]),
+    "kvt_swap_in_copy_planned": (_S, [_P, ctypes.POINTER(PlannedCopyArgs), _P]),
     "kvt_swap_in_map_host": (_S, [_P, _P, ctypes.POINTER(_U64)]),
     "kvt_swap_in_check": (_S, [_P]),
     "kvt_swap_in_destroy": (None, [_P]),

@@ -1,5 +1,6 @@
-"""Shared helpers: the DESIGN.md section 4 worked example as numpy arrays,
-and a fake SGLang package for the install tests."""
+"""Shared helpers: the worked example as numpy arrays, and a stand-in SGLang
+package (0.5.23's HiSparse entry points, coordinator and host pools) for the
+install tests."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class Case:
 
 
 def worked_example(query) -> Case:
-    """DESIGN.md section 4: HOT = 4; slots 0..3 hold tokens 1, 4, 2, 5 at device
+    """The worked example: HOT = 4; slots 0..3 hold tokens 1, 4, 2, 5 at device
     rows 9, 7, 3, 5; the newest token 7 in the reserved slot at row 11; LRU
     0, 1, 2, 3; seq_len 8; token t in host row t, whose bytes are all t."""
     return Case(
@@ -64,36 +65,139 @@ def worked_example(query) -> Case:
     )
 
 
-FAKE_COORDINATOR = textwrap.dedent(
+# SGLang 0.5.23's five entry points, by signature; calling one says it ran.
+FAKE_KERNELS = textwrap.dedent(
     '''
-    """A stand-in for sglang.srt.managers.hisparse_coordinator: the two
-    module-level names kvtier replaces, used the way SGLang uses them."""
-    from sglang.srt.mem_cache.pool_host import MLATokenToKVPoolHost
+    """A stand-in for sglang.kernels.ops.kvcache.hisparse: SGLang 0.5.23's
+    entry points, signatures and defaults as published; each raises."""
 
 
-    def load_cache_to_device_buffer_mla(**kwargs):
-        raise RuntimeError("SGLang's own swap-in ran")
+    def load_cache_to_device_buffer_mla(top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs,
+                                        host_cache, device_buffer, top_k_device_locs, req_pool_indices, seq_lens,
+                                        lru_slots, item_size_bytes, num_top_k, hot_buffer_size, page_size=1,
+                                        block_size=256, num_real_reqs=None, miss_src=None, miss_dst=None,
+                                        miss_count=None, skip_io=False):
+        raise RuntimeError("SGLang's own load_cache_to_device_buffer_mla ran")
 
 
-    class HiSparseCoordinator:
-        def __init__(self, layers, rows, kv_dim):
-            self.mem_pool_host = MLATokenToKVPoolHost(layers, rows, kv_dim, layout="layer_first")
+    def load_cache_to_device_buffer_dsv4_mla(top_k_tokens, device_buffer_tokens, host_cache_locs,
+                                             device_buffer_locs, host_cache, device_buffer, top_k_device_locs,
+                                             req_pool_indices, seq_lens, lru_slots, item_size_bytes, num_top_k,
+                                             hot_buffer_size, page_size=1, block_size=256, num_real_reqs=None,
+                                             miss_src=None, miss_dst=None, miss_count=None, skip_io=False):
+        raise RuntimeError("SGLang's own load_cache_to_device_buffer_dsv4_mla ran")
 
-        def swap_in(self, **kwargs):
-            return load_cache_to_device_buffer_mla(**kwargs)
+
+    def load_blocks_to_device_buffer_mha(top_k_blocks, device_buffer_tokens, host_cache_locs, device_buffer_locs,
+                                         host_cache_k, host_cache_v, device_buffer_k, device_buffer_v,
+                                         top_k_device_locs, req_pool_indices, seq_lens, lru_slots, item_size_bytes,
+                                         hot_buffer_size, sparse_block_size, page_size=1, block_size=256,
+                                         num_real_reqs=None, skip_io=False):
+        raise RuntimeError("SGLang's own load_blocks_to_device_buffer_mha ran")
+
+
+    def copy_cache_planned_mla(*, miss_src, miss_dst, miss_count, num_real_reqs, host_cache, device_buffer,
+                               item_size_bytes, num_blocks=4, block_size=1024, is_dsv4_layout=False, skip_io=False):
+        raise RuntimeError("SGLang's own copy_cache_planned_mla ran")
+
+
+    def load_cache_to_device_buffer_spec_mla(*, top_k_tokens, device_buffer_tokens, host_cache_locs,
+                                             device_buffer_locs, host_cache, device_buffer, top_k_device_locs,
+                                             req_pool_indices, seq_lens, state, num_real_reqs, miss_src=None,
+                                             miss_dst=None, miss_count=None):
+        raise RuntimeError("SGLang's own load_cache_to_device_buffer_spec_mla ran")
     '''
 )
 
-FAKE_POOL_HOST = textwrap.dedent(
+FAKE_COORDINATOR = textwrap.dedent(
     '''
-    """A stand-in for SGLang's host pool: the allocator object, then
-    init_kv_buffer allocating [layers, rows, 1, kv_dim] through it."""
+    """A stand-in for sglang.srt.managers.hisparse_coordinator: the names
+    kvtier replaces, bound at module level and called with the keywords
+    SGLang 0.5.23's coordinator passes."""
+    from sglang.kernels.ops.kvcache.hisparse import (
+        copy_cache_planned_mla,
+        load_blocks_to_device_buffer_mha,
+        load_cache_to_device_buffer_dsv4_mla,
+        load_cache_to_device_buffer_mla,
+        load_cache_to_device_buffer_spec_mla,
+    )
+    from sglang.srt.mem_cache.memory_pool_host import DeepSeekV4PagedHostPool
+    from sglang.srt.mem_cache.pool_host.mha import HiSparseMHATokenToKVPoolHost
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+
+    class HiSparseCoordinator:
+        def __init__(self, kind="mla", layers=2, rows=16, dim=16):
+            self.kind = kind
+            if kind == "dsv4":
+                self.mem_pool_host = DeepSeekV4PagedHostPool([None] * layers, dim, rows)
+            elif kind == "mha":
+                self.mem_pool_host = HiSparseMHATokenToKVPoolHost(layers, rows, 1, dim)
+            else:
+                self.mem_pool_host = MLATokenToKVPoolHost(layers, rows, dim, layout="layer_first")
+
+        def swap_in(self, a, record_plan=False, skip_io=False):
+            plan = dict(miss_src=a["miss_src"], miss_dst=a["miss_dst"], miss_count=a["miss_count"]) if record_plan else {}
+            skip_io_kwargs = dict(skip_io=skip_io)
+            swap_in_fn = load_cache_to_device_buffer_dsv4_mla if self.kind == "dsv4" else load_cache_to_device_buffer_mla
+            swap_in_fn(
+                top_k_tokens=a["top_k_tokens"], device_buffer_tokens=a["device_buffer_tokens"],
+                host_cache_locs=a["host_cache_locs"], device_buffer_locs=a["device_buffer_locs"],
+                host_cache=a["host_cache"], device_buffer=a["device_buffer"],
+                top_k_device_locs=a["top_k_device_locs"], req_pool_indices=a["req_pool_indices"],
+                seq_lens=a["seq_lens"], lru_slots=a["lru_slots"], item_size_bytes=a["item_size_bytes"],
+                num_top_k=a["num_top_k"], hot_buffer_size=a["hot_buffer_size"], page_size=1, block_size=960,
+                num_real_reqs=a["num_real_reqs"], **skip_io_kwargs, **plan,
+            )
+
+        def replay(self, a):
+            copy_cache_planned_mla(
+                miss_src=a["miss_src"], miss_dst=a["miss_dst"], miss_count=a["miss_count"],
+                num_real_reqs=a["num_real_reqs"], host_cache=a["host_cache"], device_buffer=a["device_buffer"],
+                item_size_bytes=a["item_size_bytes"], num_blocks=4, is_dsv4_layout=self.kind == "dsv4",
+                skip_io=False,
+            )
+
+        def swap_in_selected_blocks(self, a):
+            load_blocks_to_device_buffer_mha(
+                top_k_blocks=a["top_k_blocks"], device_buffer_tokens=a["device_buffer_tokens"],
+                host_cache_locs=a["host_cache_locs"], device_buffer_locs=a["device_buffer_locs"],
+                host_cache_k=a["host_cache_k"], host_cache_v=a["host_cache_v"],
+                device_buffer_k=a["device_buffer_k"], device_buffer_v=a["device_buffer_v"],
+                top_k_device_locs=a["top_k_device_locs"], req_pool_indices=a["req_pool_indices"],
+                seq_lens=a["seq_lens"], lru_slots=a["lru_slots"], item_size_bytes=a["item_size_bytes"],
+                hot_buffer_size=a["hot_buffer_size"], sparse_block_size=a["sparse_block_size"], page_size=1,
+                block_size=960, num_real_reqs=a["num_real_reqs"], skip_io=False,
+            )
+
+        def spec_swap_in(self):
+            load_cache_to_device_buffer_spec_mla(
+                top_k_tokens=None, device_buffer_tokens=None, host_cache_locs=None, device_buffer_locs=None,
+                host_cache=None, device_buffer=None, top_k_device_locs=None, req_pool_indices=None, seq_lens=None,
+                state=None, num_real_reqs=None,
+            )
+    '''
+)
+
+FAKE_ALLOCATOR = textwrap.dedent(
+    '''
+    """A stand-in for SGLang's host-tensor allocator."""
     import numpy as np
 
 
     class HostTensorAllocator:
         def allocate(self, dims, dtype, device):
             return np.zeros(dims, dtype=dtype)
+    '''
+)
+
+# The three host pools, allocating as SGLang's do: the allocator is set in the
+# constructor, then the buffers go through it.
+FAKE_MLA_POOL = textwrap.dedent(
+    '''
+    import numpy as np
+
+    from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator
 
 
     class MLATokenToKVPoolHost:
@@ -106,6 +210,48 @@ FAKE_POOL_HOST = textwrap.dedent(
         def init_kv_buffer(self):
             dims = (self.layer_num, self.size, 1, self.kv_cache_dim)
             return self.allocator.allocate(dims, dtype=self.dtype, device="cpu")
+    '''
+)
+
+FAKE_MHA_POOL = textwrap.dedent(
+    '''
+    import numpy as np
+
+    from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator
+
+
+    class HiSparseMHATokenToKVPoolHost:
+        def __init__(self, layers, rows, heads, head_dim):
+            self.layer_num, self.size, self.head_num, self.head_dim = layers, rows, heads, head_dim
+            self.layout = "layer_first"
+            self.dtype = np.uint8
+            self.allocator = HostTensorAllocator()
+            self.kv_buffer = self.init_kv_buffer()
+            self.k_buffer, self.v_buffer = self.kv_buffer[0], self.kv_buffer[1]
+
+        def init_kv_buffer(self):
+            dims = (2, self.layer_num, self.size, self.head_num, self.head_dim)
+            return self.allocator.allocate(dims, dtype=self.dtype, device="cpu")
+    '''
+)
+
+FAKE_DSV4_POOL = textwrap.dedent(
+    '''
+    import numpy as np
+
+    from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator
+
+
+    class DeepSeekV4PagedHostPool:
+        def __init__(self, device_buffers, item_bytes, num_host_pages, layout="layer_first"):
+            self.layer_num = len(device_buffers)
+            self.item_bytes, self.num_host_pages = item_bytes, num_host_pages
+            self.allocator = HostTensorAllocator()
+            self.layout = layout
+            self.kv_buffer = [
+                self.allocator.allocate((num_host_pages, item_bytes), dtype=np.uint8, device="cpu")
+                for _ in range(self.layer_num)
+            ]
     '''
 )
 
@@ -145,13 +291,22 @@ FAKE_LAUNCH_SERVER = textwrap.dedent(
 def write_fake_sglang(root) -> None:
     files = {
         "sglang/__init__.py": "",
+        "sglang/_version.py": "__version__ = version = '0.5.23'\n",
         "sglang/launch_server.py": FAKE_LAUNCH_SERVER,
+        "sglang/kernels/__init__.py": "",
+        "sglang/kernels/ops/__init__.py": "",
+        "sglang/kernels/ops/kvcache/__init__.py": "",
+        "sglang/kernels/ops/kvcache/hisparse.py": FAKE_KERNELS,
         "sglang/srt/__init__.py": "",
         "sglang/srt/managers/__init__.py": "",
         "sglang/srt/managers/hisparse_coordinator.py": FAKE_COORDINATOR,
         "sglang/srt/managers/scheduler.py": FAKE_SCHEDULER,
         "sglang/srt/mem_cache/__init__.py": "",
-        "sglang/srt/mem_cache/pool_host.py": FAKE_POOL_HOST,
+        "sglang/srt/mem_cache/memory_pool_host.py": FAKE_DSV4_POOL,
+        "sglang/srt/mem_cache/pool_host/__init__.py": "",
+        "sglang/srt/mem_cache/pool_host/common.py": FAKE_ALLOCATOR,
+        "sglang/srt/mem_cache/pool_host/mla.py": FAKE_MLA_POOL,
+        "sglang/srt/mem_cache/pool_host/mha.py": FAKE_MHA_POOL,
     }
     for rel, text in files.items():
         p = root / rel

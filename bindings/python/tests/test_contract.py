@@ -1,148 +1,169 @@
-"""The contract with SGLang, read from SGLang's published source (the
-sglang wheels on PyPI, or an installed sglang), parsed with `ast`: nothing
-of SGLang is imported, so neither torch nor a GPU is needed.
+"""The contract with SGLang, checked against SGLang's real modules: the
+pinned releases installed with `pip install --no-deps` into
+$KVTIER_SGLANG_TREES/<version> (scripts/python-env.sh does it; CI sets
+KVTIER_REQUIRE_SGLANG_SOURCE=1, so a missing tree fails the run). Nothing of
+SGLang is imported (it needs torch and a GPU stack): kvtier's install-time
+report reads each tree's source in a fresh interpreter, exactly as it does
+inside a real SGLang environment.
 
-- SGLang's `load_cache_to_device_buffer_mla` parameters (names, order,
-  defaults) are a prefix of ours, and ours adds only parameters with
-  defaults; for the newest pinned release they are equal.
-- Every keyword SGLang's HiSparse coordinator passes is one we accept.
-- The coordinator binds the two names `install()` replaces at module level.
-
-Where the source comes from: the wheels in $KVTIER_SGLANG_WHEELS (what
-scripts/python-env.sh downloads), else an installed sglang package. With
-KVTIER_REQUIRE_SGLANG_SOURCE=1 (CI) a missing source fails the test.
+- The supported releases (the newest three) install kvtier for every
+  non-speculative entry point and every HiSparse host pool; the newest one's
+  signatures equal kvtier's exactly.
+- The coordinator's calls are followed (aliases, `**` splats) and every
+  keyword it passes is one kvtier takes.
+- What kvtier's host-pool hook assumes of each pool class holds in the
+  source: the allocator is set in the constructor and the layer-first
+  buffers are allocated through it, in the shapes kvtier places.
+- An older release (0.5.15) gets the entry points it has.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
-import inspect
+import json
 import os
-import zipfile
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from kvtier.sglang import load_cache_to_device_buffer_mla
+import kvtier
+from kvtier.sglang import compat
 
-# DESIGN.md section 5: the sixteen parameters the shim must take.
-DESIGN = [
-    "top_k_tokens", "device_buffer_tokens", "host_cache_locs", "device_buffer_locs", "host_cache",
-    "device_buffer", "top_k_device_locs", "req_pool_indices", "seq_lens", "lru_slots", "item_size_bytes",
-    "num_top_k", "hot_buffer_size", "page_size", "block_size", "num_real_reqs",
-]
-KERNEL_FILES = ["sglang/kernels/ops/kvcache/hisparse.py", "sglang/jit_kernel/hisparse.py"]
-COORDINATOR = "sglang/srt/managers/hisparse_coordinator.py"
+PACKAGE_ROOT = Path(kvtier.__file__).resolve().parents[1]
+TREES = Path(os.environ.get("KVTIER_SGLANG_TREES", "/nonexistent"))
+FOUND = sorted(p.name for p in TREES.glob("*") if (p / "sglang").is_dir()) if TREES.is_dir() else []
+if os.environ.get("KVTIER_REQUIRE_SGLANG_SOURCE") == "1":
+    missing = sorted(set(compat.CHECKED_VERSIONS) - set(FOUND))
+    if missing:
+        raise RuntimeError(f"SGLang trees {missing} not found in {TREES}: run scripts/python-env.sh")
 
+needs = pytest.mark.skipif(not FOUND, reason="no SGLang trees (set KVTIER_SGLANG_TREES; scripts/python-env.sh)")
 
-def sources():
-    """[(label, {relative path: source text})] for every SGLang source found."""
-    found = []
-    wheels = os.environ.get("KVTIER_SGLANG_WHEELS")
-    if wheels:
-        for whl in sorted(Path(wheels).glob("sglang-*.whl")):
-            with zipfile.ZipFile(whl) as z:
-                names = set(z.namelist())
-                files = {n: z.read(n).decode() for n in KERNEL_FILES + [COORDINATOR] if n in names}
-            found.append((whl.name.split("-")[1], files))
-    if not found:
-        spec = importlib.util.find_spec("sglang")  # locates the package without running it
-        if spec is not None and spec.submodule_search_locations:
-            root = Path(list(spec.submodule_search_locations)[0]).parent
-            files = {n: (root / n).read_text() for n in KERNEL_FILES + [COORDINATOR] if (root / n).exists()}
-            found.append(("installed", files))
-    return found
+REPORT = """
+import json, kvtier.sglang as k
+from kvtier.sglang import compat
+r = k.report()
+root = compat.sglang_root()
+kw = compat.coordinator_keywords((root / compat.COORDINATOR_FILE).read_text())
+print(json.dumps({"installs": r.installs, "refusal": r.refusal, "version": r.sglang_version, "root": str(root),
+                  "routes": {x.name: [x.served_by, x.why] for x in r.routes},
+                  "keywords": {n: sorted(v) for n, v in kw.items()}, "lines": r.lines()}))
+"""
 
 
-SOURCES = sources()
-if not SOURCES and os.environ.get("KVTIER_REQUIRE_SGLANG_SOURCE") == "1":
-    raise RuntimeError("no SGLang source found: set KVTIER_SGLANG_WHEELS (scripts/python-env.sh downloads them)")
-
-needs_source = pytest.mark.skipif(not SOURCES, reason="no SGLang source (set KVTIER_SGLANG_WHEELS or install sglang)")
-
-
-def sglang_signature(files) -> list:
-    """[(name, default source or None)] of SGLang's function."""
-    for path in KERNEL_FILES:
-        if path in files:
-            for node in ast.walk(ast.parse(files[path])):
-                if isinstance(node, ast.FunctionDef) and node.name == "load_cache_to_device_buffer_mla":
-                    a = node.args
-                    assert not a.kwonlyargs and not a.vararg and not a.kwarg, "a signature shape we do not model"
-                    names = [p.arg for p in a.posonlyargs + a.args]
-                    defaults = [None] * (len(names) - len(a.defaults)) + [ast.unparse(d) for d in a.defaults]
-                    return list(zip(names, defaults))
-    raise AssertionError(f"no load_cache_to_device_buffer_mla in {sorted(files)}")
+def report_of(version: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TREES / version), str(PACKAGE_ROOT)]))
+    run = subprocess.run([sys.executable, "-c", REPORT], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=TREES)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
 
 
-def ours() -> list:
-    out = []
-    for p in inspect.signature(load_cache_to_device_buffer_mla).parameters.values():
-        assert p.kind == p.POSITIONAL_OR_KEYWORD, p
-        out.append((p.name, None if p.default is p.empty else repr(p.default)))
-    return out
+@needs
+@pytest.mark.parametrize("version", [v for v in FOUND if v in compat.CHECKED_VERSIONS])
+def test_supported_releases_get_every_non_speculative_path(version):
+    r = report_of(version)
+    assert r["root"] == str(TREES / version), "the report read this tree"
+    assert r["installs"] and r["version"] == version, r["refusal"]
+    routes = r["routes"]
+    for name in compat.ENTRY_POINTS + compat.HOST_POOLS:
+        assert routes[name][0] == "kvtier", (name, routes[name])
+    if compat.SPEC in routes:
+        assert routes[compat.SPEC][0] == "SGLang" and "speculative" in routes[compat.SPEC][1]
+    assert len(r["lines"]) == 1 + len(routes) and r["lines"][0].startswith(f"kvtier: installed into SGLang {version}")
 
 
-def test_our_first_sixteen_parameters_are_designs():
-    assert [n for n, _ in ours()[:16]] == DESIGN
-    assert dict(ours())["page_size"] == "1" and dict(ours())["block_size"] == "256"
-    assert dict(ours())["num_real_reqs"] == "None"
+@needs
+def test_the_newest_release_has_kvtiers_signatures_exactly():
+    newest = max(compat.CHECKED_VERSIONS, key=lambda v: tuple(map(int, v.split("."))))
+    if newest not in FOUND:
+        pytest.skip(f"no tree for {newest}")
+    r = report_of(newest)
+    for name in compat.ENTRY_POINTS:
+        assert r["routes"][name] == ["kvtier", "same signature as SGLang's"], name
 
 
-@needs_source
-@pytest.mark.parametrize("label,files", SOURCES, ids=[s[0] for s in SOURCES])
-def test_sglangs_signature_is_a_prefix_of_ours(label, files):
-    theirs = sglang_signature(files)
-    mine = ours()
-    assert mine[: len(theirs)] == theirs, f"sglang {label}: {theirs} vs ours {mine}"
-    assert all(default is not None for _, default in mine[len(theirs):]), "extra parameters need defaults"
-    assert [n for n, _ in theirs[:16]] == DESIGN, f"sglang {label} no longer starts with DESIGN's parameters"
+@needs
+@pytest.mark.parametrize("version", FOUND)
+def test_the_coordinators_keywords_are_followed_and_taken(version):
+    r = report_of(version)
+    kw = r["keywords"]
+    ours = {n: {p.name for p in compat.params_of_function(f)} for n, f in compat.served_functions().items()}
+    assert kw.get("load_cache_to_device_buffer_mla"), "the swap-in call is found"
+    for name, keywords in kw.items():
+        if name in ours:
+            assert set(keywords) <= ours[name], (name, sorted(set(keywords) - ours[name]))
+    if tuple(map(int, version.split("."))) >= (0, 5, 20):
+        # passed through `**skip_io_kwargs` and `**plan` dict literals
+        assert {"skip_io", "miss_src", "miss_dst", "miss_count"} <= set(kw["load_cache_to_device_buffer_mla"])
+        assert {"is_dsv4_layout", "num_blocks"} <= set(kw["copy_cache_planned_mla"])
 
 
-@needs_source
-def test_the_newest_pinned_release_matches_exactly():
-    label, files = max(SOURCES, key=lambda s: tuple(int(x) for x in s[0].split(".")) if s[0][0].isdigit() else ())
-    assert sglang_signature(files) == ours(), f"sglang {label}"
+def _class(tree: ast.Module, name: str) -> ast.ClassDef:
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
 
 
-@needs_source
-@pytest.mark.parametrize("label,files", SOURCES, ids=[s[0] for s in SOURCES])
-def test_the_coordinator_calls_us_with_keywords_we_take(label, files):
-    tree = ast.parse(files[COORDINATOR])
-    accepted = {n for n, _ in ours()}
-    calls = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            f = node.func
-            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-            keywords = {k.arg for k in node.keywords if k.arg}
-            # the swap-in call: by name, or through a variable (swap_in_fn) with its keywords
-            if name == "load_cache_to_device_buffer_mla" or {"top_k_tokens", "lru_slots"} <= keywords:
-                calls.append((name, keywords, [k for k in node.keywords if k.arg is None]))
-    assert calls, f"sglang {label}: no swap-in call found in the coordinator"
-    for name, keywords, splats in calls:
-        assert keywords <= accepted, f"sglang {label} passes {sorted(keywords - accepted)} to {name}"
-    # module-level bindings install() replaces
-    bound = set()
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom):
-            bound |= {a.asname or a.name for a in node.names}
-        elif isinstance(node, ast.If):  # `if is_xpu(): from sgl_kernel import ... else: from ... import ...`
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.ImportFrom):
-                    bound |= {a.asname or a.name for a in sub.names}
-    assert {"load_cache_to_device_buffer_mla", "MLATokenToKVPoolHost"} <= bound, f"sglang {label}"
+def _method(cls: ast.ClassDef, name: str):
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
-@needs_source
-@pytest.mark.parametrize("label,files", SOURCES, ids=[s[0] for s in SOURCES])
-def test_splatted_keywords_are_ones_we_take(label, files):
-    """0.5.23 passes **skip_io_kwargs and **plan: dicts built from literal keys."""
-    tree = ast.parse(files[COORDINATOR])
-    accepted = {n for n, _ in ours()}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
-            keys = {k.arg for k in node.keywords if k.arg}
-            if keys & {"skip_io", "miss_src", "miss_dst", "miss_count"}:
-                assert keys <= accepted, f"sglang {label} builds {sorted(keys - accepted)}"
+def _assigns_self(fn, attr: str) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == attr and isinstance(n.ctx, ast.Store) and
+               isinstance(n.value, ast.Name) and n.value.id == "self" for n in ast.walk(fn))
+
+
+def _passes_self_allocator(fn) -> bool:
+    return any(isinstance(n, ast.keyword) and n.arg == "allocator" and ast.unparse(n.value) == "self.allocator"
+               for n in ast.walk(fn))
+
+
+@needs
+@pytest.mark.parametrize("version", [v for v in FOUND if v in compat.CHECKED_VERSIONS])
+def test_the_host_pool_hook_holds_in_sglangs_source(version):
+    root = TREES / version / "sglang/srt/mem_cache"
+    host = ast.parse((root / "memory_pool_host.py").read_text())
+    dsv4 = _method(_class(host, "DeepSeekV4PagedHostPool"), "__init__")
+    # the constructor sets the allocator and the layer count, then allocates
+    # one [pages, item_bytes] buffer per layer through self.allocator
+    assert _assigns_self(dsv4, "allocator") and _assigns_self(dsv4, "layer_num") and _passes_self_allocator(dsv4)
+    assert "(num_host_pages, self.item_bytes)" in ast.unparse(dsv4)
+    base = ast.parse((root / "pool_host/base.py").read_text())
+    assert _assigns_self(_method(_class(base, "HostKVCache"), "__init__"), "allocator")
+    mla = _method(_class(ast.parse((root / "pool_host/mla.py").read_text()), "MLATokenToKVPoolHost"), "init_kv_buffer")
+    assert _passes_self_allocator(mla) and "(self.layer_num, self.size, 1, self.kv_cache_dim)" in ast.unparse(mla)
+    mha_tree = ast.parse((root / "pool_host/mha.py").read_text())
+    mha = _method(_class(mha_tree, "MHATokenToKVPoolHost"), "init_kv_buffer")
+    assert _passes_self_allocator(mha) and "(2, self.layer_num, self.size, self.head_num, self.head_dim)" in \
+        ast.unparse(mha)
+    hisparse_mha = _class(mha_tree, "HiSparseMHATokenToKVPoolHost")
+    assert any(getattr(b, "id", "") == "MHATokenToKVPoolHost" for b in hisparse_mha.bases)
+    assert _method(hisparse_mha, "init_kv_buffer") is None, "it allocates with its base's init_kv_buffer"
+    assert "layout='layer_first'" in ast.unparse(_method(hisparse_mha, "__init__"))
+
+
+@needs
+def test_an_older_release_gets_the_paths_it_has():
+    if "0.5.15" not in FOUND:
+        pytest.skip("no 0.5.15 tree")
+    r = report_of("0.5.15")
+    assert r["installs"], r["refusal"]
+    routes = r["routes"]
+    assert routes["load_cache_to_device_buffer_mla"][0] == "kvtier"
+    assert routes["load_cache_to_device_buffer_dsv4_mla"][0] == "kvtier"
+    assert routes["copy_cache_planned_mla"][0] == "absent" and routes["load_blocks_to_device_buffer_mha"][0] == "absent"
+    assert "not one of the versions kvtier is checked against" in r["lines"][0]
+
+
+def test_signature_comparison():
+    """incompatibility() on hand-made signatures (what the trees exercise less)."""
+    P = compat.Param
+    ours = [P("a", "positional", None), P("b", "positional", "1"), P("c", "positional", "None")]
+    assert compat.incompatibility(ours, ours) is None
+    assert compat.incompatibility(ours[:2], ours) is None, "kvtier may add parameters with defaults"
+    assert "`d`" in compat.incompatibility(ours + [P("d", "positional", "None")], ours)
+    assert "defaults to 2" in compat.incompatibility([ours[0], P("b", "positional", "2")], ours)
+    assert "keyword" in compat.incompatibility([P("a", "keyword", None)], ours)
+    assert "**kw" in compat.incompatibility([P("**kw", "var", None)], ours)
+    assert "positional parameter 0" in compat.incompatibility([P("b", "positional", "1")], ours)

@@ -1,8 +1,9 @@
-"""install() against a stand-in SGLang package (tests/conftest.py): the
-coordinator's module-level swap-in and host pool are replaced whether the
-module is imported before or after, SGLang's plugin hook installs from the
-environment, and `python -m kvtier.sglang` reaches the processes SGLang
-spawns."""
+"""install() against a stand-in SGLang package (tests/conftest.py: 0.5.23's
+HiSparse entry points, coordinator and host pools): every entry point kvtier
+serves and every host pool is replaced whether the coordinator is imported
+before or after, the report says who serves what, an SGLang kvtier does not
+know is left alone, SGLang's plugin hook installs from the environment, and
+`python -m kvtier.sglang` reaches the processes SGLang spawns."""
 
 from __future__ import annotations
 
@@ -18,25 +19,47 @@ import pytest
 from conftest import worked_example
 
 import kvtier.sglang
-from kvtier import KvtierError
+from kvtier.sglang import compat
 
 COORD = "sglang.srt.managers.hisparse_coordinator"
 PACKAGE_ROOT = Path(kvtier.__file__).resolve().parents[1]
+SERVED = ["load_cache_to_device_buffer_mla", "load_cache_to_device_buffer_dsv4_mla", "copy_cache_planned_mla",
+          "load_blocks_to_device_buffer_mha"]
+POOLS = ["MLATokenToKVPoolHost", "DeepSeekV4PagedHostPool", "HiSparseMHATokenToKVPoolHost"]
+
+
+def swap_args(c, **extra):
+    a = dict(c.kwargs(), miss_src=None, miss_dst=None, miss_count=None)
+    a.update(extra)
+    return a
 
 
 def test_install_before_the_coordinator_is_imported(fake_sglang):
-    cfg = kvtier.sglang.install({"devices": ["anon"], "rank": 0, "ranks": 1})
-    assert json.loads(os.environ[kvtier.sglang.ENV]) == json.loads(cfg.to_json())
+    rep = kvtier.sglang.install({"devices": ["anon"], "rank": 0, "ranks": 1})
+    assert rep.installs and rep.sglang_version == "0.5.23"
+    assert json.loads(os.environ[kvtier.sglang.ENV]) == json.loads(rep.config.to_json())
+    assert [r.name for r in rep.routes if r.served_by == "kvtier"] == SERVED + POOLS
+    assert [(r.name, r.served_by) for r in rep.routes if r.served_by != "kvtier"] == [
+        (compat.SPEC, "SGLang")]
     coord = importlib.import_module(COORD)
-    assert coord.load_cache_to_device_buffer_mla is kvtier.sglang.load_cache_to_device_buffer_mla
+    for name in SERVED:
+        assert getattr(coord, name) is getattr(kvtier.sglang, name)
 
-    # The coordinator's swap-in now runs kvtier's (on numpy: the CPU executor).
-    c = worked_example([4, 2, 7])
-    hc = coord.HiSparseCoordinator(layers=2, rows=16, kv_dim=16)
-    hc.swap_in(**c.kwargs())
-    assert c.out.tolist() == [[7, 3, 11]]
+    # The coordinator's calls, with SGLang's keywords, now run kvtier's (on
+    # numpy: the CPU executor), miss plan and replay included.
+    c = worked_example([6])
+    src, dst, cnt = np.zeros((1, 2), np.int64), np.zeros((1, 2), np.int32), np.zeros(1, np.int32)
+    hc = coord.HiSparseCoordinator()
+    hc.swap_in(swap_args(c, miss_src=src, miss_dst=dst, miss_count=cnt), record_plan=True)
+    assert c.out.tolist() == [[9]] and cnt.tolist() == [1] and (src[0, 0], dst[0, 0]) == (6, 9)
+    other_layer = np.zeros_like(c.device_buffer)
+    hc.replay(dict(miss_src=src, miss_dst=dst, miss_count=cnt, num_real_reqs=np.array([1], np.int32),
+                   host_cache=c.host_cache, device_buffer=other_layer, item_size_bytes=16))
+    assert (other_layer[9 * 16 : 10 * 16] == 6).all() and not other_layer[: 9 * 16].any()
+    with pytest.raises(RuntimeError, match="SGLang's own load_cache_to_device_buffer_spec_mla ran"):
+        hc.spec_swap_in()
 
-    # Its host pool sits in a kvtier region.
+    # The host pools sit in kvtier regions.
     pool = hc.mem_pool_host
     assert isinstance(pool.allocator, kvtier.sglang.KvtierHostTensorAllocator)
     assert pool.kv_buffer.shape == (2, 16, 1, 16)
@@ -44,25 +67,102 @@ def test_install_before_the_coordinator_is_imported(fake_sglang):
 
     kvtier.sglang.uninstall()
     assert coord.load_cache_to_device_buffer_mla is not kvtier.sglang.load_cache_to_device_buffer_mla
-    with pytest.raises(RuntimeError, match="SGLang's own swap-in ran"):
-        coord.HiSparseCoordinator(1, 4, 16).swap_in()
-    assert type(coord.HiSparseCoordinator(1, 4, 16).mem_pool_host.kv_buffer) is np.ndarray
+    with pytest.raises(RuntimeError, match="SGLang's own load_cache_to_device_buffer_mla ran"):
+        coord.HiSparseCoordinator().swap_in(swap_args(worked_example([6])))
+    assert type(coord.HiSparseCoordinator().mem_pool_host.kv_buffer) is np.ndarray
+
+
+def test_every_host_pool_is_placed_in_kvtier(fake_sglang):
+    kvtier.sglang.install({"devices": ["anon"], "rank": 0, "ranks": 1})
+    coord = importlib.import_module(COORD)
+    # MiniMax-M3: [2, layers, rows, heads, head_dim], K then V, one region of 2 x layers layers
+    mha = coord.HiSparseCoordinator("mha", layers=3, rows=8, dim=16).mem_pool_host
+    region = mha.allocator.regions[0]
+    assert mha.kv_buffer.shape == (2, 3, 8, 1, 16) and mha.kv_buffer.ctypes.data == region.host_addr
+    assert region.nbytes == 2 * 3 * 8 * 16
+    # DeepSeek-V4: one [pages, page bytes] buffer per layer, the layers of one region
+    dsv4 = coord.HiSparseCoordinator("dsv4", layers=3, rows=2, dim=37440).mem_pool_host
+    region = dsv4.allocator.regions[0]
+    assert len(dsv4.allocator.regions) == 1 and region.nbytes == 3 * 2 * 37440
+    assert [b.ctypes.data - region.host_addr for b in dsv4.kv_buffer] == [0, 2 * 37440, 4 * 37440]
+    assert all(b.shape == (2, 37440) for b in dsv4.kv_buffer)
 
 
 def test_install_after_the_coordinator_is_imported(fake_sglang):
     coord = importlib.import_module(COORD)
-    kvtier.sglang.install({"host_pool": False})
+    original_pool = coord.MLATokenToKVPoolHost
+    rep = kvtier.sglang.install({"host_pool": False})
     assert coord.load_cache_to_device_buffer_mla is kvtier.sglang.load_cache_to_device_buffer_mla
-    assert coord.MLATokenToKVPoolHost.__name__ == "MLATokenToKVPoolHost", "host pool left alone"
-    kvtier.sglang.install()  # idempotent
+    assert coord.MLATokenToKVPoolHost is original_pool, "host pool left alone"
+    assert {r.name: r.served_by for r in rep.routes}["DeepSeekV4PagedHostPool"] == "SGLang"
+    kvtier.sglang.install({"host_pool": False})  # idempotent
     assert coord.load_cache_to_device_buffer_mla is kvtier.sglang.load_cache_to_device_buffer_mla
 
 
-def test_a_coordinator_without_the_names_is_refused(fake_sglang):
-    (fake_sglang / "sglang/srt/managers/hisparse_coordinator.py").write_text("x = 1\n")
-    kvtier.sglang.install()
-    with pytest.raises(KvtierError, match="no module-level"):
-        importlib.import_module(COORD)
+def test_the_report_says_who_serves_what(fake_sglang):
+    rep = kvtier.sglang.report(kvtier.sglang.KvtierConfig(devices=["numa:1"], swap_in=False))
+    lines = rep.lines()
+    assert lines[0].startswith("kvtier: installed into SGLang 0.5.23 on ")
+    by_name = {r.name: r for r in rep.routes}
+    assert by_name["load_cache_to_device_buffer_mla"].served_by == "SGLang"
+    assert "swap_in is off" in by_name["copy_cache_planned_mla"].why
+    assert by_name["MLATokenToKVPoolHost"].served_by == "kvtier" and "numa:1" in by_name["MLATokenToKVPoolHost"].why
+    assert any("load_cache_to_device_buffer_spec_mla" in line and "speculative" in line for line in lines)
+
+
+def test_an_sglang_with_unknown_arguments_is_left_alone(fake_sglang):
+    """SGLang's main branch passes device_locs= and host_binding=: installing
+    kvtier there must refuse at once, not fail at the first decode step."""
+    kernels = fake_sglang / "sglang/kernels/ops/kvcache/hisparse.py"
+    kernels.write_text(kernels.read_text().replace(
+        "miss_count=None, skip_io=False):\n    raise RuntimeError(\"SGLang's own load_cache_to_device_buffer_mla",
+        "miss_count=None, skip_io=False, device_locs=None, host_binding=None):\n"
+        "    raise RuntimeError(\"SGLang's own load_cache_to_device_buffer_mla"))
+    rep = kvtier.sglang.install()
+    assert not rep.installs
+    assert "`device_locs`" in rep.refusal and "load_cache_to_device_buffer_mla" in rep.refusal
+    assert kvtier.sglang.ENV not in os.environ, "spawned processes do not install either"
+    coord = importlib.import_module(COORD)
+    assert coord.load_cache_to_device_buffer_mla.__module__.startswith("sglang."), "SGLang runs unchanged"
+    assert coord.MLATokenToKVPoolHost.__module__.startswith("sglang.")
+    assert rep.lines() == [f"kvtier: not installed into SGLang ({rep.refusal}); SGLang runs unchanged"]
+
+
+def test_a_coordinator_passing_unknown_keywords_is_left_alone(fake_sglang):
+    coordinator = fake_sglang / "sglang/srt/managers/hisparse_coordinator.py"
+    text = coordinator.read_text()
+    assert 'is_dsv4_layout=self.kind == "dsv4",' in text
+    coordinator.write_text(text.replace('is_dsv4_layout=self.kind == "dsv4",',
+                                        'is_dsv4_layout=self.kind == "dsv4", host_binding=None,'))
+    rep = kvtier.sglang.install()
+    assert not rep.installs and "host_binding" in rep.refusal, rep.refusal
+
+
+def test_live_functions_are_checked_when_the_module_is_patched(fake_sglang):
+    rep = kvtier.sglang.install()
+    assert rep.installs
+    # The source said 0.5.23; the module that loads is something else.
+    kernels = fake_sglang / "sglang/kernels/ops/kvcache/hisparse.py"
+    kernels.write_text(kernels.read_text().replace("block_size=1024, is_dsv4_layout=False",
+                                                   "block_size=512, is_dsv4_layout=False"))
+    coord = importlib.import_module(COORD)
+    assert coord.copy_cache_planned_mla.__module__.startswith("sglang."), "nothing replaced"
+    assert not kvtier.sglang.installed_report().installs
+    assert "block_size" in kvtier.sglang.installed_report().refusal
+
+
+def test_rocm_and_xpu_install_nothing(fake_sglang, monkeypatch):
+    monkeypatch.setattr(compat, "platform", lambda: ("ROCm 6.3", "ROCm: kvtier's kernels are CUDA"))
+    rep = kvtier.sglang.install()
+    assert not rep.installs and rep.refusal.startswith("ROCm")
+    coord = importlib.import_module(COORD)
+    assert coord.load_cache_to_device_buffer_mla.__module__.startswith("sglang.")
+
+
+def test_without_sglang_install_says_so(monkeypatch):
+    monkeypatch.setattr(compat, "sglang_root", lambda: None)
+    rep = kvtier.sglang.install()
+    assert not rep.installs and "SGLang is not installed" in rep.refusal
 
 
 def test_the_sglang_plugin_installs_from_the_environment(fake_sglang, monkeypatch):
@@ -77,24 +177,51 @@ def test_the_sglang_plugin_installs_from_the_environment(fake_sglang, monkeypatc
     assert coord.load_cache_to_device_buffer_mla is kvtier.sglang.load_cache_to_device_buffer_mla
 
 
-def test_the_launcher_reaches_spawned_processes(fake_sglang, tmp_path):
+def launch(fake_sglang, tmp_path, config: dict, *args):
     cfg = tmp_path / "kvtier.json"
-    cfg.write_text(json.dumps({"devices": ["anon"], "strategy": "plan_then_copy"}))
+    cfg.write_text(json.dumps(config))
     env = dict(os.environ)
     env.pop(kvtier.sglang.ENV, None)
     env["PYTHONPATH"] = os.pathsep.join([str(fake_sglang), str(PACKAGE_ROOT), env.get("PYTHONPATH", "")])
-    args = ["--model-path", "deepseek-ai/DeepSeek-V3.2", "--enable-hisparse", "--hisparse-config",
-            '{"top_k": 2048, "device_buffer_size": 4096}']
-    run = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "kvtier.sglang", *args[:2], "--kvtier-config", str(cfg), *args[2:]],
         env=env, capture_output=True, text=True, timeout=120,
     )
+
+
+def test_the_launcher_reaches_spawned_processes(fake_sglang, tmp_path):
+    args = ["--model-path", "deepseek-ai/DeepSeek-V3.2", "--enable-hisparse", "--hisparse-config",
+            '{"top_k": 2048, "device_buffer_size": 4096}']
+    run = launch(fake_sglang, tmp_path, {"devices": ["anon"], "strategy": "plan_then_copy"}, *args)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == "argv " + " ".join(args), "SGLang's arguments pass through unchanged"
-    assert "parent swap-in from kvtier.sglang host pool kvtier[MLATokenToKVPoolHost]" in lines
-    assert "child swap-in from kvtier.sglang host pool kvtier[MLATokenToKVPoolHost]" in lines, run.stdout
-    assert "kvtier: installed into SGLang" in run.stderr
+    assert "parent swap-in from kvtier.sglang.entry_points host pool kvtier[MLATokenToKVPoolHost]" in lines
+    assert "child swap-in from kvtier.sglang.entry_points host pool kvtier[MLATokenToKVPoolHost]" in lines, run.stdout
+    assert "kvtier: installed into SGLang 0.5.23" in run.stderr
+    for name in SERVED + POOLS + [compat.SPEC]:
+        assert name in run.stderr, f"the launcher reports {name}"
+
+
+def test_the_launcher_says_when_it_installs_nothing(fake_sglang, tmp_path):
+    kernels = fake_sglang / "sglang/kernels/ops/kvcache/hisparse.py"
+    kernels.write_text(kernels.read_text().replace("skip_io=False):\n    raise RuntimeError(\"SGLang's own load_blocks",
+                                                   "skip_io=False, extra=1):\n    raise RuntimeError(\"SGLang's own load_blocks"))
+    run = launch(fake_sglang, tmp_path, {"devices": ["anon"]}, "--model-path", "m")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "kvtier: not installed into SGLang" in run.stderr and "`extra`" in run.stderr
+    assert "parent swap-in from sglang.kernels.ops.kvcache.hisparse host pool MLATokenToKVPoolHost" in run.stdout
+
+
+def test_the_launcher_without_sglang_exits_non_zero(tmp_path):
+    cfg = tmp_path / "kvtier.json"
+    cfg.write_text("{}")
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
+    env.pop(kvtier.sglang.ENV, None)
+    run = subprocess.run([sys.executable, "-m", "kvtier.sglang", "--kvtier-config", str(cfg)], env=env,
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "SGLang is not installed" in run.stderr
 
 
 def test_the_launcher_refuses_a_bad_config(fake_sglang, tmp_path):

@@ -1,15 +1,24 @@
-"""kvtier.sglang.load_cache_to_device_buffer_mla on numpy arrays (the CPU
-executor): DESIGN.md section 4's worked example, a padded batch, randomized
-cases against a reference model written here, and argument checks."""
+"""kvtier's SGLang entry points on numpy arrays (the CPU executor): the
+worked example, a padded batch, random cases of every path (MLA, DeepSeek-V4,
+MiniMax-M3 blocks, shared-index replays, mixed batches) against the reference
+model in hisparse_model.py, and argument checks."""
 
 from __future__ import annotations
 
+import hisparse_model as model
 import numpy as np
 import pytest
 from conftest import ITEM, Case, worked_example
 
 from kvtier import KvtierError
-from kvtier.sglang import load_cache_to_device_buffer_mla as swap
+from kvtier.sglang import (
+    copy_cache_planned_mla,
+    load_blocks_to_device_buffer_mha,
+    load_cache_to_device_buffer_dsv4_mla,
+    load_cache_to_device_buffer_mla,
+)
+
+swap = load_cache_to_device_buffer_mla
 
 
 def test_design_worked_example():
@@ -93,165 +102,97 @@ def test_a_batch_with_padding_rows():
     assert (c.device_buffer[30 * ITEM : 31 * ITEM] == 208 % 251).all()
 
 
-# ---- the reference model and random cases -----------------------------------
+# ---- random cases of every path against the reference model ------------------
+
+ENTRY = {
+    "mla": load_cache_to_device_buffer_mla,
+    "dsv4": load_cache_to_device_buffer_dsv4_mla,
+    "mha": load_blocks_to_device_buffer_mha,
+}
 
 
-def reference(case: Case):
-    """DESIGN.md section 4, written as its lists (valid input, -1 padding):
-    returns (out, tokens, lru, device_buffer) after the swap-in."""
-    tokens, lru, dev = case.tokens.copy(), case.lru.copy(), case.device_buffer.copy()
-    hot, k, item = case.hot, case.k, case.item
-    real = len(case.req) if case.num_real is None else int(case.num_real[0])
-    out = np.full((len(case.req), k), -1, dtype=np.int32)
-    for b in range(len(case.req)):
-        if b >= real:
-            continue
-        r, s = int(case.req[b]), int(case.seq[b])
-        row = [int(t) for t in case.topk[b, :k]]
-        locs = case.locs[r]
-        if s <= hot:
-            out[b] = [locs[t] if t != -1 else -1 for t in row]
-            continue
-        newest = s - 1
-        wanted = []
-        for t in row:
-            if t not in (-1, newest) and t not in wanted:
-                wanted.append(t)
-        order = [int(x) for x in lru[r]]
-        hits = [slot for slot in order if tokens[r, slot] in wanted]
-        evictable = [slot for slot in order if tokens[r, slot] not in wanted]
-        where = {int(tokens[r, slot]): slot for slot in hits}
-        misses = [t for t in wanted if t not in where]
-        for m, t in enumerate(misses):
-            slot = evictable[m]
-            tokens[r, slot] = t
-            src, dst = int(case.host_locs[r, t]), int(locs[slot])
-            dev[dst * item : (dst + 1) * item] = case.host_cache[src * item : (src + 1) * item]
-            where[t] = slot
-        out[b] = [locs[hot] if t == newest else -1 if t == -1 else locs[where[t]] for t in row]
-        n = len(misses)
-        lru[r] = evictable[n:] + evictable[:n] + hits
-    return out, tokens, lru, dev
+def check_against_model(c, got_plan=None, want=None):
+    want = want or model.reference(c)
+    assert c.out.tolist() == want["out"].tolist()
+    assert c.tokens.tolist() == want["tokens"].tolist()
+    assert c.lru.tolist() == want["lru"].tolist()
+    for d, w in zip(c.devices, want["devices"]):
+        assert (model.as_bytes(d) == w).all()
+    return want
 
 
-def random_case(seed: int) -> Case:
-    rng = np.random.default_rng(seed)
-    hot = int(rng.integers(1, 24))
-    k = int(rng.integers(1, hot + 1))
-    requests = int(rng.integers(1, 6))
-    batch = int(rng.integers(0, requests + 1))
-    max_tokens = hot + int(rng.integers(1, 2 * k + 8))
-    item = int(rng.choice([8, 16, 24, 656]))
-    pad = int(rng.integers(0, 3))
-    width = hot + 1 + pad
-    # SGLang's layout: [layers, requests, width] state, one layer's view.
-    layers = 2
-    tokens_all = np.full((layers, requests, width), -1, dtype=np.int32)
-    locs_all = np.full((layers, requests, width), -1, dtype=np.int32)
-    lru_all = np.zeros((layers, requests, hot), dtype=np.int16)
-    host_locs = np.full((requests, max_tokens + pad), -1, dtype=np.int64)
-    dev_rows = rng.permutation(requests * (hot + 1) + 3).astype(np.int32)
-    host_rows = rng.permutation(requests * max_tokens + 2).astype(np.int64)
-    seqs = []
-    for r in range(requests):
-        s = int(rng.integers(0, hot + 1)) if rng.random() < 0.3 else int(rng.integers(hot + 1, max_tokens + 1))
-        seqs.append(s)
-        locs_all[1, r, : hot + 1] = dev_rows[r * (hot + 1) : (r + 1) * (hot + 1)]
-        host_locs[r, :max_tokens] = host_rows[r * max_tokens : (r + 1) * max_tokens]
-        lru_all[1, r] = rng.permutation(hot)
-        if s <= hot:
-            tokens_all[1, r, :hot] = [t if t < s else -1 for t in range(hot)]
-        else:
-            resident = rng.permutation(s - 1)[:hot]
-            tokens_all[1, r, :hot] = [t if rng.random() > 0.1 else -1 for t in resident]
-            tokens_all[1, r, hot] = s - 1
-    req = rng.permutation(requests)[:batch]
-    topk_all = np.full((batch + 2, k + pad), -9, dtype=np.int32)
-    for b, r in enumerate(req):
-        s = seqs[r]
-        if s <= hot:
-            valid = list(rng.permutation(s))
-            topk_all[b, :k] = [valid[i] if i < len(valid) else -1 for i in range(k)]
-        else:
-            pick = list(rng.permutation(s)[:k])
-            while len(pick) < k:
-                pick.append(-1)
-            if rng.random() < 0.2:
-                pick[int(rng.integers(0, k))] = -1  # padding inside a long query
-            topk_all[b, :k] = pick
-    host_cache = rng.integers(0, 256, size=(len(host_rows) * item), dtype=np.uint8)
-    device_buffer = rng.integers(0, 256, size=(len(dev_rows) * item), dtype=np.uint8)
-    if rng.random() < 0.5:
-        # any dtype: rows are addressed by item_size_bytes
-        host_cache = host_cache.view(np.float16 if item % 2 == 0 else np.uint8)
-        device_buffer = device_buffer.view(np.int32 if item % 4 == 0 else np.uint8)
-    num_real = np.array([int(rng.integers(0, batch + 1))], dtype=np.int32) if rng.random() < 0.5 else None
-    case = Case(
-        tokens=tokens_all[1], locs=locs_all[1], lru=lru_all[1], host_locs=host_locs,
-        host_cache=host_cache, device_buffer=device_buffer, topk=topk_all[:batch],
-        req=req.astype(np.int64 if rng.random() < 0.5 else np.int32),
-        seq=np.array([seqs[r] for r in req], dtype=np.int64 if rng.random() < 0.5 else np.int32),
-        hot=hot, k=k, item=item, num_real=num_real,
-    )
-    # the output: rows of a wider buffer, as SGLang's top_k_device_locs_buffer[:n]
-    case.out = np.full((batch + 3, k + pad), -7, dtype=np.int32)[:batch, :k]
-    case._all = (tokens_all, locs_all, lru_all)
-    return case
-
-
-def as_bytes(a):
-    return a.view(np.uint8).ravel()
-
-
-@pytest.mark.parametrize("seed", range(300))
-def test_random_cases_match_the_reference(seed):
-    c = random_case(seed)
-    want_out, want_tokens, want_lru, want_dev = reference(
-        Case(tokens=c.tokens, locs=c.locs, lru=c.lru, host_locs=c.host_locs, host_cache=as_bytes(c.host_cache),
-             device_buffer=as_bytes(c.device_buffer), topk=c.topk, req=c.req, seq=c.seq, hot=c.hot, k=c.k,
-             item=c.item, num_real=c.num_real)
-    )
-    other_layer = [a[0].copy() for a in c._all]
-    swap(**c.kwargs())
-    assert c.out.tolist() == want_out.tolist()
-    assert c.tokens.tolist() == want_tokens.tolist()
-    assert c.lru.tolist() == want_lru.tolist()
-    assert (as_bytes(c.device_buffer) == want_dev).all()
-    for a, before in zip(c._all, other_layer):
+@pytest.mark.parametrize("path", ["mla", "dsv4", "mha"])
+@pytest.mark.parametrize("seed", range(120))
+def test_random_cases_match_the_reference(path, seed):
+    c = model.random_case(seed, path)
+    other_layer = [a[0].copy() for a in c.layers]
+    want = model.reference(c)
+    ENTRY[path](**c.kwargs())
+    check_against_model(c, want=want)
+    for a, before in zip(c.layers, other_layer):
         assert (a[0] == before).all(), "the other layer's state is untouched"
 
 
+def recorded(src, dst, cnt, rows):
+    return {b: [(int(src[b, m]), int(dst[b, m])) for m in range(int(cnt[b]))] if cnt[b] != -3 else "untouched"
+            for b in range(rows)}
+
+
+@pytest.mark.parametrize("path", ["mla", "dsv4"])
 @pytest.mark.parametrize("seed", range(60))
-def test_random_miss_plans_and_skip_io(seed):
-    c = random_case(1000 + seed)
+def test_random_miss_plans_and_skip_io(path, seed):
+    c = model.random_case(1000 + seed, path)
     batch = len(c.req)
-    stride = c.k + 5
+    stride = c.entries + 5
     src = np.full((batch, stride), -3, dtype=np.int64)
     dst = np.full((batch, stride), -3, dtype=np.int32)
     cnt = np.full(batch, -3, dtype=np.int32)
-    before_dev = c.device_buffer.copy()
+    before = [model.as_bytes(d).copy() for d in c.devices]
     skip = seed % 2 == 1
-    ref = Case(tokens=c.tokens.copy(), locs=c.locs, lru=c.lru.copy(), host_locs=c.host_locs,
-               host_cache=as_bytes(c.host_cache), device_buffer=as_bytes(c.device_buffer).copy(), topk=c.topk,
-               req=c.req, seq=c.seq, hot=c.hot, k=c.k, item=c.item, num_real=c.num_real)
-    want_out, want_tokens, _, want_dev = reference(ref)
-    swap(**c.kwargs(miss_src=src, miss_dst=dst, miss_count=cnt, skip_io=skip))
-    assert c.out.tolist() == want_out.tolist()
-    assert c.tokens.tolist() == want_tokens.tolist()
+    want = model.reference(c, plan_rows={b: "untouched" for b in range(batch)})
+    ENTRY[path](**c.kwargs(miss_src=src, miss_dst=dst, miss_count=cnt, skip_io=skip))
     if skip:
-        assert (c.device_buffer == before_dev).all(), "skip_io moves no bytes"
-    for b in range(batch):
-        n = int(cnt[b])
-        assert 0 <= n <= c.k
-        for m in range(n):
-            s, d = int(src[b, m]), int(dst[b, m])
-            # each recorded miss is a host row copied (or, under skip_io, to be
-            # copied) into a device row the row's output now points at
-            assert d in c.out[b].tolist()
-            assert (as_bytes(want_dev)[d * c.item : (d + 1) * c.item]
-                    == as_bytes(c.host_cache)[s * c.item : (s + 1) * c.item]).all()
-    if not skip:
-        assert (as_bytes(c.device_buffer) == want_dev).all()
+        want["devices"] = before
+    check_against_model(c, want=want)
+    assert recorded(src, dst, cnt, batch) == want["plan"], "padding rows keep their count, as in SGLang"
+
+
+@pytest.mark.parametrize("path", ["mla", "dsv4"])
+@pytest.mark.parametrize("seed", range(40))
+def test_shared_index_layers_replay_the_anchors_plan(path, seed):
+    """A shared-index group: the anchor layer swaps in and records its plan;
+    each skip layer (its own KV bytes, the anchor's slot table) replays it.
+    Every layer ends with what a swap-in on it would have given."""
+    c = model.random_case(2000 + seed, path)
+    batch = len(c.req)
+    skip_host = [np.random.default_rng(seed).integers(0, 256, size=model.as_bytes(h).size, dtype=np.uint8)
+                 for h in c.hosts]
+    skip_dev = [model.as_bytes(d).copy() for d in c.devices]
+    skip_case = model.Case(path, tokens=c.tokens.copy(), locs=c.locs, lru=c.lru.copy(), host_locs=c.host_locs,
+                           hosts=skip_host, devices=[d.copy() for d in skip_dev], query=c.query, req=c.req,
+                           seq=c.seq, hot=c.hot, k=c.k, rows=c.rows, block=c.block, num_real=c.num_real)
+    want_skip = model.reference(skip_case)
+    cap = c.entries + 2
+    src = np.zeros((batch + 4, cap), dtype=np.int64)[:batch]
+    dst = np.zeros((batch + 4, cap), dtype=np.int32)[:batch]
+    cnt = np.zeros(batch + 4, dtype=np.int32)[:batch]
+    ENTRY[path](**c.kwargs(miss_src=src, miss_dst=dst, miss_count=cnt))
+    check_against_model(c)
+    real = np.array([batch if c.num_real is None else int(c.num_real[0])], dtype=np.int32)
+    copy_cache_planned_mla(miss_src=src, miss_dst=dst, miss_count=cnt, num_real_reqs=real,
+                           host_cache=skip_host[0].reshape(c.hosts[0].shape) if path == "dsv4" else skip_host[0],
+                           device_buffer=skip_dev[0], item_size_bytes=c.rows.item, is_dsv4_layout=path == "dsv4")
+    assert (skip_dev[0] == want_skip["devices"][0]).all()
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_mixed_batches_of_short_long_and_padding_rows(seed):
+    """Mostly short rows mixed with long ones and padding, on every path."""
+    for path in ENTRY:
+        c = model.random_case(3000 + seed, path, short_share=0.6)
+        want = model.reference(c)
+        ENTRY[path](**c.kwargs())
+        check_against_model(c, want=want)
 
 
 # ---- refused arguments and bad indices --------------------------------------
@@ -271,23 +212,26 @@ def test_arguments_are_checked_before_anything_runs():
     assert "`top_k_tokens`: is int64" in refused(c, top_k_tokens=c.topk.astype(np.int64))
     assert "`lru_slots`: is int32" in refused(c, lru_slots=c.lru.astype(np.int32))
     assert "`host_cache_locs`: is int32" in refused(c, host_cache_locs=c.host_locs.astype(np.int32))
-    assert "`device_buffer_tokens`: has 4 columns" in refused(c, device_buffer_tokens=c.tokens[:, :4])
+    assert "`device_buffer_tokens`: has 3 columns" in refused(c, device_buffer_tokens=c.tokens[:, :3])
+    assert "`device_buffer_locs`: has 4 columns" in refused(c, device_buffer_locs=c.locs[:, :4])
     assert "`top_k_tokens`: has shape [3]" in refused(c, top_k_tokens=c.topk[0])
     assert "column stride" in refused(c, top_k_tokens=np.zeros((1, 6), dtype=np.int32)[:, ::2])
     assert "must be contiguous" in refused(c, host_cache=np.zeros(32 * ITEM, dtype=np.uint8)[::2])
     ro = c.out.copy()
     ro.flags.writeable = False
     assert "read-only" in refused(c, top_k_device_locs=ro)
-    assert "`page_size`" in refused(c, page_size=64)
+    assert "`page_size`" in refused(c, page_size=0)
     assert "`block_size`" in refused(c, block_size=0)
     assert "together" in refused(c, miss_src=np.zeros((1, 3), dtype=np.int64))
     assert "is a list" in refused(c, seq_lens=[8])
     assert "`num_top_k`" in refused(c, num_top_k=0)
     assert "`num_real_reqs`" in refused(c, num_real_reqs=np.array([1], dtype=np.int64))
-    assert "row stride" in refused(c, device_buffer_locs=np.zeros((2, 10), dtype=np.int32)[:, :5],
-                                   device_buffer_tokens=np.zeros((2, 5), dtype=np.int32),
-                                   lru_slots=np.zeros((2, 4), dtype=np.int16),
-                                   host_cache_locs=np.zeros((2, 8), dtype=np.int64))
+    assert "row stride" in refused(c, miss_src=np.zeros((2, 3), dtype=np.int64),
+                                   miss_dst=np.zeros((2, 6), dtype=np.int32)[:, :3],
+                                   miss_count=np.zeros(2, dtype=np.int32), req_pool_indices=np.zeros(2, np.int32),
+                                   seq_lens=np.full(2, 8, np.int32), top_k_tokens=np.zeros((2, 3), np.int32),
+                                   top_k_device_locs=np.zeros((2, 3), np.int32))
+    assert "`item_size_bytes`" in refused(c, item_size_bytes=0)
     # the library's own checks come back with its message
     msg = refused(c, num_top_k=3, hot_buffer_size=2)
     assert "hot_buffer_size" in msg, msg
@@ -314,3 +258,79 @@ def test_a_bad_host_row_is_never_read():
     assert "host" in str(e.value)
     assert c.out.tolist() == [[-1]]
     assert (c.device_buffer == 0xEE).all()
+
+
+# ---- MiniMax-M3 blocks, DeepSeek-V4 pages and replays: bad input ----------------
+
+
+def block_case():
+    """The worked example's state with K and V planes; blocks of 2 tokens."""
+    c = worked_example([0])
+    hosts = [c.host_cache, (c.host_cache + 100).astype(np.uint8)]
+    devices = [c.device_buffer, np.full_like(c.device_buffer, 0xDD)]
+    return model.Case("mha", tokens=c.tokens, locs=c.locs, lru=c.lru, host_locs=c.host_locs, hosts=hosts,
+                      devices=devices, query=np.array([[2, 3]], dtype=np.int32), req=c.req, seq=c.seq, hot=4,
+                      k=2, rows=model.Rows(ITEM), block=2)
+
+
+def test_block_query_loads_k_and_v_together():
+    c = block_case()
+    load_blocks_to_device_buffer_mha(**c.kwargs())
+    # block 2 = tokens 4 (slot 1), 5 (slot 3); block 3 = token 6 (a miss into
+    # slot 0, row 9) and 7 (the newest)
+    assert c.out.tolist() == [[7, 5, 9, 11]]
+    assert (c.devices[0][9 * ITEM : 10 * ITEM] == 6).all() and (c.devices[1][9 * ITEM : 10 * ITEM] == 106).all()
+    assert c.lru.tolist() == [[2, 0, 1, 3]]
+
+
+def test_block_query_bad_input_is_refused_or_reported():
+    c = block_case()
+    c.query = np.array([[3, -4]], dtype=np.int32)
+    c.seq = np.array([7], dtype=np.int64)
+    with pytest.raises(KvtierError) as e:
+        load_blocks_to_device_buffer_mha(**c.kwargs())
+    assert e.value.status == "BAD_INDICES" and "top_k_tokens[0][1] = -4" in str(e.value)
+    assert c.out.tolist() == [[11, -1, -1, -1]], "block 3: the newest token, then one past the sequence"
+    c = block_case()
+    assert "`host_cache_v`" in str(pytest.raises(KvtierError, load_blocks_to_device_buffer_mha,
+                                                 **c.kwargs(device_buffer_v=None)).value)
+    msg = str(pytest.raises(KvtierError, load_blocks_to_device_buffer_mha,
+                            **c.kwargs(sparse_block_size=3, top_k_device_locs=np.zeros((1, 6), np.int32))).value)
+    assert "hot_buffer_size" in msg, "2 blocks of 3 tokens do not fit 4 slots: " + msg
+    msg = str(pytest.raises(KvtierError, load_blocks_to_device_buffer_mha,
+                            **c.kwargs(top_k_device_locs=np.zeros((1, 3), np.int32))).value)
+    assert "`top_k_device_locs`: has 3 columns" in msg, msg
+
+
+def test_dsv4_bad_input_is_refused_or_reported():
+    c = model.random_case(7, "dsv4", short_share=0.0)
+    while len(c.req) == 0:
+        c = model.random_case(c.hot + 100, "dsv4", short_share=0.0)
+    msg = str(pytest.raises(KvtierError, load_cache_to_device_buffer_dsv4_mla, **c.kwargs(item_size_bytes=576)).value)
+    assert "584" in msg, msg
+    c.host_locs[:, :] = 10**6  # every host row outside the C4 host cache
+    c.num_real = None
+    with pytest.raises(KvtierError) as e:
+        load_cache_to_device_buffer_dsv4_mla(**c.kwargs())
+    assert e.value.status == "BAD_INDICES" and "outside the host cache" in str(e.value), str(e.value)
+
+
+def test_replay_bad_counts_and_rows_are_refused_and_reported():
+    host = np.arange(8 * 16, dtype=np.uint8)
+    dev = np.zeros(8 * 16, dtype=np.uint8)
+    src = np.array([[1, 99], [2, 3]], dtype=np.int64)
+    dst = np.array([[0, 1], [2, 3]], dtype=np.int32)
+    cnt = np.array([2, 5], dtype=np.int32)
+    with pytest.raises(KvtierError) as e:
+        copy_cache_planned_mla(miss_src=src, miss_dst=dst, miss_count=cnt, num_real_reqs=np.array([2], np.int32),
+                               host_cache=host, device_buffer=dev, item_size_bytes=16)
+    text = str(e.value)
+    assert e.value.status == "BAD_INDICES" and "miss_count[1] = 5" in text and "host row 99" in text, text
+    assert (dev[:16] == host[16:32]).all(), "the good entry of row 0 is copied"
+    assert not dev[16:].any(), "nothing else: the bad entry and the bad row are skipped"
+    with pytest.raises(KvtierError, match="`miss_count`: is int64"):
+        copy_cache_planned_mla(miss_src=src, miss_dst=dst, miss_count=cnt.astype(np.int64),
+                               num_real_reqs=np.array([2], np.int32), host_cache=host, device_buffer=dev,
+                               item_size_bytes=16)
+    with pytest.raises(TypeError):
+        copy_cache_planned_mla(src, dst, cnt, np.array([2], np.int32), host, dev, 16)  # keyword-only, as SGLang's

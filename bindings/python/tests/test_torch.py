@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import hisparse_model as model
 from conftest import ITEM, worked_example
-from test_swap_in import as_bytes, random_case, reference
 
 torch = pytest.importorskip("torch")
 
 import kvtier.sglang  # noqa: E402
 from kvtier import KvtierError  # noqa: E402
+from kvtier.sglang import copy_cache_planned_mla  # noqa: E402
 from kvtier.sglang import load_cache_to_device_buffer_mla as swap  # noqa: E402
+from test_swap_in import ENTRY  # noqa: E402
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -44,19 +46,34 @@ def test_worked_example_on_cpu_tensors():
     assert c.lru.tolist() == [[0, 3, 1, 2]]
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_random_cases_on_cpu_tensors(seed):
-    c = random_case(seed)
-    want = reference(type(c)(tokens=c.tokens.copy(), locs=c.locs, lru=c.lru.copy(), host_locs=c.host_locs,
-                             host_cache=as_bytes(c.host_cache), device_buffer=as_bytes(c.device_buffer).copy(),
-                             topk=c.topk, req=c.req, seq=c.seq, hot=c.hot, k=c.k, item=c.item,
-                             num_real=c.num_real))
-    kw = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in c.kwargs().items()}
-    swap(**kw)  # views of the numpy arrays: results land in them
-    assert c.out.tolist() == want[0].tolist()
-    assert c.tokens.tolist() == want[1].tolist()
-    assert c.lru.tolist() == want[2].tolist()
-    assert (as_bytes(c.device_buffer) == want[3]).all()
+def model_to_torch(c, device="cpu"):
+    """A hisparse_model case as torch tensors on `device` (host caches pinned
+    when the device is a GPU); CPU tensors share the numpy arrays' memory."""
+    def t(a):
+        return torch.from_numpy(a) if device == "cpu" else torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+    for name in ("tokens", "locs", "lru", "host_locs", "query", "req", "seq", "num_real"):
+        a = getattr(c, name)
+        if a is not None:
+            setattr(c, name, t(a))
+    c.out = torch.from_numpy(c.out) if device == "cpu" else torch.full(tuple(c.out.shape), -7, dtype=torch.int32,
+                                                                       device=device)
+    c.hosts = [torch.from_numpy(h) if device == "cpu" else torch.from_numpy(h.copy()).pin_memory() for h in c.hosts]
+    c.devices = [t(d) for d in c.devices]
+    return c
+
+
+@pytest.mark.parametrize("path", ["mla", "dsv4", "mha"])
+@pytest.mark.parametrize("seed", range(30))
+def test_random_cases_on_cpu_tensors(path, seed):
+    c = model.random_case(seed, path)
+    want = model.reference(c)
+    ENTRY[path](**model_to_torch(c).kwargs())
+    assert c.out.tolist() == want["out"].tolist()
+    assert c.tokens.tolist() == want["tokens"].tolist()
+    assert c.lru.tolist() == want["lru"].tolist()
+    for d, w in zip(c.devices, want["devices"]):
+        assert (d.numpy().view(np.uint8).reshape(-1) == w).all()
 
 
 def test_bf16_and_fp8_buffers_are_rows_of_bytes():
@@ -110,19 +127,49 @@ def test_worked_example_on_cuda_with_a_pinned_host_cache():
 
 
 @cuda
-@pytest.mark.parametrize("seed", range(100))
-def test_cuda_matches_the_cpu_executor(seed):
-    base = random_case(seed)
-    cpu_case = random_case(seed)
-    swap(**cpu_case.kwargs())
-    g = to_torch(base, "cuda", pin_host_cache=True)
-    # the output view: a fresh CUDA tensor (the numpy view's strides are kept by copy)
-    swap(**g.kwargs())
+@pytest.mark.parametrize("path", ["mla", "dsv4", "mha"])
+@pytest.mark.parametrize("seed", range(60))
+def test_cuda_matches_the_cpu_executor(path, seed):
+    cpu_case = model.random_case(seed, path)
+    ENTRY[path](**cpu_case.kwargs())
+    g = model_to_torch(model.random_case(seed, path), "cuda")
+    ENTRY[path](**g.kwargs())
     torch.cuda.synchronize()
     assert g.out.cpu().tolist() == cpu_case.out.tolist()
     assert g.tokens.cpu().tolist() == cpu_case.tokens.tolist()
     assert g.lru.cpu().tolist() == cpu_case.lru.tolist()
-    assert (g.device_buffer.cpu().numpy().view(np.uint8) == as_bytes(cpu_case.device_buffer)).all()
+    for d, want in zip(g.devices, cpu_case.devices):
+        assert (d.cpu().numpy().view(np.uint8).reshape(-1) == model.as_bytes(want)).all()
+
+
+@cuda
+@pytest.mark.parametrize("path", ["mla", "dsv4"])
+@pytest.mark.parametrize("seed", range(20))
+def test_cuda_replays_match_the_cpu_executor(path, seed):
+    """An anchor's recorded plan replayed into another layer, on both executors."""
+    results = []
+    for device in ("cpu", "cuda"):
+        c = model.random_case(500 + seed, path)
+        batch = len(c.req)
+        plan = [np.zeros((batch, c.entries + 1), dtype=dt) for dt in (np.int64, np.int32)] + [
+            np.zeros(batch, dtype=np.int32)]
+        skip = [np.random.default_rng(seed).integers(0, 256, size=model.as_bytes(d).size, dtype=np.uint8)
+                for d in c.devices]
+        if device == "cuda":
+            c = model_to_torch(c, "cuda")
+            plan = [torch.from_numpy(p).cuda() for p in plan]
+            skip = [torch.from_numpy(d).cuda() for d in skip]
+        ENTRY[path](**c.kwargs(miss_src=plan[0], miss_dst=plan[1], miss_count=plan[2]))
+        real = c.num_real if c.num_real is not None else (
+            np.array([batch], np.int32) if device == "cpu" else torch.tensor([batch], dtype=torch.int32).cuda())
+        copy_cache_planned_mla(miss_src=plan[0], miss_dst=plan[1], miss_count=plan[2], num_real_reqs=real,
+                               host_cache=c.hosts[0], device_buffer=skip[0], item_size_bytes=c.rows.item,
+                               is_dsv4_layout=path == "dsv4")
+        if device == "cuda":
+            torch.cuda.synchronize()
+            skip = [d.cpu().numpy() for d in skip]
+        results.append(skip[0].tobytes())
+    assert results[0] == results[1]
 
 
 @cuda

@@ -1,25 +1,26 @@
-"""Installing the shim into SGLang: the HiSparse coordinator module's
-swap-in function and host pool class are replaced, either at once (module
-already imported) or the moment it is imported (an import hook)."""
+"""Installing the shim into SGLang: the HiSparse coordinator module's kernel
+entry points and host pool classes are replaced, either at once (module
+already imported) or the moment it is imported (an import hook), after
+:mod:`kvtier.sglang.compat` has checked that kvtier can stand in for them."""
 
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
+import logging
 import os
 import sys
 import threading
 
-from .._lib import KvtierError
+from . import compat
 from ._config import ENV, KvtierConfig, load_config
-from .host_pool import KvtierHostTensorAllocator
 
-COORDINATOR = "sglang.srt.managers.hisparse_coordinator"
-SWAP_IN = "load_cache_to_device_buffer_mla"
-HOST_POOL = "MLATokenToKVPoolHost"
+COORDINATOR = compat.COORDINATOR
+
+logger = logging.getLogger("kvtier")
 
 _lock = threading.RLock()
 _config: KvtierConfig | None = None
+_report: compat.Report | None = None
 _hook = None
 
 
@@ -28,15 +29,30 @@ def current_config() -> KvtierConfig | None:
     return _config
 
 
-def install(config=None) -> KvtierConfig:
-    """Replaces SGLang HiSparse's swap-in and host pool allocator with kvtier's
-    (see :class:`KvtierConfig`), before the coordinator is created. Sets
-    ``KVTIER_SGLANG_CONFIG`` so the processes SGLang spawns install the same
-    (through kvtier's SGLang plugin or ``python -m kvtier.sglang``).
-    Idempotent; returns the configuration in force."""
-    global _config
+def installed_report() -> compat.Report | None:
+    """What the last :func:`install` did (None before one)."""
+    return _report
+
+
+def install(config=None) -> compat.Report:
+    """Replaces SGLang HiSparse's kernel entry points and host pool
+    allocation with kvtier's, where kvtier can stand in for them (see
+    :mod:`kvtier.sglang.compat`), before the coordinator is created. Returns
+    the report of what is served by whom, and logs it. When the platform or
+    SGLang's entry points are not what kvtier knows, installs nothing (SGLang
+    runs unchanged) and says why in the report. Sets ``KVTIER_SGLANG_CONFIG``
+    so the processes SGLang spawns install the same (through kvtier's SGLang
+    plugin or ``python -m kvtier.sglang``). Idempotent."""
+    global _config, _report
     cfg = load_config(config)
+    rep = compat.report(cfg)
+    rep.config = cfg
     with _lock:
+        _report = rep
+        for line in rep.lines():
+            (logger.info if rep.installs else logger.warning)("%s", line)
+        if not rep.installs:
+            return rep
         _config = cfg
         os.environ[ENV] = cfg.to_json()
         module = sys.modules.get(COORDINATOR)
@@ -44,15 +60,16 @@ def install(config=None) -> KvtierConfig:
             _patch(module)
         else:
             _add_hook()
-    return cfg
+    return rep
 
 
 def uninstall() -> None:
     """Undoes :func:`install` in this process (the coordinator module gets its
-    own functions back)."""
-    global _config, _hook
+    own functions and classes back)."""
+    global _config, _hook, _report
     with _lock:
         _config = None
+        _report = None
         os.environ.pop(ENV, None)
         if _hook is not None and _hook in sys.meta_path:
             sys.meta_path.remove(_hook)
@@ -70,47 +87,31 @@ def is_installed(module) -> bool:
 
 
 def _patch(module) -> None:
-    if is_installed(module) or _config is None:
+    global _report
+    if is_installed(module) or _config is None or _report is None:
         return
-    from . import load_cache_to_device_buffer_mla
+    problem = compat.live_incompatibility(module)
+    if problem:
+        # The source check passed but the live functions differ (a patched
+        # or rebuilt SGLang): install nothing.
+        _report.installs = False
+        _report.refusal = f"the coordinator's live entry points differ from what kvtier knows: {problem}"
+        logger.warning("%s", _report.lines()[0])
+        return
+    from .entry_points import SERVED
+    from .host_pool import host_pool_class
 
     originals = {}
-    missing = []
-    if _config.swap_in:
-        if hasattr(module, SWAP_IN):
-            originals[SWAP_IN] = getattr(module, SWAP_IN)
+    for route in _report.routes:
+        current = getattr(module, route.name, None)
+        if route.served_by != "kvtier" or current is None:
+            continue
+        originals[route.name] = current
+        if route.name in SERVED:
+            setattr(module, route.name, SERVED[route.name])
         else:
-            missing.append(SWAP_IN)
-    if _config.host_pool:
-        if isinstance(getattr(module, HOST_POOL, None), type):
-            originals[HOST_POOL] = getattr(module, HOST_POOL)
-        else:
-            missing.append(HOST_POOL)
-    if missing:
-        raise KvtierError(
-            f"this SGLang's {COORDINATOR} has no module-level {' or '.join(missing)}; kvtier's shim supports "
-            "the SGLang versions whose coordinator imports them (0.5.12 and later)"
-        )
-    if SWAP_IN in originals:
-        setattr(module, SWAP_IN, load_cache_to_device_buffer_mla)
-    if HOST_POOL in originals:
-        setattr(module, HOST_POOL, host_pool_class(originals[HOST_POOL]))
+            setattr(module, route.name, host_pool_class(current, _config))
     module._kvtier_originals = originals
-
-
-def host_pool_class(base: type) -> type:
-    """`base` (SGLang's MLATokenToKVPoolHost) with its layer-first buffer
-    allocated by :class:`KvtierHostTensorAllocator`; other layouts unchanged."""
-
-    class KvtierMLATokenToKVPoolHost(base):
-        def init_kv_buffer(self):
-            if getattr(self, "layout", None) == "layer_first" and _config is not None:
-                self.allocator = KvtierHostTensorAllocator(_config)
-            return super().init_kv_buffer()
-
-    KvtierMLATokenToKVPoolHost.__qualname__ = f"kvtier[{base.__qualname__}]"
-    KvtierMLATokenToKVPoolHost.__module__ = __name__
-    return KvtierMLATokenToKVPoolHost
 
 
 class _PatchingLoader(importlib.abc.Loader):

@@ -1,11 +1,20 @@
-"""SGLang's host KV pool in a kvtier pool.
+"""SGLang's HiSparse host KV pools in a kvtier pool.
 
-SGLang's host pools allocate their buffer through an allocator object with
-``allocate(dims, dtype, device)`` (``HostTensorAllocator``), then register it
-with the GPU themselves. :class:`KvtierHostTensorAllocator` is such an
-allocator: the layer-first ``[layers, rows, 1, kv_dim]`` buffer of
-``MLATokenToKVPoolHost`` becomes one kvtier region (whose layout is exactly
-that), on the device the per-rank round-robin picks for this rank.
+SGLang's host pools allocate their buffers through an allocator object with
+``allocate(dims, dtype, device)`` (``HostTensorAllocator``), then register
+them with the GPU themselves. :class:`KvtierHostTensorAllocator` is such an
+allocator; each layer-first buffer becomes one kvtier region, on the device
+the per-rank round-robin picks for this rank. A region is layer-first
+``[layers][rows][entry bytes]``, and each HiSparse pool is one of those:
+
+- ``MLATokenToKVPoolHost`` (DSA): one ``[layers, rows, 1, kv_dim]`` buffer;
+  an entry is a token's latent.
+- ``HiSparseMHATokenToKVPoolHost`` (MiniMax-M3): one ``[2, layers, rows,
+  heads, head_dim]`` buffer, K then V; the region has ``2 × layers`` layers.
+- ``DeepSeekV4PagedHostPool``: one ``[pages, page_bytes]`` buffer per layer,
+  allocated one after the other; the region has the pool's layers, an entry
+  being one padded page of 64 C4 tokens, and each call returns the next
+  layer of it.
 """
 
 from __future__ import annotations
@@ -13,7 +22,6 @@ from __future__ import annotations
 import logging
 import re
 import sys
-
 
 from .._lib import KvtierError
 from .._pool import Layout, Pool, device_bytes_for
@@ -58,40 +66,75 @@ def sized_devices(devices: list, layout: Layout) -> list:
     return out
 
 
-class KvtierHostTensorAllocator:
-    """An SGLang host-tensor allocator that places each buffer in a kvtier
-    region: ``allocate((layers, rows, 1, kv_dim), dtype, "cpu")``. With a torch
-    dtype it returns a CPU torch tensor, with a numpy dtype a numpy array;
-    either is a view of the region (no copy) that keeps it alive."""
+def _itemsize(dtype) -> int:
+    torch_dtype = _torch_dtype(dtype)
+    if torch_dtype is not None:
+        return torch_dtype.itemsize if hasattr(torch_dtype, "itemsize") else _torch_itemsize(torch_dtype)
+    import numpy as np
 
-    def __init__(self, config: KvtierConfig | None = None):
+    return np.dtype(dtype).itemsize
+
+
+class KvtierHostTensorAllocator:
+    """An SGLang host-tensor allocator that places layer-first buffers in
+    kvtier regions (see the module docs for the three shapes). With a torch
+    dtype it returns a CPU torch tensor, with a numpy dtype a numpy array;
+    either is a view of the region (no copy) that keeps it alive.
+
+    `layers` is the layer count of a pool that allocates one ``[rows,
+    entry_bytes]`` buffer per layer (DeepSeek-V4's): the first call makes the
+    region, each call returns the next layer."""
+
+    def __init__(self, config: KvtierConfig | None = None, layers: int | None = None):
         self.config = config or KvtierConfig()
+        self.layers = layers
         self.dtype = None
         self.dims = None
         self.pools = []
         self.regions = []
-        self.placements = []  # (rank, ranks, region device index) per allocation
+        self.placements = []  # (rank, ranks, region device index) per region
+        self._per_layer = None  # (dims, dtype, region view, next layer) while handing out layers
 
     def allocate(self, dims, dtype, device="cpu"):
         if str(device) != "cpu":
             raise KvtierError(f"KvtierHostTensorAllocator allocates host memory; device={device!r} was asked for")
         dims = tuple(int(d) for d in dims)
-        if len(dims) != 4 or dims[2] != 1 or min(dims) <= 0:
-            raise KvtierError(
-                f"KvtierHostTensorAllocator places layer-first buffers [layers, rows, 1, kv_dim]; got dims {dims} "
-                "(use layout='layer_first' for the HiSparse host pool)"
-            )
-        torch_dtype = _torch_dtype(dtype)
-        if torch_dtype is not None:
-            itemsize = torch_dtype.itemsize if hasattr(torch_dtype, "itemsize") else _torch_itemsize(torch_dtype)
+        if min(dims, default=0) <= 0:
+            raise KvtierError(f"KvtierHostTensorAllocator: dims {dims} have an empty axis")
+        itemsize = _itemsize(dtype)
+        if len(dims) == 2 and self.layers:
+            return self._next_layer(dims, dtype, itemsize)
+        if len(dims) == 4 and dims[2] == 1:  # MLA [layers, rows, 1, kv_dim]
+            layers, rows, entry = dims[0], dims[1], dims[3] * itemsize
+        elif len(dims) == 5 and dims[0] == 2:  # MHA [K/V, layers, rows, heads, head_dim]
+            layers, rows, entry = 2 * dims[1], dims[2], dims[3] * dims[4] * itemsize
         else:
-            import numpy as np
+            raise KvtierError(
+                f"KvtierHostTensorAllocator places layer-first buffers ([layers, rows, 1, kv_dim], "
+                f"[2, layers, rows, heads, head_dim], or one [rows, bytes] per layer of a pool of known "
+                f"layers); got dims {dims} (use layout='layer_first' for the HiSparse host pool)"
+            )
+        region = self._region(layers, rows, entry, dims)
+        self.dtype, self.dims = dtype, dims
+        return _view(region, dtype, dims)
 
-            itemsize = np.dtype(dtype).itemsize
-        layers, rows, _, kv_dim = dims
-        entry = kv_dim * itemsize
+    def _next_layer(self, dims, dtype, itemsize):
+        if self._per_layer is None:
+            rows, entry = dims[0], dims[1] * itemsize
+            region = self._region(self.layers, rows, entry, (self.layers,) + dims)
+            self._per_layer = [dims, dtype, _view(region, dtype, (self.layers,) + dims), 0]
+            self.dtype, self.dims = dtype, dims
+        want, want_dtype, whole, i = self._per_layer
+        if dims != want or _itemsize(want_dtype) != itemsize:
+            raise KvtierError(f"KvtierHostTensorAllocator: layer {i} asks for {dims}, the earlier layers for {want}")
+        if i >= self.layers:
+            raise KvtierError(f"KvtierHostTensorAllocator: a {i + 1}th layer was asked for; the pool has {self.layers}")
+        self._per_layer[3] = i + 1
+        return whole[i]
+
+    def _region(self, layers: int, rows: int, entry: int, dims: tuple):
         if entry % 8:
-            raise KvtierError(f"an entry of {kv_dim} × {itemsize} B = {entry} B is not a multiple of 8 B")
+            raise KvtierError(f"an entry of {entry} B (dims {dims}) is not a multiple of 8 B")
         layout = Layout(entry, layers, rows)
         rank, ranks = detect_rank(self.config)
         devices = sized_devices(self.config.devices, layout)
@@ -103,20 +146,54 @@ class KvtierHostTensorAllocator:
         self.pools.append(pool)
         self.regions.append(region)
         self.placements.append((rank, ranks, region.device))
-        self.dtype, self.dims = dtype, dims
         logger.info(
-            "kvtier: host KV pool of %d layers × %d rows × %d B in region %d on %s (rank %d of %d)",
-            layers,
-            rows,
-            entry,
-            region.index,
-            devices[region.device],
-            rank,
-            ranks,
+            "kvtier: host KV of %d layers × %d rows × %d B in region %d on %s (rank %d of %d)",
+            layers, rows, entry, region.index, devices[region.device], rank, ranks,
         )
-        if torch_dtype is not None:
-            return region.torch(torch_dtype, dims)
-        return region.numpy(dtype, dims)
+        return region
+
+
+def _view(region, dtype, dims):
+    if _torch_dtype(dtype) is not None:
+        return region.torch(dtype, dims)
+    return region.numpy(dtype, dims)
+
+
+def host_pool_class(base: type, config: KvtierConfig) -> type:
+    """`base` (one of SGLang's HiSparse host pools) with its layer-first
+    buffers allocated by :class:`KvtierHostTensorAllocator`; other layouts
+    unchanged. SGLang's pools set ``self.allocator`` in their constructor and
+    allocate through it; here reading it gives kvtier's allocator for a
+    layer-first pool (SGLang's for any other layout)."""
+
+    class KvtierHostPool(base):
+        @property
+        def allocator(self):
+            if getattr(self, "layout", None) != "layer_first":
+                return self.__dict__.get("_sglang_allocator")
+            mine = self.__dict__.get("_kvtier_allocator")
+            if mine is None:
+                mine = KvtierHostTensorAllocator(config, layers=getattr(self, "layer_num", None))
+                self.__dict__["_kvtier_allocator"] = mine
+            return mine
+
+        @allocator.setter
+        def allocator(self, value):
+            self.__dict__["_sglang_allocator"] = value
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            mine = self.__dict__.get("_kvtier_allocator")
+            if getattr(self, "layout", None) == "layer_first" and (mine is None or not mine.regions):
+                logger.warning(
+                    "kvtier: %s allocated its buffers without kvtier's allocator; they are in SGLang's host "
+                    "memory, not the kvtier pool", base.__qualname__,
+                )
+
+    KvtierHostPool.__name__ = base.__name__
+    KvtierHostPool.__qualname__ = f"kvtier[{base.__qualname__}]"
+    KvtierHostPool.__module__ = __name__
+    return KvtierHostPool
 
 
 def _torch_dtype(dtype):

@@ -16,6 +16,7 @@ import os
 import runpy
 import sys
 
+from . import compat
 from ._config import ENV, load_config
 from ._patch import install
 
@@ -53,12 +54,13 @@ def main(argv=None) -> None:
         return
     path, rest = split_args(argv)
     cfg = load_config(os.path.abspath(path) if path else None)
-    install(cfg)
-    print(
-        f"kvtier: installed into SGLang (swap-in: {'kvtier ' + cfg.strategy if cfg.swap_in else 'SGLang'}, "
-        f"host pool: {'kvtier on ' + ', '.join(cfg.devices) if cfg.host_pool else 'SGLang'})",
-        file=sys.stderr,
-    )
+    if compat.sglang_root() is None:
+        print("kvtier: SGLang is not installed in this Python environment; nothing to launch", file=sys.stderr)
+        raise SystemExit(2)
+    # Installs where kvtier can stand in for SGLang's HiSparse entry points and
+    # host pools, and says which it serves; otherwise SGLang runs unchanged.
+    for line in install(cfg).lines():
+        print(line, file=sys.stderr)
     sys.argv = ["sglang.launch_server", *rest]
     # alter_sys=False: this module stays __main__, which spawned children import.
     runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=False)

@@ -1,0 +1,376 @@
+"""What kvtier serves in the SGLang it finds, and why.
+
+SGLang's HiSparse coordinator (``sglang.srt.managers.hisparse_coordinator``)
+calls five kernel entry points and builds one of three host pools, all looked
+up as module globals. kvtier replaces an entry point only where its own
+function accepts every call SGLang's accepts, with the same meaning: each of
+SGLang's parameters at the same place, of the same kind, with the same
+default, and every keyword the coordinator passes. If any entry point SGLang
+has differs from what kvtier knows (a newer SGLang passing arguments kvtier
+does not understand), or the platform is not CUDA, nothing is installed and
+SGLang runs unchanged: a refusal at start-up, never a ``TypeError`` at the
+first decode step.
+
+The checks read SGLang's source (no SGLang module is imported, so they run
+anywhere, GPU or not), and are repeated on the live functions when the
+coordinator module is patched.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+
+COORDINATOR = "sglang.srt.managers.hisparse_coordinator"
+COORDINATOR_FILE = "sglang/srt/managers/hisparse_coordinator.py"
+KERNEL_FILES = ("sglang/kernels/ops/kvcache/hisparse.py", "sglang/jit_kernel/hisparse.py")
+# The SGLang releases kvtier is checked against (CI reads each one's source).
+CHECKED_VERSIONS = ("0.5.21", "0.5.22", "0.5.23")
+SPEC = "load_cache_to_device_buffer_spec_mla"
+HOST_POOLS = ("MLATokenToKVPoolHost", "DeepSeekV4PagedHostPool", "HiSparseMHATokenToKVPoolHost")
+ENTRY_POINTS = (
+    "load_cache_to_device_buffer_mla",
+    "load_cache_to_device_buffer_dsv4_mla",
+    "copy_cache_planned_mla",
+    "load_blocks_to_device_buffer_mha",
+)
+USED_FOR = {
+    "load_cache_to_device_buffer_mla": "DSA decode (DeepSeek-V3.2, GLM)",
+    "load_cache_to_device_buffer_dsv4_mla": "DeepSeek-V4 decode",
+    "copy_cache_planned_mla": "shared-index layers",
+    "load_blocks_to_device_buffer_mha": "MiniMax-M3 decode",
+    SPEC: "MTP/EAGLE verify",
+    "MLATokenToKVPoolHost": "DSA host KV",
+    "DeepSeekV4PagedHostPool": "DeepSeek-V4 host KV",
+    "HiSparseMHATokenToKVPoolHost": "MiniMax-M3 host KV",
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str  # "positional" (positional-or-keyword) or "keyword" (keyword-only)
+    default: str | None  # the default's source text, None when required
+
+
+@dataclass
+class Route:
+    """Who serves one of SGLang's names, and why."""
+
+    name: str
+    served_by: str  # "kvtier", "SGLang" or "absent"
+    why: str
+
+    def line(self) -> str:
+        use = USED_FOR.get(self.name, "")
+        who = {"kvtier": "kvtier", "SGLang": "SGLang", "absent": "-"}[self.served_by]
+        return f"  {self.name:<38} {who:<7} {use + ': ' if use else ''}{self.why}"
+
+
+@dataclass
+class Report:
+    """What :func:`kvtier.sglang.install` does in this environment."""
+
+    sglang_version: str | None = None
+    platform: str = "unknown"
+    installs: bool = False
+    refusal: str | None = None
+    routes: list = field(default_factory=list)
+    config: object = None  # the KvtierConfig install() used
+
+    def served(self, name: str) -> bool:
+        return any(r.name == name and r.served_by == "kvtier" for r in self.routes)
+
+    def lines(self) -> list:
+        if not self.installs:
+            return [f"kvtier: not installed into SGLang ({self.refusal}); SGLang runs unchanged"]
+        checked = (
+            "" if self.sglang_version in CHECKED_VERSIONS
+            else f"; not one of the versions kvtier is checked against ({', '.join(CHECKED_VERSIONS)}), "
+                 "served because its entry points match"
+        )
+        head = f"kvtier: installed into SGLang {self.sglang_version or '(version unknown)'} on {self.platform}{checked}"
+        return [head] + [r.line() for r in self.routes]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+# ---- signatures ---------------------------------------------------------------
+
+
+def params_of_function(fn) -> list:
+    """kvtier's (or a live SGLang function's) parameters."""
+    out = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            out.append(Param(("*" if p.kind == p.VAR_POSITIONAL else "**") + p.name, "var", None))
+            continue
+        kind = "keyword" if p.kind == p.KEYWORD_ONLY else "positional"
+        out.append(Param(p.name, kind, None if p.default is p.empty else repr(p.default)))
+    return out
+
+
+def params_of_source(node: ast.FunctionDef) -> list:
+    """The parameters of a function definition in SGLang's source."""
+    a = node.args
+    out = []
+    positional = a.posonlyargs + a.args
+    defaults = [None] * (len(positional) - len(a.defaults)) + [_literal(d) for d in a.defaults]
+    out += [Param(p.arg, "positional", d) for p, d in zip(positional, defaults)]
+    if a.vararg:
+        out.append(Param("*" + a.vararg.arg, "var", None))
+    out += [Param(p.arg, "keyword", None if d is None else _literal(d)) for p, d in zip(a.kwonlyargs, a.kw_defaults)]
+    if a.kwarg:
+        out.append(Param("**" + a.kwarg.arg, "var", None))
+    return out
+
+
+def _literal(node: ast.AST) -> str:
+    """A default's value as repr() writes it (source text where it is not a literal)."""
+    try:
+        return repr(ast.literal_eval(node))
+    except ValueError:
+        return ast.unparse(node)
+
+
+def incompatibility(theirs: list, ours: list) -> str | None:
+    """Why kvtier's function cannot stand in for SGLang's (None: it can).
+    Every one of SGLang's parameters must be kvtier's at the same position,
+    of the same kind and default; kvtier may add parameters with defaults."""
+    for p in theirs:
+        if p.kind == "var":
+            return f"SGLang's takes {p.name}, arguments kvtier cannot check"
+    by_name = {p.name: p for p in ours}
+    for i, p in enumerate(theirs):
+        mine = by_name.get(p.name)
+        if mine is None:
+            return f"SGLang's takes `{p.name}`, which kvtier does not know"
+        if p.kind == "positional" and (i >= len(ours) or ours[i].name != p.name):
+            return f"SGLang's `{p.name}` is positional parameter {i}, kvtier's is not"
+        if mine.kind != p.kind:
+            return f"SGLang's `{p.name}` is {p.kind}, kvtier's is {mine.kind}"
+        if mine.default != p.default:
+            return f"SGLang's `{p.name}` defaults to {p.default}, kvtier's to {mine.default}"
+    extra = [p.name for p in ours if p.name not in {q.name for q in theirs} and p.default is None]
+    if extra:
+        return f"kvtier's needs {extra}, which SGLang's does not take"
+    return None
+
+
+def coordinator_keywords(source: str) -> dict:
+    """{entry point: keywords the coordinator passes it} from the
+    coordinator's source, following `fn = a if c else b` aliases and `**kw`
+    splats of dict literals built in the same function; a splat it cannot
+    follow is recorded as the keyword `**name`."""
+    tree = ast.parse(source)
+    calls: dict = {}
+    for func in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        aliases: dict = {}
+        dict_keys: dict = {}
+        for node in ast.walk(func):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                target, value = node.targets[0].id, node.value
+                names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+                known = names & set(ENTRY_POINTS + (SPEC,))
+                if known and not isinstance(value, ast.Call):
+                    aliases[target] = known
+                keys = set()
+                for sub in ast.walk(value):
+                    if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "dict":
+                        keys |= {k.arg for k in sub.keywords if k.arg}
+                    elif isinstance(sub, ast.Dict):
+                        keys |= {k.value for k in sub.keys if isinstance(k, ast.Constant)}
+                if isinstance(value, (ast.Dict, ast.IfExp, ast.Call)) and (keys or _is_dictish(value)):
+                    dict_keys[target] = keys
+        for node in ast.walk(func):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            targets = aliases.get(name, {name} if name in ENTRY_POINTS + (SPEC,) else set())
+            if not targets:
+                continue
+            keywords = {k.arg for k in node.keywords if k.arg}
+            for k in node.keywords:
+                if k.arg is None:
+                    splat = k.value.id if isinstance(k.value, ast.Name) else None
+                    keywords |= dict_keys.get(splat, {f"**{splat or ast.unparse(k.value)}"})
+            for t in targets:
+                calls.setdefault(t, set()).update(keywords)
+    return calls
+
+
+def _is_dictish(value: ast.AST) -> bool:
+    return any(
+        isinstance(n, ast.Dict) or (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "dict")
+        for n in ast.walk(value)
+    )
+
+
+def module_names(source: str) -> set:
+    """Names the coordinator binds at module level (imports, also inside
+    `if is_xpu(): ... else: ...`, and definitions)."""
+    names = set()
+    for node in ast.parse(source).body:
+        for sub in ast.walk(node) if isinstance(node, ast.If) else [node]:
+            if isinstance(sub, ast.ImportFrom):
+                names |= {a.asname or a.name for a in sub.names}
+            elif isinstance(sub, (ast.FunctionDef, ast.ClassDef)):
+                names.add(sub.name)
+    return names
+
+
+# ---- finding SGLang -----------------------------------------------------------
+
+
+def sglang_root() -> Path | None:
+    """The directory holding the importable `sglang` package, found without
+    importing it (None when SGLang is not installed)."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]).parent
+
+
+def sglang_version(root: Path) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:
+        pass
+    text = (root / "sglang/_version.py").read_text() if (root / "sglang/_version.py").exists() else ""
+    for node in ast.walk(ast.parse(text)) if text else []:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__version__" for t in node.targets):
+            try:
+                return ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return None
+
+
+def platform() -> tuple:
+    """(name, refusal or None): kvtier's kernels are CUDA; ROCm and XPU
+    builds of torch are left to SGLang's own kernels."""
+    try:
+        import torch
+    except Exception:
+        return "CPU only (no torch)", None
+    if getattr(torch.version, "hip", None):
+        return f"ROCm {torch.version.hip}", "ROCm: kvtier's kernels are CUDA"
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and getattr(xpu, "is_available", lambda: False)():
+        return "XPU", "XPU: kvtier's kernels are CUDA"
+    cuda = getattr(torch.version, "cuda", None)
+    return (f"CUDA {cuda}" if cuda else "CPU only (torch without CUDA)"), None
+
+
+# ---- the report ---------------------------------------------------------------
+
+
+def served_functions() -> dict:
+    from .entry_points import SERVED
+
+    return SERVED
+
+
+def check_entry_points(theirs: dict, coordinator_source: str | None) -> tuple:
+    """(routes, refusal) for SGLang's entry points: `theirs` maps each name
+    SGLang has to its parameter list."""
+    ours = served_functions()
+    keywords = coordinator_keywords(coordinator_source) if coordinator_source else {}
+    routes, problems = [], []
+    for name in ENTRY_POINTS:
+        if name not in theirs:
+            routes.append(Route(name, "absent", "not in this SGLang"))
+            continue
+        mine = params_of_function(ours[name])
+        why = incompatibility(theirs[name], mine)
+        unknown = sorted(keywords.get(name, set()) - {p.name for p in mine})
+        if why is None and unknown:
+            why = f"the coordinator passes {unknown}, which kvtier does not know"
+        if why:
+            problems.append(f"{name}: {why}")
+            routes.append(Route(name, "SGLang", why))
+        elif theirs[name] == mine:
+            routes.append(Route(name, "kvtier", "same signature as SGLang's"))
+        else:
+            routes.append(Route(name, "kvtier", "takes every argument SGLang's takes, alike"))
+    if SPEC in theirs:
+        routes.append(Route(SPEC, "SGLang", "kvtier does not serve the speculative swap-in yet"))
+    return routes, ("; ".join(problems) or None)
+
+
+def host_pool_routes(names: set, config) -> list:
+    routes = []
+    for pool in HOST_POOLS:
+        if pool not in names:
+            routes.append(Route(pool, "absent", "not in this SGLang"))
+        elif config is not None and not config.host_pool:
+            routes.append(Route(pool, "SGLang", "host_pool is off in the kvtier config"))
+        else:
+            where = ", ".join(config.devices) if config is not None else "anon"
+            routes.append(Route(pool, "kvtier", f"layer-first buffers in a kvtier pool on {where}"))
+    return routes
+
+
+def report(config=None) -> Report:
+    """What installing kvtier with `config` does here, from SGLang's source."""
+    plat, refusal = platform()
+    r = Report(platform=plat)
+    if refusal:
+        r.refusal = refusal
+        return r
+    root = sglang_root()
+    if root is None:
+        r.refusal = "SGLang is not installed in this Python environment"
+        return r
+    r.sglang_version = sglang_version(root)
+    coord = root / COORDINATOR_FILE
+    kernel = next((root / f for f in KERNEL_FILES if (root / f).exists()), None)
+    if not coord.exists() or kernel is None:
+        r.refusal = f"SGLang {r.sglang_version} has no HiSparse coordinator and kernel module kvtier knows"
+        return r
+    coord_source = coord.read_text()
+    names = module_names(coord_source)
+    theirs = {}
+    for node in ast.parse(kernel.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name in ENTRY_POINTS + (SPEC,) and node.name in names:
+            theirs[node.name] = params_of_source(node)
+    routes, problem = check_entry_points(theirs, coord_source)
+    if problem:
+        r.refusal = f"SGLang {r.sglang_version}'s entry points differ from what kvtier knows: {problem}"
+        return r
+    if config is not None and not config.swap_in:
+        for route in routes:
+            if route.served_by == "kvtier":
+                route.served_by, route.why = "SGLang", "swap_in is off in the kvtier config"
+    r.routes = routes + host_pool_routes(names, config)
+    r.installs = True
+    return r
+
+
+def live_incompatibility(module) -> str | None:
+    """The same check on the coordinator module's live functions (SGLang's,
+    before kvtier replaces them)."""
+    theirs = {}
+    for name in ENTRY_POINTS + (SPEC,):
+        fn = getattr(module, name, None)
+        if callable(fn):
+            try:
+                theirs[name] = params_of_function(fn)
+            except (TypeError, ValueError):
+                return f"{name} has no signature kvtier can read"
+    source = None
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        pass
+    return check_entry_points(theirs, source)[1]
+
+
+__all__ = ["Report", "Route", "report", "CHECKED_VERSIONS", "ENTRY_POINTS", "HOST_POOLS", "SPEC"]

@@ -1,0 +1,202 @@
+"""SGLang HiSparse's kernel entry points, served by kvtier: the same names,
+keyword signatures, defaults and in-place updates as SGLang's
+``sglang.kernels.ops.kvcache.hisparse`` (0.5.21 to 0.5.23).
+
+Semantics (the library's swap_in module has the full contract): per batch
+row, the query's entries are resolved against the request's hot buffer; hits
+output their device row, misses evict least-recently-used slots and copy
+their host rows in, the newest token maps to the reserved slot, and the LRU
+order is updated. Rows at or past ``num_real_reqs[0]`` are CUDA-graph
+padding (outputs -1, nothing else). On valid input outputs, state, copied
+bytes and the miss plan are SGLang's. On bad input kvtier refuses what SGLang
+would follow unchecked: out-of-range tokens, block ids, rows and requests
+give -1 and are reported (CPU executor: a :class:`kvtier.KvtierError` at
+once; CUDA: at :func:`kvtier.sglang.check`); -1 inside a long token query is
+padding (SGLang leaves that output unwritten); a duplicated token is loaded
+once.
+
+torch CUDA tensors run kvtier's kernels on the current torch stream (host
+caches must be pinned or registered host memory); numpy arrays and CPU
+tensors run the CPU executor. ``block_size`` and ``num_blocks`` are SGLang's
+launch shapes: kvtier sizes its own launches (a replay uses as many warps as
+``num_blocks × block_size`` would, so that it leaves the same SMs free).
+``page_size`` is accepted as SGLang accepts it: its kernels never read it.
+"""
+
+from __future__ import annotations
+
+from .. import _lib
+from .._lib import KvtierError
+from .._swap_in import copy_planned, swap_in
+from ._patch import current_config
+
+
+def _strategy() -> str:
+    cfg = current_config()
+    return cfg.strategy if cfg is not None else "plan_then_copy"
+
+
+def _positive(value, arg: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise KvtierError(f"invalid argument `{arg}`: {value!r} is not a positive int")
+
+
+def load_cache_to_device_buffer_mla(
+    top_k_tokens,
+    device_buffer_tokens,
+    host_cache_locs,
+    device_buffer_locs,
+    host_cache,
+    device_buffer,
+    top_k_device_locs,
+    req_pool_indices,
+    seq_lens,
+    lru_slots,
+    item_size_bytes,
+    num_top_k,
+    hot_buffer_size,
+    page_size=1,
+    block_size=256,
+    num_real_reqs=None,
+    miss_src=None,
+    miss_dst=None,
+    miss_count=None,
+    skip_io=False,
+) -> None:
+    """DSA decode (DeepSeek-V3.2, GLM): the swap-in of one layer for a batch,
+    host and device caches linear rows of ``item_size_bytes``. With
+    ``miss_src``/``miss_dst``/``miss_count`` the misses are recorded there (for
+    :func:`copy_cache_planned_mla`); ``skip_io`` moves no KV bytes."""
+    _positive(page_size, "page_size")
+    _positive(block_size, "block_size")
+    _positive(item_size_bytes, "item_size_bytes")
+    swap_in(
+        top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer,
+        top_k_device_locs, req_pool_indices, seq_lens, lru_slots, _lib.linear_items(item_size_bytes), num_top_k,
+        hot_buffer_size, num_real_reqs=num_real_reqs, miss_src=miss_src, miss_dst=miss_dst,
+        miss_count=miss_count, skip_io=bool(skip_io), strategy=_strategy(),
+    )
+
+
+def load_cache_to_device_buffer_dsv4_mla(
+    top_k_tokens,
+    device_buffer_tokens,
+    host_cache_locs,
+    device_buffer_locs,
+    host_cache,
+    device_buffer,
+    top_k_device_locs,
+    req_pool_indices,
+    seq_lens,
+    lru_slots,
+    item_size_bytes,
+    num_top_k,
+    hot_buffer_size,
+    page_size=1,
+    block_size=256,
+    num_real_reqs=None,
+    miss_src=None,
+    miss_dst=None,
+    miss_count=None,
+    skip_io=False,
+) -> None:
+    """DeepSeek-V4: as :func:`load_cache_to_device_buffer_mla`, host and device
+    caches in the page-padded C4 layout (pages of 64 tokens, a token's 576-byte
+    value and 8-byte scale in separate runs of its page, pages padded to 37440
+    bytes); ``item_size_bytes`` must be the C4 token's 584."""
+    _positive(page_size, "page_size")
+    _positive(block_size, "block_size")
+    if item_size_bytes != _lib.DSV4_ITEM_BYTES:
+        raise KvtierError(
+            f"invalid argument `item_size_bytes`: {item_size_bytes!r}; DeepSeek-V4's C4 token is "
+            f"{_lib.DSV4_VALUE_BYTES} + {_lib.DSV4_SCALE_BYTES} = {_lib.DSV4_ITEM_BYTES} bytes"
+        )
+    swap_in(
+        top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer,
+        top_k_device_locs, req_pool_indices, seq_lens, lru_slots, _lib.dsv4_items(), num_top_k, hot_buffer_size,
+        num_real_reqs=num_real_reqs, miss_src=miss_src, miss_dst=miss_dst, miss_count=miss_count,
+        skip_io=bool(skip_io), strategy=_strategy(),
+    )
+
+
+def load_blocks_to_device_buffer_mha(
+    top_k_blocks,
+    device_buffer_tokens,
+    host_cache_locs,
+    device_buffer_locs,
+    host_cache_k,
+    host_cache_v,
+    device_buffer_k,
+    device_buffer_v,
+    top_k_device_locs,
+    req_pool_indices,
+    seq_lens,
+    lru_slots,
+    item_size_bytes,
+    hot_buffer_size,
+    sparse_block_size,
+    page_size=1,
+    block_size=256,
+    num_real_reqs=None,
+    skip_io=False,
+) -> None:
+    """MiniMax-M3: block-selected MHA. ``top_k_blocks[b]`` names blocks of
+    ``sparse_block_size`` tokens; the row resolves every token of every block
+    (tokens past the sequence and -1 blocks give -1) into
+    ``top_k_device_locs[b, :blocks × sparse_block_size]``, and each miss
+    copies its K and V rows (``item_size_bytes`` each)."""
+    _positive(page_size, "page_size")
+    _positive(block_size, "block_size")
+    _positive(item_size_bytes, "item_size_bytes")
+    _positive(sparse_block_size, "sparse_block_size")
+    shape = getattr(top_k_blocks, "shape", ())
+    if len(shape) != 2:
+        raise KvtierError(f"invalid argument `top_k_blocks`: has shape {list(shape)}; it must be 2-D")
+    swap_in(
+        top_k_blocks, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache_k, device_buffer_k,
+        top_k_device_locs, req_pool_indices, seq_lens, lru_slots, _lib.linear_items(item_size_bytes),
+        int(shape[1]), hot_buffer_size, num_real_reqs=num_real_reqs, skip_io=bool(skip_io), strategy=_strategy(),
+        block_tokens=sparse_block_size, host_cache_v=host_cache_v, device_buffer_v=device_buffer_v,
+    )
+
+
+def copy_cache_planned_mla(
+    *,
+    miss_src,
+    miss_dst,
+    miss_count,
+    num_real_reqs,
+    host_cache,
+    device_buffer,
+    item_size_bytes,
+    num_blocks=4,
+    block_size=1024,
+    is_dsv4_layout=False,
+    skip_io=False,
+) -> None:
+    """Shared-index (skip) layers: replays a recorded miss plan (kvtier's or
+    SGLang's: the same format) into this layer's device buffer — copies only,
+    rows below ``num_real_reqs[0]``, every count and row checked."""
+    _positive(num_blocks, "num_blocks")
+    _positive(block_size, "block_size")
+    if is_dsv4_layout:
+        items = _lib.dsv4_items()
+    else:
+        _positive(item_size_bytes, "item_size_bytes")
+        items = _lib.linear_items(item_size_bytes)
+    copy_planned(
+        miss_src, miss_dst, miss_count, num_real_reqs, host_cache, device_buffer, items,
+        warps=-(-num_blocks * block_size // 32), skip_io=bool(skip_io),
+    )
+
+
+# The entry points kvtier serves, by SGLang's name.
+SERVED = {
+    f.__name__: f
+    for f in (
+        load_cache_to_device_buffer_mla,
+        load_cache_to_device_buffer_dsv4_mla,
+        load_blocks_to_device_buffer_mha,
+        copy_cache_planned_mla,
+    )
+}
