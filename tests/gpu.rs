@@ -281,6 +281,20 @@ fn swap_in_matches_cpu_on_random_cases() {
     }
 }
 
+/// Miss-plan replays (SGLang's copy_cache_planned_mla): linear, C4-paged and
+/// two-plane rows, valid and hostile plans, on a grid of SGLang's
+/// shared-index prefetch size (4 blocks of 1024 threads worth of warps).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn replays_match_cpu_on_random_cases() {
+    use common::swap::ReplayCase;
+    let gpu = cuda();
+    for seed in 0..200 {
+        let case = ReplayCase::random(seed, seed % 2 == 1);
+        assert_eq!(case.run(&gpu), case.run_cpu(), "{case:?}");
+    }
+}
+
 /// The benchmark's grid: HOT 4096 and 8192, K = 2048, 2 and 410 misses per
 /// request, 656-byte items.
 #[test]

@@ -1434,6 +1434,75 @@ impl ReplayCase {
         }
     }
 
+    /// Runs the replay on `exec` (for the CUDA executor the host planes live
+    /// in a registered pool region, every other buffer in device memory).
+    pub fn run(&self, exec: &Executor) -> ReplayOutcome {
+        let Executor::Cuda(dev) = exec else {
+            return self.run_cpu();
+        };
+        let engine = SwapInEngine::new(exec.clone()).unwrap();
+        let (hn, dn) = (self.host[0].len(), self.device[0].len());
+        let plane = hn.next_multiple_of(8).max(8);
+        let layout = LayerFirstLayout::new(8, 1, (plane * self.host.len() / 8) as u32).unwrap();
+        let pool = Pool::create(
+            layout,
+            DeviceSpec::Anon {
+                bytes: Pool::device_bytes_for(&layout, 1),
+            },
+        )
+        .unwrap();
+        let region = pool.alloc_region().unwrap();
+        for (p, h) in self.host.iter().enumerate() {
+            let mut bytes = h.clone();
+            bytes.resize(plane, 0);
+            pool.write_tokens(&region, 0, (p * plane / 8) as u32, &bytes)
+                .unwrap();
+        }
+        let base = pool.region_device_addr(&region, dev).unwrap();
+        let d_src = DeviceBuffer::from_host(dev, &self.src).unwrap();
+        let d_dst = DeviceBuffer::from_host(dev, &self.dst).unwrap();
+        let d_count = DeviceBuffer::from_host(dev, &self.count).unwrap();
+        let num_real: Vec<i32> = self.num_real.into_iter().collect();
+        let d_num_real =
+            (!num_real.is_empty()).then(|| DeviceBuffer::from_host(dev, &num_real).unwrap());
+        let mut d_dev: Vec<DeviceBuffer<u8>> = self
+            .device
+            .iter()
+            .map(|d| DeviceBuffer::from_host(dev, d).unwrap())
+            .collect();
+        let res = {
+            let mut planes = d_dev.iter_mut().enumerate().map(|(p, d)| KvPlane {
+                // SAFETY: the region is registered and mapped; it holds the planes.
+                host: unsafe { Buf::device(base + (p * plane) as u64, hn) },
+                device: d.as_buf_mut(),
+            });
+            let args = PlannedCopyArgs {
+                src: d_src.as_buf(),
+                dst: d_dst.as_buf(),
+                count: d_count.as_buf(),
+                stride: self.stride,
+                capacity: self.capacity,
+                num_real_reqs: d_num_real.as_ref().map(|n| n.as_buf()),
+                kv: KvBuffers {
+                    layout: self.layout,
+                    k: planes.next().unwrap(),
+                    v: planes.next(),
+                },
+                skip_io: self.skip_io,
+            };
+            engine
+                .copy_planned(&args, Some(4 * 1024 / 32), Stream::null())
+                .and_then(|_| engine.check())
+        };
+        ReplayOutcome {
+            device: d_dev
+                .iter()
+                .map(|d| d.to_vec().unwrap()[..dn].to_vec())
+                .collect(),
+            report: reported(&res),
+        }
+    }
+
     /// Runs the replay on the CPU executor.
     pub fn run_cpu(&self) -> ReplayOutcome {
         let engine = SwapInEngine::new(Executor::cpu()).unwrap();
