@@ -41,6 +41,19 @@ def _positive(value, arg: str) -> None:
         raise KvtierError(f"invalid argument `{arg}`: {value!r} is not a positive int")
 
 
+def _mla_swap_in(items, a: dict) -> None:
+    """The MLA swap-ins' body: `a` holds the entry point's arguments."""
+    _positive(a["page_size"], "page_size")
+    _positive(a["block_size"], "block_size")
+    swap_in(
+        a["top_k_tokens"], a["device_buffer_tokens"], a["host_cache_locs"], a["device_buffer_locs"],
+        a["host_cache"], a["device_buffer"], a["top_k_device_locs"], a["req_pool_indices"], a["seq_lens"],
+        a["lru_slots"], items, a["num_top_k"], a["hot_buffer_size"], num_real_reqs=a["num_real_reqs"],
+        miss_src=a["miss_src"], miss_dst=a["miss_dst"], miss_count=a["miss_count"], skip_io=bool(a["skip_io"]),
+        strategy=_strategy(),
+    )
+
+
 def load_cache_to_device_buffer_mla(
     top_k_tokens,
     device_buffer_tokens,
@@ -67,15 +80,8 @@ def load_cache_to_device_buffer_mla(
     host and device caches linear rows of ``item_size_bytes``. With
     ``miss_src``/``miss_dst``/``miss_count`` the misses are recorded there (for
     :func:`copy_cache_planned_mla`); ``skip_io`` moves no KV bytes."""
-    _positive(page_size, "page_size")
-    _positive(block_size, "block_size")
     _positive(item_size_bytes, "item_size_bytes")
-    swap_in(
-        top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer,
-        top_k_device_locs, req_pool_indices, seq_lens, lru_slots, _lib.linear_items(item_size_bytes), num_top_k,
-        hot_buffer_size, num_real_reqs=num_real_reqs, miss_src=miss_src, miss_dst=miss_dst,
-        miss_count=miss_count, skip_io=bool(skip_io), strategy=_strategy(),
-    )
+    _mla_swap_in(_lib.linear_items(item_size_bytes), locals())
 
 
 def load_cache_to_device_buffer_dsv4_mla(
@@ -104,19 +110,12 @@ def load_cache_to_device_buffer_dsv4_mla(
     caches in the page-padded C4 layout (pages of 64 tokens, a token's 576-byte
     value and 8-byte scale in separate runs of its page, pages padded to 37440
     bytes); ``item_size_bytes`` must be the C4 token's 584."""
-    _positive(page_size, "page_size")
-    _positive(block_size, "block_size")
     if item_size_bytes != _lib.DSV4_ITEM_BYTES:
         raise KvtierError(
             f"invalid argument `item_size_bytes`: {item_size_bytes!r}; DeepSeek-V4's C4 token is "
             f"{_lib.DSV4_VALUE_BYTES} + {_lib.DSV4_SCALE_BYTES} = {_lib.DSV4_ITEM_BYTES} bytes"
         )
-    swap_in(
-        top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer,
-        top_k_device_locs, req_pool_indices, seq_lens, lru_slots, _lib.dsv4_items(), num_top_k, hot_buffer_size,
-        num_real_reqs=num_real_reqs, miss_src=miss_src, miss_dst=miss_dst, miss_count=miss_count,
-        skip_io=bool(skip_io), strategy=_strategy(),
-    )
+    _mla_swap_in(_lib.dsv4_items(), locals())
 
 
 def load_blocks_to_device_buffer_mha(
