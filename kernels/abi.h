@@ -38,7 +38,7 @@ typedef uint64_t kvt_addr;
 #define KVT_ERR_WRITEBACK_SRC_ROW 5 /* item_src_rows[item] is < 0 or >= src_rows */
 /* swap-in kinds: position (batch row << 16) | entry (0 for request-level kinds; the query column
  * for a bad block id; the miss index for a replayed plan entry) */
-#define KVT_ERR_SWAP_NUM_REAL 6    /* num_real_reqs[0] is < 0 or > batch (clamped) */
+#define KVT_ERR_SWAP_NUM_REAL 6    /* num_real_reqs[0] is < 0 (taken as 0; above the batch: every row is real) */
 #define KVT_ERR_SWAP_REQ 7         /* req_pool_indices[row] is < 0 or >= num_requests */
 #define KVT_ERR_SWAP_SEQ_LEN 8     /* seq_lens[row] is < 0 or > max_tokens */
 #define KVT_ERR_SWAP_LRU 9         /* lru_slots[req] is not a permutation of [0, hot) */

@@ -97,14 +97,15 @@ __device__ __forceinline__ int64_t load_index(kvt_addr base, uint32_t row, bool 
 
 __device__ __forceinline__ bool in_rows(int64_t row, uint64_t rows) { return row >= 0 && (uint64_t)row < rows; }
 
-// Rows at or past num_real_reqs[0] (clamped to the batch) are CUDA-graph
-// padding; an out-of-range value is reported by thread 0 of block 0 when
-// `report_it` is set.
+// Rows at or past num_real_reqs[0] are CUDA-graph padding. A value above the
+// batch makes every row real (a sub-batch of a larger step, as SGLang reads
+// it); a negative one is reported by thread 0 of block 0 when `report_it` is
+// set, and taken as 0.
 __device__ __forceinline__ uint32_t real_rows(const kvt_swap_in_params& p, kvt_error_word* err, bool report_it) {
     if (p.num_real_reqs == 0) return p.batch;
     const int32_t given = ld(reinterpret_cast<const int32_t*>(p.num_real_reqs));
     const uint32_t real = given < 0 ? 0u : ((uint32_t)given > p.batch ? p.batch : (uint32_t)given);
-    if (report_it && (int64_t)given != (int64_t)real && blockIdx.x == 0 && threadIdx.x == 0)
+    if (report_it && given < 0 && blockIdx.x == 0 && threadIdx.x == 0)
         report(err, KVT_ERR_SWAP_NUM_REAL, 0, given);
     return real;
 }
@@ -464,8 +465,8 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
 //          rows of every plane (host-mapped).
 // Writes:  device rows of every plane; the error word for a planned row out
 //          of range and (block 0 only, so each is counted once) a count
-//          outside [0, plan_capacity], and with KVT_SWAP_REPLAY an
-//          out-of-range num_real_reqs.
+//          outside [0, plan_capacity], and with KVT_SWAP_REPLAY a negative
+//          num_real_reqs.
 // Assumes: kvt_swap_in_plan ran on the same stream for the same params, or
 //          (KVT_SWAP_REPLAY) the plan is the caller's; plan rows of
 //          plan_stride >= plan_capacity elements; dynamic shared memory of

@@ -89,7 +89,7 @@ pub enum BadIndexKind {
     WritebackToken,
     /// `src_rows[item]` is negative or beyond the source buffer.
     WritebackSrcRow,
-    /// Swap-in: `num_real_reqs[0]` is negative or beyond the batch (clamped).
+    /// Swap-in: `num_real_reqs[0]` is negative (taken as 0).
     SwapNumReal,
     /// Swap-in: `req_pool_indices[row]` is outside the request state rows.
     SwapRequest,
@@ -242,7 +242,7 @@ impl fmt::Display for BadIndex {
             BadIndexKind::SwapNumReal => {
                 write!(
                     f,
-                    "num_real_reqs[0] = {v} is outside [0, batch]; it was clamped"
+                    "num_real_reqs[0] = {v} is negative; it was taken as 0 (every row padding)"
                 )
             }
             BadIndexKind::SwapRequest => write!(

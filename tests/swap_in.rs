@@ -719,3 +719,23 @@ fn replays_match_the_model() {
         assert_eq!(c.run_cpu(), c.expected(), "{c:?}");
     }
 }
+
+#[test]
+fn num_real_reqs_above_the_batch_makes_every_row_real() {
+    // A sub-batch of a step whose num_real_reqs counts the whole step, as
+    // SGLang reads it: nothing to report.
+    let mut c = worked_example(&[4, 2, 7]);
+    c.num_real = Some(5);
+    let after = cpu(&c);
+    assert_eq!(
+        (after.out.clone(), after.report.clone()),
+        (vec![7, 3, 11], None)
+    );
+    assert_eq!(after, c.sglang(-1));
+    c.num_real = Some(-1);
+    let r = cpu(&c).report.expect("a negative count is reported");
+    assert!(
+        r.to_string().contains("num_real_reqs[0] = -1 is negative"),
+        "{r}"
+    );
+}

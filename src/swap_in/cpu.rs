@@ -18,8 +18,8 @@ fn in_rows(row: i64, rows: u64) -> bool {
     row >= 0 && (row as u64) < rows
 }
 
-/// Rows below `num_real_reqs[0]` (clamped to the batch), reporting an
-/// out-of-range value when `report` is set.
+/// Rows below `num_real_reqs[0]`, clamped to the batch (a value above it
+/// makes every row real), reporting a negative value when `report` is set.
 ///
 /// # Safety
 /// `p.num_real_reqs` is 0 or one readable int32.
@@ -30,7 +30,7 @@ unsafe fn real_rows(p: &kvt_swap_in_params, err: &mut ErrorWord, report: bool) -
     // SAFETY: per this function's contract.
     let given = unsafe { *(p.num_real_reqs as *const i32) } as i64;
     let real = given.clamp(0, p.batch as i64);
-    if report && given != real {
+    if report && given < 0 {
         err.report(KVT_ERR_SWAP_NUM_REAL, 0, given);
     }
     real as usize

@@ -10,8 +10,11 @@
 //! the token being decoded), `lru_slots` (a permutation of the `hot` slots,
 //! index 0 least recently used) and `host_cache_locs` (the host row of each
 //! token position). Only the LRU slots of `device_buffer_tokens` are read or
-//! written: SGLang's `[.., hot + page_size]` rows and a `[.., hot]` row both
-//! do.
+//! written, so its rows may have `hot` columns or SGLang's `hot + page_size`.
+//! Every tensor is read with its own row stride (SGLang's kernel reads
+//! `device_buffer_locs` with `device_buffer_tokens`' row stride and
+//! `host_cache_locs` as if its rows were contiguous; the coordinator's tensors
+//! are laid out so that both readings agree).
 //!
 //! A batch row `b` names request `req_pool_indices[b]`, whose sequence has
 //! `seq_lens[b]` tokens (the one being decoded included), and a query: `K`
@@ -21,8 +24,9 @@
 //! `E = K` (tokens) or `E = K × S` (blocks) entries and writes one output
 //! column per entry:
 //!
-//! * **Padding rows** (`b >= num_real_reqs[0]`, CUDA-graph padding): every
-//!   output -1; state, device buffer and the row's miss-plan count untouched.
+//! * **Padding rows** (`b >= num_real_reqs[0]`, CUDA-graph padding; a value
+//!   above the batch makes every row real): every output -1; state, device
+//!   buffer and the row's miss-plan count untouched.
 //! * **Short sequence** (`seq_len <= hot`): token `t` lives in slot `t`; no
 //!   copies, no state change, an empty miss plan. A token query resolves only
 //!   its first `min(seq_len, K)` entries (`device_buffer_locs[t]`, -1 for
@@ -57,26 +61,30 @@
 //! page-padded C4 pages) on one or two planes ([`KvBuffers`]: MLA's latent
 //! cache, or MHA's K and V, which move together).
 //!
-//! # Bad input
+//! # Where kvtier and SGLang differ
 //!
-//! kvtier never follows an unchecked index; each refused entry outputs -1
-//! and is recorded in the error word (CPU executor: an error at once; CUDA:
-//! at the next [`SwapInEngine::check`]). Where SGLang's kernel does something
-//! else, kvtier is safer, and only there do the two differ:
+//! On one valid input: `-1` padding inside a long token query (a long
+//! request whose indexer found fewer than K tokens). kvtier outputs -1 for
+//! it, nothing else. SGLang's kernel uses -1 as its internal hit marker
+//! (`TOKEN_HIT`), so it neither copies nor writes that entry: its output keeps
+//! whatever the buffer held (a row of an earlier step, if the buffer is
+//! reused), and the entry's hash insertion may race with a real token's.
+//! Every other output, the state, the bytes and the plan are the same.
 //!
-//! * `-1` inside a long token query is padding: output -1, no copy, nothing
-//!   reported. SGLang's kernel uses -1 as its internal hit marker
-//!   (`TOKEN_HIT`), so it neither copies nor writes that entry: its output
-//!   keeps whatever the buffer held, and the entry's hash insertion may race
-//!   with a real token's.
+//! On bad input kvtier never follows an unchecked index; each refused entry
+//! outputs -1 and is recorded in the error word (CPU executor: an error at
+//! once; CUDA: at the next [`SwapInEngine::check`]). There kvtier is safer
+//! than SGLang's kernel, which follows what it is given:
+//!
 //! * A duplicated token resolves to one slot: every occurrence outputs that
 //!   slot's row, one copy. (SGLang's result depends on thread timing.)
 //! * Tokens outside `[-1, seq_len)` of a token query, block ids below -1,
 //!   host rows outside the host cache, device rows outside the device buffer,
 //!   a request index or length out of range, and an `lru_slots` row that is
-//!   not a permutation are refused (a refused request keeps its state). An
-//!   evictable slot whose device row is out of range is never loaded into. A
-//!   replayed plan's out-of-range rows and counts are refused the same way.
+//!   not a permutation are refused (a refused request keeps its state), and a
+//!   negative `num_real_reqs[0]` is reported (taken as 0). An evictable slot
+//!   whose device row is out of range is never loaded into. A replayed plan's
+//!   out-of-range rows and counts are refused the same way.
 //!
 //! # How it runs
 //!
@@ -86,7 +94,7 @@
 //! with few rows or few misses is not limited to one block's warps waiting
 //! on PCIe latency). [`SwapInStrategy::OneBlockPerRequest`] copies inside each
 //! row's block instead (SGLang's design, kept as a baseline). The copy kernel
-//! alone replays a caller's plan. The CPU executor ([`cpu`]) interprets the
+//! alone replays a caller's plan. The CPU executor (the `cpu` module) interprets the
 //! same parameters with the same semantics and the same error word.
 
 mod args;

@@ -926,7 +926,7 @@ impl SwapCase {
             None => batch,
             Some(n) => {
                 let clamped = (n as i64).clamp(0, batch);
-                if clamped != n as i64 && batch > 0 {
+                if n < 0 && batch > 0 {
                     err.report(KVT_ERR_SWAP_NUM_REAL, 0, n as i64);
                 }
                 clamped
@@ -1370,7 +1370,7 @@ impl ReplayCase {
             None => rows,
             Some(n) => {
                 let c = (n as i64).clamp(0, rows as i64);
-                if c != n as i64 && rows > 0 {
+                if n < 0 && rows > 0 {
                     err.report(KVT_ERR_SWAP_NUM_REAL, 0, n as i64);
                 }
                 c as usize

@@ -8,12 +8,12 @@ output their device row, misses evict least-recently-used slots and copy
 their host rows in, the newest token maps to the reserved slot, and the LRU
 order is updated. Rows at or past ``num_real_reqs[0]`` are CUDA-graph
 padding (outputs -1, nothing else). On valid input outputs, state, copied
-bytes and the miss plan are SGLang's. On bad input kvtier refuses what SGLang
-would follow unchecked: out-of-range tokens, block ids, rows and requests
-give -1 and are reported (CPU executor: a :class:`kvtier.KvtierError` at
-once; CUDA: at :func:`kvtier.sglang.check`); -1 inside a long token query is
-padding (SGLang leaves that output unwritten); a duplicated token is loaded
-once.
+bytes and the miss plan are SGLang's, but for a -1 (padding) inside a long
+token query: kvtier outputs -1 there, where SGLang's kernel leaves the output
+as it was. On bad input kvtier refuses what SGLang would follow unchecked:
+out-of-range tokens, block ids, rows and requests give -1 and are reported
+(CPU executor: a :class:`kvtier.KvtierError` at once; CUDA: at
+:func:`kvtier.sglang.check`); a duplicated token is loaded once.
 
 torch CUDA tensors run kvtier's kernels on the current torch stream (host
 caches must be pinned or registered host memory); numpy arrays and CPU
