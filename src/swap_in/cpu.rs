@@ -4,7 +4,7 @@
 
 use std::slice::{from_raw_parts, from_raw_parts_mut};
 
-use super::items::copy_row;
+use super::items::{copy_row, layout_of};
 use super::policy::Row;
 use super::{QueryKind, span};
 use crate::abi::{
@@ -97,6 +97,7 @@ pub(super) unsafe fn run(p: &kvt_swap_in_params) -> ErrorWord {
         QueryKind::Tokens
     };
     let skip_io = p.flags & KVT_SWAP_SKIP_IO != 0;
+    let layout = layout_of(&p.items);
     // The miss plan, where one is recorded (the caller's; the CPU executor
     // has no scratch).
     let plan_stride = p.plan_stride as usize;
@@ -180,7 +181,7 @@ pub(super) unsafe fn run(p: &kvt_swap_in_params) -> ErrorWord {
                 // device rows < device_rows. Distinct slots of a request have
                 // distinct rows, or the caller accepts the race the kernel
                 // leaves.
-                unsafe { copy_row(p, h as u64, d as u64) };
+                unsafe { copy_row(p, &layout, h as u64, d as u64) };
             }
         }
     }
@@ -215,6 +216,7 @@ pub(super) unsafe fn replay(p: &kvt_swap_in_params) -> ErrorWord {
             from_raw_parts(p.plan_count as *const i32, batch),
         )
     };
+    let layout = layout_of(&p.items);
     for (b, &c) in count.iter().enumerate().take(num_real) {
         let position = (b as u32) << 16;
         if c < 0 || c as usize > cap {
@@ -229,7 +231,7 @@ pub(super) unsafe fn replay(p: &kvt_swap_in_params) -> ErrorWord {
                 err.report(KVT_ERR_SWAP_DEVICE_LOC, position | m as u32, d);
             } else {
                 // SAFETY: both rows were just checked.
-                unsafe { copy_row(p, h as u64, d as u64) };
+                unsafe { copy_row(p, &layout, h as u64, d as u64) };
             }
         }
     }

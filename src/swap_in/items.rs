@@ -50,13 +50,15 @@ pub(super) struct CheckedKv {
 /// Checks the planes (location, 8-byte alignment) and counts the rows every
 /// plane holds at both ends.
 pub(super) fn check(kv: &KvBuffers<'_>, want: Location) -> Result<CheckedKv> {
-    let mut planes = vec![("host_cache", "device_buffer", &kv.k)];
-    if let Some(v) = &kv.v {
-        planes.push(("host_cache_v", "device_buffer_v", v));
-    }
+    // Checked on every call: no allocation.
+    let planes = [
+        Some(("host_cache", "device_buffer", &kv.k)),
+        kv.v.as_ref()
+            .map(|v| ("host_cache_v", "device_buffer_v", v)),
+    ];
     let (mut host, mut device) = ([0u64; 2], [0u64; 2]);
     let (mut host_rows, mut device_rows) = (u64::MAX, u64::MAX);
-    for (i, (host_arg, device_arg, plane)) in planes.into_iter().enumerate() {
+    for (i, (host_arg, device_arg, plane)) in planes.into_iter().flatten().enumerate() {
         for (arg, addr, len, loc) in [
             (
                 host_arg,
@@ -94,7 +96,7 @@ pub(super) fn check(kv: &KvBuffers<'_>, want: Location) -> Result<CheckedKv> {
 }
 
 /// The layout back from the kernels' form (checked when it was made).
-fn layout_of(l: &kvt_item_layout) -> ItemLayout {
+pub(super) fn layout_of(l: &kvt_item_layout) -> ItemLayout {
     ItemLayout::paged(
         1 << l.page_shift,
         l.value_bytes,
@@ -105,13 +107,12 @@ fn layout_of(l: &kvt_item_layout) -> ItemLayout {
 }
 
 /// The CPU executor's copy of host row `src` to device row `dst` of every
-/// plane of `p`.
+/// plane of `p`, whose rows `layout` (`layout_of(&p.items)`) addresses.
 ///
 /// # Safety
 /// `src < p.host_rows` and `dst < p.device_rows`, and the planes of `p` are
 /// host memory holding those rows, as [`check`] established.
-pub(super) unsafe fn copy_row(p: &kvt_swap_in_params, src: u64, dst: u64) {
-    let layout = layout_of(&p.items);
+pub(super) unsafe fn copy_row(p: &kvt_swap_in_params, layout: &ItemLayout, src: u64, dst: u64) {
     for plane in 0..2 {
         let (host, device) = (p.host_cache[plane], p.device_buffer[plane]);
         if host == 0 {

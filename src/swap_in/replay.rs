@@ -67,15 +67,8 @@ pub(super) fn check(t: &SwapInTarget, a: &PlannedCopyArgs<'_>) -> Result<kvt_swa
     if a.skip_io {
         flags |= KVT_SWAP_SKIP_IO;
     }
+    // A replay reads only the plan, num_real_reqs, the planes and the error word.
     Ok(kvt_swap_in_params {
-        top_k_tokens: 0,
-        device_buffer_tokens: 0,
-        device_buffer_locs: 0,
-        lru_slots: 0,
-        host_cache_locs: 0,
-        top_k_device_locs: 0,
-        req_pool_indices: 0,
-        seq_lens: 0,
         num_real_reqs: num_real,
         host_cache: kv.host,
         device_buffer: kv.device,
@@ -86,22 +79,11 @@ pub(super) fn check(t: &SwapInTarget, a: &PlannedCopyArgs<'_>) -> Result<kvt_swa
         items: kv.layout,
         host_rows: kv.host_rows,
         device_rows: kv.device_rows,
-        top_k_stride: 0,
-        tokens_stride: 0,
-        locs_stride: 0,
-        lru_stride: 0,
-        host_stride: 0,
-        out_stride: 0,
         plan_stride: a.stride as u64,
         batch: rows as u32,
-        top_k: 0,
         block_tokens: 1,
-        entries: 0,
-        hot: 0,
-        num_requests: 0,
-        max_tokens: 0,
         plan_capacity: a.capacity as u32,
         flags,
-        _reserved: 0,
+        ..Default::default()
     })
 }

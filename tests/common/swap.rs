@@ -273,6 +273,34 @@ pub fn buffer_bytes(layout: &ItemLayout, rows: usize) -> usize {
     rows.div_ceil(per) * layout.page_bytes() as usize
 }
 
+/// Host KV planes of `bytes` each in one pool region, plane `p` at `p ×
+/// stride` (the stride returned; 8-byte aligned), as the SGLang shim places
+/// host KV pools: the pool (keep it alive), the region, and the region's
+/// device address on `dev`.
+pub fn planes_in_pool(
+    dev: &std::sync::Arc<kvtier::CudaDevice>,
+    planes: &[&[u8]],
+) -> (std::sync::Arc<Pool>, kvtier::Region, u64, usize) {
+    let stride = planes[0].len().next_multiple_of(8).max(8);
+    let layout = LayerFirstLayout::new(8, 1, (stride * planes.len() / 8) as u32).unwrap();
+    let pool = Pool::create(
+        layout,
+        DeviceSpec::Anon {
+            bytes: Pool::device_bytes_for(&layout, 1),
+        },
+    )
+    .unwrap();
+    let region = pool.alloc_region().unwrap();
+    for (p, h) in planes.iter().enumerate() {
+        let mut bytes = h.to_vec();
+        bytes.resize(stride, 0);
+        pool.write_tokens(&region, 0, (p * stride / 8) as u32, &bytes)
+            .unwrap();
+    }
+    let base = pool.region_device_addr(&region, dev).unwrap();
+    (pool, region, base, stride)
+}
+
 /// The host-side state of one run: outputs, state, KV planes (aligned), plan.
 pub struct HostState {
     pub out: Vec<i32>,
@@ -754,24 +782,8 @@ impl SwapCase {
             unreachable!()
         };
         let (hn, dn) = (self.host_cache.len(), self.device_buffer.len());
-        // Both host planes in one pool region, plane p at p * plane bytes.
-        let plane = hn.next_multiple_of(8).max(8);
-        let layout = LayerFirstLayout::new(8, 1, (plane * self.planes() / 8) as u32).unwrap();
-        let pool = Pool::create(
-            layout,
-            DeviceSpec::Anon {
-                bytes: Pool::device_bytes_for(&layout, 1),
-            },
-        )
-        .unwrap();
-        let region = pool.alloc_region().unwrap();
-        for (p, h) in s.host.iter().enumerate() {
-            let mut bytes = as_bytes(h, hn).to_vec();
-            bytes.resize(plane, 0);
-            pool.write_tokens(&region, 0, (p * plane / 8) as u32, &bytes)
-                .unwrap();
-        }
-        let base = pool.region_device_addr(&region, dev).unwrap();
+        let hosts: Vec<&[u8]> = s.host.iter().map(|h| as_bytes(h, hn)).collect();
+        let (_pool, _region, base, plane) = planes_in_pool(dev, &hosts);
         let stream = dev.create_stream().unwrap();
         let d_topk = DeviceBuffer::from_host(dev, &self.topk).unwrap();
         let mut d_tokens = DeviceBuffer::from_host(dev, &s.tokens).unwrap();
@@ -1442,23 +1454,8 @@ impl ReplayCase {
         };
         let engine = SwapInEngine::new(exec.clone()).unwrap();
         let (hn, dn) = (self.host[0].len(), self.device[0].len());
-        let plane = hn.next_multiple_of(8).max(8);
-        let layout = LayerFirstLayout::new(8, 1, (plane * self.host.len() / 8) as u32).unwrap();
-        let pool = Pool::create(
-            layout,
-            DeviceSpec::Anon {
-                bytes: Pool::device_bytes_for(&layout, 1),
-            },
-        )
-        .unwrap();
-        let region = pool.alloc_region().unwrap();
-        for (p, h) in self.host.iter().enumerate() {
-            let mut bytes = h.clone();
-            bytes.resize(plane, 0);
-            pool.write_tokens(&region, 0, (p * plane / 8) as u32, &bytes)
-                .unwrap();
-        }
-        let base = pool.region_device_addr(&region, dev).unwrap();
+        let hosts: Vec<&[u8]> = self.host.iter().map(|h| h.as_slice()).collect();
+        let (_pool, _region, base, plane) = planes_in_pool(dev, &hosts);
         let d_src = DeviceBuffer::from_host(dev, &self.src).unwrap();
         let d_dst = DeviceBuffer::from_host(dev, &self.dst).unwrap();
         let d_count = DeviceBuffer::from_host(dev, &self.count).unwrap();

@@ -165,6 +165,21 @@ def _placement(views: list, first: Array) -> bool:
     return cuda
 
 
+def _num_real(nr: Array | None) -> Array | None:
+    if nr is not None:
+        _need(nr.dtype == "int32" and nr.numel >= 1, "num_real_reqs",
+              f"must be an int32 tensor of at least one element (it is {nr.dtype} {list(nr.shape)})")
+    return nr
+
+
+def _engine(cuda: bool, first: Array, stream) -> tuple:
+    """(engine, raw stream): `first`'s GPU and the given (or current torch)
+    stream for the CUDA executor, the CPU engine and no stream otherwise."""
+    if cuda:
+        return engine_for(first.index), _cuda_stream(stream, first.index)
+    return engine_for("cpu"), 0
+
+
 def _kv_buffers(v: dict, items: "_lib.Items", cuda: bool, engine: SwapInEngine) -> "_lib.KvBuffers":
     """The KV planes: host_cache/device_buffer and, for MHA, their _v twins;
     contiguous buffers of any dtype, rows addressed with `items`."""
@@ -263,10 +278,7 @@ def swap_in(
     _matrix(v["lru_slots"], "int16", hot, rows=requests, write=True)
     hloc = v["host_cache_locs"]
     _matrix(hloc, "int64", 0, rows=requests)
-    nr = v["num_real_reqs"]
-    if nr is not None:
-        _need(nr.dtype == "int32" and nr.numel >= 1, "num_real_reqs",
-              f"must be an int32 tensor of at least one element (it is {nr.dtype} {list(nr.shape)})")
+    nr = _num_real(v["num_real_reqs"])
     plan = [v["miss_src"], v["miss_dst"], v["miss_count"]]
     if any(p is not None for p in plan):
         _need(all(p is not None for p in plan), "miss_src", "miss_src, miss_dst and miss_count must be given together")
@@ -278,12 +290,7 @@ def swap_in(
         _vector(cnt, ("int32",), batch)
         _need(cnt.writable, "miss_count", "is read-only; the call writes it")
 
-    if cuda:
-        engine = engine_for(t.index)
-        raw_stream = _cuda_stream(stream, t.index)
-    else:
-        engine = engine_for("cpu")
-        raw_stream = 0
+    engine, raw_stream = _engine(cuda, t, stream)
     args = _lib.SwapInArgs()
     args.top_k_tokens = _buf(t)
     args.top_k_stride = _stride(t, batch)
@@ -359,16 +366,8 @@ def copy_planned(
     _matrix(dst, "int32", 0, rows=rows)
     _need(src.strides[0] == dst.strides[0] or rows <= 1, "miss_dst",
           f"has row stride {dst.strides[0]}; miss_src has {src.strides[0]}, and they must match")
-    nr = v["num_real_reqs"]
-    if nr is not None:
-        _need(nr.dtype == "int32" and nr.numel >= 1, "num_real_reqs",
-              f"must be an int32 tensor of at least one element (it is {nr.dtype} {list(nr.shape)})")
-    if cuda:
-        engine = engine_for(cnt.index)
-        raw_stream = _cuda_stream(stream, cnt.index)
-    else:
-        engine = engine_for("cpu")
-        raw_stream = 0
+    nr = _num_real(v["num_real_reqs"])
+    engine, raw_stream = _engine(cuda, cnt, stream)
     args = _lib.PlannedCopyArgs()
     args.miss_src, args.miss_dst, args.miss_count = _buf(src), _buf(dst), _buf(cnt)
     args.miss_stride = _stride(src, rows)
