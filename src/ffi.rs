@@ -90,6 +90,15 @@ pub struct KvtPoolInfo {
     pub uuid: [u8; 16],
 }
 
+/// `kvt_device_capacity`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtDeviceCapacity {
+    pub bytes: u64,
+    pub host_dram: u32,
+    pub _reserved: u32,
+}
+
 /// `kvt_region_info`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -777,6 +786,32 @@ pub unsafe extern "C" fn kvt_pool_device_bytes_for(
 }
 
 /// # Safety
+/// Pointers as `kvt_device_capacity_get` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_device_capacity_get(
+    device: *const c_char,
+    out: *mut KvtDeviceCapacity,
+) -> KvtStatus {
+    guard(|| {
+        if device.is_null() {
+            return Err(invalid("device", "is a null pointer"));
+        }
+        // SAFETY: a non-null `device` is a C string (contract).
+        let s = unsafe { CStr::from_ptr(device) }
+            .to_str()
+            .map_err(|_| invalid("device", "is not UTF-8"))?;
+        let c = crate::pool::device_capacity(s)?;
+        let info = KvtDeviceCapacity {
+            bytes: c.bytes,
+            host_dram: u32::from(c.host_dram),
+            _reserved: 0,
+        };
+        // SAFETY: the header's contract for `out`.
+        unsafe { write_out(out, "out", info) }
+    })
+}
+
+/// # Safety
 /// Pointers as `kvt_pool_info_get` in `bindings/kvtier.h` describes them.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvt_pool_info_get(
@@ -1229,6 +1264,7 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         fields!(KvtPoolInfo, "kvt_pool_info": layout, num_devices, num_regions, free_regions,
         region_stride, uuid),
     );
+    v.extend(fields!(KvtDeviceCapacity, "kvt_device_capacity": bytes, host_dram));
     v.extend(fields!(KvtRegionInfo, "kvt_region_info": index, device, host_addr, bytes));
     v.extend(
         fields!(KvtSwapInArgs, "kvt_swap_in_args": top_k_tokens, top_k_stride,

@@ -133,6 +133,114 @@ impl fmt::Display for DeviceSpec {
     }
 }
 
+/// What a device offers a pool, for capacity planning before it is mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceCapacity {
+    /// Bytes of memory the device holds (pool metadata included).
+    pub bytes: u64,
+    /// Whether those bytes are the host's general DRAM (anonymous memory, or
+    /// a file on tmpfs or ramfs), the memory the kernel reports as available
+    /// and an engine's own host-memory accounting already covers. False for
+    /// a devdax device, a NUMA node's memory (which has its own account, the
+    /// node's free memory) and files on other filesystems (hugetlbfs, a
+    /// DAX-mounted CXL device).
+    pub host_dram: bool,
+}
+
+impl DeviceSpec {
+    /// The device's capacity: the size the spec gives, else an existing
+    /// file's length or a devdax device's size from sysfs.
+    pub fn capacity(&self) -> Result<DeviceCapacity> {
+        self.capacity_in(Path::new("/sys"))
+    }
+
+    fn capacity_in(&self, sysfs: &Path) -> Result<DeviceCapacity> {
+        let (bytes, host_dram) = match self {
+            DeviceSpec::Anon { bytes } => (*bytes, true),
+            DeviceSpec::Numa { node, bytes } => {
+                check_numa_node(sysfs, *node)?;
+                (*bytes, false)
+            }
+            DeviceSpec::File { path, bytes } => {
+                let bytes = match bytes {
+                    Some(b) => *b,
+                    None => std::fs::metadata(path)
+                        .map_err(io(format!("reading the size of {}", path.display())))?
+                        .len(),
+                };
+                (bytes, on_memory_fs(path)?)
+            }
+            DeviceSpec::Dax { path, bytes } => match bytes {
+                Some(b) => (*b, false),
+                None => (dax_size(sysfs, path)?, false),
+            },
+        };
+        Ok(DeviceCapacity { bytes, host_dram })
+    }
+}
+
+/// The capacity of a device string: a [`DeviceSpec`], or `numa:NODE` without
+/// a size, which offers the node's free memory.
+pub fn device_capacity(spec: &str) -> Result<DeviceCapacity> {
+    device_capacity_in(Path::new("/sys"), spec)
+}
+
+fn device_capacity_in(sysfs: &Path, spec: &str) -> Result<DeviceCapacity> {
+    if let Some(node) = spec.strip_prefix("numa:").filter(|n| !n.contains(':')) {
+        let node: u32 = node
+            .parse()
+            .map_err(|_| invalid("device", format!("{node:?} is not a NUMA node number")))?;
+        check_numa_node(sysfs, node)?;
+        return Ok(DeviceCapacity {
+            bytes: numa_free_bytes(sysfs, node)?,
+            host_dram: false,
+        });
+    }
+    spec.parse::<DeviceSpec>()?.capacity_in(sysfs)
+}
+
+/// The free memory of NUMA node `node`, from its `meminfo` in sysfs.
+pub(crate) fn numa_free_bytes(sysfs: &Path, node: u32) -> Result<u64> {
+    let at = sysfs.join(format!("devices/system/node/node{node}/meminfo"));
+    let text = std::fs::read_to_string(&at).map_err(io(format!("reading {}", at.display())))?;
+    // "Node 2 MemFree:   123456 kB"
+    text.lines()
+        .find_map(|line| {
+            let (_, rest) = line.split_once("MemFree:")?;
+            let kib: u64 = rest.trim().strip_suffix("kB")?.trim().parse().ok()?;
+            kib.checked_mul(1024)
+        })
+        .ok_or_else(|| Error::Pool(format!("{} has no MemFree line", at.display())))
+}
+
+/// Whether `path` (or, for a file not made yet, its directory) is on tmpfs or
+/// ramfs, whose pages are the host's DRAM.
+fn on_memory_fs(path: &Path) -> Result<bool> {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    let probe = if path.exists() {
+        path.to_path_buf()
+    } else {
+        match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
+    };
+    let c = std::ffi::CString::new(probe.as_os_str().as_encoded_bytes())
+        .map_err(|_| invalid("device", format!("{} holds a NUL byte", path.display())))?;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: a NUL-terminated path and a statfs buffer of the right type.
+    if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(io(format!("statfs of {}", probe.display()))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: statfs succeeded, so it filled the buffer.
+    #[allow(clippy::unnecessary_cast)] // f_type's type differs between targets
+    let kind = unsafe { st.assume_init() }.f_type as i64;
+    Ok(kind == TMPFS_MAGIC || kind == RAMFS_MAGIC)
+}
+
 /// Parses `4096`, `64KiB`, `512MiB`, `8GiB`, `1TiB` (binary), `8GB` (decimal),
 /// or `8G` (binary).
 pub fn parse_size(s: &str) -> Result<u64> {
@@ -602,6 +710,67 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("dax9.9"), "{err}");
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn capacity_comes_from_the_spec_the_file_sysfs_or_the_node() {
+        let root = std::env::temp_dir().join(format!("kvtier-cap-{}", std::process::id()));
+        let dax = root.join("bus/dax/devices/dax0.0");
+        let node = root.join("devices/system/node/node1");
+        std::fs::create_dir_all(&dax).unwrap();
+        std::fs::create_dir_all(&node).unwrap();
+        std::fs::write(dax.join("size"), "1099511627776\n").unwrap();
+        std::fs::write(
+            node.join("meminfo"),
+            "Node 1 MemTotal:       134217728 kB\nNode 1 MemFree:        100663296 kB\n",
+        )
+        .unwrap();
+        let cap = |s: &str| device_capacity_in(&root, s);
+        let not_dram = |bytes| DeviceCapacity {
+            bytes,
+            host_dram: false,
+        };
+        assert_eq!(cap("dax:/dev/dax0.0").unwrap(), not_dram(1 << 40));
+        assert_eq!(cap("dax:/dev/dax0.0:64GiB").unwrap(), not_dram(64 << 30));
+        assert_eq!(cap("numa:1").unwrap(), not_dram(96 << 30));
+        assert_eq!(cap("numa:1:8GiB").unwrap(), not_dram(8 << 30));
+        assert_eq!(
+            cap("anon:1GiB").unwrap(),
+            DeviceCapacity {
+                bytes: 1 << 30,
+                host_dram: true
+            }
+        );
+        for bad in ["numa:3", "numa:x", "dax:/dev/dax7.0", "anon"] {
+            assert!(cap(bad).is_err(), "{bad}");
+        }
+        // a file: its size, given or its length; on tmpfs it is DRAM
+        let f = root.join("kv0");
+        std::fs::write(&f, vec![0u8; 4096]).unwrap();
+        let root_in_memory = on_memory_fs(&root).unwrap();
+        assert_eq!(
+            cap(&format!("file:{}", f.display())).unwrap(),
+            DeviceCapacity {
+                bytes: 4096,
+                host_dram: root_in_memory
+            }
+        );
+        assert_eq!(
+            cap(&format!("file:{}:1GiB", root.join("new").display()))
+                .unwrap()
+                .bytes,
+            1 << 30
+        );
+        assert!(cap(&format!("file:{}", root.join("missing").display())).is_err());
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        if mounts.lines().any(|l| l.contains(" /dev/shm tmpfs ")) {
+            assert!(
+                cap("file:/dev/shm/kvtier-cap-probe:1GiB")
+                    .unwrap()
+                    .host_dram
+            );
+        }
         std::fs::remove_dir_all(root).unwrap();
     }
 

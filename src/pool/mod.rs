@@ -26,7 +26,10 @@ mod placement;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use device::{DeviceSpec, MapMode, format_size, node_of, numa_nodes, parse_size};
+pub use device::{
+    DeviceCapacity, DeviceSpec, MapMode, device_capacity, format_size, node_of, numa_nodes,
+    parse_size,
+};
 pub use identity::{Liveness, ProcessIdentity};
 pub use metadata::{Coherence, DEFAULT_CLIENTS, MAX_CLIENTS, MAX_DEVICES, RegionState, VERSION};
 pub use placement::RoundRobinPlacement;

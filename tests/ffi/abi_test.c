@@ -34,6 +34,9 @@ static void layout(void) {
     FIELD(kvt_pool_info, free_regions);
     FIELD(kvt_pool_info, region_stride);
     FIELD(kvt_pool_info, uuid);
+    SIZE(kvt_device_capacity);
+    FIELD(kvt_device_capacity, bytes);
+    FIELD(kvt_device_capacity, host_dram);
     SIZE(kvt_region_info);
     FIELD(kvt_region_info, index);
     FIELD(kvt_region_info, device);
@@ -269,6 +272,11 @@ static void tier(void) {
     CHECK(kvt_pool_device_bytes_for(&l, 2, &bytes) == KVT_OK && bytes > 0, "device bytes for 2 regions");
     char spec[64];
     snprintf(spec, sizeof spec, "anon:%" PRIu64, bytes);
+    kvt_device_capacity cap;
+    CHECK(kvt_device_capacity_get(spec, &cap) == KVT_OK && cap.bytes == bytes && cap.host_dram == 1,
+          "capacity of %s", spec);
+    CHECK(kvt_device_capacity_get("dax:", &cap) == KVT_INVALID_ARGUMENT, "capacity of a bad device string");
+    CHECK(kvt_device_capacity_get(NULL, &cap) == KVT_INVALID_ARGUMENT, "capacity of a null device");
     const char *devices[1] = {spec};
     kvt_pool *pool = NULL;
     CHECK(kvt_pool_create(&l, devices, 1, NULL, &pool) == KVT_OK, "create a pool on %s", spec);

@@ -12,16 +12,18 @@ library's message.
 """
 
 from ._lib import KvtierError, library
-from ._pool import Layout, Pool, Region, device_bytes_for
+from ._pool import DeviceCapacity, Layout, Pool, Region, device_bytes_for, device_capacity
 from ._swap_in import SwapInEngine, swap_in
 
 __all__ = [
+    "DeviceCapacity",
     "KvtierError",
     "Layout",
     "Pool",
     "Region",
     "SwapInEngine",
     "device_bytes_for",
+    "device_capacity",
     "library",
     "swap_in",
     "version",

@@ -80,6 +80,14 @@ class PoolInfo(ctypes.Structure):
     ]
 
 
+class DeviceCapacity(ctypes.Structure):
+    _fields_ = [
+        ("bytes", ctypes.c_uint64),
+        ("host_dram", ctypes.c_uint32),
+        ("_reserved", ctypes.c_uint32),
+    ]
+
+
 class RegionInfo(ctypes.Structure):
     _fields_ = [
         ("index", ctypes.c_uint32),
@@ -185,6 +193,7 @@ STRUCTS = {
     "kvt_pool_options": PoolOptions,
     "kvt_pool_info": PoolInfo,
     "kvt_region_info": RegionInfo,
+    "kvt_device_capacity": DeviceCapacity,
     "kvt_swap_in_args": SwapInArgs,
     "kvt_items": Items,
     "kvt_kv_buffers": KvBuffers,
@@ -210,6 +219,7 @@ _PROTOTYPES = {
                                      ctypes.POINTER(PoolOptions), ctypes.POINTER(_P)]),
     "kvt_pool_device_bytes_for": (_S, [ctypes.POINTER(Layout), _U32, ctypes.POINTER(_U64)]),
     "kvt_pool_info_get": (_S, [_P, ctypes.POINTER(PoolInfo)]),
+    "kvt_device_capacity_get": (_S, [ctypes.c_char_p, ctypes.POINTER(DeviceCapacity)]),
     "kvt_pool_close": (None, [_P]),
     "kvt_region_alloc": (_S, [_P, _U64, ctypes.POINTER(_P)]),
     "kvt_region_info_get": (_S, [_P, ctypes.POINTER(RegionInfo)]),

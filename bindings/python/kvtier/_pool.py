@@ -36,6 +36,27 @@ def device_bytes_for(layout: Layout, regions: int = 1) -> int:
     return out.value
 
 
+class DeviceCapacity(NamedTuple):
+    """What a device offers a pool: `bytes`, and whether they are the host's
+    general DRAM (`host_dram`: anon memory, files on tmpfs or ramfs) rather
+    than a devdax device, a NUMA node's memory or a file on another
+    filesystem."""
+
+    bytes: int
+    host_dram: bool
+
+
+def device_capacity(device: str) -> DeviceCapacity:
+    """The capacity of one device string, without mapping it: the size it
+    gives, else the file's length, the devdax device's size, or for
+    ``numa:NODE`` without a size the node's free memory."""
+    if not isinstance(device, str):
+        raise KvtierError(f"invalid argument `device`: {device!r} is not a device string")
+    out = _lib.DeviceCapacity()
+    check(library().kvt_device_capacity_get(device.encode(), ctypes.byref(out)))
+    return DeviceCapacity(out.bytes, bool(out.host_dram))
+
+
 def _specs(devices: Sequence[str]):
     if isinstance(devices, str):
         devices = [devices]

@@ -191,20 +191,63 @@ FAKE_ALLOCATOR = textwrap.dedent(
     '''
 )
 
-# The three host pools, allocating as SGLang's do: the allocator is set in the
-# constructor, then the buffers go through it.
+# SGLang's host-memory budget: a context-variable scope, else the host's DRAM
+# (here FAKE_HOST_DRAM_BYTES), booked as SGLang 0.5.21-0.5.23 book it.
+FAKE_BUDGET = textwrap.dedent(
+    '''
+    import contextlib
+    import os
+    from contextvars import ContextVar
+
+    _budget = ContextVar("budget", default=None)
+
+
+    @contextlib.contextmanager
+    def host_memory_budget_scope(budget_bytes):
+        token = _budget.set(budget_bytes)
+        try:
+            yield
+        finally:
+            _budget.reset(token)
+
+
+    def host_memory_budget_bytes(requested_bytes=0):
+        available = _budget.get()
+        if available is not None:
+            if requested_bytes <= available:
+                _budget.set(available - requested_bytes)
+            return available
+        return int(os.environ.get("FAKE_HOST_DRAM_BYTES", 1 << 40))
+
+
+    def check(requested_bytes):
+        available = host_memory_budget_bytes(requested_bytes)
+        if requested_bytes > available:
+            raise ValueError(
+                f"Not enough host memory available. Requesting {requested_bytes / 1e9:.2f} GB but only have "
+                f"{available / 1e9:.2f} GB free."
+            )
+    '''
+)
+
+# The three host pools, checking the budget and allocating as SGLang's do:
+# the allocator is set in the constructor, then the buffers go through it.
 FAKE_MLA_POOL = textwrap.dedent(
     '''
     import numpy as np
 
+    from sglang.srt.mem_cache.pool_host.base import check
     from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator
 
 
     class MLATokenToKVPoolHost:
-        def __init__(self, layers, rows, kv_dim, layout):
+        def __init__(self, layers, rows, kv_dim, layout, device_capacity_tokens=None):
             self.layer_num, self.size, self.kv_cache_dim, self.layout = layers, rows, kv_dim, layout
+            self.device_capacity_tokens = device_capacity_tokens or rows // 2
+            self.page_size = 1
             self.dtype = np.uint8
             self.allocator = HostTensorAllocator()
+            check(layers * rows * kv_dim)
             self.kv_buffer = self.init_kv_buffer()
 
         def init_kv_buffer(self):
@@ -217,6 +260,7 @@ FAKE_MHA_POOL = textwrap.dedent(
     '''
     import numpy as np
 
+    from sglang.srt.mem_cache.pool_host.base import check
     from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator
 
 
@@ -226,6 +270,7 @@ FAKE_MHA_POOL = textwrap.dedent(
             self.layout = "layer_first"
             self.dtype = np.uint8
             self.allocator = HostTensorAllocator()
+            check(2 * layers * rows * heads * head_dim)
             self.kv_buffer = self.init_kv_buffer()
             self.k_buffer, self.v_buffer = self.kv_buffer[0], self.kv_buffer[1]
 
@@ -239,6 +284,7 @@ FAKE_DSV4_POOL = textwrap.dedent(
     '''
     import numpy as np
 
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_bytes
     from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator
 
 
@@ -248,6 +294,10 @@ FAKE_DSV4_POOL = textwrap.dedent(
             self.item_bytes, self.num_host_pages = item_bytes, num_host_pages
             self.allocator = HostTensorAllocator()
             self.layout = layout
+            requested = self.layer_num * num_host_pages * item_bytes
+            available = host_memory_budget_bytes()
+            if requested > available:
+                raise ValueError(f"Not enough host memory for V4 paged pool. Requesting {requested} B")
             self.kv_buffer = [
                 self.allocator.allocate((num_host_pages, item_bytes), dtype=np.uint8, device="cpu")
                 for _ in range(self.layer_num)
@@ -304,6 +354,7 @@ def write_fake_sglang(root) -> None:
         "sglang/srt/mem_cache/__init__.py": "",
         "sglang/srt/mem_cache/memory_pool_host.py": FAKE_DSV4_POOL,
         "sglang/srt/mem_cache/pool_host/__init__.py": "",
+        "sglang/srt/mem_cache/pool_host/base.py": FAKE_BUDGET,
         "sglang/srt/mem_cache/pool_host/common.py": FAKE_ALLOCATOR,
         "sglang/srt/mem_cache/pool_host/mla.py": FAKE_MLA_POOL,
         "sglang/srt/mem_cache/pool_host/mha.py": FAKE_MHA_POOL,

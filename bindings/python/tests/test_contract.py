@@ -14,6 +14,8 @@ inside a real SGLang environment.
 - What kvtier's host-pool hook assumes of each pool class holds in the
   source: the allocator is set in the constructor and the layer-first
   buffers are allocated through it, in the shapes kvtier places.
+- SGLang's host-memory check runs through the budget scope kvtier uses to
+  book a kvtier-backed pool against the pool's capacity instead of DRAM.
 - An older release (0.5.15) gets the entry points it has.
 """
 
@@ -141,6 +143,46 @@ def test_the_host_pool_hook_holds_in_sglangs_source(version):
     assert any(getattr(b, "id", "") == "MHATokenToKVPoolHost" for b in hisparse_mha.bases)
     assert _method(hisparse_mha, "init_kv_buffer") is None, "it allocates with its base's init_kv_buffer"
     assert "layout='layer_first'" in ast.unparse(_method(hisparse_mha, "__init__"))
+
+
+def _function(tree: ast.Module, name: str):
+    return next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _calls(fn, name: str) -> bool:
+    return any(isinstance(n, ast.Call) and ast.unparse(n.func) == name for n in ast.walk(fn))
+
+
+@needs
+@pytest.mark.parametrize("version", [v for v in FOUND if v in compat.CHECKED_VERSIONS])
+def test_the_host_memory_check_books_against_sglangs_scope(version):
+    """kvtier books a kvtier-backed host pool against the kvtier pool's
+    capacity by running its constructor inside SGLang's
+    host_memory_budget_scope: the scope sets the context variable the check
+    reads first, and every HiSparse host pool's check goes through it."""
+    root = TREES / version / "sglang/srt/mem_cache"
+    base = ast.parse((root / "pool_host/base.py").read_text())
+    scope = _function(base, "host_memory_budget_scope")
+    budget = _function(base, "host_memory_budget_bytes")
+    assert any(ast.unparse(d).endswith("contextmanager") for d in scope.decorator_list)
+    var = next(ast.unparse(n.func.value) for n in ast.walk(scope)
+               if isinstance(n, ast.Call) and ast.unparse(n.func).endswith(".set"))
+    first = next(n for n in budget.body if not isinstance(n, ast.Expr))  # after the docstring
+    assert ast.unparse(first).startswith(f"available = {var}.get()"), ast.unparse(first)
+    cache = _class(base, "HostKVCache")
+    init = _method(cache, "__init__")
+    if _calls(init, "self._allocate_host_buffer"):  # 0.5.22 on
+        assert _calls(_method(cache, "_allocate_host_buffer"), "host_memory_budget_bytes")
+    else:
+        assert _calls(init, "host_memory_budget_bytes")
+    mla = _class(ast.parse((root / "pool_host/mla.py").read_text()), "MLATokenToKVPoolHost")
+    mha_tree = ast.parse((root / "pool_host/mha.py").read_text())
+    for cls in [mla, _class(mha_tree, "MHATokenToKVPoolHost"), _class(mha_tree, "HiSparseMHATokenToKVPoolHost")]:
+        assert _method(cls, "_allocate_host_buffer") is None, f"{cls.name} checks as HostKVCache does"
+    host_src = (root / "memory_pool_host.py").read_text()
+    dsv4 = _method(_class(ast.parse(host_src), "DeepSeekV4PagedHostPool"), "__init__")
+    assert _calls(dsv4, "host_memory_budget_bytes")
+    assert "from sglang.srt.mem_cache.pool_host.base import" in host_src and "host_memory_budget_bytes," in host_src
 
 
 @needs

@@ -15,16 +15,22 @@ the per-rank round-robin picks for this rank. A region is layer-first
   allocated one after the other; the region has the pool's layers, an entry
   being one padded page of 64 C4 tokens, and each call returns the next
   layer of it.
+
+SGLang's own host-memory check, which these pools run before they allocate,
+is booked against the kvtier pool's capacity when that is not DRAM (see
+:mod:`kvtier.sglang.capacity`).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 import sys
 
 from .._lib import KvtierError
 from .._pool import Layout, Pool, device_bytes_for
+from . import capacity
 from ._config import KvtierConfig, is_private
 
 
@@ -182,18 +188,39 @@ def host_pool_class(base: type, config: KvtierConfig) -> type:
             self.__dict__["_sglang_allocator"] = value
 
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
+            budget = None
+            if _layout_argument(base, args, kwargs) == "layer_first":
+                budget = capacity.rank_budget(config, *detect_rank(config))
+            with capacity.booked_against(budget, base.__qualname__):
+                super().__init__(*args, **kwargs)
             mine = self.__dict__.get("_kvtier_allocator")
             if getattr(self, "layout", None) == "layer_first" and (mine is None or not mine.regions):
                 logger.warning(
                     "kvtier: %s allocated its buffers without kvtier's allocator; they are in SGLang's host "
                     "memory, not the kvtier pool", base.__qualname__,
                 )
+            elif budget is not None and mine is not None:
+                capacity.log_use(self, budget, sum(r.nbytes for r in mine.regions), base.__qualname__)
 
     KvtierHostPool.__name__ = base.__name__
     KvtierHostPool.__qualname__ = f"kvtier[{base.__qualname__}]"
     KvtierHostPool.__module__ = __name__
     return KvtierHostPool
+
+
+def _layout_argument(base: type, args: tuple, kwargs: dict):
+    """The `layout` a host pool is being built with, read from its
+    constructor's arguments before it runs (a pool without the parameter is
+    layer-first: SGLang's MHA HiSparse pool); None if they do not bind."""
+    try:
+        sig = inspect.signature(base.__init__)
+        bound = sig.bind(None, *args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    if "layout" not in sig.parameters:
+        return "layer_first"
+    bound.apply_defaults()
+    return bound.arguments.get("layout")
 
 
 def _torch_dtype(dtype):
