@@ -237,6 +237,9 @@ kvt_status kvt_swap_in_create(int32_t executor, kvt_swap_in **out);
  * plan: set-up work, not inside a CUDA graph capture. */
 kvt_status kvt_swap_in_reserve(kvt_swap_in *engine, uint32_t max_batch, uint32_t max_top_k);
 kvt_status kvt_swap_in_capacity(const kvt_swap_in *engine, uint32_t *max_batch, uint32_t *max_top_k);
+/* What any swap-in accepts: at most `max_hot` LRU slots per request (SGLang's
+ * device_buffer_size) and `max_entries` resolved top-k entries per row. */
+kvt_status kvt_swap_in_limits(uint32_t *max_hot, uint32_t *max_entries);
 /* One layer's swap-in with `strategy` (KVT_SWAP_IN_*), on `stream`: no
  * allocation, no host synchronisation (CUDA-graph capturable). */
 kvt_status kvt_swap_in_run(const kvt_swap_in *engine, const kvt_swap_in_args *args, uint32_t strategy,

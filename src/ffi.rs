@@ -980,6 +980,19 @@ pub unsafe extern "C" fn kvt_swap_in_capacity(
 }
 
 /// # Safety
+/// Pointers as `kvt_swap_in_limits` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_limits(max_hot: *mut u32, max_entries: *mut u32) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        unsafe {
+            write_out(max_hot, "max_hot", crate::swap_in::MAX_HOT)?;
+            write_out(max_entries, "max_entries", crate::swap_in::MAX_TOP_K)
+        }
+    })
+}
+
+/// # Safety
 /// Pointers as `kvt_swap_in_run` in `bindings/kvtier.h` describes them; every
 /// buffer in `args` addresses what it claims.
 #[unsafe(no_mangle)]

@@ -179,6 +179,8 @@ static void swap_in(void) {
     CHECK(kvt_swap_in_reserve(engine, 1, 3) == KVT_OK, "reserve 1 x 3");
     uint32_t mb = 0, mk = 0;
     CHECK(kvt_swap_in_capacity(engine, &mb, &mk) == KVT_OK && mb == 1 && mk == 3, "capacity %u x %u", mb, mk);
+    CHECK(kvt_swap_in_limits(&mb, &mk) == KVT_OK && mb == 16384 && mk == 4096, "limits %u, %u", mb, mk);
+    CHECK(kvt_swap_in_limits(NULL, &mk) == KVT_INVALID_ARGUMENT, "limits into a null pointer");
     s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
     CHECK(s == KVT_OK && out[0] == 7 && out[1] == 3 && out[2] == 11, "query [4,2,7] -> [%d,%d,%d]", out[0],
           out[1], out[2]);

@@ -228,6 +228,7 @@ _PROTOTYPES = {
     "kvt_swap_in_create": (_S, [ctypes.c_int32, ctypes.POINTER(_P)]),
     "kvt_swap_in_reserve": (_S, [_P, _U32, _U32]),
     "kvt_swap_in_capacity": (_S, [_P, ctypes.POINTER(_U32), ctypes.POINTER(_U32)]),
+    "kvt_swap_in_limits": (_S, [ctypes.POINTER(_U32), ctypes.POINTER(_U32)]),
     "kvt_swap_in_run": (_S, [_P, ctypes.POINTER(SwapInArgs), _U32, _P]),
     "kvt_swap_in_copy_planned": (_S, [_P, ctypes.POINTER(PlannedCopyArgs), _P]),
     "kvt_swap_in_map_host": (_S, [_P, _P, ctypes.POINTER(_U64)]),

@@ -76,6 +76,14 @@ _engines: dict = {}
 _engines_lock = threading.Lock()
 
 
+def swap_in_limits() -> tuple:
+    """(max_hot, max_entries): the most LRU slots per request (SGLang's
+    device_buffer_size) and resolved top-k entries per row any swap-in takes."""
+    hot, entries = ctypes.c_uint32(), ctypes.c_uint32()
+    check(library().kvt_swap_in_limits(ctypes.byref(hot), ctypes.byref(entries)))
+    return hot.value, entries.value
+
+
 def engine_for(executor) -> SwapInEngine:
     """The process's engine for `executor` ("cpu" or a GPU ordinal)."""
     with _engines_lock:

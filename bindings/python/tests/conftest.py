@@ -338,11 +338,35 @@ FAKE_LAUNCH_SERVER = textwrap.dedent(
 )
 
 
+FAKE_CLI = textwrap.dedent(
+    '''
+    """A stand-in for sglang.cli.main, the `sglang` command: `sglang serve`
+    behaves as the stand-in launch_server does."""
+    import multiprocessing as mp
+    import sys
+
+    from sglang.srt.managers.scheduler import report
+
+
+    def main():
+        assert sys.argv[1] == "serve", sys.argv
+        print("serve argv", " ".join(sys.argv[2:]), flush=True)
+        report("parent")
+        p = mp.get_context("spawn").Process(target=report, args=("child",))
+        p.start()
+        p.join()
+        sys.exit(p.exitcode)
+    '''
+)
+
+
 def write_fake_sglang(root) -> None:
     files = {
         "sglang/__init__.py": "",
         "sglang/_version.py": "__version__ = version = '0.5.23'\n",
         "sglang/launch_server.py": FAKE_LAUNCH_SERVER,
+        "sglang/cli/__init__.py": "",
+        "sglang/cli/main.py": FAKE_CLI,
         "sglang/kernels/__init__.py": "",
         "sglang/kernels/ops/__init__.py": "",
         "sglang/kernels/ops/kvcache/__init__.py": "",

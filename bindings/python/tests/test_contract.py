@@ -186,6 +186,19 @@ def test_the_host_memory_check_books_against_sglangs_scope(version):
 
 
 @needs
+@pytest.mark.parametrize("version", [v for v in FOUND if v in compat.CHECKED_VERSIONS])
+def test_sglang_serve_is_the_cli_main_the_launcher_calls(version):
+    root = TREES / version
+    scripts = (next(root.glob("sglang-*.dist-info")) / "entry_points.txt").read_text()
+    assert "sglang = sglang.cli.main:main" in scripts
+    main = _function(ast.parse((root / "sglang/cli/main.py").read_text()), "main")
+    assert "'serve'" in ast.unparse(main) and "parse_known_args()" in ast.unparse(main)  # reads sys.argv
+    sparse = (root / "sglang/srt/mem_cache/sparsity/factory.py").read_text()
+    assert 'extra_config.pop("device_buffer_size", 2 * top_k)' in sparse, "the hot buffer's default kvtier assumes"
+    assert 'extra_config.pop("top_k", 2048)' in sparse
+
+
+@needs
 def test_an_older_release_gets_the_paths_it_has():
     if "0.5.15" not in FOUND:
         pytest.skip("no 0.5.15 tree")

@@ -203,6 +203,35 @@ def test_the_launcher_reaches_spawned_processes(fake_sglang, tmp_path):
         assert name in run.stderr, f"the launcher reports {name}"
 
 
+def test_the_launcher_runs_sglang_serve(fake_sglang, tmp_path):
+    args = ["--model-path", "deepseek-ai/DeepSeek-V3.2", "--enable-hisparse"]
+    run = launch(fake_sglang, tmp_path, {"devices": ["anon"]}, "serve", *args)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "serve argv " + " ".join(args)
+    assert "child swap-in from kvtier.sglang.entry_points host pool kvtier[MLATokenToKVPoolHost]" in lines, run.stdout
+    assert "kvtier: installed into SGLang 0.5.23" in run.stderr
+
+
+@pytest.mark.parametrize("hisparse, refused", [
+    ('{"top_k": 2048, "device_buffer_size": 16384}', False),
+    ('{"top_k": 2048, "device_buffer_size": 16385}', True),
+    ('{"top_k": 8193}', True),  # device_buffer_size defaults to 2 x top_k
+    ("not json", False),  # SGLang's to refuse
+])
+def test_a_hot_buffer_beyond_kvtiers_limit_installs_nothing(fake_sglang, tmp_path, hisparse, refused):
+    for args in (["--hisparse-config", hisparse], [f"--hisparse-config={hisparse}"]):
+        run = launch(fake_sglang, tmp_path, {"devices": ["anon"]}, "--enable-hisparse", *args)
+        assert run.returncode == 0, run.stdout + run.stderr
+        if refused:
+            assert "kvtier: not installed into SGLang (--hisparse-config asks for device_buffer_size" in run.stderr
+            assert "at most 16384 slots per request" in run.stderr
+            assert "parent swap-in from sglang.kernels.ops.kvcache.hisparse" in run.stdout
+            assert "child swap-in from sglang.kernels.ops.kvcache.hisparse" in run.stdout, "children too"
+        else:
+            assert "kvtier: installed into SGLang 0.5.23" in run.stderr, run.stderr
+
+
 def test_the_launcher_says_when_it_installs_nothing(fake_sglang, tmp_path):
     kernels = fake_sglang / "sglang/kernels/ops/kvcache/hisparse.py"
     kernels.write_text(kernels.read_text().replace("skip_io=False):\n    raise RuntimeError(\"SGLang's own load_blocks",

@@ -16,8 +16,8 @@
 - :func:`install`: replaces the coordinator's module-level entry points and
   host pool classes, before the coordinator is created, where kvtier can
   stand in for them; :func:`report` says what it would do here, and why.
-  ``python -m kvtier.sglang <sglang.launch_server arguments> --kvtier-config
-  FILE`` installs and launches.
+  ``python -m kvtier.sglang [serve] <SGLang server arguments> --kvtier-config
+  FILE`` installs and launches (``sglang.launch_server``, or ``sglang serve``).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def installed_report() -> compat.Report | None:
     return _report
 
 
-def install(config=None) -> compat.Report:
+def install(config=None, hisparse_config=None) -> compat.Report:
     """Replaces SGLang HiSparse's kernel entry points and host pool
     allocation with kvtier's, where kvtier can stand in for them (see
     :mod:`kvtier.sglang.compat`), before the coordinator is created. Returns
@@ -42,10 +42,12 @@ def install(config=None) -> compat.Report:
     SGLang's entry points are not what kvtier knows, installs nothing (SGLang
     runs unchanged) and says why in the report. Sets ``KVTIER_SGLANG_CONFIG``
     so the processes SGLang spawns install the same (through kvtier's SGLang
-    plugin or ``python -m kvtier.sglang``). Idempotent."""
+    plugin or ``python -m kvtier.sglang``). `hisparse_config` is SGLang's
+    ``--hisparse-config`` where known: a hot buffer beyond kvtier's limit
+    installs nothing. Idempotent."""
     global _config, _report
     cfg = load_config(config)
-    rep = compat.report(cfg)
+    rep = compat.report(cfg, hisparse_config)
     rep.config = cfg
     with _lock:
         _report = rep

@@ -19,10 +19,13 @@ coordinator module is patched.
 from __future__ import annotations
 
 import ast
+import json
 import importlib.util
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .._swap_in import swap_in_limits
 
 COORDINATOR = "sglang.srt.managers.hisparse_coordinator"
 COORDINATOR_FILE = "sglang/srt/managers/hisparse_coordinator.py"
@@ -318,8 +321,35 @@ def host_pool_routes(names: set, config) -> list:
     return routes
 
 
-def report(config=None) -> Report:
-    """What installing kvtier with `config` does here, from SGLang's source."""
+def hisparse_limit_refusal(hisparse_config) -> str | None:
+    """Why kvtier's swap-in cannot serve SGLang's `--hisparse-config` (a JSON
+    string), or None. SGLang's hot buffer is ``device_buffer_size`` slots per
+    request (default twice ``top_k``, itself 2048 by default); its own kernels
+    take up to 32767 (``lru_slots`` is int16), kvtier's up to its limit. A
+    config that does not parse is left to SGLang to refuse."""
+    if hisparse_config is None:
+        return None
+    try:
+        cfg = json.loads(hisparse_config)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    top_k = cfg.get("top_k", 2048)
+    hot = cfg.get("device_buffer_size", 2 * top_k if isinstance(top_k, int) else None)
+    max_hot, _ = swap_in_limits()
+    if isinstance(hot, int) and not isinstance(hot, bool) and hot > max_hot:
+        return (
+            f"--hisparse-config asks for device_buffer_size {hot}; kvtier's swap-in keeps at most {max_hot} slots "
+            f"per request (SGLang's own kernels take up to 32767)"
+        )
+    return None
+
+
+def report(config=None, hisparse_config=None) -> Report:
+    """What installing kvtier with `config` does here, from SGLang's source;
+    `hisparse_config` is SGLang's ``--hisparse-config`` when known (the
+    launcher reads it from the command line)."""
     plat, refusal = platform()
     r = Report(platform=plat)
     if refusal:
@@ -344,6 +374,10 @@ def report(config=None) -> Report:
     routes, problem = check_entry_points(theirs, coord_source)
     if problem:
         r.refusal = f"SGLang {r.sglang_version}'s entry points differ from what kvtier knows: {problem}"
+        return r
+    too_big = hisparse_limit_refusal(hisparse_config) if config is None or config.swap_in else None
+    if too_big:
+        r.refusal = too_big
         return r
     if config is not None and not config.swap_in:
         for route in routes:

@@ -1,6 +1,7 @@
-"""``python -m kvtier.sglang <sglang.launch_server arguments> --kvtier-config FILE``
+"""``python -m kvtier.sglang [serve] <SGLang server arguments> --kvtier-config FILE``
 
-Installs the shim, then runs ``sglang.launch_server`` with the remaining
+Installs the shim, then runs ``sglang.launch_server`` (or, when the first
+argument is ``serve``, SGLang's ``sglang serve`` command) with the remaining
 arguments unchanged (``--enable-hisparse --hisparse-config ...`` included).
 
 SGLang starts its schedulers with multiprocessing's *spawn*, which imports
@@ -20,7 +21,7 @@ from . import compat
 from ._config import ENV, load_config
 from ._patch import install
 
-USAGE = "usage: python -m kvtier.sglang [sglang.launch_server arguments ...] [--kvtier-config FILE]"
+USAGE = "usage: python -m kvtier.sglang [serve] [SGLang server arguments ...] [--kvtier-config FILE]"
 
 if __name__ != "__main__" and os.environ.get(ENV):
     # A process SGLang spawned, importing the launcher as its main module.
@@ -46,6 +47,16 @@ def split_args(argv: list) -> tuple:
     return config, rest
 
 
+def hisparse_config_of(args: list):
+    """The value of SGLang's ``--hisparse-config`` in `args`, or None."""
+    for i, a in enumerate(args):
+        if a == "--hisparse-config" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--hisparse-config="):
+            return a.split("=", 1)[1]
+    return None
+
+
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv in (["-h"], ["--help"]):
@@ -59,8 +70,15 @@ def main(argv=None) -> None:
         raise SystemExit(2)
     # Installs where kvtier can stand in for SGLang's HiSparse entry points and
     # host pools, and says which it serves; otherwise SGLang runs unchanged.
-    for line in install(cfg).lines():
+    for line in install(cfg, hisparse_config_of(rest)).lines():
         print(line, file=sys.stderr)
+    if rest[:1] == ["serve"]:
+        # `sglang serve ...`, SGLang's command-line entry point
+        sys.argv = ["sglang", *rest]
+        from sglang.cli.main import main as sglang_main
+
+        sglang_main()
+        return
     sys.argv = ["sglang.launch_server", *rest]
     # alter_sys=False: this module stays __main__, which spawned children import.
     runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=False)
