@@ -22,7 +22,7 @@ if cargo fmt --version >/dev/null 2>&1; then
 fi
 if cargo clippy --version >/dev/null 2>&1; then
   echo "== cargo clippy"
-  cargo clippy --locked --all-targets -- -D warnings
+  cargo clippy --locked --workspace --all-targets -- -D warnings
 fi
 
 echo "== cargo test"
@@ -33,7 +33,7 @@ cargo run --release --locked --quiet -- bench --quick --json target/bench-quick.
 
 echo "== Python package (bindings/python) with the release library"
 scripts/python-env.sh
-cargo build --release --locked --lib
+PYO3_PYTHON="$PWD/.tools/venv/bin/python" cargo build --release --locked -p kvtier --lib -p kvtier-python
 .tools/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
   --force-reinstall ./bindings/python
 KVTIER_EXPECT_INSTALLED=1 KVTIER_SGLANG_TREES="$PWD/.tools/sglang" KVTIER_REQUIRE_SGLANG_SOURCE=1 \

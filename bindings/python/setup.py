@@ -1,7 +1,8 @@
-"""Bundles libkvtier.so into the package: from KVTIER_LIB if set, else from
-the repository's target/release (run `cargo build --release` first). Without
-one the package still installs and finds the library at run time through
-KVTIER_LIB or a checkout's target/release."""
+"""Bundles libkvtier.so and the extension module kvtier._native into the
+package: from KVTIER_LIB and KVTIER_NATIVE if set, else from the repository's
+target/release (run `cargo build --release --workspace` first). Without them
+the package still installs and finds both at run time through those
+variables or a checkout's target/release."""
 
 import os
 import shutil
@@ -17,13 +18,16 @@ HERE = Path(__file__).resolve().parent
 class BuildWithLibrary(build_py):
     def run(self):
         super().run()
-        src = Path(os.environ.get("KVTIER_LIB") or HERE.parents[1] / "target" / "release" / "libkvtier.so")
-        dst = Path(self.build_lib) / "kvtier" / "libkvtier.so"
-        if src.exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst)
-        else:
-            warnings.warn(f"{src} not found: the package is built without libkvtier.so (see README.md)")
+        release = HERE.parents[1] / "target" / "release"
+        for env, built, name in (("KVTIER_LIB", "libkvtier.so", "libkvtier.so"),
+                                 ("KVTIER_NATIVE", "lib_native.so", "_native.abi3.so")):
+            src = Path(os.environ.get(env) or release / built)
+            dst = Path(self.build_lib) / "kvtier" / name
+            if src.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+            else:
+                warnings.warn(f"{src} not found: the package is built without {name} (see README.md)")
 
 
 setup(cmdclass={"build_py": BuildWithLibrary})

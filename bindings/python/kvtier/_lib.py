@@ -97,22 +97,15 @@ class RegionInfo(ctypes.Structure):
     ]
 
 
-class Items(ctypes.Structure):
-    """``kvt_items``: how a row of a KV buffer is addressed (see
-    :func:`linear_items` and :data:`DSV4_C4_ITEMS`)."""
-
-    _fields_ = [
-        ("rows_per_page", ctypes.c_uint32),
-        ("value_bytes", ctypes.c_uint32),
-        ("scale_bytes", ctypes.c_uint32),
-        ("_reserved", ctypes.c_uint32),
-        ("page_bytes", ctypes.c_uint64),
-    ]
+# An item layout, as the swap-in takes it: (rows_per_page, value_bytes,
+# scale_bytes, page_bytes), kvt_items' fields: how a row of a KV buffer is
+# addressed. The parameter structs themselves are built by kvtier._native
+# from the library's own definitions.
 
 
-def linear_items(item_bytes: int) -> Items:
+def linear_items(item_bytes: int) -> tuple:
     """Rows of `item_bytes`, back to back."""
-    return Items(1, item_bytes, 0, 0, item_bytes)
+    return (1, item_bytes, 0, item_bytes)
 
 
 # DeepSeek-V4's page-padded C4 cache: pages of 64 rows, a row's 576-byte value
@@ -122,68 +115,11 @@ DSV4_VALUE_BYTES = 576
 DSV4_SCALE_BYTES = 8
 DSV4_ITEM_BYTES = DSV4_VALUE_BYTES + DSV4_SCALE_BYTES
 DSV4_PAGE_BYTES = -(-DSV4_ITEM_BYTES * DSV4_PAGE_ROWS // 576) * 576
+DSV4_ITEMS = (DSV4_PAGE_ROWS, DSV4_VALUE_BYTES, DSV4_SCALE_BYTES, DSV4_PAGE_BYTES)
 
 
-def dsv4_items() -> Items:
-    return Items(DSV4_PAGE_ROWS, DSV4_VALUE_BYTES, DSV4_SCALE_BYTES, 0, DSV4_PAGE_BYTES)
-
-
-class KvBuffers(ctypes.Structure):
-    _fields_ = [
-        ("items", Items),
-        ("host_cache", Buf),
-        ("device_buffer", Buf),
-        ("host_cache_v", Buf),
-        ("device_buffer_v", Buf),
-    ]
-
-
-class SwapInArgs(ctypes.Structure):
-    _fields_ = [
-        ("top_k_tokens", Buf),
-        ("top_k_stride", ctypes.c_uint64),
-        ("device_buffer_tokens", Buf),
-        ("tokens_stride", ctypes.c_uint64),
-        ("device_buffer_locs", Buf),
-        ("locs_stride", ctypes.c_uint64),
-        ("lru_slots", Buf),
-        ("lru_stride", ctypes.c_uint64),
-        ("host_cache_locs", Buf),
-        ("host_stride", ctypes.c_uint64),
-        ("kv", KvBuffers),
-        ("top_k_device_locs", Buf),
-        ("out_stride", ctypes.c_uint64),
-        ("req_pool_indices", Buf),
-        ("seq_lens", Buf),
-        ("num_real_reqs", Buf),
-        ("miss_src", Buf),
-        ("miss_dst", Buf),
-        ("miss_count", Buf),
-        ("miss_stride", ctypes.c_uint64),
-        ("miss_capacity", ctypes.c_uint64),
-        ("req_pool_indices_type", ctypes.c_uint32),
-        ("seq_lens_type", ctypes.c_uint32),
-        ("max_tokens", ctypes.c_uint32),
-        ("num_requests", ctypes.c_uint32),
-        ("num_top_k", ctypes.c_uint32),
-        ("hot_buffer_size", ctypes.c_uint32),
-        ("block_tokens", ctypes.c_uint32),
-        ("skip_io", ctypes.c_uint32),
-    ]
-
-
-class PlannedCopyArgs(ctypes.Structure):
-    _fields_ = [
-        ("miss_src", Buf),
-        ("miss_dst", Buf),
-        ("miss_count", Buf),
-        ("miss_stride", ctypes.c_uint64),
-        ("miss_capacity", ctypes.c_uint64),
-        ("num_real_reqs", Buf),
-        ("kv", KvBuffers),
-        ("warps", ctypes.c_uint32),
-        ("skip_io", ctypes.c_uint32),
-    ]
+def dsv4_items() -> tuple:
+    return DSV4_ITEMS
 
 
 # The structs the layout test compares with the C header, by C name.
@@ -194,10 +130,6 @@ STRUCTS = {
     "kvt_pool_info": PoolInfo,
     "kvt_region_info": RegionInfo,
     "kvt_device_capacity": DeviceCapacity,
-    "kvt_swap_in_args": SwapInArgs,
-    "kvt_items": Items,
-    "kvt_kv_buffers": KvBuffers,
-    "kvt_planned_copy_args": PlannedCopyArgs,
 }
 
 _P = ctypes.c_void_p
@@ -229,8 +161,9 @@ _PROTOTYPES = {
     "kvt_swap_in_reserve": (_S, [_P, _U32, _U32]),
     "kvt_swap_in_capacity": (_S, [_P, ctypes.POINTER(_U32), ctypes.POINTER(_U32)]),
     "kvt_swap_in_limits": (_S, [ctypes.POINTER(_U32), ctypes.POINTER(_U32)]),
-    "kvt_swap_in_run": (_S, [_P, ctypes.POINTER(SwapInArgs), _U32, _P]),
-    "kvt_swap_in_copy_planned": (_S, [_P, ctypes.POINTER(PlannedCopyArgs), _P]),
+    # called by kvtier._native, by address, with the library's own structs
+    "kvt_swap_in_run": (_S, [_P, _P, _U32, _P]),
+    "kvt_swap_in_copy_planned": (_S, [_P, _P, _P]),
     "kvt_swap_in_map_host": (_S, [_P, _P, ctypes.POINTER(_U64)]),
     "kvt_swap_in_check": (_S, [_P]),
     "kvt_swap_in_destroy": (None, [_P]),

@@ -1,0 +1,246 @@
+//! `kvtier._native`: the Python package's per-layer calls (the swap-in and
+//! the miss-plan replay), with every argument check in Rust so that a call
+//! costs microseconds whatever the arrays are. numpy arrays are read from
+//! the array object itself; torch tensors through their methods.
+//!
+//! The calls go through the C ABI of the `libkvtier.so` the package has
+//! loaded (its function addresses are handed over by [`bind`]), so the
+//! process holds one copy of the library: one set of engines, one error
+//! state. The parameter structs are the library's own (`kvtier::ffi`), not a
+//! mirror.
+
+mod calls;
+mod view;
+
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::{Mutex, OnceLock};
+
+use kvtier::ffi::{KvtPlannedCopyArgs, KvtStatus, KvtSwapInArgs};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
+
+type Handle = *mut c_void;
+
+type CreateFn = unsafe extern "C" fn(i32, *mut Handle) -> KvtStatus;
+type ReserveFn = unsafe extern "C" fn(Handle, u32, u32) -> KvtStatus;
+type CapacityFn = unsafe extern "C" fn(Handle, *mut u32, *mut u32) -> KvtStatus;
+type RunFn = unsafe extern "C" fn(Handle, *const KvtSwapInArgs, u32, *mut c_void) -> KvtStatus;
+type CopyPlannedFn =
+    unsafe extern "C" fn(Handle, *const KvtPlannedCopyArgs, *mut c_void) -> KvtStatus;
+type MapHostFn = unsafe extern "C" fn(Handle, *const c_void, *mut u64) -> KvtStatus;
+type LastErrorFn = unsafe extern "C" fn() -> *const c_char;
+
+/// The library functions the calls use (bindings/kvtier.h's signatures).
+struct Library {
+    create: CreateFn,
+    reserve: ReserveFn,
+    capacity: CapacityFn,
+    run: RunFn,
+    copy_planned: CopyPlannedFn,
+    map_host: MapHostFn,
+    last_error: LastErrorFn,
+}
+
+static LIBRARY: OnceLock<Library> = OnceLock::new();
+
+fn library() -> PyResult<&'static Library> {
+    LIBRARY.get().ok_or_else(|| {
+        refuse_status(
+            "kvtier._native is not bound to the library yet".into(),
+            "NO_LIBRARY",
+        )
+    })
+}
+
+/// Binds the module to the loaded library: `functions` maps each C function
+/// name to its address in this process.
+#[pyfunction]
+fn bind(functions: &Bound<'_, PyDict>) -> PyResult<()> {
+    let addr = |name: &str| -> PyResult<usize> {
+        let a: usize = functions
+            .get_item(name)?
+            .ok_or_else(|| refuse_status(format!("bind: no address for {name}"), "NO_LIBRARY"))?
+            .extract()?;
+        if a == 0 {
+            return Err(refuse_status(
+                format!("bind: {name} is at address 0"),
+                "NO_LIBRARY",
+            ));
+        }
+        Ok(a)
+    };
+    // SAFETY: the addresses are the library's exported functions (the
+    // caller's contract: ctypes' own function pointers), whose signatures
+    // are those of bindings/kvtier.h, which these types spell.
+    let lib = unsafe {
+        Library {
+            create: std::mem::transmute::<usize, CreateFn>(addr("kvt_swap_in_create")?),
+            reserve: std::mem::transmute::<usize, ReserveFn>(addr("kvt_swap_in_reserve")?),
+            capacity: std::mem::transmute::<usize, CapacityFn>(addr("kvt_swap_in_capacity")?),
+            run: std::mem::transmute::<usize, RunFn>(addr("kvt_swap_in_run")?),
+            copy_planned: std::mem::transmute::<usize, CopyPlannedFn>(addr(
+                "kvt_swap_in_copy_planned",
+            )?),
+            map_host: std::mem::transmute::<usize, MapHostFn>(addr("kvt_swap_in_map_host")?),
+            last_error: std::mem::transmute::<usize, LastErrorFn>(addr("kvt_last_error")?),
+        }
+    };
+    // A second bind (the same library) keeps the first.
+    let _ = LIBRARY.set(lib);
+    Ok(())
+}
+
+/// The process's swap-in engine per executor (-1: the CPU, else a GPU
+/// ordinal), with the plan scratch it was last seen to hold.
+struct Engine {
+    executor: i32,
+    handle: usize,
+    capacity: (u32, u32),
+}
+
+static ENGINES: Mutex<Vec<Engine>> = Mutex::new(Vec::new());
+
+fn engines() -> std::sync::MutexGuard<'static, Vec<Engine>> {
+    ENGINES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The engine handle for `executor`, made on first use (it lives as long as
+/// the process).
+fn engine_handle(executor: i32) -> PyResult<Handle> {
+    let mut all = engines();
+    if let Some(e) = all.iter().find(|e| e.executor == executor) {
+        return Ok(e.handle as Handle);
+    }
+    let lib = library()?;
+    let mut h: Handle = std::ptr::null_mut();
+    // SAFETY: an out pointer to a local.
+    status(unsafe { (lib.create)(executor, &mut h) })?;
+    all.push(Engine {
+        executor,
+        handle: h as usize,
+        capacity: (0, 0),
+    });
+    Ok(h)
+}
+
+/// The engine of `executor` ("the process's engine"), as an address for
+/// ctypes (`kvt_swap_in_check`, `kvt_swap_in_reserve`).
+#[pyfunction]
+fn engine(executor: i32) -> PyResult<usize> {
+    engine_handle(executor).map(|h| h as usize)
+}
+
+/// Makes sure the engine of `executor` has plan scratch for `batch` ×
+/// `entries`; `capturing` says whether growing it now would break a CUDA
+/// graph capture (then it is refused).
+fn ensure_capacity(
+    executor: i32,
+    handle: Handle,
+    batch: u32,
+    entries: u32,
+    capturing: impl FnOnce() -> PyResult<bool>,
+) -> PyResult<()> {
+    let mut all = engines();
+    let Some(e) = all.iter_mut().find(|e| e.executor == executor) else {
+        return Err(refuse_status(
+            "engine not registered".into(),
+            "INTERNAL_ERROR",
+        ));
+    };
+    let fits = |c: (u32, u32)| batch <= c.0 && entries <= c.1;
+    if fits(e.capacity) {
+        return Ok(());
+    }
+    let lib = library()?;
+    let read = |h: Handle| -> PyResult<(u32, u32)> {
+        let (mut b, mut k) = (0u32, 0u32);
+        // SAFETY: out pointers to locals.
+        status(unsafe { (lib.capacity)(h, &mut b, &mut k) })?;
+        Ok((b, k))
+    };
+    // Someone (kvtier.sglang.reserve) may have grown it meanwhile.
+    e.capacity = read(handle)?;
+    if fits(e.capacity) {
+        return Ok(());
+    }
+    let (have_b, have_k) = e.capacity;
+    if capturing()? {
+        return Err(refuse(format!(
+            "the swap-in needs plan scratch for batch {batch} × {entries} entries (it has {have_b} × {have_k}) \
+             and cannot allocate during CUDA graph capture: run the largest batch once before capturing \
+             (SGLang's warm-up does), or call kvtier.sglang.reserve(max_batch, top_k) at start-up"
+        )));
+    }
+    // SAFETY: a live engine handle.
+    status(unsafe { (lib.reserve)(handle, batch.max(have_b).max(1), entries.max(have_k)) })?;
+    e.capacity = read(handle)?;
+    Ok(())
+}
+
+/// kvtier's exception class, `kvtier._lib.KvtierError(message, status)`.
+fn error_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    ERROR.import(py, "kvtier._lib", "KvtierError")
+}
+
+fn refuse_status(message: String, status: &'static str) -> PyErr {
+    Python::attach(|py| match error_type(py) {
+        Ok(t) => match t.call1((message.clone(), status)) {
+            Ok(e) => PyErr::from_value(e),
+            Err(e) => e,
+        },
+        Err(e) => e,
+    })
+}
+
+/// A refused argument (status INVALID_ARGUMENT), the message as is.
+pub(crate) fn refuse(message: String) -> PyErr {
+    refuse_status(message, "INVALID_ARGUMENT")
+}
+
+/// `invalid argument `arg`: msg`, as the library words it.
+pub(crate) fn invalid(arg: &str, msg: String) -> PyErr {
+    refuse(format!("invalid argument `{arg}`: {msg}"))
+}
+
+const STATUS_NAMES: [&str; 9] = [
+    "OK",
+    "INVALID_ARGUMENT",
+    "KERNELS_NOT_BUILT",
+    "NO_DRIVER",
+    "DRIVER_ERROR",
+    "BAD_INDICES",
+    "POOL_ERROR",
+    "IO_ERROR",
+    "INTERNAL_ERROR",
+];
+
+/// Ok for KVT_OK, else the library's error with its message.
+fn status(s: KvtStatus) -> PyResult<()> {
+    if s == kvtier::ffi::KVT_OK {
+        return Ok(());
+    }
+    let message = match LIBRARY.get() {
+        // SAFETY: kvt_last_error returns this thread's NUL-terminated message.
+        Some(lib) => unsafe { CStr::from_ptr((lib.last_error)()) }
+            .to_string_lossy()
+            .into_owned(),
+        None => String::new(),
+    };
+    let name = usize::try_from(s)
+        .ok()
+        .and_then(|i| STATUS_NAMES.get(i))
+        .copied()
+        .unwrap_or("INTERNAL_ERROR");
+    Err(refuse_status(message, name))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(bind, m)?)?;
+    m.add_function(wrap_pyfunction!(engine, m)?)?;
+    m.add_function(wrap_pyfunction!(calls::swap_in, m)?)?;
+    m.add_function(wrap_pyfunction!(calls::copy_planned, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,316 @@
+//! A common view of the arrays a call takes: numpy arrays (read from the
+//! array object itself, no Python calls) and torch tensors (through their
+//! methods). Anything else is refused.
+
+use numpy::npyffi::flags::{NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE};
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTuple;
+
+use crate::refuse;
+
+/// The element types the checks name; every other is `Other`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    I16,
+    I32,
+    I64,
+    U8,
+    Other,
+}
+
+impl DType {
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::I16 => "int16",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::U8 => "uint8",
+            DType::Other => "other",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(i32),
+}
+
+impl Device {
+    pub fn describe(self) -> String {
+        match self {
+            Device::Cpu => "cpu".into(),
+            Device::Cuda(i) => format!("cuda:{i}"),
+        }
+    }
+}
+
+/// What a call needs to know of one argument. Shapes and strides beyond
+/// the first two axes only enter `numel`, `span` and `contiguous`.
+pub struct View<'a, 'py> {
+    pub name: &'static str,
+    pub obj: &'a Bound<'py, PyAny>,
+    pub ptr: u64,
+    pub ndim: usize,
+    pub shape: [usize; 2],
+    /// Elements between neighbours along the first two axes.
+    pub strides: [usize; 2],
+    pub numel: usize,
+    /// Elements from the first to one past the last addressed one.
+    pub span: usize,
+    pub itemsize: usize,
+    pub dtype: DType,
+    pub device: Device,
+    pub writable: bool,
+    pub contiguous: bool,
+}
+
+impl View<'_, '_> {
+    pub fn nbytes(&self) -> usize {
+        self.numel * self.itemsize
+    }
+
+    /// The dtype's own name, for messages (numpy's `dtype.name`, torch's
+    /// dtype without its `torch.` prefix).
+    pub fn dtype_name(&self) -> String {
+        if self.dtype != DType::Other {
+            return self.dtype.name().into();
+        }
+        let dtype = match self.obj.getattr("dtype") {
+            Ok(d) => d,
+            Err(_) => return "?".into(),
+        };
+        let name = dtype
+            .getattr("name")
+            .and_then(|n| n.extract::<String>())
+            .or_else(|_| dtype.str().map(|s| s.to_string()));
+        name.unwrap_or_else(|_| "?".into())
+            .trim_start_matches("torch.")
+            .into()
+    }
+
+    pub fn shape_list(&self) -> String {
+        match self.obj.getattr("shape").and_then(|s| s.str()) {
+            Ok(s) => {
+                let s = s.to_string();
+                // "(4, 2)" / "torch.Size([4, 2])" -> "[4, 2]"
+                let inner = s
+                    .trim_start_matches("torch.Size(")
+                    .trim_end_matches(')')
+                    .trim_start_matches(['(', '['])
+                    .trim_end_matches([']', ')'])
+                    .trim_end_matches(',');
+                format!("[{inner}]")
+            }
+            Err(_) => "?".into(),
+        }
+    }
+}
+
+/// The view of `obj` (argument `name`).
+pub fn view<'a, 'py>(obj: &'a Bound<'py, PyAny>, name: &'static str) -> PyResult<View<'a, 'py>> {
+    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        return numpy_view(obj, arr, name);
+    }
+    if let Some(tensor) = torch_tensor_type(obj.py())?
+        && obj.is_instance(tensor.bind(obj.py()))?
+    {
+        return torch_view(obj, name);
+    }
+    let type_name = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default();
+    Err(refuse(format!(
+        "`{name}` is a {type_name}; pass a numpy array or a torch tensor"
+    )))
+}
+
+fn numpy_view<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+    arr: &Bound<'py, PyUntypedArray>,
+    name: &'static str,
+) -> PyResult<View<'a, 'py>> {
+    let descr = arr.dtype();
+    if descr.has_object() {
+        return Err(refuse(format!(
+            "`{name}` holds Python objects (dtype {}); kvtier takes arrays of plain numbers",
+            descr.str()?
+        )));
+    }
+    if descr.is_native_byteorder() == Some(false) {
+        return Err(refuse(format!(
+            "`{name}` is {}, not in the machine's byte order",
+            descr.getattr("str")?
+        )));
+    }
+    let item = descr.itemsize();
+    let dtype = match (descr.kind(), item) {
+        (b'i', 2) => DType::I16,
+        (b'i', 4) => DType::I32,
+        (b'i', 8) => DType::I64,
+        (b'u', 1) => DType::U8,
+        _ => DType::Other,
+    };
+    // SAFETY: `arr` is a live numpy array; its header fields are read as
+    // numpy's C API defines them, while the GIL is held.
+    let (data, nd, dims, strides, flags) = unsafe {
+        let raw = &*arr.as_array_ptr();
+        let nd = raw.nd as usize;
+        (
+            raw.data as u64,
+            nd,
+            std::slice::from_raw_parts(raw.dimensions, nd),
+            std::slice::from_raw_parts(raw.strides, nd),
+            raw.flags,
+        )
+    };
+    let mut v = View {
+        name,
+        obj,
+        ptr: data,
+        ndim: nd,
+        shape: [0; 2],
+        strides: [0; 2],
+        numel: 1,
+        span: 1,
+        itemsize: item,
+        dtype,
+        device: Device::Cpu,
+        writable: flags & NPY_ARRAY_WRITEABLE != 0,
+        contiguous: flags & NPY_ARRAY_C_CONTIGUOUS != 0,
+    };
+    for (axis, (&n, &s)) in dims.iter().zip(strides).enumerate() {
+        if item == 0 || s < 0 || !(s as usize).is_multiple_of(item) {
+            let all: Vec<isize> = strides.to_vec();
+            return Err(refuse(format!(
+                "`{name}` has strides {} bytes, not non-negative multiples of {item}",
+                tuple_text(&all)
+            )));
+        }
+        add_axis(&mut v, axis, n as usize, s as usize / item);
+    }
+    finish(&mut v);
+    Ok(v)
+}
+
+fn torch_view<'a, 'py>(obj: &'a Bound<'py, PyAny>, name: &'static str) -> PyResult<View<'a, 'py>> {
+    let py = obj.py();
+    let device = if obj.getattr(pyo3::intern!(py, "is_cuda"))?.is_truthy()? {
+        Device::Cuda(
+            obj.call_method0(pyo3::intern!(py, "get_device"))?
+                .extract()?,
+        )
+    } else if obj.getattr(pyo3::intern!(py, "is_cpu"))?.is_truthy()? {
+        Device::Cpu
+    } else {
+        return Err(refuse(format!(
+            "`{name}` is on device {}; kvtier takes CPU or CUDA tensors",
+            obj.getattr("device")?.str()?
+        )));
+    };
+    let item: usize = obj
+        .call_method0(pyo3::intern!(py, "element_size"))?
+        .extract()?;
+    let dtype_obj = obj.getattr(pyo3::intern!(py, "dtype"))?;
+    let dtype = torch_dtype(&dtype_obj)?;
+    let shape = obj.getattr(pyo3::intern!(py, "shape"))?;
+    let shape = shape.cast::<PyTuple>()?;
+    let strides = obj.call_method0(pyo3::intern!(py, "stride"))?;
+    let strides = strides.cast::<PyTuple>()?;
+    let mut v = View {
+        name,
+        obj,
+        ptr: obj.call_method0(pyo3::intern!(py, "data_ptr"))?.extract()?,
+        ndim: shape.len(),
+        shape: [0; 2],
+        strides: [0; 2],
+        numel: 1,
+        span: 1,
+        itemsize: item,
+        dtype,
+        device,
+        writable: true,
+        contiguous: obj
+            .call_method0(pyo3::intern!(py, "is_contiguous"))?
+            .is_truthy()?,
+    };
+    for (axis, (n, s)) in shape.iter().zip(strides.iter()).enumerate() {
+        let n: usize = n.extract()?;
+        let s: isize = s.extract()?;
+        if s < 0 {
+            return Err(refuse(format!("`{name}` has a negative stride")));
+        }
+        add_axis(&mut v, axis, n, s as usize);
+    }
+    finish(&mut v);
+    Ok(v)
+}
+
+fn add_axis(v: &mut View<'_, '_>, axis: usize, n: usize, stride: usize) {
+    if axis < 2 {
+        v.shape[axis] = n;
+        v.strides[axis] = stride;
+    }
+    v.numel = v.numel.saturating_mul(n);
+    v.span = v
+        .span
+        .saturating_add(n.saturating_sub(1).saturating_mul(stride));
+}
+
+fn finish(v: &mut View<'_, '_>) {
+    if v.numel == 0 {
+        v.span = 0;
+    }
+}
+
+fn tuple_text(s: &[isize]) -> String {
+    match s {
+        [one] => format!("({one},)"),
+        _ => format!(
+            "({})",
+            s.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// torch.Tensor, once torch has been imported (None before).
+fn torch_tensor_type(py: Python<'_>) -> PyResult<Option<&'static Py<PyAny>>> {
+    static TENSOR: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    if let Some(t) = TENSOR.get(py) {
+        return Ok(Some(t));
+    }
+    let modules = py.import("sys")?.getattr("modules")?;
+    let Ok(torch) = modules.get_item("torch") else {
+        return Ok(None);
+    };
+    let tensor = torch.getattr("Tensor")?.unbind();
+    Ok(Some(TENSOR.get_or_init(py, || tensor)))
+}
+
+/// The torch dtypes the checks name, by identity.
+fn torch_dtype(d: &Bound<'_, PyAny>) -> PyResult<DType> {
+    static DTYPES: PyOnceLock<[(Py<PyAny>, DType); 4]> = PyOnceLock::new();
+    let py = d.py();
+    let table = DTYPES.get_or_try_init(py, || -> PyResult<_> {
+        let torch = py.import("torch")?;
+        let get = |n: &str| torch.getattr(n).map(|x| x.unbind());
+        Ok([
+            (get("int16")?, DType::I16),
+            (get("int32")?, DType::I32),
+            (get("int64")?, DType::I64),
+            (get("uint8")?, DType::U8),
+        ])
+    })?;
+    Ok(table
+        .iter()
+        .find(|(t, _)| t.bind(py).is(d))
+        .map(|(_, k)| *k)
+        .unwrap_or(DType::Other))
+}
