@@ -116,7 +116,10 @@ typedef struct kvt_device_capacity {
     uint32_t host_dram; /* 1: the bytes are the host's general DRAM (anon, or a
                          * file on tmpfs/ramfs); 0: a devdax device, a NUMA
                          * node's memory, a file on another filesystem */
-    uint32_t _reserved;
+    uint32_t pinnable;  /* 1: the pages can be pinned for as long as a GPU or
+                         * RDMA registration holds them (cudaHostRegister,
+                         * ibv_reg_mr); 0: a file on a disk filesystem or
+                         * FS-DAX, which Linux refuses to pin long-term */
 } kvt_device_capacity;
 
 /* Devices are strings in the CLI's syntax: "anon:SIZE", "file:PATH[:SIZE]",

@@ -96,7 +96,7 @@ pub struct KvtPoolInfo {
 pub struct KvtDeviceCapacity {
     pub bytes: u64,
     pub host_dram: u32,
-    pub _reserved: u32,
+    pub pinnable: u32,
 }
 
 /// `kvt_region_info`.
@@ -804,7 +804,7 @@ pub unsafe extern "C" fn kvt_device_capacity_get(
         let info = KvtDeviceCapacity {
             bytes: c.bytes,
             host_dram: u32::from(c.host_dram),
-            _reserved: 0,
+            pinnable: u32::from(c.pinnable),
         };
         // SAFETY: the header's contract for `out`.
         unsafe { write_out(out, "out", info) }
@@ -1277,7 +1277,7 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         fields!(KvtPoolInfo, "kvt_pool_info": layout, num_devices, num_regions, free_regions,
         region_stride, uuid),
     );
-    v.extend(fields!(KvtDeviceCapacity, "kvt_device_capacity": bytes, host_dram));
+    v.extend(fields!(KvtDeviceCapacity, "kvt_device_capacity": bytes, host_dram, pinnable));
     v.extend(fields!(KvtRegionInfo, "kvt_region_info": index, device, host_addr, bytes));
     v.extend(
         fields!(KvtSwapInArgs, "kvt_swap_in_args": top_k_tokens, top_k_stride,

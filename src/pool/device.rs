@@ -145,6 +145,13 @@ pub struct DeviceCapacity {
     /// node's free memory) and files on other filesystems (hugetlbfs, a
     /// DAX-mounted CXL device).
     pub host_dram: bool,
+    /// Whether the kernel lets the GPU driver or an RDMA NIC pin the pages
+    /// for as long as they are registered (a long-term pin, as
+    /// `cudaHostRegister` and `ibv_reg_mr` take): true for anonymous and
+    /// NUMA memory, devdax devices and files on tmpfs, ramfs or hugetlbfs;
+    /// false for files on a disk filesystem or FS-DAX, whose writable shared
+    /// pages need dirty tracking (Linux refuses such pins).
+    pub pinnable: bool,
 }
 
 impl DeviceSpec {
@@ -155,11 +162,11 @@ impl DeviceSpec {
     }
 
     fn capacity_in(&self, sysfs: &Path) -> Result<DeviceCapacity> {
-        let (bytes, host_dram) = match self {
-            DeviceSpec::Anon { bytes } => (*bytes, true),
+        let (bytes, fs) = match self {
+            DeviceSpec::Anon { bytes } => (*bytes, FileSystem::Memory),
             DeviceSpec::Numa { node, bytes } => {
                 check_numa_node(sysfs, *node)?;
-                (*bytes, false)
+                (*bytes, FileSystem::Device)
             }
             DeviceSpec::File { path, bytes } => {
                 let bytes = match bytes {
@@ -168,14 +175,18 @@ impl DeviceSpec {
                         .map_err(io(format!("reading the size of {}", path.display())))?
                         .len(),
                 };
-                (bytes, on_memory_fs(path)?)
+                (bytes, file_system_of(path)?)
             }
             DeviceSpec::Dax { path, bytes } => match bytes {
-                Some(b) => (*b, false),
-                None => (dax_size(sysfs, path)?, false),
+                Some(b) => (*b, FileSystem::Device),
+                None => (dax_size(sysfs, path)?, FileSystem::Device),
             },
         };
-        Ok(DeviceCapacity { bytes, host_dram })
+        Ok(DeviceCapacity {
+            bytes,
+            host_dram: fs == FileSystem::Memory,
+            pinnable: fs != FileSystem::Disk,
+        })
     }
 }
 
@@ -194,6 +205,7 @@ fn device_capacity_in(sysfs: &Path, spec: &str) -> Result<DeviceCapacity> {
         return Ok(DeviceCapacity {
             bytes: numa_free_bytes(sysfs, node)?,
             host_dram: false,
+            pinnable: true,
         });
     }
     spec.parse::<DeviceSpec>()?.capacity_in(sysfs)
@@ -213,11 +225,22 @@ pub(crate) fn numa_free_bytes(sysfs: &Path, node: u32) -> Result<u64> {
         .ok_or_else(|| Error::Pool(format!("{} has no MemFree line", at.display())))
 }
 
-/// Whether `path` (or, for a file not made yet, its directory) is on tmpfs or
-/// ramfs, whose pages are the host's DRAM.
-fn on_memory_fs(path: &Path) -> Result<bool> {
+/// What holds a device's pages, as far as capacity and pinning go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FileSystem {
+    /// The host's DRAM: anonymous memory, tmpfs, ramfs.
+    Memory,
+    /// Memory of its own: a NUMA node, a devdax device, hugetlbfs pages.
+    Device,
+    /// A file on any other filesystem (a disk, FS-DAX).
+    Disk,
+}
+
+/// The filesystem `path` (or, for a file not made yet, its directory) is on.
+fn file_system_of(path: &Path) -> Result<FileSystem> {
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
     let probe = if path.exists() {
         path.to_path_buf()
     } else {
@@ -238,7 +261,11 @@ fn on_memory_fs(path: &Path) -> Result<bool> {
     // SAFETY: statfs succeeded, so it filled the buffer.
     #[allow(clippy::unnecessary_cast)] // f_type's type differs between targets
     let kind = unsafe { st.assume_init() }.f_type as i64;
-    Ok(kind == TMPFS_MAGIC || kind == RAMFS_MAGIC)
+    Ok(match kind {
+        TMPFS_MAGIC | RAMFS_MAGIC => FileSystem::Memory,
+        HUGETLBFS_MAGIC => FileSystem::Device,
+        _ => FileSystem::Disk,
+    })
 }
 
 /// Parses `4096`, `64KiB`, `512MiB`, `8GiB`, `1TiB` (binary), `8GB` (decimal),
@@ -730,6 +757,7 @@ mod tests {
         let not_dram = |bytes| DeviceCapacity {
             bytes,
             host_dram: false,
+            pinnable: true,
         };
         assert_eq!(cap("dax:/dev/dax0.0").unwrap(), not_dram(1 << 40));
         assert_eq!(cap("dax:/dev/dax0.0:64GiB").unwrap(), not_dram(64 << 30));
@@ -739,7 +767,8 @@ mod tests {
             cap("anon:1GiB").unwrap(),
             DeviceCapacity {
                 bytes: 1 << 30,
-                host_dram: true
+                host_dram: true,
+                pinnable: true,
             }
         );
         for bad in ["numa:3", "numa:x", "dax:/dev/dax7.0", "anon"] {
@@ -748,12 +777,13 @@ mod tests {
         // a file: its size, given or its length; on tmpfs it is DRAM
         let f = root.join("kv0");
         std::fs::write(&f, vec![0u8; 4096]).unwrap();
-        let root_in_memory = on_memory_fs(&root).unwrap();
+        let fs = file_system_of(&root).unwrap();
         assert_eq!(
             cap(&format!("file:{}", f.display())).unwrap(),
             DeviceCapacity {
                 bytes: 4096,
-                host_dram: root_in_memory
+                host_dram: fs == FileSystem::Memory,
+                pinnable: fs != FileSystem::Disk,
             }
         );
         assert_eq!(

@@ -61,8 +61,9 @@ pub struct PoolOptions {
     /// One host (or coherent memory), or this host's place among several.
     pub coherence: Coherence,
     /// `cuMemHostRegister` flags for every device (default: portable and
-    /// device-mapped; some CXL/DAX setups also need
-    /// `CU_MEMHOSTREGISTER_IOMEMORY`).
+    /// device-mapped). devdax memory has struct pages and is pinned as DRAM
+    /// is; `CU_MEMHOSTREGISTER_IOMEMORY` is for a PCIe device's MMIO, not
+    /// for CXL memory.
     pub register_flags: u32,
     /// Attach as a client (needed to allocate); false inspects only.
     pub attach: bool,
@@ -1037,8 +1038,9 @@ impl Pool {
         // each device is registered once.
         let r = unsafe { HostRegistration::register(dev, pd.map.ptr(), pd.map.len(), self.register_flags) }.map_err(|e| {
             Error::Pool(format!(
-                "registering {} ({}) with the GPU failed ({e}); check the memlock limit (ulimit -l), and for \
-                 CXL/DAX memory try the I/O-memory registration flag",
+                "registering {} ({}) with the GPU failed ({e}); check the memlock limit (ulimit -l); a file on \
+                 a disk filesystem or FS-DAX cannot be pinned (use tmpfs, hugetlbfs, a dax: device or a numa: \
+                 node); memory someone else registered already (an engine's host pool) is refused as such",
                 pd.map.spec(),
                 format_size(pd.map.len() as u64)
             ))

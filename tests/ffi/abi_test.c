@@ -37,6 +37,7 @@ static void layout(void) {
     SIZE(kvt_device_capacity);
     FIELD(kvt_device_capacity, bytes);
     FIELD(kvt_device_capacity, host_dram);
+    FIELD(kvt_device_capacity, pinnable);
     SIZE(kvt_region_info);
     FIELD(kvt_region_info, index);
     FIELD(kvt_region_info, device);
@@ -275,7 +276,7 @@ static void tier(void) {
     char spec[64];
     snprintf(spec, sizeof spec, "anon:%" PRIu64, bytes);
     kvt_device_capacity cap;
-    CHECK(kvt_device_capacity_get(spec, &cap) == KVT_OK && cap.bytes == bytes && cap.host_dram == 1,
+    CHECK(kvt_device_capacity_get(spec, &cap) == KVT_OK && cap.bytes == bytes && cap.host_dram == 1 && cap.pinnable == 1,
           "capacity of %s", spec);
     CHECK(kvt_device_capacity_get("dax:", &cap) == KVT_INVALID_ARGUMENT, "capacity of a bad device string");
     CHECK(kvt_device_capacity_get(NULL, &cap) == KVT_INVALID_ARGUMENT, "capacity of a null device");

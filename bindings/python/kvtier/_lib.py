@@ -84,7 +84,7 @@ class DeviceCapacity(ctypes.Structure):
     _fields_ = [
         ("bytes", ctypes.c_uint64),
         ("host_dram", ctypes.c_uint32),
-        ("_reserved", ctypes.c_uint32),
+        ("pinnable", ctypes.c_uint32),
     ]
 
 

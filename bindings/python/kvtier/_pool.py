@@ -40,10 +40,13 @@ class DeviceCapacity(NamedTuple):
     """What a device offers a pool: `bytes`, and whether they are the host's
     general DRAM (`host_dram`: anon memory, files on tmpfs or ramfs) rather
     than a devdax device, a NUMA node's memory or a file on another
-    filesystem."""
+    filesystem), and whether the kernel lets a GPU or RDMA registration pin
+    them for as long as it holds them (`pinnable`: false for a file on a
+    disk filesystem or FS-DAX)."""
 
     bytes: int
     host_dram: bool
+    pinnable: bool
 
 
 def device_capacity(device: str) -> DeviceCapacity:
@@ -54,7 +57,7 @@ def device_capacity(device: str) -> DeviceCapacity:
         raise KvtierError(f"invalid argument `device`: {device!r} is not a device string")
     out = _lib.DeviceCapacity()
     check(library().kvt_device_capacity_get(device.encode(), ctypes.byref(out)))
-    return DeviceCapacity(out.bytes, bool(out.host_dram))
+    return DeviceCapacity(out.bytes, bool(out.host_dram), bool(out.pinnable))
 
 
 def _specs(devices: Sequence[str]):

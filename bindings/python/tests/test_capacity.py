@@ -21,12 +21,11 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def cxl_file(tmp_path):
-    """A pool file standing in for CXL memory: on a filesystem that is not the
-    host's DRAM."""
-    if kvtier.device_capacity(f"file:{tmp_path}/probe:1MiB").host_dram:
-        pytest.skip(f"{tmp_path} is on tmpfs: files there are DRAM")
-    return lambda name, size: f"file:{tmp_path}/{name}:{size}"
+def cxl():
+    """A device standing in for CXL memory: a NUMA node's memory, which is
+    not in SGLang's DRAM budget but in kvtier's (a sized numa device is each
+    rank's own)."""
+    return lambda size: f"numa:0:{size}"
 
 
 @pytest.fixture
@@ -41,8 +40,8 @@ def test_without_kvtier_sglang_refuses_a_pool_larger_than_dram(small_dram):
         coord.HiSparseCoordinator("mla", layers=2, rows=2048, dim=1024)
 
 
-def test_a_pool_beyond_dram_fits_the_kvtier_pool(small_dram, cxl_file, caplog):
-    kvtier.sglang.install({"devices": [cxl_file("kv0", "64MiB")], "rank": 0, "ranks": 1})
+def test_a_pool_beyond_dram_fits_the_kvtier_pool(small_dram, cxl, caplog):
+    kvtier.sglang.install({"devices": [cxl("64MiB")], "rank": 0, "ranks": 1})
     coord = importlib.import_module(COORD)
     with caplog.at_level(logging.INFO, logger="kvtier"):
         pool = coord.HiSparseCoordinator("mla", layers=2, rows=2048, dim=1024).mem_pool_host
@@ -54,23 +53,23 @@ def test_a_pool_beyond_dram_fits_the_kvtier_pool(small_dram, cxl_file, caplog):
     # 2048 rows of 2 x 1024 B against 64 MiB: 32768 rows, one a padding page;
     # the pool's ratio 2 (1024 device tokens) could be 31
     assert "host_to_device_ratio 31 in --hisparse-config would fill it" in log
-    # the DeepSeek-V4 pool checks through the same budget (its own pool: one
-    # process has one HiSparse host pool, and a pool holds one layout)
-    kvtier.sglang.uninstall()
-    kvtier.sglang.install({"devices": [cxl_file("kv1", "64MiB")], "rank": 0, "ranks": 1})
+    # the DeepSeek-V4 pool checks through the same budget
     dsv4 = coord.HiSparseCoordinator("dsv4", layers=3, rows=32, dim=37440).mem_pool_host
     assert dsv4.allocator.regions[0].nbytes == 3 * 32 * 37440 > 1 * MiB
 
 
-def test_a_pool_beyond_the_ranks_share_is_refused_with_the_budget(small_dram, cxl_file):
-    # 16 ranks share one 64 MiB device: 4 MiB each; the pool wants 8 MiB
-    kvtier.sglang.install({"devices": [cxl_file("kv0", "64MiB")], "rank": 3, "ranks": 16})
+def test_a_pool_beyond_the_ranks_share_is_refused_with_the_budget(small_dram):
+    # numa:0 without a size: the node's free memory, shared by the 16 ranks;
+    # the pool asks for more than rank 3's share, so nothing is allocated
+    config = {"devices": ["numa:0"], "rank": 3, "ranks": 16}
+    share = rank_budget(KvtierConfig(**config), 3, 16)
+    kvtier.sglang.install(config)
     coord = importlib.import_module(COORD)
     with pytest.raises(kvtier.KvtierError) as e:
-        coord.HiSparseCoordinator("mla", layers=4, rows=2048, dim=1024)
+        coord.HiSparseCoordinator("mla", layers=4, rows=share.bytes // 4096 + 1, dim=1024)
     msg = str(e.value)
     assert "does not fit the kvtier pool" in msg and "Not enough host memory" in msg
-    assert "4.0 MiB for rank 3 of 16" in msg and "holds 64.0 MiB shared by 16 ranks" in msg
+    assert "for rank 3 of 16: numa:0 holds" in msg and "shared by 16 ranks" in msg
     assert "host_to_device_ratio" in msg
 
 
@@ -87,15 +86,15 @@ def test_dram_devices_keep_sglangs_check(small_dram, tmp_path):
             coord.HiSparseCoordinator("mla", layers=2, rows=2048, dim=1024)
 
 
-def test_a_non_layer_first_pool_keeps_sglangs_check(small_dram, cxl_file):
-    kvtier.sglang.install({"devices": [cxl_file("kv0", "64MiB")], "rank": 0, "ranks": 1})
+def test_a_non_layer_first_pool_keeps_sglangs_check(small_dram, cxl):
+    kvtier.sglang.install({"devices": [cxl("64MiB")], "rank": 0, "ranks": 1})
     coord = importlib.import_module(COORD)
     with pytest.raises(ValueError, match="Not enough host memory"):
         coord.MLATokenToKVPoolHost(2, 2048, 1024, layout="page_first")
 
 
-def test_each_rank_books_its_share_of_the_device_it_starts_on(cxl_file, tmp_path):
-    two = KvtierConfig(devices=[cxl_file("a", "64MiB"), cxl_file("b", "32MiB")])
+def test_each_rank_books_its_share_of_the_device_it_starts_on(tmp_path):
+    two = KvtierConfig(devices=[f"file:{tmp_path}/a:64MiB", f"file:{tmp_path}/b:32MiB"])
     # ranks 0 and 2 start on a, 1 and 3 on b
     assert [(b.device.rsplit("/", 1)[1], b.bytes, b.sharing_ranks) for b in
             (rank_budget(two, r, 4) for r in range(4))] == [
@@ -111,3 +110,23 @@ def test_each_rank_books_its_share_of_the_device_it_starts_on(cxl_file, tmp_path
     assert node.sharing_ranks == 2 and node.bytes == node.device_bytes // 2 > 0
     with pytest.raises(kvtier.KvtierError, match="does not exist"):
         rank_budget(KvtierConfig(devices=["numa:4095"]), 0, 1)
+
+
+def test_files_whose_pages_cannot_be_pinned_keep_the_host_pool_in_sglang(fake_sglang, tmp_path):
+    device = f"file:{tmp_path}/kv0:64MiB"
+    if kvtier.device_capacity(device).pinnable:
+        pytest.skip(f"{tmp_path} is on a filesystem whose pages can be pinned")
+    rep = kvtier.sglang.install({"devices": [device]})
+    routes = {r.name: r for r in rep.routes}
+    for pool in ("MLATokenToKVPoolHost", "DeepSeekV4PagedHostPool", "HiSparseMHATokenToKVPoolHost"):
+        assert routes[pool].served_by == "SGLang" and "cannot be pinned" in routes[pool].why, routes[pool]
+    assert routes["load_cache_to_device_buffer_mla"].served_by == "kvtier"
+    coord = importlib.import_module(COORD)
+    assert not isinstance(coord.HiSparseCoordinator().mem_pool_host.allocator,
+                          kvtier.sglang.KvtierHostTensorAllocator)
+
+
+def test_a_missing_device_keeps_the_host_pool_in_sglang_and_says_why(fake_sglang):
+    rep = kvtier.sglang.report(KvtierConfig(devices=["dax:/dev/dax97.3"]))
+    route = {r.name: r for r in rep.routes}["MLATokenToKVPoolHost"]
+    assert route.served_by == "SGLang" and route.why.startswith("dax:/dev/dax97.3: ") and "dax97.3" in route.why[17:]

@@ -100,13 +100,13 @@ def test_install_after_the_coordinator_is_imported(fake_sglang):
 
 
 def test_the_report_says_who_serves_what(fake_sglang):
-    rep = kvtier.sglang.report(kvtier.sglang.KvtierConfig(devices=["numa:1"], swap_in=False))
+    rep = kvtier.sglang.report(kvtier.sglang.KvtierConfig(devices=["numa:0"], swap_in=False))
     lines = rep.lines()
     assert lines[0].startswith("kvtier: installed into SGLang 0.5.23 on ")
     by_name = {r.name: r for r in rep.routes}
     assert by_name["load_cache_to_device_buffer_mla"].served_by == "SGLang"
     assert "swap_in is off" in by_name["copy_cache_planned_mla"].why
-    assert by_name["MLATokenToKVPoolHost"].served_by == "kvtier" and "numa:1" in by_name["MLATokenToKVPoolHost"].why
+    assert by_name["MLATokenToKVPoolHost"].served_by == "kvtier" and "numa:0" in by_name["MLATokenToKVPoolHost"].why
     assert any("load_cache_to_device_buffer_spec_mla" in line and "speculative" in line for line in lines)
 
 

@@ -72,6 +72,30 @@ def rank_budget(config: KvtierConfig, rank: int, ranks: int) -> RankBudget | Non
     return RankBudget(cap.bytes // sharing, device, cap.bytes, sharing, rank, ranks)
 
 
+def device_problem(devices: list) -> str | None:
+    """Why the host pool cannot live on `devices`, or None. SGLang registers
+    its host pool with the GPU (``cudaHostRegister``), and under
+    prefill/decode disaggregation with the KV transfer engine (``ibv_reg_mr``);
+    both pin the pages for as long as they are registered, which Linux refuses
+    for files on a disk filesystem or FS-DAX. A device that cannot be read
+    (a missing dax device or NUMA node) is named with the library's reason."""
+    for d in devices:
+        if d == "anon" or d.startswith("anon:"):
+            continue
+        try:
+            cap = device_capacity(d)
+        except KvtierError as e:
+            if d.startswith("file:") and d.count(":") == 1:
+                continue  # a pool file to open, made by another rank
+            return f"{d}: {e}"
+        if not cap.pinnable:
+            return (
+                f"{d} is a file on a filesystem whose pages cannot be pinned (a disk or FS-DAX), so SGLang's "
+                f"registration of the host pool with the GPU would fail: use tmpfs, hugetlbfs, dax: or numa:"
+            )
+    return None
+
+
 @contextlib.contextmanager
 def booked_against(budget: RankBudget | None, pool_name: str):
     """Runs a host pool's construction with SGLang's host-memory check

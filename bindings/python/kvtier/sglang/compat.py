@@ -19,13 +19,14 @@ coordinator module is patched.
 from __future__ import annotations
 
 import ast
-import json
 import importlib.util
 import inspect
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._swap_in import swap_in_limits
+from .capacity import device_problem
 
 COORDINATOR = "sglang.srt.managers.hisparse_coordinator"
 COORDINATOR_FILE = "sglang/srt/managers/hisparse_coordinator.py"
@@ -309,12 +310,15 @@ def check_entry_points(theirs: dict, coordinator_source: str | None) -> tuple:
 
 
 def host_pool_routes(names: set, config) -> list:
+    problem = device_problem(config.devices) if config is not None and config.host_pool else None
     routes = []
     for pool in HOST_POOLS:
         if pool not in names:
             routes.append(Route(pool, "absent", "not in this SGLang"))
         elif config is not None and not config.host_pool:
             routes.append(Route(pool, "SGLang", "host_pool is off in the kvtier config"))
+        elif config is not None and problem:
+            routes.append(Route(pool, "SGLang", problem))
         else:
             where = ", ".join(config.devices) if config is not None else "anon"
             routes.append(Route(pool, "kvtier", f"layer-first buffers in a kvtier pool on {where}"))
