@@ -258,6 +258,14 @@ kvt_status kvt_swap_in_map_host(const kvt_swap_in *engine, const void *host, uin
 /* Waits for the device, then reports (and clears) the bad indices recorded
  * since the last check. */
 kvt_status kvt_swap_in_check(const kvt_swap_in *engine);
+/* Without waiting for anything: KVT_BAD_INDICES (the report in kvt_last_error,
+ * counting every entry since the last check) when a snapshot of the error
+ * word taken at the previous poll holds entries no poll reported yet, their
+ * number in *new_entries; else KVT_OK and 0 (also while the snapshot is still
+ * being copied, and always for the CPU executor, which reports at once). The
+ * copy runs on a stream of the engine's own. Once per step, not while a CUDA
+ * graph is being captured. */
+kvt_status kvt_swap_in_poll(const kvt_swap_in *engine, uint32_t *new_entries);
 void kvt_swap_in_destroy(kvt_swap_in *engine);
 
 /* ---- tier: the per-layer API over a pool --------------------------------- */

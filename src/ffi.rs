@@ -1064,6 +1064,35 @@ pub unsafe extern "C" fn kvt_swap_in_check(engine: *const KvtSwapIn) -> KvtStatu
 }
 
 /// # Safety
+/// Pointers as `kvt_swap_in_poll` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_poll(
+    engine: *const KvtSwapIn,
+    new_entries: *mut u32,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        let e = unsafe { handle(engine, "engine")? };
+        if new_entries.is_null() {
+            return Err(invalid("new_entries", "is a null pointer"));
+        }
+        let found = lock(&e.engine).poll_bad_indices()?;
+        // SAFETY: checked non-null; the header's contract.
+        unsafe {
+            write_out(
+                new_entries,
+                "new_entries",
+                found.as_ref().map_or(0, |(_, n)| *n),
+            )?
+        };
+        match found {
+            Some((report, _)) => Err(Error::BadIndices(report)),
+            None => Ok(()),
+        }
+    })
+}
+
+/// # Safety
 /// `engine` is null or a live `kvt_swap_in`; it must not be used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvt_swap_in_destroy(engine: *mut KvtSwapIn) {

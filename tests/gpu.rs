@@ -444,3 +444,54 @@ fn host_memory_is_mapped_for_the_kernels_or_refused() {
     assert!(err.contains("not page-locked"), "{err}");
     drop(reg);
 }
+
+/// Bad indices surface through polls, which never wait: a snapshot of the
+/// error word lands a poll or more later, with the report `check` gives;
+/// polls only read, so `check` still reports (and clears) the word.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bad_indices_surface_through_polls_without_waiting() {
+    use common::swap::*;
+    use kvtier::{SwapInEngine, SwapInStrategy};
+    use std::time::{Duration, Instant};
+    let gpu = cuda();
+    let case = (0..200)
+        .map(|seed| SwapCase::random(seed, SWAP_SMALL, HOSTILE, None))
+        .find(|c| c.expected().report.is_some())
+        .expect("a hostile case with bad indices");
+    let want = case.expected().report.unwrap();
+    let mut engine = SwapInEngine::new(gpu.clone()).unwrap();
+    engine
+        .reserve(case.batch().max(1) as u32, case.entries() as u32)
+        .unwrap();
+    let mut polled = None;
+    let mut polls = 0;
+    case.run_cuda_then(
+        &mut engine,
+        SwapInStrategy::PlanThenCopy,
+        SwapOptions::default(),
+        |e| {
+            let t0 = Instant::now();
+            while polled.is_none() && t0.elapsed() < Duration::from_secs(10) {
+                polled = e.poll_bad_indices()?;
+                polls += 1;
+            }
+            Ok(())
+        },
+    );
+    let (report, new) = polled.expect("a poll reported the bad indices");
+    assert!(polls >= 2, "the first poll only starts a snapshot");
+    assert_eq!((report.clone(), new), (want.clone(), want.count));
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(engine.poll_bad_indices().unwrap(), None, "nothing new");
+    }
+    match engine.check() {
+        Err(kvtier::Error::BadIndices(r)) => assert_eq!(r, want),
+        other => panic!("check after polls: {other:?}"),
+    }
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(engine.poll_bad_indices().unwrap(), None, "cleared by check");
+    }
+}

@@ -405,3 +405,98 @@ pub(crate) fn take_error_word(
     }
     Ok(word)
 }
+
+/// A watch on a device error word that never waits: each [`poll`] returns
+/// the snapshot the previous poll started, if the copy has landed, and starts
+/// the next one, a copy into pinned host memory on a stream of its own. The
+/// word is only read (the kernels keep adding to it), so a snapshot may be
+/// a little behind but is never lost; `check` still reads and clears it.
+///
+/// [`poll`]: ErrorWordWatch::poll
+pub(crate) struct ErrorWordWatch {
+    dev: Arc<CudaDevice>,
+    stream: OwnedStream,
+    event: sys::CUevent,
+    /// One pinned `ErrorWord` the copies land in.
+    host: *mut crate::error_word::ErrorWord,
+    in_flight: bool,
+}
+
+// SAFETY: driver handles are thread-safe; `host` is only touched through
+// &mut self.
+unsafe impl Send for ErrorWordWatch {}
+unsafe impl Sync for ErrorWordWatch {}
+
+impl ErrorWordWatch {
+    pub(crate) fn new(dev: &Arc<CudaDevice>) -> Result<Self> {
+        use crate::error_word::ErrorWord;
+        let stream = OwnedStream::new(dev.clone())?;
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .call("cuEventCreate")?;
+        // SAFETY: a fresh pinned allocation of one word, written before use.
+        let host = unsafe {
+            let p =
+                result::malloc_host(std::mem::size_of::<ErrorWord>(), 0).call("cuMemHostAlloc")?;
+            let p = p as *mut ErrorWord;
+            p.write(ErrorWord::clear());
+            p
+        };
+        Ok(ErrorWordWatch {
+            dev: dev.clone(),
+            stream,
+            event,
+            host,
+            in_flight: false,
+        })
+    }
+
+    /// The snapshot of `word` the previous poll started, once it has landed
+    /// (None while it is in flight, and on the first poll); starts the next.
+    pub(crate) fn poll(
+        &mut self,
+        word: &DeviceBuffer<crate::error_word::ErrorWord>,
+    ) -> Result<Option<crate::error_word::ErrorWord>> {
+        self.dev.bind()?;
+        let mut landed = None;
+        if self.in_flight {
+            // SAFETY: a live event, recorded after the copy.
+            match unsafe { result::event::query(self.event) } {
+                Ok(()) => {
+                    // SAFETY: the copy into `host` has completed.
+                    landed = Some(unsafe { self.host.read_volatile() });
+                    self.in_flight = false;
+                }
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => return Ok(None),
+                Err(e) => {
+                    return Err(crate::error::Error::Driver {
+                        call: "cuEventQuery",
+                        err: e,
+                    });
+                }
+            }
+        }
+        // SAFETY: `host` is one pinned word no copy is writing now; the
+        // device word lives as long as the engine that owns both.
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(self.host, 1);
+            result::memcpy_dtoh_async(dst, word.device_ptr(), self.stream.stream().raw())
+                .call("cuMemcpyDtoHAsync")?;
+            result::event::record(self.event, self.stream.stream().raw()).call("cuEventRecord")?;
+        }
+        self.in_flight = true;
+        Ok(landed)
+    }
+}
+
+impl Drop for ErrorWordWatch {
+    fn drop(&mut self) {
+        if self.dev.bind().is_ok() {
+            // SAFETY: the copy is waited for before its target is freed.
+            unsafe {
+                let _ = result::stream::synchronize(self.stream.stream().raw());
+                let _ = result::event::destroy(self.event);
+                let _ = result::free_host(self.host as *mut c_void);
+            }
+        }
+    }
+}

@@ -18,7 +18,7 @@ pub use kernels::{BLOCK_THREADS, FatbinImage, Kernel, KernelBuild};
 pub use memory::{
     DeviceBuffer, EventTimer, HostRegistration, OwnedStream, REGISTER_FLAGS, REGISTER_IOMEMORY,
 };
-pub(crate) use memory::{copy_to_device_async, take_error_word};
+pub(crate) use memory::{ErrorWordWatch, copy_to_device_async, take_error_word};
 
 use crate::error::{DriverContext, Error, Result};
 

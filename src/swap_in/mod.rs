@@ -110,9 +110,11 @@ pub use items::{KvBuffers, KvPlane};
 pub use replay::PlannedCopyArgs;
 
 use crate::abi::{KVT_SWAP_MAX_HOT, KVT_SWAP_MAX_TOP_K};
-use crate::cuda::{DeviceBuffer, Stream, take_error_word};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::cuda::{DeviceBuffer, ErrorWordWatch, Stream, take_error_word};
 use crate::error::{Result, invalid};
-use crate::error_word::ErrorWord;
+use crate::error_word::{BadIndexReport, ErrorWord};
 use crate::executor::Executor;
 pub use crate::layout::ItemLayout;
 
@@ -170,6 +172,10 @@ pub struct SwapInEngine {
     /// Scratch replaced by a larger [`SwapInEngine::reserve`]: a CUDA graph
     /// captured earlier still addresses it, so it lives as long as the engine.
     retired: Vec<PlanScratch>,
+    /// The non-blocking watch on the error word ([`SwapInEngine::poll_bad_indices`]),
+    /// made on first use, and the entry count the last poll reported.
+    watch: Option<ErrorWordWatch>,
+    polled_count: AtomicU32,
 }
 
 impl SwapInEngine {
@@ -188,6 +194,8 @@ impl SwapInEngine {
             max_top_k: 0,
             scratch: None,
             retired: Vec::new(),
+            watch: None,
+            polled_count: AtomicU32::new(0),
         })
     }
 
@@ -321,8 +329,40 @@ impl SwapInEngine {
         self.take_word()?.into_result()
     }
 
+    /// The bad indices swap-ins recorded, without waiting for the device:
+    /// the error word as a copy the previous poll started found it, when it
+    /// holds entries no poll had reported yet (the report counts every entry
+    /// since the last [`check`](Self::check), of which `new` are new). The
+    /// copy runs on a stream of the engine's own, so neither the caller's
+    /// stream nor the host waits; call it once per step, outside any CUDA
+    /// graph capture. Always None for the CPU executor, which reports at once.
+    pub fn poll_bad_indices(&mut self) -> Result<Option<(BadIndexReport, u32)>> {
+        let (Executor::Cuda(dev), Some(error)) = (&self.exec, &self.error) else {
+            return Ok(None);
+        };
+        if self.watch.is_none() {
+            self.watch = Some(ErrorWordWatch::new(dev)?);
+        }
+        let watch = self.watch.as_mut().expect("made above");
+        let Some(word) = watch.poll(error)? else {
+            return Ok(None);
+        };
+        let seen = self.polled_count.swap(word.0.count, Ordering::Relaxed);
+        if word.is_clear() || word.0.count == seen {
+            return Ok(None);
+        }
+        // A check in between cleared the word: all of it is new.
+        let new = if word.0.count > seen {
+            word.0.count - seen
+        } else {
+            word.0.count
+        };
+        Ok(Some((BadIndexReport::decode(&word), new)))
+    }
+
     /// Reads and clears the error word (waits for the whole context).
     pub(crate) fn take_word(&self) -> Result<ErrorWord> {
+        self.polled_count.store(0, Ordering::Relaxed);
         match (&self.exec, &self.error) {
             (Executor::Cuda(dev), Some(error)) => take_error_word(dev, error),
             _ => Ok(ErrorWord::clear()),

@@ -758,29 +758,33 @@ impl SwapCase {
         engine
             .reserve(self.batch().max(1) as u32, self.entries() as u32)
             .unwrap();
-        let mut s = self.host_state();
         match exec {
             Executor::Cpu => {
+                let mut s = self.host_state();
                 let res = {
                     let args = self.host_args(&mut s, opts);
                     engine.run_with(&args, strategy, Stream::null())
                 };
                 self.outcome(&s, reported(&res), opts)
             }
-            Executor::Cuda(_) => self.run_cuda(&engine, strategy, opts, s),
+            Executor::Cuda(_) => self.run_cuda_then(&mut engine, strategy, opts, |e| e.check()),
         }
     }
 
-    fn run_cuda(
+    /// The case on a CUDA engine; `finish` runs after the swap-in is
+    /// enqueued, before the results are read back (its error is the report).
+    pub fn run_cuda_then(
         &self,
-        engine: &SwapInEngine,
+        engine: &mut SwapInEngine,
         strategy: SwapInStrategy,
         opts: SwapOptions,
-        mut s: HostState,
+        finish: impl FnOnce(&mut SwapInEngine) -> kvtier::Result<()>,
     ) -> SwapOutcome {
-        let Executor::Cuda(dev) = engine.executor() else {
+        let mut s = self.host_state();
+        let Executor::Cuda(dev) = engine.executor().clone() else {
             unreachable!()
         };
+        let dev = &dev;
         let (hn, dn) = (self.host_cache.len(), self.device_buffer.len());
         let hosts: Vec<&[u8]> = s.host.iter().map(|h| as_bytes(h, hn)).collect();
         let (_pool, _region, base, plane) = planes_in_pool(dev, &hosts);
@@ -860,10 +864,9 @@ impl SwapCase {
                     count: d_plan_count.as_buf_mut(),
                 }),
             };
-            engine
-                .run_with(&args, strategy, stream.stream())
-                .and_then(|_| engine.check())
+            engine.run_with(&args, strategy, stream.stream())
         };
+        let res = res.and_then(|_| finish(engine));
         s.out = d_out.to_vec().unwrap();
         s.tokens = d_tokens.to_vec().unwrap();
         s.lru = d_lru.to_vec().unwrap();

@@ -182,6 +182,9 @@ static void swap_in(void) {
     CHECK(kvt_swap_in_capacity(engine, &mb, &mk) == KVT_OK && mb == 1 && mk == 3, "capacity %u x %u", mb, mk);
     CHECK(kvt_swap_in_limits(&mb, &mk) == KVT_OK && mb == 16384 && mk == 4096, "limits %u, %u", mb, mk);
     CHECK(kvt_swap_in_limits(NULL, &mk) == KVT_INVALID_ARGUMENT, "limits into a null pointer");
+    uint32_t fresh = 7;
+    CHECK(kvt_swap_in_poll(engine, &fresh) == KVT_OK && fresh == 0, "the CPU executor has nothing to poll");
+    CHECK(kvt_swap_in_poll(engine, NULL) == KVT_INVALID_ARGUMENT, "poll into a null pointer");
     s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
     CHECK(s == KVT_OK && out[0] == 7 && out[1] == 3 && out[2] == 11, "query [4,2,7] -> [%d,%d,%d]", out[0],
           out[1], out[2]);

@@ -166,6 +166,7 @@ _PROTOTYPES = {
     "kvt_swap_in_copy_planned": (_S, [_P, _P, _P]),
     "kvt_swap_in_map_host": (_S, [_P, _P, ctypes.POINTER(_U64)]),
     "kvt_swap_in_check": (_S, [_P]),
+    "kvt_swap_in_poll": (_S, [_P, ctypes.POINTER(_U32)]),
     "kvt_swap_in_destroy": (None, [_P]),
 }
 

@@ -105,6 +105,21 @@ class SwapInEngine:
         last check (a KvtierError with status BAD_INDICES)."""
         check(library().kvt_swap_in_check(self._handle))
 
+    def poll(self):
+        """Without waiting: (new entries, report) when a snapshot of the error
+        word, taken at the previous poll, holds bad indices no poll reported
+        yet; else None (also while the snapshot is in flight, and always on
+        the CPU executor, which raises at once). Not during a CUDA graph
+        capture."""
+        new = ctypes.c_uint32()
+        status = library().kvt_swap_in_poll(self._handle, ctypes.byref(new))
+        if status == _lib.OK:
+            return None
+        message = library().kvt_last_error().decode("utf-8", "replace")
+        if _lib.STATUS_NAMES.get(status) != "BAD_INDICES":
+            raise KvtierError(message, _lib.STATUS_NAMES.get(status, f"STATUS_{status}"))
+        return new.value, message
+
     def close(self) -> None:
         if self._handle and self._owned:
             library().kvt_swap_in_destroy(self._handle)
@@ -123,6 +138,13 @@ def swap_in_limits() -> tuple:
     hot, entries = ctypes.c_uint32(), ctypes.c_uint32()
     check(library().kvt_swap_in_limits(ctypes.byref(hot), ctypes.byref(entries)))
     return hot.value, entries.value
+
+
+def cuda_engines() -> list:
+    """The process's engines on GPUs made so far, as (ordinal, engine)."""
+    if _native_module is None:
+        return []
+    return [(o, SwapInEngine._borrowed(o, h)) for o, h in _native_module.engines() if o >= 0]
 
 
 def engine_for(executor) -> SwapInEngine:

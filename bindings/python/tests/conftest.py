@@ -253,6 +253,9 @@ FAKE_MLA_POOL = textwrap.dedent(
         def init_kv_buffer(self):
             dims = (self.layer_num, self.size, 1, self.kv_cache_dim)
             return self.allocator.allocate(dims, dtype=self.dtype, device="cpu")
+
+        def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend="kernel"):
+            self.backups = getattr(self, "backups", 0) + 1
     '''
 )
 
@@ -302,6 +305,9 @@ FAKE_DSV4_POOL = textwrap.dedent(
                 self.allocator.allocate((num_host_pages, item_bytes), dtype=np.uint8, device="cpu")
                 for _ in range(self.layer_num)
             ]
+
+        def backup_tokens_from_device_all_layer(self, host_indices, device_indices):
+            self.backups = getattr(self, "backups", 0) + 1
     '''
 )
 

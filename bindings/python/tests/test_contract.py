@@ -187,6 +187,21 @@ def test_the_host_memory_check_books_against_sglangs_scope(version):
 
 @needs
 @pytest.mark.parametrize("version", [v for v in FOUND if v in compat.CHECKED_VERSIONS])
+def test_each_decode_step_backs_up_through_a_method_kvtier_polls_in(version):
+    """The per-step poll for bad indices rides on the host pool's backup,
+    which the coordinator calls on the host every decode step."""
+    from kvtier.sglang.host_pool import PER_STEP_METHODS
+
+    tree = ast.parse((TREES / version / compat.COORDINATOR_FILE).read_text())
+    step = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_eager_backup_previous_token")
+    called = {n.func.attr for n in ast.walk(step) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+              and ast.unparse(n.func.value) == "self.mem_pool_host"}
+    backups = {name for name in called if "backup" in name}
+    assert backups and backups <= set(PER_STEP_METHODS), called
+
+
+@needs
+@pytest.mark.parametrize("version", [v for v in FOUND if v in compat.CHECKED_VERSIONS])
 def test_sglang_serve_is_the_cli_main_the_launcher_calls(version):
     root = TREES / version
     scripts = (next(root.glob("sglang-*.dist-info")) / "entry_points.txt").read_text()

@@ -14,6 +14,7 @@ from .._lib import KvtierError
 ENV = "KVTIER_SGLANG_CONFIG"
 
 STRATEGIES = ("plan_then_copy", "one_block_per_request")
+BAD_INDICES = ("warn", "raise", "off")
 
 
 def is_private(device: str) -> bool:
@@ -40,6 +41,11 @@ class KvtierConfig:
     - ``strategy``: ``plan_then_copy`` (kvtier's) or ``one_block_per_request``
       (SGLang's design, for comparison).
     - ``clients``: client slots of a shared pool kvtier creates (0: default).
+    - ``bad_indices``: what a bad index recorded by the GPU kernels does once
+      kvtier's per-step poll finds it (:mod:`kvtier.sglang.bad_indices`):
+      ``warn`` (log it), ``raise`` (raise it at the next kvtier call on the
+      scheduler's thread) or ``off``.
+    - ``bad_index_poll_s``: the least time between two polls.
     """
 
     devices: list = field(default_factory=lambda: ["anon"])
@@ -49,6 +55,8 @@ class KvtierConfig:
     host_pool: bool = True
     strategy: str = "plan_then_copy"
     clients: int = 0
+    bad_indices: str = "warn"
+    bad_index_poll_s: float = 1.0
 
     def __post_init__(self):
         if isinstance(self.devices, str):
@@ -84,6 +92,11 @@ class KvtierConfig:
             raise KvtierError(f"kvtier config: `strategy` must be one of {', '.join(STRATEGIES)}")
         if not isinstance(self.clients, int) or self.clients < 0:
             raise KvtierError("kvtier config: `clients` must be a non-negative int")
+        if self.bad_indices not in BAD_INDICES:
+            raise KvtierError(f"kvtier config: `bad_indices` must be one of {', '.join(BAD_INDICES)}")
+        poll = self.bad_index_poll_s
+        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0 <= poll <= 3600:
+            raise KvtierError("kvtier config: `bad_index_poll_s` must be a number of seconds in 0..3600")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 
-from . import compat
+from . import bad_indices, compat
 from ._config import ENV, KvtierConfig, load_config
 
 COORDINATOR = compat.COORDINATOR
@@ -56,6 +56,7 @@ def install(config=None, hisparse_config=None) -> compat.Report:
         if not rep.installs:
             return rep
         _config = cfg
+        bad_indices.configure(cfg.bad_indices if cfg.swap_in else "off", cfg.bad_index_poll_s)
         os.environ[ENV] = cfg.to_json()
         module = sys.modules.get(COORDINATOR)
         if module is not None:
@@ -72,6 +73,7 @@ def uninstall() -> None:
     with _lock:
         _config = None
         _report = None
+        bad_indices.configure("off", 1.0)
         os.environ.pop(ENV, None)
         if _hook is not None and _hook in sys.meta_path:
             sys.meta_path.remove(_hook)

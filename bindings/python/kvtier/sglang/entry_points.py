@@ -29,6 +29,7 @@ from .. import _lib
 from .._lib import KvtierError
 from .._swap_in import copy_planned, swap_in
 from ._patch import current_config
+from .bad_indices import maybe_poll
 
 
 def _strategy() -> str:
@@ -43,6 +44,7 @@ def _positive(value, arg: str) -> None:
 
 def _mla_swap_in(items, a: dict) -> None:
     """The MLA swap-ins' body: `a` holds the entry point's arguments."""
+    maybe_poll()
     _positive(a["page_size"], "page_size")
     _positive(a["block_size"], "block_size")
     swap_in(
@@ -144,6 +146,7 @@ def load_blocks_to_device_buffer_mha(
     (tokens past the sequence and -1 blocks give -1) into
     ``top_k_device_locs[b, :blocks × sparse_block_size]``, and each miss
     copies its K and V rows (``item_size_bytes`` each)."""
+    maybe_poll()
     _positive(page_size, "page_size")
     _positive(block_size, "block_size")
     _positive(item_size_bytes, "item_size_bytes")
@@ -176,6 +179,7 @@ def copy_cache_planned_mla(
     """Shared-index (skip) layers: replays a recorded miss plan (kvtier's or
     SGLang's: the same format) into this layer's device buffer — copies only,
     rows below ``num_real_reqs[0]``, every count and row checked."""
+    maybe_poll()
     _positive(num_blocks, "num_blocks")
     _positive(block_size, "block_size")
     if is_dsv4_layout:

@@ -23,6 +23,7 @@ is booked against the kvtier pool's capacity when that is not DRAM (see
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import re
@@ -30,7 +31,7 @@ import sys
 
 from .._lib import KvtierError
 from .._pool import Layout, Pool, device_bytes_for
-from . import capacity
+from . import bad_indices, capacity
 from ._config import KvtierConfig, is_private
 
 
@@ -202,10 +203,30 @@ def host_pool_class(base: type, config: KvtierConfig) -> type:
             elif budget is not None and mine is not None:
                 capacity.log_use(self, budget, sum(r.nbytes for r in mine.regions), base.__qualname__)
 
+    # SGLang backs up each decode step's newest tokens through one of these,
+    # on the host, CUDA graphs or not: the per-step moment to poll for bad
+    # indices (kvtier.sglang.bad_indices).
+    for name in PER_STEP_METHODS:
+        original = getattr(base, name, None)
+        if callable(original):
+            setattr(KvtierHostPool, name, _polling(original))
+
     KvtierHostPool.__name__ = base.__name__
     KvtierHostPool.__qualname__ = f"kvtier[{base.__qualname__}]"
     KvtierHostPool.__module__ = __name__
     return KvtierHostPool
+
+
+PER_STEP_METHODS = ("backup_from_device_all_layer", "backup_tokens_from_device_all_layer")
+
+
+def _polling(method):
+    @functools.wraps(method)
+    def per_step(self, *args, **kwargs):
+        bad_indices.maybe_poll()
+        return method(self, *args, **kwargs)
+
+    return per_step
 
 
 def _layout_argument(base: type, args: tuple, kwargs: dict):

@@ -101,14 +101,14 @@ struct Engine {
 
 static ENGINES: Mutex<Vec<Engine>> = Mutex::new(Vec::new());
 
-fn engines() -> std::sync::MutexGuard<'static, Vec<Engine>> {
+fn engines_lock() -> std::sync::MutexGuard<'static, Vec<Engine>> {
     ENGINES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The engine handle for `executor`, made on first use (it lives as long as
 /// the process).
 fn engine_handle(executor: i32) -> PyResult<Handle> {
-    let mut all = engines();
+    let mut all = engines_lock();
     if let Some(e) = all.iter().find(|e| e.executor == executor) {
         return Ok(e.handle as Handle);
     }
@@ -131,6 +131,15 @@ fn engine(executor: i32) -> PyResult<usize> {
     engine_handle(executor).map(|h| h as usize)
 }
 
+/// The engines made so far, as (executor, address).
+#[pyfunction]
+fn engines() -> Vec<(i32, usize)> {
+    self::engines_lock()
+        .iter()
+        .map(|e| (e.executor, e.handle))
+        .collect()
+}
+
 /// Makes sure the engine of `executor` has plan scratch for `batch` ×
 /// `entries`; `capturing` says whether growing it now would break a CUDA
 /// graph capture (then it is refused).
@@ -141,7 +150,7 @@ fn ensure_capacity(
     entries: u32,
     capturing: impl FnOnce() -> PyResult<bool>,
 ) -> PyResult<()> {
-    let mut all = engines();
+    let mut all = engines_lock();
     let Some(e) = all.iter_mut().find(|e| e.executor == executor) else {
         return Err(refuse_status(
             "engine not registered".into(),
@@ -240,6 +249,7 @@ fn status(s: KvtStatus) -> PyResult<()> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bind, m)?)?;
     m.add_function(wrap_pyfunction!(engine, m)?)?;
+    m.add_function(wrap_pyfunction!(engines, m)?)?;
     m.add_function(wrap_pyfunction!(calls::swap_in, m)?)?;
     m.add_function(wrap_pyfunction!(calls::copy_planned, m)?)?;
     Ok(())
