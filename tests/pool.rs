@@ -485,10 +485,11 @@ fn ranks_starting_together_create_one_pool_and_interleave() {
         "clean exits free their regions"
     );
 
-    // An existing pool of another layout is refused, not overwritten.
-    let other = LayerFirstLayout::new(64, 4, 16).unwrap();
+    // An existing pool whose regions are too small for a layout is refused,
+    // not overwritten.
+    let other = LayerFirstLayout::new(64, 8, 16).unwrap();
     let err = pool_error(Pool::open_or_create(other, devices.clone(), opts(0, 1)));
-    assert!(err.contains("this process expects"), "{err}");
+    assert!(err.contains("this process needs 8192 B"), "{err}");
     // Private devices are never shared: a new pool each time.
     let anon = vec![DeviceSpec::Anon {
         bytes: Pool::device_bytes_for(&layout(), 1),
@@ -751,4 +752,86 @@ fn bad_devices_and_mismatched_pools_give_clear_errors() {
     Pool::destroy(devices.clone(), false).unwrap();
     let err = pool_error(Pool::open(devices, PoolOptions::default()));
     assert!(err.contains("no kvtier pool"), "{err}");
+}
+
+/// Pipeline-parallel stages hold different layer ranges: stages sharing one
+/// pool each lay its regions out with a layout of their own, as long as the
+/// regions (sized for the largest stage) have room.
+#[test]
+fn pipeline_stages_share_one_pool_with_layouts_of_their_own() {
+    let dir = Dir::new("pipeline");
+    let devices = dir.devices(2, 4);
+    // entries of 1 KiB, 4 tokens: a layer is 4 KiB, so a 3-layer region
+    // fills its 12 KiB stride exactly
+    let stage0 = LayerFirstLayout::new(1024, 3, 4).unwrap();
+    let stage1 = LayerFirstLayout::new(1024, 2, 4).unwrap();
+    let a = Pool::open_or_create(stage0, devices.clone(), opts(0, 2)).unwrap();
+    let b = Pool::open_or_create(stage1, devices.clone(), opts(1, 2)).unwrap();
+    assert_eq!((a.uuid(), a.region_stride()), (b.uuid(), 12288), "one pool");
+    assert_eq!(
+        (a.layout(), b.layout()),
+        (stage0, stage1),
+        "each stage its own layout"
+    );
+    let (ra, rb) = (a.alloc_region().unwrap(), b.alloc_region().unwrap());
+    assert_ne!(ra.index(), rb.index());
+    // each writes every token of every layer of its own region
+    let fill = |pool: &Pool, r: &kvtier::Region, l: LayerFirstLayout, tag: u8| {
+        for layer in 0..l.layers() {
+            let bytes = vec![tag + layer as u8; (l.entry_bytes() * l.tokens_per_region()) as usize];
+            pool.write_tokens(r, layer, 0, &bytes).unwrap();
+        }
+    };
+    fill(&a, &ra, stage0, 10);
+    fill(&b, &rb, stage1, 20);
+    for (pool, r, l, tag) in [(&a, &ra, stage0, 10u8), (&b, &rb, stage1, 20)] {
+        for layer in 0..l.layers() {
+            let mut got = vec![0u8; (l.entry_bytes() * l.tokens_per_region()) as usize];
+            pool.read_tokens(r, layer, 0, &mut got).unwrap();
+            assert!(
+                got.iter().all(|&x| x == tag + layer as u8),
+                "layer {layer} of {tag}"
+            );
+        }
+        // nothing past the layout's last layer is addressable
+        let mut one = vec![0u8; 1024];
+        assert!(pool.read_tokens(r, l.layers(), 0, &mut one).is_err());
+    }
+    // a stage with more layers than the regions hold is refused
+    let stage2 = LayerFirstLayout::new(1024, 4, 4).unwrap();
+    let err = pool_error(Pool::open_or_create(stage2, devices.clone(), opts(0, 2)));
+    assert!(
+        err.contains("regions hold 12288 B")
+            && err.contains("needs 16384 B")
+            && err.contains("most layers"),
+        "{err}"
+    );
+}
+
+/// A header whose regions could not hold its own layout is reported as
+/// corrupt, never followed.
+#[test]
+fn a_header_with_overlapping_regions_is_refused() {
+    let dir = Dir::new("stride");
+    let devices = dir.devices(1, 4);
+    drop(Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap());
+    let DeviceSpec::File { path, .. } = &devices[0] else {
+        unreachable!()
+    };
+    // region_stride: the u64 after magic, version, header_bytes, uuid,
+    // entry_bytes, layers, tokens_per_region and num_devices
+    let offset = std::mem::offset_of!(kvtier::pool::metadata::PoolHeader, region_stride) as u64;
+    assert_eq!(offset, 48);
+    for stride in [1024u64, 4097] {
+        let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        use std::io::{Seek, SeekFrom, Write};
+        f.seek(SeekFrom::Start(offset)).unwrap();
+        f.write_all(&stride.to_le_bytes()).unwrap();
+        drop(f);
+        let err = pool_error(Pool::open(devices.clone(), inspect()));
+        assert!(
+            err.contains("corrupt pool header") && err.contains(&format!("{stride} B apart")),
+            "{err}"
+        );
+    }
 }

@@ -349,7 +349,8 @@ impl Pool {
     /// decision is serialised with an exclusive `flock` on the first device,
     /// which holds among the processes of one host; hosts that share memory
     /// through a CXL switch create the pool beforehand (`kvtier pool create`).
-    /// An existing pool must have `layout`. Private devices (`anon:`, `numa:`)
+    /// An existing pool serves `layout` when its regions have room for it
+    /// (see [`Pool::open_expecting`]). Private devices (`anon:`, `numa:`)
     /// cannot be shared, so for them this creates a new pool.
     pub fn open_or_create(
         layout: LayerFirstLayout,
@@ -368,24 +369,40 @@ impl Pool {
         }
     }
 
-    /// [`Pool::open`], failing unless the pool has `layout`.
+    /// [`Pool::open`] for regions of `layout`: the pool's own, or any whose
+    /// bytes fit its regions. A region is `region_stride` bytes, and a process
+    /// may lay them out with a smaller layout of its own: the stages of a
+    /// pipeline-parallel server hold different layer ranges, and share one
+    /// pool whose regions were sized for the largest stage. The handle then
+    /// addresses regions (and reports their size) with `layout`; processes
+    /// that share a region's bytes must use the same layout.
     pub fn open_expecting(
         devices: Vec<DeviceSpec>,
         layout: LayerFirstLayout,
         options: PoolOptions,
     ) -> Result<Arc<Pool>> {
-        let pool = Pool::open(devices, options)?;
-        if pool.layout != layout {
+        let mut pool = Pool::open(devices, options)?;
+        if pool.layout == layout {
+            return Ok(pool);
+        }
+        if layout.region_bytes() > pool.region_stride {
             return Err(Error::Pool(format!(
-                "the pool holds regions of {} B × {} layers × {} tokens; this process expects {} B × {} × {}",
+                "the pool's regions hold {} B (made for {} B × {} layers × {} tokens); this process needs {} B \
+                 for {} B × {} × {}: create the pool for the largest layout that will use it (under pipeline \
+                 parallelism, the stage with the most layers)",
+                pool.region_stride,
                 pool.layout.entry_bytes(),
                 pool.layout.layers(),
                 pool.layout.tokens_per_region(),
+                layout.region_bytes(),
                 layout.entry_bytes(),
                 layout.layers(),
                 layout.tokens_per_region()
             )));
         }
+        Arc::get_mut(&mut pool)
+            .expect("a pool just opened has one handle")
+            .layout = layout;
         Ok(pool)
     }
 
@@ -450,6 +467,14 @@ impl Pool {
         }
         let layout = LayerFirstLayout::new(h.entry_bytes, h.layers, h.tokens_per_region)
             .map_err(|e| Error::Pool(format!("corrupt pool header on {spec0}: {e}")))?;
+        if h.region_stride < layout.region_bytes() || !h.region_stride.is_multiple_of(REGION_ALIGN)
+        {
+            return Err(Error::Pool(format!(
+                "corrupt pool header on {spec0}: regions {} B apart cannot hold {} B each",
+                h.region_stride,
+                layout.region_bytes()
+            )));
+        }
         if h.num_devices as usize != maps.len() || h.num_devices as usize > MAX_DEVICES {
             return Err(Error::Pool(format!(
                 "the pool spans {} devices; {} were given",

@@ -158,6 +158,15 @@ class Pool:
         self.close()
 
 
+def _prefix_bytes(shape, itemsize: int, nbytes: int) -> int:
+    n = itemsize
+    for d in shape:
+        n *= int(d)
+    if n > nbytes:
+        raise KvtierError(f"a view of shape {tuple(shape)} needs {n} B; the region holds {nbytes} B")
+    return n
+
+
 class Region:
     """One region of a pool: `layers` × `tokens_per_region` entries, layer-first,
     at `host_addr` in this process."""
@@ -180,10 +189,13 @@ class Region:
         return buf
 
     def numpy(self, dtype="uint8", shape=None):
-        """The region's bytes as a numpy array of `dtype` (no copy)."""
+        """The region's bytes as a numpy array of `dtype` (no copy); with
+        `shape`, its leading bytes in that shape."""
         import numpy as np
 
         arr = np.frombuffer(self._bytes(), dtype=np.uint8)
+        if shape is not None:
+            arr = arr[: _prefix_bytes(shape, np.dtype(dtype).itemsize, self.nbytes)]
         arr = arr.view(dtype)
         return arr if shape is None else arr.reshape(shape)
 
@@ -197,6 +209,9 @@ class Region:
             # ctypes arrays are writable; torch warns for any buffer regardless
             warnings.simplefilter("ignore", UserWarning)
             t = torch.frombuffer(self._bytes(), dtype=torch.uint8)
+        if shape is not None:
+            item = torch.empty((), dtype=dtype).element_size() if dtype is not None else 1
+            t = t[: _prefix_bytes(shape, item, self.nbytes)]
         if dtype is not None:
             t = t.view(dtype)
         if shape is not None:

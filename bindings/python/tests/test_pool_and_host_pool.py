@@ -46,8 +46,10 @@ def test_ranks_share_a_file_pool_round_robin(tmp_path):
     regions = [p.alloc_region(request=r) for r, p in enumerate(pools)]
     assert len({p.info()["uuid"] for p in pools}) == 1, "one pool, created by the first"
     assert [r.device for r in regions] == [0, 1, 0, 1], "rank r on device r mod 2"
-    with pytest.raises(KvtierError, match="expects"):
-        Pool.open_or_create(Layout(64, 4, 16), devices)
+    # a smaller layout fits the regions (a pipeline stage with fewer layers); a larger one does not
+    assert Pool.open_or_create(Layout(64, 1, 16), devices).layout == Layout(64, 1, 16)
+    with pytest.raises(KvtierError, match="regions hold 4096 B .* needs 8192 B"):
+        Pool.open_or_create(Layout(64, 8, 16), devices)
 
 
 def test_the_host_allocator_places_sglangs_buffer_in_a_region():

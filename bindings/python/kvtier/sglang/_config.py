@@ -41,6 +41,10 @@ class KvtierConfig:
     - ``strategy``: ``plan_then_copy`` (kvtier's) or ``one_block_per_request``
       (SGLang's design, for comparison).
     - ``clients``: client slots of a shared pool kvtier creates (0: default).
+    - ``region_layers``: under pipeline parallelism, the most model layers
+      any stage holds: the stages share one pool whose regions are sized for
+      that many layers, each stage using the layers it has (null: this
+      process's own count, which is enough without pipeline parallelism).
     - ``bad_indices``: what a bad index recorded by the GPU kernels does once
       kvtier's per-step poll finds it (:mod:`kvtier.sglang.bad_indices`):
       ``warn`` (log it), ``raise`` (raise it at the next kvtier call on the
@@ -55,6 +59,7 @@ class KvtierConfig:
     host_pool: bool = True
     strategy: str = "plan_then_copy"
     clients: int = 0
+    region_layers: int | None = None
     bad_indices: str = "warn"
     bad_index_poll_s: float = 1.0
 
@@ -92,6 +97,9 @@ class KvtierConfig:
             raise KvtierError(f"kvtier config: `strategy` must be one of {', '.join(STRATEGIES)}")
         if not isinstance(self.clients, int) or self.clients < 0:
             raise KvtierError("kvtier config: `clients` must be a non-negative int")
+        rl = self.region_layers
+        if rl is not None and (isinstance(rl, bool) or not isinstance(rl, int) or rl < 1):
+            raise KvtierError("kvtier config: `region_layers` must be a positive int or null")
         if self.bad_indices not in BAD_INDICES:
             raise KvtierError(f"kvtier config: `bad_indices` must be one of {', '.join(BAD_INDICES)}")
         poll = self.bad_index_poll_s

@@ -112,16 +112,16 @@ class KvtierHostTensorAllocator:
         if len(dims) == 2 and self.layers:
             return self._next_layer(dims, dtype, itemsize)
         if len(dims) == 4 and dims[2] == 1:  # MLA [layers, rows, 1, kv_dim]
-            layers, rows, entry = dims[0], dims[1], dims[3] * itemsize
+            layers, rows, entry, planes = dims[0], dims[1], dims[3] * itemsize, 1
         elif len(dims) == 5 and dims[0] == 2:  # MHA [K/V, layers, rows, heads, head_dim]
-            layers, rows, entry = 2 * dims[1], dims[2], dims[3] * dims[4] * itemsize
+            layers, rows, entry, planes = dims[1], dims[2], dims[3] * dims[4] * itemsize, 2
         else:
             raise KvtierError(
                 f"KvtierHostTensorAllocator places layer-first buffers ([layers, rows, 1, kv_dim], "
                 f"[2, layers, rows, heads, head_dim], or one [rows, bytes] per layer of a pool of known "
                 f"layers); got dims {dims} (use layout='layer_first' for the HiSparse host pool)"
             )
-        region = self._region(layers, rows, entry, dims)
+        region = self._region(layers, rows, entry, dims, planes)
         self.dtype, self.dims = dtype, dims
         return _view(region, dtype, dims)
 
@@ -139,23 +139,37 @@ class KvtierHostTensorAllocator:
         self._per_layer[3] = i + 1
         return whole[i]
 
-    def _region(self, layers: int, rows: int, entry: int, dims: tuple):
+    def _region(self, layers: int, rows: int, entry: int, dims: tuple, planes: int = 1):
+        """A region for `layers` model layers of `rows` entries of `entry` B
+        (`planes` layer-first planes each: MHA's K and V), sized for the
+        config's region_layers when that is more (the stages of a pipeline
+        share the pool; each uses the leading layers of its regions)."""
         if entry % 8:
             raise KvtierError(f"an entry of {entry} B (dims {dims}) is not a multiple of 8 B")
-        layout = Layout(entry, layers, rows)
         rank, ranks = detect_rank(self.config)
-        devices = sized_devices(self.config.devices, layout)
-        if all(is_private(d) for d in devices):
+        if all(is_private(d) for d in self.config.devices):
+            layout = Layout(entry, planes * layers, rows)
+            devices = sized_devices(self.config.devices, layout)
             pool = Pool.create(layout, devices, rank=rank, ranks=ranks)
         else:
-            pool = Pool.open_or_create(layout, devices, rank=rank, ranks=ranks, clients=self.config.clients)
+            layout = Layout(entry, planes * max(layers, self.config.region_layers or 0), rows)
+            devices = self.config.devices
+            try:
+                pool = Pool.open_or_create(layout, devices, rank=rank, ranks=ranks, clients=self.config.clients)
+            except KvtierError as e:
+                if "regions hold" not in e.message:
+                    raise
+                raise KvtierError(
+                    f"{e.message}: set region_layers in the kvtier config to the most layers any stage holds (this "
+                    f"stage holds {layers})", e.status,
+                ) from e
         region = pool.alloc_region(request=rank)
         self.pools.append(pool)
         self.regions.append(region)
         self.placements.append((rank, ranks, region.device))
         logger.info(
-            "kvtier: host KV of %d layers × %d rows × %d B in region %d on %s (rank %d of %d)",
-            layers, rows, entry, region.index, devices[region.device], rank, ranks,
+            "kvtier: host KV of %d layers × %d rows × %d B in region %d (%d B) on %s (rank %d of %d)",
+            planes * layers, rows, entry, region.index, region.nbytes, devices[region.device], rank, ranks,
         )
         return region
 
