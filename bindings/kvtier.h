@@ -111,7 +111,7 @@ typedef struct kvt_region_info {
 /* What a device offers a pool, before it is mapped. */
 typedef struct kvt_device_capacity {
     uint64_t bytes;     /* the size the device string gives, else the file's
-                         * length, the devdax device's size, or for "numa:NODE"
+                         * length, the devdax device's size, or for "numa:NODE[+NODE...]"
                          * without a size the node's free memory */
     uint32_t host_dram; /* 1: the bytes are the host's general DRAM (anon, or a
                          * file on tmpfs/ramfs); 0: a devdax device, a NUMA
@@ -123,7 +123,8 @@ typedef struct kvt_device_capacity {
 } kvt_device_capacity;
 
 /* Devices are strings in the CLI's syntax: "anon:SIZE", "file:PATH[:SIZE]",
- * "numa:NODE:SIZE", "dax:PATH[:SIZE]" (e.g. "numa:2:64GiB", "dax:/dev/dax0.0").
+ * "numa:NODE[+NODE...]:SIZE" (several nodes: pages interleaved over them),
+ * "dax:PATH[:SIZE]" (e.g. "numa:2:64GiB", "numa:2+3:128GiB", "dax:/dev/dax0.0").
  * `options` may be NULL (defaults). */
 kvt_status kvt_pool_create(const kvt_layout *layout, const char *const *devices, size_t num_devices,
                            const kvt_pool_options *options, kvt_pool **out);
@@ -136,6 +137,9 @@ kvt_status kvt_pool_open_or_create(const kvt_layout *layout, const char *const *
 /* Bytes a single-device pool needs to hold `regions` regions of `layout`. */
 kvt_status kvt_pool_device_bytes_for(const kvt_layout *layout, uint32_t regions, uint64_t *out);
 kvt_status kvt_pool_info_get(const kvt_pool *pool, kvt_pool_info *out);
+/* The NUMA node GPU `ordinal` is attached to (from its PCI device in sysfs),
+ * -1 where the machine does not say; KVT_NO_DRIVER without a GPU. */
+kvt_status kvt_cuda_numa_node(int32_t ordinal, int32_t *out);
 /* The capacity of one device string (also "numa:NODE" without a size); maps nothing. */
 kvt_status kvt_device_capacity_get(const char *device, kvt_device_capacity *out);
 /* Detaches; the pool frees the regions this process still holds. Regions and

@@ -423,6 +423,20 @@ pub extern "C" fn kvt_kernels_built() -> i32 {
     matches!(crate::cuda::kernels::BUILD, KernelBuild::Built { .. }) as i32
 }
 
+/// # Safety
+/// Pointers as `kvt_cuda_numa_node` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_cuda_numa_node(ordinal: i32, out: *mut i32) -> KvtStatus {
+    guard(|| {
+        let ordinal = usize::try_from(ordinal)
+            .map_err(|_| invalid("ordinal", format!("{ordinal} is not a GPU")))?;
+        let dev = crate::cuda::CudaDevice::open(ordinal)?;
+        let node = dev.numa_node().map_or(-1, |n| n as i32);
+        // SAFETY: the header's contract for `out`.
+        unsafe { write_out(out, "out", node) }
+    })
+}
+
 // ---- conversions -----------------------------------------------------------
 
 fn executor(ordinal: i32) -> Result<Executor> {

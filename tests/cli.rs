@@ -184,6 +184,29 @@ fn pool_commands_create_inspect_check_and_destroy() {
             && out.contains("0 allocated"),
         "{out}"
     );
+    {
+        // two ranks of four hold regions: status names who reads from which device
+        let specs: Vec<kvtier::DeviceSpec> = [&a, &b].iter().map(|d| d.parse().unwrap()).collect();
+        let opts = |rank| kvtier::PoolOptions {
+            rank,
+            ranks: 4,
+            ..kvtier::PoolOptions::default()
+        };
+        let p1 = kvtier::Pool::open(specs.clone(), opts(1)).unwrap();
+        let p2 = kvtier::Pool::open(specs.clone(), opts(2)).unwrap();
+        let _r1 = p1.alloc_region_for(1).unwrap();
+        let _r2 = p2.alloc_region_for(2).unwrap();
+        let (ok, out, err) = kvtier(&[&["pool", "status"][..], &devs].concat());
+        assert!(ok, "{err}");
+        let line = |i: &str| {
+            out.lines()
+                .find(|l| l.trim_start().starts_with(i))
+                .unwrap()
+                .to_string()
+        };
+        assert!(line("0  file:").ends_with("readers 2"), "{out}");
+        assert!(line("1  file:").ends_with("readers 1"), "{out}");
+    }
     let (ok, out, err) = kvtier(&[&["pool", "check", "--repair"][..], &devs].concat());
     assert!(ok, "{err}");
     assert!(

@@ -63,6 +63,7 @@ pub fn run() -> kvtier::Result<()> {
     println!("  anon:SIZE              anonymous memory of one process (the default)");
     println!("  file:PATH:SIZE         a shared file on tmpfs or hugetlbfs, for several processes");
     println!("  numa:NODE:SIZE         memory bound to a NUMA node (CXL memory onlined as a node)");
+    println!("  numa:NODE+NODE:SIZE    memory interleaved page by page over NUMA nodes");
     println!("  dax:PATH[:SIZE]        a devdax character device (CXL memory in devdax mode)");
     for (node, cpus, mem) in numa_nodes() {
         let cxl_hint = if cpus.is_empty() {

@@ -22,7 +22,7 @@ pub enum PoolCommand {
 #[derive(Debug, Args)]
 pub struct DevicesArgs {
     /// A device of the pool, in pool order: anon:SIZE, file:PATH[:SIZE],
-    /// numa:NODE:SIZE or dax:PATH[:SIZE]. Repeat for each device.
+    /// numa:NODE[+NODE...]:SIZE or dax:PATH[:SIZE]. Repeat for each device.
     #[arg(long = "device", required = true)]
     devices: Vec<String>,
     /// For a pool shared by several hosts without hardware coherence: how
@@ -170,17 +170,33 @@ fn print_status(pool: &Pool) {
         l.tokens_per_region(),
         format_size(pool.region_stride())
     );
-    println!("devices:");
+    let regions = pool.regions();
+    println!(
+        "devices (readers: the requests their owners tagged them with; the SGLang shim tags a rank's host pool with the rank):"
+    );
     for (i, d) in pool.devices().iter().enumerate() {
+        let readers: std::collections::BTreeSet<u64> = regions
+            .iter()
+            .filter(|r| r.device == i as u32 && r.owner.is_some())
+            .map(|r| r.request)
+            .collect();
+        let readers = if readers.is_empty() {
+            String::new()
+        } else {
+            let mut list: Vec<String> = readers.iter().take(8).map(|r| r.to_string()).collect();
+            if readers.len() > 8 {
+                list.push(format!("… ({} in all)", readers.len()));
+            }
+            format!("  readers {}", list.join(", "))
+        };
         println!(
-            "  {i:>2}  {:<40} {:>10}  {:>6} regions  {:>6} free",
+            "  {i:>2}  {:<40} {:>10}  {:>6} regions  {:>6} free{readers}",
             d.spec,
             format_size(d.bytes),
             d.regions,
             d.free
         );
     }
-    let regions = pool.regions();
     let count = |s: RegionState| regions.iter().filter(|r| r.state == s).count();
     println!(
         "regions: {} total, {} free, {} allocated, {} ready; {} of {} used",

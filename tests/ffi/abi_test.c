@@ -283,6 +283,8 @@ static void tier(void) {
           "capacity of %s", spec);
     CHECK(kvt_device_capacity_get("dax:", &cap) == KVT_INVALID_ARGUMENT, "capacity of a bad device string");
     CHECK(kvt_device_capacity_get(NULL, &cap) == KVT_INVALID_ARGUMENT, "capacity of a null device");
+    int32_t gpu_node = 7;
+    CHECK(kvt_cuda_numa_node(-1, &gpu_node) == KVT_INVALID_ARGUMENT, "the NUMA node of GPU -1");
     const char *devices[1] = {spec};
     kvt_pool *pool = NULL;
     CHECK(kvt_pool_create(&l, devices, 1, NULL, &pool) == KVT_OK, "create a pool on %s", spec);

@@ -152,6 +152,7 @@ _PROTOTYPES = {
     "kvt_pool_device_bytes_for": (_S, [ctypes.POINTER(Layout), _U32, ctypes.POINTER(_U64)]),
     "kvt_pool_info_get": (_S, [_P, ctypes.POINTER(PoolInfo)]),
     "kvt_device_capacity_get": (_S, [ctypes.c_char_p, ctypes.POINTER(DeviceCapacity)]),
+    "kvt_cuda_numa_node": (_S, [ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]),
     "kvt_pool_close": (None, [_P]),
     "kvt_region_alloc": (_S, [_P, _U64, ctypes.POINTER(_P)]),
     "kvt_region_info_get": (_S, [_P, ctypes.POINTER(RegionInfo)]),

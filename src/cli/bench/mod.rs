@@ -272,7 +272,10 @@ impl Bench<'_> {
             && numa_nodes(std::path::Path::new("/sys")).len() > 1
             && let Some(node) = dev.numa_node()
         {
-            return DeviceSpec::Numa { node, bytes };
+            return DeviceSpec::Numa {
+                nodes: vec![node],
+                bytes,
+            };
         }
         DeviceSpec::Anon { bytes }
     }

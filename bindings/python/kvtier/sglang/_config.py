@@ -15,6 +15,7 @@ ENV = "KVTIER_SGLANG_CONFIG"
 
 STRATEGIES = ("plan_then_copy", "one_block_per_request")
 BAD_INDICES = ("warn", "raise", "off")
+PLACEMENTS = ("round_robin", "nearest")
 
 
 def is_private(device: str) -> bool:
@@ -34,6 +35,10 @@ class KvtierConfig:
     - ``rank`` / ``ranks``: this process's place for the per-rank round-robin
       (rank r on device r mod n); default: torch.distributed's rank and world
       size, else the current CUDA device, else 0 of 1.
+    - ``placement``: ``round_robin`` (each rank's host pool on one device,
+      rank r on device r mod n) or ``nearest`` (``numa:`` devices only: each
+      rank's host pool interleaved over the configured nodes nearest its
+      GPU, :mod:`kvtier.sglang.topology`).
     - ``swap_in``: replace the HiSparse coordinator's
       ``load_cache_to_device_buffer_mla`` with kvtier's.
     - ``host_pool``: place the coordinator's host KV pool (layer-first) in the
@@ -58,6 +63,7 @@ class KvtierConfig:
     swap_in: bool = True
     host_pool: bool = True
     strategy: str = "plan_then_copy"
+    placement: str = "round_robin"
     clients: int = 0
     region_layers: int | None = None
     bad_indices: str = "warn"
@@ -97,6 +103,13 @@ class KvtierConfig:
             raise KvtierError(f"kvtier config: `strategy` must be one of {', '.join(STRATEGIES)}")
         if not isinstance(self.clients, int) or self.clients < 0:
             raise KvtierError("kvtier config: `clients` must be a non-negative int")
+        if self.placement not in PLACEMENTS:
+            raise KvtierError(f"kvtier config: `placement` must be one of {', '.join(PLACEMENTS)}")
+        if self.placement == "nearest" and not all(d.startswith("numa:") for d in self.devices):
+            raise KvtierError(
+                "kvtier config: placement \"nearest\" interleaves a rank's host pool over NUMA nodes, so every "
+                "device must be numa:NODE[:SIZE]"
+            )
         rl = self.region_layers
         if rl is not None and (isinstance(rl, bool) or not isinstance(rl, int) or rl < 1):
             raise KvtierError("kvtier config: `region_layers` must be a positive int or null")

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from .._lib import KvtierError
 from .._pool import device_capacity
+from . import topology
 from ._config import KvtierConfig, is_private
 
 logger = logging.getLogger("kvtier")
@@ -60,15 +61,24 @@ def rank_budget(config: KvtierConfig, rank: int, ranks: int) -> RankBudget | Non
     devices = config.devices
     if any(d == "anon" or d.startswith("anon:") for d in devices):
         return None
-    d = rank % len(devices)
-    device = devices[d]
+    if config.placement == "nearest":
+        mine = topology.nearest(devices, topology.gpu_numa_node(topology.current_gpu()))
+        device = mine.device
+        # the ranks whose GPUs are nearest the same nodes (all, when unknown)
+        gpus = topology.local_gpu_count()
+        same = [g for g in range(gpus) if topology.nearest(devices, topology.gpu_numa_node(g)).nodes == mine.nodes]
+        sharers = len(same) if mine.gpu_node is not None and same else ranks
+    else:
+        d = rank % len(devices)
+        device = devices[d]
+        sharers = len(range(d, ranks, len(devices)))
     cap = device_capacity(device)
     if cap.host_dram:
         return None
     # numa:NODE without a size: the node's free memory, which every rank on
     # the node draws from; a sized private device is the rank's own.
     own = is_private(device) and device.count(":") >= 2
-    sharing = 1 if own else len(range(d, ranks, len(devices)))
+    sharing = 1 if own else max(sharers, 1)
     return RankBudget(cap.bytes // sharing, device, cap.bytes, sharing, rank, ranks)
 
 

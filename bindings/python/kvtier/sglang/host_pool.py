@@ -31,7 +31,7 @@ import sys
 
 from .._lib import KvtierError
 from .._pool import Layout, Pool, device_bytes_for
-from . import bad_indices, capacity
+from . import bad_indices, capacity, topology
 from ._config import KvtierConfig, is_private
 
 
@@ -55,7 +55,7 @@ def detect_rank(config: KvtierConfig) -> tuple:
 
 logger = logging.getLogger("kvtier")
 
-_SIZELESS = re.compile(r"^(anon|numa:\d+)$")
+_SIZELESS = re.compile(r"^(anon|numa:\d+(\+\d+)*)$")
 
 
 def sized_devices(devices: list, layout: Layout) -> list:
@@ -100,6 +100,7 @@ class KvtierHostTensorAllocator:
         self.pools = []
         self.regions = []
         self.placements = []  # (rank, ranks, region device index) per region
+        self.choice = None  # with placement "nearest": the rank's topology.Choice
         self._per_layer = None  # (dims, dtype, region view, next layer) while handing out layers
 
     def allocate(self, dims, dtype, device="cpu"):
@@ -139,6 +140,19 @@ class KvtierHostTensorAllocator:
         self._per_layer[3] = i + 1
         return whole[i]
 
+    def rank_devices(self) -> list:
+        """The devices this rank's pool is made of: the configured ones, or
+        with placement "nearest" one numa device interleaving the nodes
+        nearest this rank's GPU (logged)."""
+        if self.config.placement != "nearest":
+            return list(self.config.devices)
+        choice = topology.nearest(self.config.devices, topology.gpu_numa_node(topology.current_gpu()))
+        rank, ranks = detect_rank(self.config)
+        logger.info("kvtier: rank %d of %d reads its host KV from the devices nearest its GPU: %s", rank, ranks,
+                    choice.describe())
+        self.choice = choice
+        return [choice.device]
+
     def _region(self, layers: int, rows: int, entry: int, dims: tuple, planes: int = 1):
         """A region for `layers` model layers of `rows` entries of `entry` B
         (`planes` layer-first planes each: MHA's K and V), sized for the
@@ -149,7 +163,7 @@ class KvtierHostTensorAllocator:
         rank, ranks = detect_rank(self.config)
         if all(is_private(d) for d in self.config.devices):
             layout = Layout(entry, planes * layers, rows)
-            devices = sized_devices(self.config.devices, layout)
+            devices = sized_devices(self.rank_devices(), layout)
             pool = Pool.create(layout, devices, rank=rank, ranks=ranks)
         else:
             layout = Layout(entry, planes * max(layers, self.config.region_layers or 0), rows)
