@@ -155,6 +155,26 @@ fn bad_arguments_fail_plainly() {
     let (ok, _, err) = kvtier(&["bench", "--executor", "tpu"]);
     assert!(!ok);
     assert!(err.contains("--executor"), "{err}");
+    // a small first device beside a large one: refused, not written past (a
+    // segfault before)
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args([
+            "pool",
+            "create",
+            "--device",
+            "anon:4MiB",
+            "--device",
+            "anon:2GiB",
+            "--layers",
+            "1",
+            "--tokens",
+            "4",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot hold the pool's tables"), "{err}");
 }
 
 #[test]

@@ -809,29 +809,44 @@ fn pipeline_stages_share_one_pool_with_layouts_of_their_own() {
 }
 
 /// A header whose regions could not hold its own layout is reported as
-/// corrupt, never followed.
+/// corrupt, never followed; so is any header changed after creation (its
+/// checksum).
 #[test]
 fn a_header_with_overlapping_regions_is_refused() {
+    use kvtier::pool::metadata::{PoolHeader, header_checksum};
     let dir = Dir::new("stride");
     let devices = dir.devices(1, 4);
     drop(Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap());
     let DeviceSpec::File { path, .. } = &devices[0] else {
         unreachable!()
     };
-    // region_stride: the u64 after magic, version, header_bytes, uuid,
-    // entry_bytes, layers, tokens_per_region and num_devices
-    let offset = std::mem::offset_of!(kvtier::pool::metadata::PoolHeader, region_stride) as u64;
-    assert_eq!(offset, 48);
+    let pristine = std::fs::read(path).unwrap();
+    let rewrite = |edit: &dyn Fn(&mut PoolHeader), reseal: bool| {
+        let mut bytes = pristine.clone();
+        // SAFETY: the file starts with a PoolHeader (plain data).
+        let mut h: PoolHeader =
+            unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const PoolHeader) };
+        edit(&mut h);
+        if reseal {
+            h.checksum = header_checksum(&h);
+        }
+        // SAFETY: as above.
+        unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr() as *mut PoolHeader, h) };
+        std::fs::write(path, &bytes).unwrap();
+        pool_error(Pool::open(devices.clone(), inspect()))
+    };
     for stride in [1024u64, 4097] {
-        let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-        use std::io::{Seek, SeekFrom, Write};
-        f.seek(SeekFrom::Start(offset)).unwrap();
-        f.write_all(&stride.to_le_bytes()).unwrap();
-        drop(f);
-        let err = pool_error(Pool::open(devices.clone(), inspect()));
-        assert!(
-            err.contains("corrupt pool header") && err.contains(&format!("{stride} B apart")),
-            "{err}"
-        );
+        let err = rewrite(&|h| h.region_stride = stride, true);
+        assert!(err.contains("corrupt pool header"), "{err}");
     }
+    let err = rewrite(&|h| h.layers = 200, false);
+    assert!(err.contains("checksum does not match"), "{err}");
+    let err = rewrite(&|h| h.client_table_offset = 1 << 40, true);
+    assert!(err.contains("corrupt pool header"), "{err}");
+    let err = rewrite(&|h| h.region_table_offset += 64, true);
+    assert!(err.contains("tables at"), "{err}");
+    let err = rewrite(&|h| h.num_regions += 1, true);
+    assert!(err.contains("corrupt pool header"), "{err}");
+    let err = rewrite(&|h| h.devices[0].num_regions = u32::MAX, true);
+    assert!(err.contains("does not fit its device"), "{err}");
 }

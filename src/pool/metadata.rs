@@ -37,8 +37,9 @@ use crate::layout::LayerFirstLayout;
 pub const POOL_MAGIC: [u8; 8] = *b"KVTIERPL";
 /// First bytes of every other device of a pool.
 pub const DEVICE_MAGIC: [u8; 8] = *b"KVTIERDV";
-/// Version of the on-device format this build reads and writes.
-pub const VERSION: u32 = 1;
+/// Version of the on-device format this build reads and writes (2: the
+/// header carries a checksum).
+pub const VERSION: u32 = 2;
 /// Data start on this boundary (DAX mappings and huge pages want 2 MiB).
 pub const DATA_ALIGN: u64 = 2 << 20;
 /// Most devices one pool spans.
@@ -82,12 +83,39 @@ pub struct PoolHeader {
     /// 0: one host, or hardware-coherent memory; n >= 1: n hosts without
     /// hardware coherence, each owning a partition of the tables.
     pub hosts: u32,
-    pub _pad: u32,
+    /// [`header_checksum`] of the rest of the header.
+    pub checksum: u32,
     pub region_table_offset: u64,
     pub client_table_offset: u64,
     pub created_unix_ns: u64,
     pub devices: [DeviceRecord; MAX_DEVICES],
 }
+
+/// FNV-1a over the header's bytes with its magic and its checksum taken as
+/// zero: the header is written once, so any later change to it (a stray
+/// write, a corrupted device) shows.
+pub fn header_checksum(h: &PoolHeader) -> u32 {
+    let mut copy = *h;
+    copy.magic = [0; 8];
+    copy.checksum = 0;
+    // SAFETY: PoolHeader is repr(C) plain data without padding (its fields
+    // are laid out back to back; see the size assertion below).
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            &copy as *const PoolHeader as *const u8,
+            size_of::<PoolHeader>(),
+        )
+    };
+    bytes.iter().fold(0x811c_9dc5u32, |h, &b| {
+        (h ^ b as u32).wrapping_mul(0x0100_0193)
+    })
+}
+
+const _: () = assert!(
+    size_of::<PoolHeader>() == 96 + MAX_DEVICES * size_of::<DeviceRecord>()
+        && size_of::<DeviceRecord>() == 32 + SPEC_BYTES,
+    "PoolHeader has no padding, so its checksum covers only its fields"
+);
 
 /// The header at byte 0 of every other device.
 #[repr(C)]
@@ -308,6 +336,16 @@ pub fn plan_geometry(layout: &LayerFirstLayout, sizes: &[u64], clients: u32) -> 
     let region_table_offset = (size_of::<PoolHeader>() as u64).next_multiple_of(64);
     let client_table_offset = region_table_offset + 64 * upper;
     let meta = (client_table_offset + 64 * clients as u64).next_multiple_of(DATA_ALIGN);
+    // The tables live on device 0, sized for every device's regions: a small
+    // first device may not hold them.
+    if sizes.first().is_none_or(|&b| b < meta) {
+        return Err(Error::Pool(format!(
+            "the first device ({} B) cannot hold the pool's tables ({meta} B: a region table for up to {upper} \
+             regions over all devices, and {clients} client slots); list the largest device first or make the \
+             first one larger",
+            sizes.first().copied().unwrap_or(0)
+        )));
+    }
     let mut devices = Vec::new();
     let mut first = 0u64;
     for (i, &bytes) in sizes.iter().enumerate() {
@@ -411,6 +449,23 @@ mod tests {
             assert!(off + n as u64 * g.region_stride <= size);
         }
         assert!(plan_geometry(&layout, &[2 << 20], 8).is_err());
+    }
+
+    /// The tables go on device 0, sized for all devices' regions: a small
+    /// first device beside a large one is refused, not written past.
+    #[test]
+    fn a_first_device_too_small_for_the_tables_is_refused() {
+        let layout = LayerFirstLayout::new(656, 1, 4).unwrap(); // 4 KiB strides
+        let err = plan_geometry(&layout, &[4 << 20, 2 << 30], 256)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the first device (4194304 B) cannot hold the pool's tables"),
+            "{err}"
+        );
+        let g = plan_geometry(&layout, &[2 << 30, 4 << 20], 256).unwrap();
+        assert!(g.client_table_offset + 64 * 256 <= g.devices[0].0);
+        assert!(plan_geometry(&layout, &[], 8).is_err());
     }
 
     #[test]

@@ -266,7 +266,7 @@ impl Pool {
             num_regions: g.num_regions,
             num_clients: options.clients,
             hosts,
-            _pad: 0,
+            checksum: 0,
             region_table_offset: g.region_table_offset,
             client_table_offset: g.client_table_offset,
             created_unix_ns: std::time::SystemTime::now()
@@ -301,6 +301,7 @@ impl Pool {
             rec.spec_len = text.len() as u32;
             rec.spec[..text.len()].copy_from_slice(text.as_bytes());
         }
+        header.checksum = metadata::header_checksum(&header);
         let coherence = options.coherence;
         // Zero the tables, write the device headers, then the pool header,
         // each magic last, so that no opener sees a half-written pool.
@@ -465,8 +466,15 @@ impl Pool {
                 h.version
             )));
         }
+        let corrupt = |what: String| Error::Pool(format!("corrupt pool header on {spec0}: {what}"));
+        if metadata::header_checksum(&h) != h.checksum {
+            return Err(corrupt(
+                "its checksum does not match (the header was overwritten); the pool cannot be trusted".into(),
+            ));
+        }
         let layout = LayerFirstLayout::new(h.entry_bytes, h.layers, h.tokens_per_region)
-            .map_err(|e| Error::Pool(format!("corrupt pool header on {spec0}: {e}")))?;
+            .map_err(|e| corrupt(e.to_string()))?;
+        check_header_geometry(&h, maps[0].len() as u64).map_err(corrupt)?;
         if h.region_stride < layout.region_bytes() || !h.region_stride.is_multiple_of(REGION_ALIGN)
         {
             return Err(Error::Pool(format!(
@@ -523,6 +531,7 @@ impl Pool {
                     )));
                 }
             }
+            // checked by check_header_geometry: no overflow
             let end = rec.data_offset + rec.num_regions as u64 * h.region_stride;
             if (map.len() as u64) < end {
                 return Err(Error::Pool(format!(
@@ -1269,6 +1278,68 @@ impl std::fmt::Debug for Pool {
             .field("num_regions", &self.num_regions)
             .finish()
     }
+}
+
+/// Whether a header's tables and device records describe a pool that fits
+/// its first device of `dev0_len` bytes: every offset and count is checked,
+/// with checked arithmetic, before anything is read through them.
+fn check_header_geometry(h: &PoolHeader, dev0_len: u64) -> std::result::Result<(), String> {
+    let n = h.num_devices as usize;
+    if n == 0 || n > MAX_DEVICES {
+        return Err(format!("{n} devices"));
+    }
+    if h.header_bytes as usize != size_of::<PoolHeader>() {
+        return Err(format!("a header of {} B", h.header_bytes));
+    }
+    if h.num_clients == 0 || h.num_clients > MAX_CLIENTS {
+        return Err(format!("{} client slots", h.num_clients));
+    }
+    let region_table = (size_of::<PoolHeader>() as u64).next_multiple_of(64);
+    let table_end = |offset: u64, entries: u32| offset.checked_add(64 * entries as u64);
+    let regions_end = table_end(h.region_table_offset, h.num_regions);
+    let clients_end = table_end(h.client_table_offset, h.num_clients);
+    let (Some(regions_end), Some(clients_end)) = (regions_end, clients_end) else {
+        return Err("tables past the end of the address space".into());
+    };
+    if h.region_table_offset != region_table
+        || h.client_table_offset < regions_end
+        || !h.client_table_offset.is_multiple_of(64)
+    {
+        return Err(format!(
+            "tables at {} and {} for {} regions",
+            h.region_table_offset, h.client_table_offset, h.num_regions
+        ));
+    }
+    let mut next_region = 0u64;
+    for (i, rec) in h.devices[..n].iter().enumerate() {
+        let min_offset = if i == 0 {
+            clients_end
+        } else {
+            metadata::DATA_ALIGN
+        };
+        let end = (rec.num_regions as u64)
+            .checked_mul(h.region_stride)
+            .and_then(|b| b.checked_add(rec.data_offset));
+        if rec.data_offset < min_offset
+            || !rec.data_offset.is_multiple_of(metadata::DATA_ALIGN)
+            || rec.first_region as u64 != next_region
+            || end.is_none_or(|e| e > rec.bytes)
+            || rec.spec_len as usize > SPEC_BYTES
+        {
+            return Err(format!("the record of device {i} does not fit its device"));
+        }
+        next_region += rec.num_regions as u64;
+    }
+    if next_region != h.num_regions as u64 {
+        return Err(format!(
+            "{} regions; the devices hold {next_region}",
+            h.num_regions
+        ));
+    }
+    if h.devices[0].data_offset > dev0_len {
+        return Err(format!("device 0 is {dev0_len} B, less than its tables"));
+    }
+    Ok(())
 }
 
 fn check_options(devices: &[DeviceSpec], o: &PoolOptions) -> Result<()> {

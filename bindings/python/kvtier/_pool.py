@@ -37,12 +37,12 @@ def device_bytes_for(layout: Layout, regions: int = 1) -> int:
 
 
 class DeviceCapacity(NamedTuple):
-    """What a device offers a pool: `bytes`, and whether they are the host's
-    general DRAM (`host_dram`: anon memory, files on tmpfs or ramfs) rather
-    than a devdax device, a NUMA node's memory or a file on another
-    filesystem), and whether the kernel lets a GPU or RDMA registration pin
-    them for as long as it holds them (`pinnable`: false for a file on a
-    disk filesystem or FS-DAX)."""
+    """What a device offers a pool: `bytes`; whether they are the host's
+    general DRAM (`host_dram`: anon memory, files on tmpfs or ramfs; not a
+    devdax device, a NUMA node's memory or a file on another filesystem);
+    and whether the kernel lets a GPU or RDMA registration pin them for as
+    long as it holds them (`pinnable`: false for a file on a disk filesystem
+    or FS-DAX)."""
 
     bytes: int
     host_dram: bool
@@ -52,7 +52,7 @@ class DeviceCapacity(NamedTuple):
 def device_capacity(device: str) -> DeviceCapacity:
     """The capacity of one device string, without mapping it: the size it
     gives, else the file's length, the devdax device's size, or for
-    ``numa:NODE`` without a size the node's free memory."""
+    ``numa:NODE[+NODE...]`` without a size the nodes' free memory."""
     if not isinstance(device, str):
         raise KvtierError(f"invalid argument `device`: {device!r} is not a device string")
     out = _lib.DeviceCapacity()
