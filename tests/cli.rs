@@ -175,6 +175,21 @@ fn bad_arguments_fail_plainly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot hold the pool's tables"), "{err}");
+    for mode in ["400", "999", "rw"] {
+        let (ok, _, err) = kvtier(&[
+            "pool",
+            "create",
+            "--device",
+            "anon:8MiB",
+            "--layers",
+            "1",
+            "--tokens",
+            "4",
+            "--mode",
+            mode,
+        ]);
+        assert!(!ok && err.contains("--mode"), "{mode}: {err}");
+    }
 }
 
 #[test]

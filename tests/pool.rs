@@ -850,3 +850,130 @@ fn a_header_with_overlapping_regions_is_refused() {
     let err = rewrite(&|h| h.devices[0].num_regions = u32::MAX, true);
     assert!(err.contains("does not fit its device"), "{err}");
 }
+
+/// Pool files: created 0600 (or the mode asked for), never through a
+/// symbolic link, never over a file that holds something else or belongs to
+/// another user; a destroyed pool's files may be reused; two creates at once
+/// make one pool; a file that shrank is refused.
+#[test]
+fn pool_files_are_private_and_never_clobbered() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = Dir::new("files");
+    let path = dir.0.join("kv");
+    let spec = DeviceSpec::file(&path, 4 << 20);
+    let pool = Pool::create_on(layout(), vec![spec.clone()], PoolOptions::default()).unwrap();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    drop(pool);
+    Pool::destroy(vec![spec.clone()], false).unwrap();
+    let err = pool_error(Pool::open(vec![spec.clone()], inspect()));
+    assert!(err.contains("was destroyed"), "{err}");
+    // a destroyed pool's file is reused, here with a group's mode
+    let group = PoolOptions {
+        file_mode: 0o660,
+        ..PoolOptions::default()
+    };
+    drop(Pool::create_on(layout(), vec![spec.clone()], group.clone()).unwrap());
+    let shared = dir.0.join("group");
+    drop(Pool::create_on(layout(), vec![DeviceSpec::file(&shared, 4 << 20)], group).unwrap());
+    assert_eq!(
+        std::fs::metadata(&shared).unwrap().permissions().mode() & 0o777,
+        0o660
+    );
+
+    // a symbolic link is refused, to create and to open
+    let link = dir.0.join("link");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    for r in [
+        Pool::create_on(
+            layout(),
+            vec![DeviceSpec::file(&link, 4 << 20)],
+            PoolOptions::default(),
+        ),
+        Pool::open(vec![DeviceSpec::file(&link, 4 << 20)], inspect()),
+        Pool::open_or_create(
+            layout(),
+            vec![DeviceSpec::file(&link, 4 << 20)],
+            PoolOptions::default(),
+        ),
+    ] {
+        let err = pool_error(r);
+        assert!(err.contains("is a symbolic link"), "{err}");
+    }
+    // a file holding something else is left alone
+    let other = dir.0.join("notes.txt");
+    std::fs::write(&other, b"precious").unwrap();
+    let err = pool_error(Pool::create_on(
+        layout(),
+        vec![DeviceSpec::file(&other, 4 << 20)],
+        PoolOptions::default(),
+    ));
+    assert!(err.contains("not a kvtier pool"), "{err}");
+    assert_eq!(std::fs::read(&other).unwrap(), b"precious");
+    // a directory is not a device
+    let err = pool_error(Pool::create_on(
+        layout(),
+        vec![DeviceSpec::file(&dir.0, 4 << 20)],
+        PoolOptions::default(),
+    ));
+    assert!(
+        err.contains("not a regular file") || err.contains("Is a directory"),
+        "{err}"
+    );
+    // another user's file (only root can make one to try)
+    // SAFETY: geteuid and chown have no memory preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let theirs = dir.0.join("theirs");
+        std::fs::write(&theirs, b"").unwrap();
+        let c = std::ffi::CString::new(theirs.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+        let err = pool_error(Pool::create_on(
+            layout(),
+            vec![DeviceSpec::file(&theirs, 4 << 20)],
+            PoolOptions::default(),
+        ));
+        assert!(err.contains("belongs to user 65534"), "{err}");
+        assert_eq!(std::fs::metadata(&theirs).unwrap().uid(), 65534);
+    }
+
+    // two creates at once: one pool, one refusal
+    let race = DeviceSpec::file(dir.0.join("race"), 4 << 20);
+    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                let race = race.clone();
+                s.spawn(move || {
+                    Pool::create_on(layout(), vec![race], PoolOptions::default())
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        results.iter().filter(|r| r.is_ok()).count(),
+        1,
+        "{results:?}"
+    );
+    for e in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(e.contains("already holds a kvtier pool"), "{e}");
+    }
+
+    // a file that shrank (a closed pool) is refused, not mapped past its end
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(3 << 20).unwrap();
+    let err = pool_error(Pool::open(
+        vec![DeviceSpec::File {
+            path: path.clone(),
+            bytes: None,
+        }],
+        inspect(),
+    ));
+    assert!(
+        err.contains("corrupt pool header") || err.contains("need"),
+        "{err}"
+    );
+}

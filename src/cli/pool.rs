@@ -49,6 +49,22 @@ pub struct CreateArgs {
     /// Client slots (processes attached at once).
     #[arg(long, default_value_t = kvtier::pool::DEFAULT_CLIENTS)]
     clients: u32,
+    /// Permissions of the pool files, in octal: 600 (the default) lets only
+    /// this user map the pool, and with it every request's KV; 660 lets the
+    /// file's group share it.
+    #[arg(long, default_value = "600", value_parser = parse_mode)]
+    mode: u32,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    let m = u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("{s:?} is not an octal mode such as 600 or 660"))?;
+    if m > 0o777 || m & 0o600 != 0o600 {
+        return Err(format!(
+            "{s:?}: the owner needs read and write (6..), and only permission bits (at most 777)"
+        ));
+    }
+    Ok(m)
 }
 
 #[derive(Debug, Args)]
@@ -95,6 +111,7 @@ pub fn run(cmd: PoolCommand) -> kvtier::Result<()> {
             let layout = LayerFirstLayout::new(entry, a.layers, a.tokens)?;
             let options = PoolOptions {
                 clients: a.clients,
+                file_mode: a.mode,
                 ..a.devices.options(false, false)
             };
             let pool = Pool::create_on(layout, a.devices.specs()?, options)?;

@@ -352,6 +352,12 @@ pub(crate) struct MappedDevice {
 
 impl MappedDevice {
     pub(crate) fn map(spec: &DeviceSpec, mode: MapMode) -> Result<Self> {
+        MappedDevice::map_with(spec, mode, DEFAULT_FILE_MODE)
+    }
+
+    /// [`MappedDevice::map`]; a file device created here gets permissions
+    /// `file_mode`.
+    pub(crate) fn map_with(spec: &DeviceSpec, mode: MapMode, file_mode: u32) -> Result<Self> {
         if mode == MapMode::Open && !spec.is_shared() {
             return Err(invalid(
                 "device",
@@ -371,7 +377,7 @@ impl MappedDevice {
                 bind_to_nodes(&map, nodes)?;
                 map
             }
-            DeviceSpec::File { path, bytes } => map_file(path, *bytes, mode)?,
+            DeviceSpec::File { path, bytes } => map_file(path, *bytes, mode, file_mode)?,
             DeviceSpec::Dax { path, bytes } => {
                 let meta =
                     std::fs::metadata(path).map_err(io(format!("opening {}", path.display())))?;
@@ -398,7 +404,12 @@ impl MappedDevice {
                         format!("{spec}: devdax mappings are 2 MiB multiples"),
                     ));
                 }
-                map_shared(path, len)?
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+                    .map_err(io(format!("opening {}", path.display())))?;
+                map_shared(&file, path, len)?
             }
         };
         Ok(MappedDevice {
@@ -429,8 +440,9 @@ pub(crate) struct CreateLock {
 }
 
 impl CreateLock {
-    pub(crate) fn acquire(spec: &DeviceSpec) -> Result<CreateLock> {
+    pub(crate) fn acquire(spec: &DeviceSpec, file_mode: u32) -> Result<CreateLock> {
         use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
         let path = match spec {
             DeviceSpec::File { path, .. } | DeviceSpec::Dax { path, .. } => path,
             _ => {
@@ -445,8 +457,26 @@ impl CreateLock {
             .write(true)
             .create(matches!(spec, DeviceSpec::File { .. }))
             .truncate(false)
+            .mode(file_mode)
+            .custom_flags(if matches!(spec, DeviceSpec::File { .. }) {
+                libc::O_NOFOLLOW | libc::O_CLOEXEC
+            } else {
+                libc::O_CLOEXEC
+            })
             .open(path)
-            .map_err(io(format!("opening {}", path.display())))?;
+            .map_err(|e| {
+                if e.raw_os_error() == Some(libc::ELOOP) {
+                    invalid(
+                        "device",
+                        format!(
+                            "{} is a symbolic link; name the file itself",
+                            path.display()
+                        ),
+                    )
+                } else {
+                    io(format!("opening {}", path.display()))(e)
+                }
+            })?;
         loop {
             // SAFETY: flock on a descriptor this function owns.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
@@ -513,18 +543,53 @@ fn map_anon(bytes: u64) -> Result<MmapRaw> {
     Ok(MmapRaw::from(m))
 }
 
-fn map_file(path: &Path, bytes: Option<u64>, mode: MapMode) -> Result<MmapRaw> {
+/// Permissions of the pool files kvtier creates: the creating user's alone
+/// (a pool holds every request's KV). Shared groups ask for more
+/// (`kvtier pool create --mode 0660`).
+pub const DEFAULT_FILE_MODE: u32 = 0o600;
+
+/// The first bytes [`crate::Pool::destroy`] leaves on a device: a file that
+/// held a pool, which a new pool may reuse.
+pub(crate) const DESTROYED_MAGIC: [u8; 8] = *b"KVTIERDX";
+
+fn map_file(path: &Path, bytes: Option<u64>, mode: MapMode, file_mode: u32) -> Result<MmapRaw> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    // One descriptor, opened without following a symlink, checked with
+    // fstat and mapped: nothing can swap the file in between.
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(mode == MapMode::Create)
         .truncate(false)
+        .mode(file_mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(io(format!("opening {}", path.display())))?;
-    let len = file
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                invalid(
+                    "device",
+                    format!(
+                        "{} is a symbolic link; name the file itself",
+                        path.display()
+                    ),
+                )
+            } else {
+                io(format!("opening {}", path.display()))(e)
+            }
+        })?;
+    let meta = file
         .metadata()
-        .map_err(io(format!("reading the size of {}", path.display())))?
-        .len();
+        .map_err(io(format!("reading the size of {}", path.display())))?;
+    if !meta.file_type().is_file() {
+        return Err(invalid(
+            "device",
+            format!(
+                "{} is not a regular file (file: devices are files on tmpfs or hugetlbfs)",
+                path.display()
+            ),
+        ));
+    }
+    let len = meta.len();
     let bytes = match (mode, bytes) {
         (MapMode::Create, None) => {
             return Err(invalid(
@@ -533,6 +598,40 @@ fn map_file(path: &Path, bytes: Option<u64>, mode: MapMode) -> Result<MmapRaw> {
             ));
         }
         (MapMode::Create, Some(b)) => {
+            // Format only what is ours and holds nothing: a new or empty file,
+            // one whose first bytes are zero, or a destroyed pool.
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            if meta.uid() != me {
+                return Err(invalid(
+                    "device",
+                    format!(
+                        "{} belongs to user {}, not to this process's user {me}; kvtier formats only its own files",
+                        path.display(),
+                        meta.uid()
+                    ),
+                ));
+            }
+            if len > 0 {
+                let mut head = [0u8; 8];
+                let n = std::os::unix::fs::FileExt::read_at(&file, &mut head, 0)
+                    .map_err(io(format!("reading {}", path.display())))?;
+                let blank = head[..n].iter().all(|&x| x == 0);
+                if !blank && head != DESTROYED_MAGIC && head != *b"KVTIERPL" && head != *b"KVTIERDV"
+                {
+                    return Err(invalid(
+                        "device",
+                        format!(
+                            "{} holds {len} B that are not a kvtier pool; kvtier formats only new or empty files \
+                             and destroyed pools (remove it, or name another file)",
+                            path.display()
+                        ),
+                    ));
+                }
+            }
+            // exactly the mode asked for, whatever the umask
+            file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(file_mode))
+                .map_err(io(format!("setting the mode of {}", path.display())))?;
             if len < b {
                 file.set_len(b)
                     .map_err(io(format!("growing {}", path.display())))?;
@@ -552,21 +651,16 @@ fn map_file(path: &Path, bytes: Option<u64>, mode: MapMode) -> Result<MmapRaw> {
         }
         (MapMode::Open, b) => b.unwrap_or(len),
     };
-    map_shared(path, bytes)
+    map_shared(&file, path, bytes)
 }
 
-/// Maps `len` bytes of `path` shared, read-write.
-fn map_shared(path: &Path, len: u64) -> Result<MmapRaw> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(io(format!("opening {}", path.display())))?;
+/// Maps `len` bytes of `file` (at `path`) shared, read-write.
+fn map_shared(file: &std::fs::File, path: &Path, len: u64) -> Result<MmapRaw> {
     let len =
         usize::try_from(len).map_err(|_| invalid("device", "larger than the address space"))?;
     MmapOptions::new()
         .len(len)
-        .map_raw(&file)
+        .map_raw(file)
         .map_err(io(format!("mapping {}", path.display())))
 }
 

@@ -69,6 +69,9 @@ pub struct PoolOptions {
     pub attach: bool,
     /// On open, reclaim the regions of clients whose process died.
     pub reclaim_dead: bool,
+    /// Permissions of the pool files a create makes (default 0600: the
+    /// creating user alone; 0660 for a group of users sharing the pool).
+    pub file_mode: u32,
 }
 
 impl Default for PoolOptions {
@@ -81,6 +84,7 @@ impl Default for PoolOptions {
             register_flags: REGISTER_FLAGS,
             attach: true,
             reclaim_dead: true,
+            file_mode: device::DEFAULT_FILE_MODE,
         }
     }
 }
@@ -219,6 +223,22 @@ impl Pool {
         options: PoolOptions,
     ) -> Result<Arc<Pool>> {
         check_options(&devices, &options)?;
+        // Two processes creating on the same shared devices at once: one
+        // wins, the other finds the pool and is refused.
+        let _lock = match devices[0].is_shared() {
+            true => Some(device::CreateLock::acquire(&devices[0], options.file_mode)?),
+            false => None,
+        };
+        Pool::create_locked(layout, devices, options)
+    }
+
+    /// [`Pool::create_on`], the caller holding the create lock (or the
+    /// devices being private).
+    fn create_locked(
+        layout: LayerFirstLayout,
+        devices: Vec<DeviceSpec>,
+        options: PoolOptions,
+    ) -> Result<Arc<Pool>> {
         if options.clients == 0 || options.clients > MAX_CLIENTS {
             return Err(invalid(
                 "clients",
@@ -227,7 +247,7 @@ impl Pool {
         }
         let maps: Vec<MappedDevice> = devices
             .iter()
-            .map(|d| MappedDevice::map(d, MapMode::Create))
+            .map(|d| MappedDevice::map_with(d, MapMode::Create, options.file_mode))
             .collect::<Result<_>>()?;
         for m in &maps {
             if (m.len() as u64) < metadata::DATA_ALIGN {
@@ -360,13 +380,13 @@ impl Pool {
     ) -> Result<Arc<Pool>> {
         check_options(&devices, &options)?;
         if !devices[0].is_shared() {
-            return Pool::create_on(layout, devices, options);
+            return Pool::create_locked(layout, devices, options);
         }
-        let _lock = device::CreateLock::acquire(&devices[0])?;
+        let _lock = device::CreateLock::acquire(&devices[0], options.file_mode)?;
         if device::peek_magic(&devices[0])? == Some(POOL_MAGIC) {
             Pool::open_expecting(devices, layout, options)
         } else {
-            Pool::create_on(layout, devices, options)
+            Pool::create_locked(layout, devices, options)
         }
     }
 
@@ -407,8 +427,9 @@ impl Pool {
         Ok(pool)
     }
 
-    /// Invalidates the pool on `devices`: clears the magic of every device
-    /// header so that it no longer opens (the bytes stay). Refuses while
+    /// Invalidates the pool on `devices`: marks every device header destroyed
+    /// so that it no longer opens and a new pool may reuse the files (the
+    /// bytes stay). Refuses while
     /// other live processes are attached, unless `force`.
     pub fn destroy(devices: Vec<DeviceSpec>, force: bool) -> Result<()> {
         let options = PoolOptions {
@@ -430,7 +451,9 @@ impl Pool {
         }
         for d in pool.devices.iter().rev() {
             // SAFETY: every device starts with an 8-byte magic.
-            unsafe { std::ptr::write_volatile(d.map.ptr() as *mut [u8; 8], [0; 8]) };
+            unsafe {
+                std::ptr::write_volatile(d.map.ptr() as *mut [u8; 8], device::DESTROYED_MAGIC)
+            };
             pool.coherence.after_write(d.map.ptr(), 8);
         }
         Ok(())
@@ -453,6 +476,11 @@ impl Pool {
             return Err(Error::Pool(format!(
                 "{spec0} is device {} of a pool, not its first; give all of the pool's devices, in order",
                 dh.index
+            )));
+        }
+        if h.magic == device::DESTROYED_MAGIC {
+            return Err(Error::Pool(format!(
+                "no kvtier pool on {spec0}: the pool there was destroyed (create one with kvtier pool create)"
             )));
         }
         if h.magic != POOL_MAGIC {
