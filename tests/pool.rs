@@ -977,3 +977,65 @@ fn pool_files_are_private_and_never_clobbered() {
         "{err}"
     );
 }
+
+/// A holder in another PID namespace (a container sharing the pool's files)
+/// is alive for as long as it runs, whatever its pid means here: its
+/// regions are not reclaimed while it lives, and are once it is gone. Runs
+/// the worker under `unshare -Urpf` (unprivileged user and PID namespaces);
+/// a machine where that cannot run fails the test.
+#[test]
+fn a_holder_in_another_pid_namespace_is_not_reclaimed_while_it_lives() {
+    let dir = Dir::new("pidns");
+    let devices = dir.devices(1, 4);
+    drop(Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap());
+    let orders = format!("hold;{};2;1", specs_arg(&devices));
+    let mut holder = Worker(
+        Command::new("unshare")
+            .args(["-Urpf", "--mount-proc", "--kill-child"])
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "pool_worker",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+                "--quiet",
+            ])
+            .env(WORKER_ENV, &orders)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("unshare runs (user and PID namespaces are needed for this test)"),
+    );
+    wait_line(&mut holder, "held");
+    let total = {
+        let p = Pool::open(devices.clone(), inspect()).unwrap();
+        p.num_regions()
+    };
+    for _ in 0..3 {
+        // an opener reclaims the dead; a check --repair too
+        let p = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
+        assert_eq!(
+            p.free_regions(),
+            total - 2,
+            "the live holder keeps its regions"
+        );
+        assert_eq!(p.check().reclaimable_regions, 0);
+        assert_eq!(p.reclaim_dead().unwrap().regions, 0);
+    }
+    drop(holder);
+    // the holder dies with unshare (--kill-child), a moment after it
+    let t0 = Instant::now();
+    loop {
+        let p = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
+        if p.free_regions() == total {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "a holder that is gone is reclaimed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -244,7 +244,7 @@ fn print_status(pool: &Pool) {
             let state = match live {
                 Liveness::Alive => "alive",
                 Liveness::Dead => "dead (reclaimable)",
-                Liveness::Unknown => "unknown (another host)",
+                Liveness::Unknown => "unknown (another host or PID namespace)",
             };
             println!(
                 "  client {client:>4}  pid {pid:>8}  {state:<24} {allocated} allocated, {ready} ready"

@@ -348,6 +348,9 @@ pub fn format_size(bytes: u64) -> String {
 pub(crate) struct MappedDevice {
     map: MmapRaw,
     spec: DeviceSpec,
+    /// The descriptor a shared device was mapped through (file:, dax:),
+    /// kept for the clients' liveness locks.
+    file: Option<std::fs::File>,
 }
 
 impl MappedDevice {
@@ -367,6 +370,7 @@ impl MappedDevice {
                 ),
             ));
         }
+        let mut file = None;
         let map = match spec {
             DeviceSpec::Anon { bytes } => map_anon(*bytes)?,
             DeviceSpec::Numa { nodes, bytes } => {
@@ -377,7 +381,11 @@ impl MappedDevice {
                 bind_to_nodes(&map, nodes)?;
                 map
             }
-            DeviceSpec::File { path, bytes } => map_file(path, *bytes, mode, file_mode)?,
+            DeviceSpec::File { path, bytes } => {
+                let (map, f) = map_file(path, *bytes, mode, file_mode)?;
+                file = Some(f);
+                map
+            }
             DeviceSpec::Dax { path, bytes } => {
                 let meta =
                     std::fs::metadata(path).map_err(io(format!("opening {}", path.display())))?;
@@ -404,17 +412,20 @@ impl MappedDevice {
                         format!("{spec}: devdax mappings are 2 MiB multiples"),
                     ));
                 }
-                let file = OpenOptions::new()
+                let f = OpenOptions::new()
                     .read(true)
                     .write(true)
                     .open(path)
                     .map_err(io(format!("opening {}", path.display())))?;
-                map_shared(&file, path, len)?
+                let map = map_shared(&f, path, len)?;
+                file = Some(f);
+                map
             }
         };
         Ok(MappedDevice {
             map,
             spec: spec.clone(),
+            file,
         })
     }
 
@@ -428,6 +439,11 @@ impl MappedDevice {
 
     pub(crate) fn spec(&self) -> &DeviceSpec {
         &self.spec
+    }
+
+    /// The descriptor of a shared device (None for private memory).
+    pub(crate) fn file(&self) -> Option<&std::fs::File> {
+        self.file.as_ref()
     }
 }
 
@@ -552,7 +568,12 @@ pub const DEFAULT_FILE_MODE: u32 = 0o600;
 /// held a pool, which a new pool may reuse.
 pub(crate) const DESTROYED_MAGIC: [u8; 8] = *b"KVTIERDX";
 
-fn map_file(path: &Path, bytes: Option<u64>, mode: MapMode, file_mode: u32) -> Result<MmapRaw> {
+fn map_file(
+    path: &Path,
+    bytes: Option<u64>,
+    mode: MapMode,
+    file_mode: u32,
+) -> Result<(MmapRaw, std::fs::File)> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     // One descriptor, opened without following a symlink, checked with
     // fstat and mapped: nothing can swap the file in between.
@@ -651,7 +672,8 @@ fn map_file(path: &Path, bytes: Option<u64>, mode: MapMode, file_mode: u32) -> R
         }
         (MapMode::Open, b) => b.unwrap_or(len),
     };
-    map_shared(&file, path, bytes)
+    let map = map_shared(&file, path, bytes)?;
+    Ok((map, file))
 }
 
 /// Maps `len` bytes of `file` (at `path`) shared, read-write.

@@ -58,6 +58,98 @@ impl ProcessIdentity {
     }
 }
 
+/// This process's PID namespace: the inode of `/proc/self/ns/pid` (0 where
+/// the kernel does not say). A recorded pid means something here only when
+/// it was recorded in the same namespace.
+pub fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata("/proc/self/ns/pid")
+        .map(|m| m.ino())
+        .unwrap_or(0)
+}
+
+/// A lock a client holds on its slot for as long as it is attached: an
+/// open-file-description lock (`F_OFD_SETLK`) on one byte of the pool's
+/// first device, far past its end. The kernel drops it when the holder's
+/// last reference to the file goes (its exit, a crash), in whatever PID
+/// namespace or container the holder runs, so a lock that is held means a
+/// live holder.
+pub(crate) struct ClientLock {
+    file: fs::File,
+    /// The locked file's device and inode, as this process sees them.
+    id: u64,
+}
+
+/// Where slot `i`'s byte is.
+const LOCK_BASE: i64 = 1 << 62;
+
+impl ClientLock {
+    pub(crate) fn new(file: &fs::File) -> Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = file.metadata().map_err(|source| Error::Io {
+            context: "reading the pool device's inode".into(),
+            source,
+        })?;
+        // never 0, which marks "no lock recorded"
+        let id = (meta.dev().rotate_left(32) ^ meta.ino()) | 1;
+        let file = file.try_clone().map_err(|source| Error::Io {
+            context: "duplicating the pool device's descriptor".into(),
+            source,
+        })?;
+        Ok(ClientLock { file, id })
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn fcntl(
+        &self,
+        cmd: libc::c_int,
+        kind: libc::c_short,
+        slot: u32,
+    ) -> std::io::Result<libc::flock> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock is plain data; l_pid must be 0 for OFD locks.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = kind;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = LOCK_BASE + slot as i64;
+        fl.l_len = 1;
+        // SAFETY: a valid descriptor and a flock it may read and write.
+        if unsafe { libc::fcntl(self.file.as_raw_fd(), cmd, &mut fl) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(fl)
+    }
+
+    /// Takes slot `slot`'s lock; false when another holds it.
+    pub(crate) fn take(&self, slot: u32) -> Result<bool> {
+        match self.fcntl(libc::F_OFD_SETLK, libc::F_WRLCK as libc::c_short, slot) {
+            Ok(_) => Ok(true),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
+                Ok(false)
+            }
+            Err(source) => Err(Error::Io {
+                context: format!("locking client slot {slot}"),
+                source,
+            }),
+        }
+    }
+
+    pub(crate) fn release(&self, slot: u32) {
+        let _ = self.fcntl(libc::F_OFD_SETLK, libc::F_UNLCK as libc::c_short, slot);
+    }
+
+    /// Whether another open file (a live process) holds slot `slot`'s lock;
+    /// None when the kernel cannot say.
+    pub(crate) fn held_by_another(&self, slot: u32) -> Option<bool> {
+        self.fcntl(libc::F_OFD_GETLK, libc::F_WRLCK as libc::c_short, slot)
+            .ok()
+            .map(|fl| fl.l_type != libc::F_UNLCK as libc::c_short)
+    }
+}
+
 /// The boot id of this machine, as 128 bits.
 pub fn boot_id() -> Result<u128> {
     let text =
@@ -75,7 +167,13 @@ pub fn boot_id() -> Result<u128> {
 fn start_ticks(pid: u32) -> Result<Option<u64>> {
     let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        // gone, or exiting while we read (ESRCH)
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ESRCH) =>
+        {
+            return Ok(None);
+        }
         Err(source) => {
             return Err(Error::Io {
                 context: format!("reading /proc/{pid}/stat"),

@@ -145,7 +145,11 @@ pub struct ClientEntry {
     pub boot_lo: AtomicU64,
     pub boot_hi: AtomicU64,
     pub host: AtomicU64,
-    _pad: [u64; 2],
+    /// The holder's PID namespace (the inode of its /proc/self/ns/pid).
+    pub pid_ns: AtomicU64,
+    /// Which file the holder's liveness lock is on (its device and inode,
+    /// as the holder saw them): see `Pool::client_liveness`.
+    pub lock_id: AtomicU64,
 }
 
 const _: () = assert!(size_of::<RegionEntry>() == 64 && size_of::<ClientEntry>() == 64);

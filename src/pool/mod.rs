@@ -102,6 +102,8 @@ pub struct Pool {
     clients: *const ClientEntry,
     /// This process's client slot and its generation, when attached.
     me: Option<(u16, u32)>,
+    /// This process's liveness locks on the first device (shared pools).
+    lock: Option<identity::ClientLock>,
     placement: Mutex<RoundRobinPlacement>,
     register_flags: u32,
     // Last: unmapped after everything above (Drop frees this client's
@@ -596,6 +598,10 @@ impl Pool {
             regions: unsafe { base.add(h.region_table_offset as usize) } as *const RegionEntry,
             clients: unsafe { base.add(h.client_table_offset as usize) } as *const ClientEntry,
             me: None,
+            lock: match devices.first().and_then(|d| d.map.file()) {
+                Some(f) => Some(identity::ClientLock::new(f)?),
+                None => None,
+            },
             placement: Mutex::new(placement),
             register_flags: options.register_flags,
             devices,
@@ -659,12 +665,38 @@ impl Pool {
         (id, self.load(&c.host) as u32)
     }
 
+    /// Whether client `i`'s process lives, judged without trusting pid
+    /// numbers across PID namespaces: its liveness lock held means alive; a
+    /// free lock on the very file it locked means dead; otherwise its pid
+    /// decides only when it was recorded in this PID namespace, and a holder
+    /// that cannot be judged is Unknown (never reclaimed).
     fn client_liveness(&self, i: u32) -> Result<Liveness> {
+        if self.me.map(|(c, _)| c as u32) == Some(i) {
+            return Ok(Liveness::Alive); // this process (its own lock does not show to itself)
+        }
+        let single_host = self.coherence == Coherence::Coherent;
+        let lock = self.lock.as_ref();
+        if lock.and_then(|l| l.held_by_another(i)) == Some(true) {
+            return Ok(Liveness::Alive);
+        }
         let (id, _) = self.client_identity(i);
         if id.pid == 0 {
-            return Ok(Liveness::Dead); // claimed, identity never written
+            return Ok(Liveness::Dead); // claimed, identity never written, no lock held
         }
-        id.liveness(self.coherence == Coherence::Coherent)
+        if id.boot_id != identity::boot_id()? {
+            return id.liveness(single_host); // another boot (or host)
+        }
+        let e = self.client_entry(i);
+        if let Some(l) = lock
+            && self.load(&e.lock_id) == l.id()
+            && l.held_by_another(i) == Some(false)
+        {
+            return Ok(Liveness::Dead);
+        }
+        if self.load(&e.pid_ns) != identity::pid_namespace() {
+            return Ok(Liveness::Unknown);
+        }
+        id.liveness(single_host)
     }
 
     /// Takes a free client slot of this host and records this process in it.
@@ -689,6 +721,15 @@ impl Pool {
                 if !self.cas(&e.control, w, claiming, Ordering::AcqRel) {
                     continue;
                 }
+                if let Some(l) = &self.lock
+                    && !l.take(i)?
+                {
+                    // a live process still holds the slot's lock: leave it
+                    self.cas(&e.control, claiming, w, Ordering::AcqRel);
+                    continue;
+                }
+                self.store(&e.pid_ns, identity::pid_namespace());
+                self.store(&e.lock_id, self.lock.as_ref().map_or(0, |l| l.id()));
                 self.store(&e.pid, 0);
                 self.store(&e.start_ticks, me.start_ticks);
                 self.store(&e.boot_lo, me.boot_id as u64);
@@ -745,7 +786,8 @@ impl Pool {
                 ClientState::Free => false,
                 ClientState::Reclaiming => true, // a reclaimer died or is at work: (re)do it
                 ClientState::Live | ClientState::Claiming => {
-                    self.client_liveness(i)? == Liveness::Dead
+                    // a holder that cannot be judged stays
+                    self.client_liveness(i).unwrap_or(Liveness::Unknown) == Liveness::Dead
                         && self.cas(&e.control, w, reclaiming, Ordering::AcqRel)
                 }
             };
@@ -1287,6 +1329,9 @@ impl Drop for Pool {
                 .encode(),
                 Ordering::AcqRel,
             );
+            if let Some(l) = &self.lock {
+                l.release(client as u32);
+            }
         }
     }
 }
