@@ -1039,3 +1039,65 @@ fn a_holder_in_another_pid_namespace_is_not_reclaimed_while_it_lives() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A reader never gets torn bytes with Ok: one region, freed, reallocated
+/// and rewritten (each time with one byte value throughout) as fast as a
+/// writer can, while readers read whole layers of it with `read_ready`.
+#[test]
+fn read_ready_never_returns_a_torn_region() {
+    let dir = Dir::new("seqlock");
+    let l = LayerFirstLayout::new(1024, 1, 256).unwrap(); // 256 KiB regions
+    let devices = vec![DeviceSpec::file(dir.0.join("dev0"), 4 << 20)];
+    let writer = Pool::create_on(l, devices.clone(), PoolOptions::default()).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (ok, torn, refused) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut v = 0u8;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = writer.alloc_region().unwrap();
+                v = v.wrapping_add(1);
+                writer.write_tokens(&r, 0, 0, &vec![v; 256 * 1024]).unwrap();
+                writer.publish(&r).unwrap();
+                // READY a moment, for the readers to find it so
+                std::thread::sleep(Duration::from_micros(100));
+                writer.free_region(r).unwrap();
+            }
+        });
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let devices = devices.clone();
+                let stop = &stop;
+                s.spawn(move || {
+                    let reader = Pool::open(devices, PoolOptions::default()).unwrap();
+                    let mut buf = vec![0u8; 256 * 1024];
+                    let (mut ok, mut torn, mut refused) = (0u64, 0u64, 0u64);
+                    let t0 = Instant::now();
+                    while t0.elapsed() < Duration::from_millis(1500) {
+                        for index in 0..reader.num_regions() {
+                            match reader.read_ready(index, 0, 0, &mut buf) {
+                                Ok(()) if buf.iter().all(|&b| b == buf[0]) => ok += 1,
+                                Ok(()) => torn += 1,
+                                Err(_) => refused += 1,
+                            }
+                        }
+                    }
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    (ok, torn, refused)
+                })
+            })
+            .collect();
+        readers
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
+    });
+    eprintln!("{ok} whole reads, {torn} torn, {refused} refused");
+    assert_eq!(
+        torn, 0,
+        "{torn} reads returned torn bytes with Ok ({ok} whole, {refused} refused)"
+    );
+    assert!(
+        ok > 0 && refused > 0,
+        "the race is exercised: {ok} whole, {refused} refused"
+    );
+}

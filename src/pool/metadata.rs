@@ -133,7 +133,10 @@ pub struct RegionEntry {
     pub control: AtomicU64,
     /// The owner's request id, set after allocation.
     pub request: AtomicU64,
-    _pad: [u64; 6],
+    /// Bumped at every allocation, before the new owner writes a byte: a
+    /// reader that finds it unchanged after reading saw one owner's bytes.
+    pub epoch: AtomicU64,
+    _pad: [u64; 5],
 }
 
 /// A client (attached process) slot.

@@ -919,6 +919,9 @@ impl Pool {
                         Ordering::AcqRel,
                     )
                 {
+                    e.epoch.fetch_add(1, Ordering::AcqRel);
+                    self.coherence
+                        .after_write(&e.epoch as *const AtomicU64 as *const u8, 8);
                     self.store(&e.request, request);
                     return Ok(Region {
                         pool: self.id,
@@ -1040,7 +1043,9 @@ impl Pool {
     }
 
     /// Reads consecutive entries of one layer of region `index`, which must be
-    /// READY (published by its owner, whoever that is).
+    /// READY (published by its owner, whoever that is) from before the read
+    /// to after it: a region freed or reallocated meanwhile (its bytes may
+    /// be another owner's, half written) is an error, never torn bytes.
     pub fn read_ready(
         &self,
         index: u32,
@@ -1048,12 +1053,32 @@ impl Pool {
         first_token: u32,
         out: &mut [u8],
     ) -> Result<()> {
-        if self.region_state(index)? != RegionState::Ready {
+        if index >= self.num_regions {
+            return Err(invalid(
+                "index",
+                format!(
+                    "region {index} does not exist; the pool has {}",
+                    self.num_regions
+                ),
+            ));
+        }
+        let e = self.region_entry(index);
+        let seen = || (self.load(&e.control), self.load(&e.epoch));
+        let before = seen();
+        if RegionControl::decode(before.0).map(|c| c.state) != Some(RegionState::Ready) {
             return Err(Error::Pool(format!(
                 "region {index} is not READY; its bytes may be partial"
             )));
         }
-        self.read_at(index, layer, first_token, out)
+        self.read_at(index, layer, first_token, out)?;
+        // the bytes are read before the words are looked at again
+        std::sync::atomic::fence(Ordering::Acquire);
+        if seen() != before {
+            return Err(Error::Pool(format!(
+                "region {index} was freed or reallocated while it was read; read it again if it is READY"
+            )));
+        }
+        Ok(())
     }
 
     fn read_at(&self, index: u32, layer: u32, first_token: u32, out: &mut [u8]) -> Result<()> {
