@@ -21,7 +21,7 @@ fn pool(requests: u32, layers: u32) -> (Arc<Pool>, Vec<Region>) {
     let pool = Pool::create(
         layout,
         DeviceSpec::Anon {
-            bytes: Pool::device_bytes_for(&layout, requests),
+            bytes: Pool::device_bytes_for(&layout, requests).unwrap(),
         },
     )
     .unwrap();

@@ -17,7 +17,7 @@ fn small_pool(regions: u32) -> std::sync::Arc<Pool> {
     Pool::create(
         layout,
         DeviceSpec::Anon {
-            bytes: Pool::device_bytes_for(&layout, regions),
+            bytes: Pool::device_bytes_for(&layout, regions).unwrap(),
         },
     )
     .unwrap()

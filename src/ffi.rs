@@ -795,7 +795,8 @@ pub unsafe extern "C" fn kvt_pool_device_bytes_for(
     guard(|| {
         // SAFETY: the header's contract for each pointer.
         let l = layout(unsafe { arg_ref(layout_, "layout")? })?;
-        unsafe { write_out(out, "out", Pool::device_bytes_for(&l, regions)) }
+        let bytes = Pool::device_bytes_for(&l, regions)?;
+        unsafe { write_out(out, "out", bytes) }
     })
 }
 

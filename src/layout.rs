@@ -66,6 +66,9 @@ impl fmt::Display for EntryFormat {
 
 /// Most layers a layout may have (DeepSeek-V3.2 has 61).
 pub const MAX_LAYERS: u32 = 4096;
+/// Most bytes one region may hold (256 TiB): keeps every offset and size
+/// computed from a layout far from 64-bit overflow.
+pub const MAX_REGION_BYTES: u64 = 1 << 48;
 
 /// The shape of every request region in a pool: entry size, layer count and
 /// capacity in tokens, laid out `[layer][token][entry_bytes]`.
@@ -99,6 +102,16 @@ impl LayerFirstLayout {
             return Err(invalid(
                 "tokens_per_region",
                 format!("{tokens_per_region} is outside 1..={}", i32::MAX),
+            ));
+        }
+        let region = entry_bytes as u128 * layers as u128 * tokens_per_region as u128;
+        if region > MAX_REGION_BYTES as u128 {
+            return Err(invalid(
+                "tokens_per_region",
+                format!(
+                    "{entry_bytes} B × {layers} layers × {tokens_per_region} tokens is {region} B a region, more \
+                     than the {MAX_REGION_BYTES} B (256 TiB) a region may hold"
+                ),
             ));
         }
         Ok(LayerFirstLayout {

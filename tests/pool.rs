@@ -492,7 +492,7 @@ fn ranks_starting_together_create_one_pool_and_interleave() {
     assert!(err.contains("this process needs 8192 B"), "{err}");
     // Private devices are never shared: a new pool each time.
     let anon = vec![DeviceSpec::Anon {
-        bytes: Pool::device_bytes_for(&layout(), 1),
+        bytes: Pool::device_bytes_for(&layout(), 1).unwrap(),
     }];
     let a = Pool::open_or_create(layout(), anon.clone(), opts(0, 1)).unwrap();
     let b = Pool::open_or_create(layout(), anon, opts(0, 1)).unwrap();
@@ -1100,4 +1100,28 @@ fn read_ready_never_returns_a_torn_region() {
         ok > 0 && refused > 0,
         "the race is exercised: {ok} whole, {refused} refused"
     );
+}
+
+/// A pool destroyed with force while processes are attached cannot be
+/// created anew under them (they would write into regions handed to others).
+#[test]
+fn a_new_pool_is_refused_while_the_old_ones_holders_live() {
+    let dir = Dir::new("recreate");
+    let devices = dir.devices(1, 4);
+    drop(Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap());
+    let holder = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
+    let _r = holder.alloc_region().unwrap();
+    let err = Pool::destroy(devices.clone(), false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("are attached"), "{err}");
+    Pool::destroy(devices.clone(), true).unwrap();
+    let err = pool_error(Pool::create_on(
+        layout(),
+        devices.clone(),
+        PoolOptions::default(),
+    ));
+    assert!(err.contains("still mapped by processes attached"), "{err}");
+    drop(holder);
+    drop(Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap());
 }

@@ -141,6 +141,22 @@ impl ClientLock {
         let _ = self.fcntl(libc::F_OFD_SETLK, libc::F_UNLCK as libc::c_short, slot);
     }
 
+    /// Whether any process still holds a client lock on `file`: processes
+    /// attached to a pool that was there (destroyed with force, say), which
+    /// a new pool on the file would hand their regions to others under.
+    pub(crate) fn any_held(file: &fs::File, slots: u32) -> bool {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock is plain data; l_pid must be 0 for OFD locks.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = LOCK_BASE;
+        fl.l_len = slots as i64;
+        // SAFETY: a valid descriptor and a flock it may read and write.
+        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+        rc == 0 && fl.l_type != libc::F_UNLCK as libc::c_short
+    }
+
     /// Whether another open file (a live process) holds slot `slot`'s lock;
     /// None when the kernel cannot say.
     pub(crate) fn held_by_another(&self, slot: u32) -> Option<bool> {

@@ -203,16 +203,43 @@ impl Pool {
     }
 
     /// Bytes a single-device pool needs to hold `regions` regions of
-    /// `layout` (metadata included).
-    pub fn device_bytes_for(layout: &LayerFirstLayout, regions: u32) -> u64 {
+    /// `layout` (metadata included): its tables, rounded to 2 MiB, and the
+    /// regions.
+    pub fn device_bytes_for(layout: &LayerFirstLayout, regions: u32) -> Result<u64> {
+        if regions == 0 {
+            return Err(invalid("regions", "a pool holds at least one region"));
+        }
+        let too_big = || {
+            invalid(
+                "regions",
+                format!(
+                    "{regions} regions of {} B do not fit 64-bit sizes",
+                    layout.region_bytes()
+                ),
+            )
+        };
         let stride = layout.region_bytes().next_multiple_of(REGION_ALIGN);
-        let mut bytes = regions as u64 * stride + metadata::DATA_ALIGN;
-        loop {
+        let data = (regions as u64).checked_mul(stride).ok_or_else(too_big)?;
+        // The tables grow with the device (a region table entry per region
+        // the device could hold): start from the data plus tables for it,
+        // then step up to the first size the plan accepts (a few steps: the
+        // tables take 64 B per region of at least 4 KiB).
+        let mut bytes = data.checked_add(metadata::DATA_ALIGN).ok_or_else(too_big)?;
+        for _ in 0..1 << 20 {
             match metadata::plan_geometry(layout, &[bytes], DEFAULT_CLIENTS) {
-                Ok(g) if g.num_regions >= regions => return bytes,
-                _ => bytes += metadata::DATA_ALIGN,
+                Ok(g) if g.num_regions >= regions => return Ok(bytes),
+                Ok(g) => {
+                    let short = (regions - g.num_regions) as u64 * stride;
+                    bytes = bytes.checked_add(short).ok_or_else(too_big)?;
+                }
+                Err(_) => {
+                    bytes = bytes
+                        .checked_add(metadata::DATA_ALIGN)
+                        .ok_or_else(too_big)?
+                }
             }
         }
+        Err(too_big())
     }
 
     /// A new pool of `layout` regions across `devices`: maps them (creating
@@ -268,6 +295,15 @@ impl Pool {
                     m.spec()
                 )));
             }
+        }
+        if let Some(f) = maps[0].file()
+            && identity::ClientLock::any_held(f, MAX_CLIENTS)
+        {
+            return Err(Error::Pool(format!(
+                "{} is still mapped by processes attached to the pool that was there; stop them before \
+                 creating a new pool on it",
+                maps[0].spec()
+            )));
         }
         let sizes: Vec<u64> = maps.iter().map(|m| m.len() as u64).collect();
         let g = metadata::plan_geometry(&layout, &sizes, options.clients)?;
@@ -1477,12 +1513,44 @@ fn check_options(devices: &[DeviceSpec], o: &PoolOptions) -> Result<()> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn device_bytes_for_is_the_least_that_holds_the_regions_and_never_hangs() {
+        for (layout, regions) in [
+            (LayerFirstLayout::new(656, 61, 4096).unwrap(), 1),
+            (LayerFirstLayout::new(656, 61, 4096).unwrap(), 300),
+            (LayerFirstLayout::new(64, 1, 1).unwrap(), 100_000),
+            (LayerFirstLayout::new(1152, 2, 131072).unwrap(), 7),
+        ] {
+            let bytes = Pool::device_bytes_for(&layout, regions).unwrap();
+            let stride = layout.region_bytes().next_multiple_of(REGION_ALIGN);
+            let fits = |b| {
+                metadata::plan_geometry(&layout, &[b], DEFAULT_CLIENTS)
+                    .is_ok_and(|g| g.num_regions >= regions)
+            };
+            assert!(
+                fits(bytes) && !fits(bytes - stride),
+                "{layout:?} × {regions}"
+            );
+        }
+        let small = LayerFirstLayout::new(64, 1, 1).unwrap();
+        assert!(Pool::device_bytes_for(&small, 0).is_err(), "no regions");
+        let huge = LayerFirstLayout::new(u32::MAX - 7, 4096, 16).unwrap();
+        let t0 = std::time::Instant::now();
+        assert!(
+            Pool::device_bytes_for(&huge, u32::MAX).is_err(),
+            "overflows 64 bits"
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(1));
+        // a region beyond 256 TiB is no layout at all
+        assert!(LayerFirstLayout::new(u32::MAX - 7, 4096, i32::MAX as u32).is_err());
+    }
+
     fn small_pool(regions: u32) -> Arc<Pool> {
         let layout = LayerFirstLayout::new(584, 2, 10).unwrap();
         Pool::create(
             layout,
             DeviceSpec::Anon {
-                bytes: Pool::device_bytes_for(&layout, regions),
+                bytes: Pool::device_bytes_for(&layout, regions).unwrap(),
             },
         )
         .unwrap()

@@ -173,6 +173,27 @@ pub(super) fn check_stride(arg: &'static str, stride: usize, width: usize) -> Re
 }
 
 /// Checks every argument and builds the kernel parameters.
+/// Refuses a written buffer (`.3`) whose bytes `[.1, .1 + .2)` meet any
+/// other buffer's.
+pub(super) fn check_disjoint(ranges: &[(&'static str, u64, u64, bool)]) -> Result<()> {
+    for (i, &(w, ws, wn, written)) in ranges.iter().enumerate() {
+        if !written || wn == 0 {
+            continue;
+        }
+        for (j, &(o, os, on, _)) in ranges.iter().enumerate() {
+            if i != j && on != 0 && ws < os.saturating_add(on) && os < ws.saturating_add(wn) {
+                return Err(invalid(
+                    w,
+                    format!(
+                        "shares memory with `{o}`; the swap-in writes it, so it must be a buffer of its own"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn check(
     t: &SwapInTarget,
     a: &SwapInArgs<'_>,
@@ -270,6 +291,91 @@ pub(crate) fn check(
         None => 0,
     };
     let kv = items::check(&a.kv, want)?;
+    // What the swap-in reads and writes, by byte range: a written buffer that
+    // shares memory with any other would let the kernels follow values they
+    // wrote themselves (a device row read back from a token slot, say).
+    let idx = |b: &IndexBuf<'_>, n: usize| (b.addr(), n as u64 * if b.is_i64() { 8 } else { 4 });
+    let mut ranges = vec![
+        (
+            "top_k_tokens",
+            a.top_k_tokens.addr(),
+            4 * span(batch, a.top_k_stride, k_us) as u64,
+            false,
+        ),
+        (
+            "top_k_device_locs",
+            a.top_k_device_locs.addr(),
+            4 * span(batch, a.out_stride, e_us) as u64,
+            true,
+        ),
+        (
+            "device_buffer_tokens",
+            a.device_buffer_tokens.addr(),
+            4 * span(r, a.tokens_stride, hot_us) as u64,
+            true,
+        ),
+        (
+            "device_buffer_locs",
+            a.device_buffer_locs.addr(),
+            4 * span(r, a.locs_stride, hot_us + 1) as u64,
+            false,
+        ),
+        (
+            "lru_slots",
+            a.lru_slots.addr(),
+            2 * span(r, a.lru_stride, hot_us) as u64,
+            true,
+        ),
+        (
+            "host_cache_locs",
+            a.host_cache_locs.addr(),
+            8 * span(r, a.host_stride, a.max_tokens as usize) as u64,
+            false,
+        ),
+        (
+            "req_pool_indices",
+            idx(&a.req_pool_indices, batch).0,
+            idx(&a.req_pool_indices, batch).1,
+            false,
+        ),
+        (
+            "seq_lens",
+            idx(&a.seq_lens, batch).0,
+            idx(&a.seq_lens, batch).1,
+            false,
+        ),
+        (
+            "host_cache",
+            a.kv.k.host.addr(),
+            a.kv.k.host.len() as u64,
+            false,
+        ),
+        (
+            "device_buffer",
+            a.kv.k.device.addr(),
+            a.kv.k.device.len() as u64,
+            true,
+        ),
+    ];
+    if let Some(v) = &a.kv.v {
+        ranges.push(("host_cache_v", v.host.addr(), v.host.len() as u64, false));
+        ranges.push((
+            "device_buffer_v",
+            v.device.addr(),
+            v.device.len() as u64,
+            true,
+        ));
+    }
+    if let Some(n) = &a.num_real_reqs {
+        ranges.push(("num_real_reqs", n.addr(), 4, false));
+    }
+    if let Some(m) = &a.miss_plan {
+        let rows = span(batch, m.stride, m.capacity) as u64;
+        ranges.push(("miss_src", m.src.addr(), 8 * rows, true));
+        ranges.push(("miss_dst", m.dst.addr(), 4 * rows, true));
+        ranges.push(("miss_count", m.count.addr(), 4 * batch as u64, true));
+    }
+    check_disjoint(&ranges)?;
     let (plan_src, plan_dst, plan_count, plan_stride) = match &a.miss_plan {
         Some(m) => {
             if m.capacity < e_us {

@@ -172,7 +172,10 @@ impl Row<'_> {
         let old: Vec<usize> = self.lru.iter().map(|&s| s as usize).collect();
         let mut hit_pos: HashMap<usize, usize> = HashMap::new(); // canonical entry -> LRU position
         let mut is_hit = vec![false; hot];
-        let mut usable = vec![false; hot];
+        // the device row each usable slot had when it was checked: the
+        // copies use these, never a second read of `locs` (which a caller's
+        // aliasing buffer or another thread could have changed meanwhile)
+        let mut usable: Vec<Option<i32>> = vec![None; hot];
         for (pos, &slot) in old.iter().enumerate() {
             let token = self.tokens[slot];
             match first.get(&token).filter(|_| token >= 0) {
@@ -182,8 +185,9 @@ impl Row<'_> {
                 }
                 None => {
                     let loc = self.locs[slot];
-                    usable[pos] = in_rows(loc as i64, self.device_rows);
-                    if !usable[pos] {
+                    if in_rows(loc as i64, self.device_rows) {
+                        usable[pos] = Some(loc);
+                    } else {
                         err.report(KVT_ERR_SWAP_SLOT_LOC, pos0 | slot as u32, loc as i64);
                     }
                 }
@@ -212,16 +216,15 @@ impl Row<'_> {
         }
 
         // The m-th miss takes the m-th usable evictable slot.
-        let usable_slots: Vec<usize> = (0..hot)
-            .filter(|&pos| !is_hit[pos] && usable[pos])
-            .map(|pos| old[pos])
+        let usable_slots: Vec<(usize, i32)> = (0..hot)
+            .filter(|&pos| !is_hit[pos])
+            .filter_map(|pos| usable[pos].map(|loc| (old[pos], loc)))
             .collect();
         let mut misses = Vec::new();
         for (i, entry) in entries.iter_mut().enumerate() {
             if let Entry::Miss { token, host_row } = *entry {
                 *entry = match usable_slots.get(misses.len()) {
-                    Some(&slot) => {
-                        let loc = self.locs[slot];
+                    Some(&(slot, loc)) => {
                         self.tokens[slot] = token;
                         misses.push((host_row, loc));
                         Entry::Done(loc)
@@ -249,14 +252,14 @@ impl Row<'_> {
         let mut loaded = vec![false; hot];
         usable_slots[..n_load]
             .iter()
-            .for_each(|&s| loaded[s] = true);
+            .for_each(|&(s, _)| loaded[s] = true);
         let mut new_order: Vec<i16> = Vec::with_capacity(hot);
         new_order.extend(
             (0..hot)
                 .filter(|&pos| !is_hit[pos] && !loaded[old[pos]])
                 .map(|pos| old[pos] as i16),
         );
-        new_order.extend(usable_slots[..n_load].iter().map(|&s| s as i16));
+        new_order.extend(usable_slots[..n_load].iter().map(|&(s, _)| s as i16));
         new_order.extend(
             (0..hot)
                 .filter(|&pos| is_hit[pos])

@@ -47,7 +47,7 @@ pub fn filled_pool(layout: LayerFirstLayout, n_regions: u32) -> Fixture {
     let pool = Pool::create(
         layout,
         DeviceSpec::Anon {
-            bytes: Pool::device_bytes_for(&layout, n_regions),
+            bytes: Pool::device_bytes_for(&layout, n_regions).unwrap(),
         },
     )
     .unwrap();

@@ -286,7 +286,7 @@ pub fn planes_in_pool(
     let pool = Pool::create(
         layout,
         DeviceSpec::Anon {
-            bytes: Pool::device_bytes_for(&layout, 1),
+            bytes: Pool::device_bytes_for(&layout, 1).unwrap(),
         },
     )
     .unwrap();

@@ -182,6 +182,13 @@ static void swap_in(void) {
     CHECK(kvt_swap_in_capacity(engine, &mb, &mk) == KVT_OK && mb == 1 && mk == 3, "capacity %u x %u", mb, mk);
     CHECK(kvt_swap_in_limits(&mb, &mk) == KVT_OK && mb == 16384 && mk == 4096, "limits %u, %u", mb, mk);
     CHECK(kvt_swap_in_limits(NULL, &mk) == KVT_INVALID_ARGUMENT, "limits into a null pointer");
+    /* A written buffer sharing memory with another is refused before anything runs. */
+    kvt_buf saved = a.device_buffer_locs;
+    a.device_buffer_locs = BUF(tokens, 5);
+    s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
+    CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "shares memory with `device_buffer_locs`"),
+          "locs aliasing tokens: %s", kvt_last_error());
+    a.device_buffer_locs = saved;
     uint32_t fresh = 7;
     CHECK(kvt_swap_in_poll(engine, &fresh) == KVT_OK && fresh == 0, "the CPU executor has nothing to poll");
     CHECK(kvt_swap_in_poll(engine, NULL) == KVT_INVALID_ARGUMENT, "poll into a null pointer");

@@ -47,6 +47,21 @@ class KvtierError(Exception):
         self.status = status
 
 
+def as_int(value, name: str, lo: int = 0, hi: int = 2**32 - 1) -> int:
+    """`value` as an int within lo..=hi, else a KvtierError naming `name`
+    (never a ValueError or TypeError: kvtier promises its own errors)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import operator
+
+            value = operator.index(value)  # numpy integers, not floats or strings
+        except TypeError:
+            raise KvtierError(f"invalid argument `{name}`: {value!r} is not an int") from None
+    if not lo <= value <= hi:
+        raise KvtierError(f"invalid argument `{name}`: {value} is outside {lo}..={hi}")
+    return value
+
+
 class Buf(ctypes.Structure):
     _fields_ = [("ptr", ctypes.c_void_p), ("len", ctypes.c_uint64)]
 

@@ -8,7 +8,7 @@ import sys
 from typing import NamedTuple, Sequence
 
 from . import _lib
-from ._lib import KvtierError, check, library
+from ._lib import KvtierError, as_int, check, library
 
 
 class Layout(NamedTuple):
@@ -29,10 +29,19 @@ class Layout(NamedTuple):
         return _lib.Layout(*self)
 
 
+def _layout(layout) -> Layout:
+    """A Layout from a Layout or a 3-sequence, else a KvtierError."""
+    try:
+        return Layout(*layout)
+    except TypeError:
+        raise KvtierError(f"invalid argument `layout`: {layout!r} is not (entry_bytes, layers, tokens_per_region)") from None
+
+
 def device_bytes_for(layout: Layout, regions: int = 1) -> int:
     """Bytes a single-device pool needs to hold `regions` regions of `layout`."""
     out = ctypes.c_uint64()
-    check(library().kvt_pool_device_bytes_for(ctypes.byref(Layout(*layout)._c()), int(regions), ctypes.byref(out)))
+    lay = _layout(layout)._c()
+    check(library().kvt_pool_device_bytes_for(ctypes.byref(lay), as_int(regions, "regions"), ctypes.byref(out)))
     return out.value
 
 
@@ -63,14 +72,14 @@ def device_capacity(device: str) -> DeviceCapacity:
 def _specs(devices: Sequence[str]):
     if isinstance(devices, str):
         devices = [devices]
-    if not devices or not all(isinstance(d, str) for d in devices):
+    if not isinstance(devices, (list, tuple)) or not devices or not all(isinstance(d, str) for d in devices):
         raise KvtierError("invalid argument `devices`: give a list of device strings such as 'numa:2:64GiB'")
     arr = (ctypes.c_char_p * len(devices))(*(d.encode() for d in devices))
     return arr, len(devices)
 
 
 def _options(rank: int, ranks: int, clients: int) -> _lib.PoolOptions:
-    return _lib.PoolOptions(int(rank), int(ranks), int(clients), 0)
+    return _lib.PoolOptions(as_int(rank, "rank"), as_int(ranks, "ranks"), as_int(clients, "clients"), 0)
 
 
 class Pool:
@@ -87,7 +96,7 @@ class Pool:
         arr, n = _specs(devices)
         h = ctypes.c_void_p()
         opts = _options(rank, ranks, clients)
-        check(library().kvt_pool_create(ctypes.byref(Layout(*layout)._c()), arr, n, ctypes.byref(opts), ctypes.byref(h)))
+        check(library().kvt_pool_create(ctypes.byref(_layout(layout)._c()), arr, n, ctypes.byref(opts), ctypes.byref(h)))
         return cls(h)
 
     @classmethod
@@ -108,7 +117,7 @@ class Pool:
         opts = _options(rank, ranks, clients)
         check(
             library().kvt_pool_open_or_create(
-                ctypes.byref(Layout(*layout)._c()), arr, n, ctypes.byref(opts), ctypes.byref(h)
+                ctypes.byref(_layout(layout)._c()), arr, n, ctypes.byref(opts), ctypes.byref(h)
             )
         )
         return cls(h)
@@ -132,7 +141,7 @@ class Pool:
     def alloc_region(self, request: int = 0) -> "Region":
         """A free region, placed per rank round-robin, owned by this process."""
         h = ctypes.c_void_p()
-        check(library().kvt_region_alloc(self._live(), int(request), ctypes.byref(h)))
+        check(library().kvt_region_alloc(self._live(), as_int(request, "request", 0, 2**64 - 1), ctypes.byref(h)))
         return Region(h, self)
 
     def _live(self) -> ctypes.c_void_p:
@@ -202,7 +211,12 @@ class Region:
     def torch(self, dtype=None, shape=None):
         """The region's bytes as a CPU torch tensor of `dtype` (no copy; any
         torch dtype, bf16 and fp8 included)."""
-        torch = sys.modules.get("torch") or __import__("torch")
+        torch = sys.modules.get("torch")
+        if torch is None:
+            try:
+                import torch
+            except ImportError as e:
+                raise KvtierError(f"Region.torch needs torch, which is not installed ({e})") from None
         import warnings
 
         with warnings.catch_warnings():

@@ -67,7 +67,7 @@ class SwapInEngine:
     the process's engine per executor, :func:`engine_for`."""
 
     def __init__(self, executor="cpu"):
-        ordinal = _lib.EXECUTOR_CPU if executor == "cpu" else int(executor)
+        ordinal = _lib.EXECUTOR_CPU if executor == "cpu" else _lib.as_int(executor, "executor", -1, 2**31 - 1)
         if ordinal < _lib.EXECUTOR_CPU:
             raise KvtierError(f"executor {executor!r} is neither 'cpu' nor a GPU ordinal")
         self.executor = executor
@@ -84,7 +84,8 @@ class SwapInEngine:
         return e
 
     def reserve(self, max_batch: int, max_top_k: int) -> None:
-        check(library().kvt_swap_in_reserve(self._handle, int(max_batch), int(max_top_k)))
+        check(library().kvt_swap_in_reserve(self._handle, _lib.as_int(max_batch, "max_batch"),
+                                            _lib.as_int(max_top_k, "max_top_k")))
 
     def capacity(self) -> tuple:
         """(max_batch, max_top_k) the plan scratch holds."""
@@ -150,7 +151,7 @@ def cuda_engines() -> list:
 def engine_for(executor) -> SwapInEngine:
     """The process's engine for `executor` ("cpu" or a GPU ordinal): the one
     the swap-ins and replays run on."""
-    ordinal = _lib.EXECUTOR_CPU if executor == "cpu" else int(executor)
+    ordinal = _lib.EXECUTOR_CPU if executor == "cpu" else _lib.as_int(executor, "executor", -1, 2**31 - 1)
     if ordinal < _lib.EXECUTOR_CPU:
         raise KvtierError(f"executor {executor!r} is neither 'cpu' nor a GPU ordinal")
     return SwapInEngine._borrowed(executor, native().engine(ordinal))
@@ -225,7 +226,10 @@ def copy_planned(
 
 def _items(items) -> tuple:
     """An item layout as the native module takes it."""
-    if isinstance(items, tuple):
-        return items
+    if isinstance(items, tuple) and len(items) == 4:
+        rows, value, scale, page = items
+        u32 = 2**32 - 1
+        return (_lib.as_int(rows, "rows_per_page", 1, u32), _lib.as_int(value, "item_size_bytes", 1, u32),
+                _lib.as_int(scale, "scale_bytes", 0, u32), _lib.as_int(page, "page_bytes", 1, 2**64 - 1))
     raise KvtierError(f"invalid argument `items`: {items!r} is not a (rows_per_page, value_bytes, scale_bytes, "
                       "page_bytes) tuple")

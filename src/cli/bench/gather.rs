@@ -75,7 +75,7 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
             let distinct = (max_batch as u64).min(fit) as u32;
             let pool = Pool::create(
                 layout,
-                b.pool_device(Pool::device_bytes_for(&layout, distinct)),
+                b.pool_device(Pool::device_bytes_for(&layout, distinct)?),
             )?;
             let mut rng =
                 StdRng::seed_from_u64(b.args.seed ^ ((entry as u64) << 32) ^ context as u64);

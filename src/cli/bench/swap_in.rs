@@ -170,7 +170,7 @@ impl State {
         // The host cache, row j filled with a byte pattern of j, in the pool.
         let host_rows = r * c;
         let layout = LayerFirstLayout::new(item, 1, host_rows as u32)?;
-        let pool = Pool::create(layout, b.pool_device(Pool::device_bytes_for(&layout, 1)))?;
+        let pool = Pool::create(layout, b.pool_device(Pool::device_bytes_for(&layout, 1)?))?;
         let host_region = pool.alloc_region()?;
         let chunk = 4096usize;
         let mut bytes = vec![0u8; chunk * item as usize];

@@ -60,7 +60,7 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
         let layout = LayerFirstLayout::new(entry, b.args.layers, DECODE_TOKENS)?;
         let pool = Pool::create(
             layout,
-            b.pool_device(Pool::device_bytes_for(&layout, max_batch)),
+            b.pool_device(Pool::device_bytes_for(&layout, max_batch)?),
         )?;
         let regions: Vec<Region> = (0..max_batch)
             .map(|_| pool.alloc_region())
@@ -197,7 +197,7 @@ impl Point<'_> {
 /// `src_rows[t]` of the layer's KV buffer (a random permutation).
 fn prefill(b: &Bench, entry: u32, tokens: u32) -> kvtier::Result<Vec<Measurement>> {
     let layout = LayerFirstLayout::new(entry, 1, tokens)?;
-    let pool = Pool::create(layout, b.pool_device(Pool::device_bytes_for(&layout, 1)))?;
+    let pool = Pool::create(layout, b.pool_device(Pool::device_bytes_for(&layout, 1)?))?;
     let region = pool.alloc_region()?;
     let mut tier = Tier::new(pool.clone(), b.exec.clone(), 1)?;
     tier.bind_slot(0, &region, Stream::null())?;
