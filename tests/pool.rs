@@ -295,6 +295,31 @@ fn worker(orders: &str) -> Worker {
     )
 }
 
+/// A worker in PID and user namespaces of its own (`unshare -Urpf
+/// --mount-proc`), as a container sharing the pool's files runs: its pid
+/// means nothing here. A machine where unshare cannot run fails the test.
+fn worker_in_namespace(orders: &str) -> Worker {
+    Worker(
+        Command::new("unshare")
+            .args(["-Urpf", "--mount-proc", "--kill-child"])
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "pool_worker",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+                "--quiet",
+            ])
+            .env(WORKER_ENV, orders)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("unshare runs (user and PID namespaces are needed for this test)"),
+    )
+}
+
 /// Waits for the worker to print a line starting with `prefix`; returns it.
 fn wait_line(child: &mut Worker, prefix: &str) -> String {
     let out = child.stdout.as_mut().unwrap();
@@ -532,16 +557,24 @@ fn crashes_at_random_points_leak_nothing_and_publish_nothing_partial() {
     let spec = specs_arg(&devices);
     let mut rng = StdRng::seed_from_u64(42);
     let mut seed = 0u64;
+    // every other worker runs in PID and user namespaces of its own
     let mut spawn = |rng: &mut StdRng| {
         seed += 1;
-        worker(&format!(
-            "chaos;{spec};{seed};{}",
-            rng.random_range(300..1500)
-        ))
+        let orders = format!("chaos;{spec};{seed};{}", rng.random_range(300..1500));
+        if seed % 2 == 0 {
+            worker_in_namespace(&orders)
+        } else {
+            worker(&orders)
+        }
     };
     let mut workers: Vec<Worker> = (0..6).map(|_| spawn(&mut rng)).collect();
     let (mut killed, mut finished) = (0, 0);
-    let end = Instant::now() + Duration::from_secs(3);
+    // three seconds in CI; KVTIER_CHAOS_SECS for a long run
+    let secs = std::env::var("KVTIER_CHAOS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let end = Instant::now() + Duration::from_secs(secs);
     while Instant::now() < end {
         std::thread::sleep(Duration::from_millis(rng.random_range(20..120)));
         let i = rng.random_range(0..workers.len());
@@ -581,6 +614,24 @@ fn crashes_at_random_points_leak_nothing_and_publish_nothing_partial() {
         "killed {killed}, finished {finished}"
     );
 
+    // a namespaced worker dies a moment after its unshare
+    let t0 = Instant::now();
+    while Pool::open(devices.clone(), inspect())
+        .unwrap()
+        .regions()
+        .iter()
+        .any(|r| {
+            r.owner
+                .as_ref()
+                .is_some_and(|o| o.liveness != Liveness::Dead)
+        })
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "every worker has exited"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let look = Pool::open(devices.clone(), inspect()).unwrap();
     let report = look.check();
     assert!(report.problems.is_empty(), "{report:?}");
@@ -989,25 +1040,7 @@ fn a_holder_in_another_pid_namespace_is_not_reclaimed_while_it_lives() {
     let devices = dir.devices(1, 4);
     drop(Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap());
     let orders = format!("hold;{};2;1", specs_arg(&devices));
-    let mut holder = Worker(
-        Command::new("unshare")
-            .args(["-Urpf", "--mount-proc", "--kill-child"])
-            .arg(std::env::current_exe().unwrap())
-            .args([
-                "pool_worker",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-                "--quiet",
-            ])
-            .env(WORKER_ENV, &orders)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("unshare runs (user and PID namespaces are needed for this test)"),
-    );
+    let mut holder = worker_in_namespace(&orders);
     wait_line(&mut holder, "held");
     let total = {
         let p = Pool::open(devices.clone(), inspect()).unwrap();
