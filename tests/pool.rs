@@ -561,7 +561,7 @@ fn crashes_at_random_points_leak_nothing_and_publish_nothing_partial() {
     let mut spawn = |rng: &mut StdRng| {
         seed += 1;
         let orders = format!("chaos;{spec};{seed};{}", rng.random_range(300..1500));
-        if seed % 2 == 0 {
+        if seed.is_multiple_of(2) {
             worker_in_namespace(&orders)
         } else {
             worker(&orders)

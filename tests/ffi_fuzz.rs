@@ -1,0 +1,357 @@
+//! The C ABI on random and hostile arguments (fixed seeds, a fixed number of
+//! cases): every call returns a status, nothing crashes. Buffers point into
+//! real allocations at least as long as they claim (the header's contract);
+//! everything else is random: layouts, device strings, counts, strides,
+//! batch sizes, index values, null pointers.
+
+use std::ffi::{CString, c_char};
+use std::ptr::{null, null_mut};
+
+use kvtier::ffi::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn device_string(rng: &mut StdRng, dir: &std::path::Path) -> CString {
+    let s = match rng.random_range(0..12) {
+        0 => format!("anon:{}", rng.random_range(1u64..64 << 20)),
+        1 => "anon:4MiB".to_string(),
+        2 => format!("numa:{}:4MiB", rng.random_range(0..3)),
+        3 => format!("file:{}/f{}:4MiB", dir.display(), rng.random_range(0..4)),
+        4 => format!("file:{}/f{}", dir.display(), rng.random_range(0..4)),
+        5 => format!("dax:/dev/dax{}.0", rng.random_range(0..3)),
+        6 => "anon:0".into(),
+        7 => "anon:99999999999999999999".into(),
+        8 => "tape:1GiB".into(),
+        9 => format!(
+            "file:{}/../{}:1MiB",
+            dir.display(),
+            "x".repeat(rng.random_range(0..300))
+        ),
+        10 => String::from_utf8_lossy(
+            &(0..rng.random_range(0..40))
+                .map(|_| rng.random_range(1u8..=255))
+                .collect::<Vec<_>>(),
+        )
+        .into_owned(),
+        _ => "numa:0+0:1MiB".into(),
+    };
+    CString::new(s.replace('\0', "")).unwrap()
+}
+
+fn layout(rng: &mut StdRng) -> KvtLayout {
+    let pick = |rng: &mut StdRng, small: u32| match rng.random_range(0..4) {
+        0 => 0,
+        1 => u32::MAX - rng.random_range(0..8),
+        _ => rng.random_range(1..small),
+    };
+    KvtLayout {
+        entry_bytes: pick(rng, 1200) & !7 | if rng.random_bool(0.1) { 3 } else { 0 },
+        layers: pick(rng, 8),
+        tokens_per_region: pick(rng, 64),
+    }
+}
+
+#[test]
+fn pool_calls_return_a_status_on_any_input() {
+    let dir = std::env::temp_dir().join(format!("kvtier-ffi-fuzz-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rng = StdRng::seed_from_u64(0xabc);
+    for _ in 0..1500 {
+        let devices: Vec<CString> = (0..rng.random_range(0..4))
+            .map(|_| device_string(&mut rng, &dir))
+            .collect();
+        let mut ptrs: Vec<*const c_char> = devices.iter().map(|d| d.as_ptr()).collect();
+        if rng.random_bool(0.05) && !ptrs.is_empty() {
+            ptrs[0] = null();
+        }
+        let n = if rng.random_bool(0.05) {
+            ptrs.len() + 20
+        } else {
+            ptrs.len()
+        }
+        .min(ptrs.len());
+        let l = layout(&mut rng);
+        let opts = KvtPoolOptions {
+            rank: rng.random_range(0..4),
+            ranks: rng.random_range(0..4),
+            clients: if rng.random_bool(0.2) {
+                rng.random()
+            } else {
+                rng.random_range(0..8)
+            },
+            register_flags: 0,
+        };
+        let opts_ptr = if rng.random_bool(0.3) {
+            null()
+        } else {
+            &opts as *const _
+        };
+        let devs = if rng.random_bool(0.05) {
+            null()
+        } else {
+            ptrs.as_ptr()
+        };
+        let mut pool: *mut KvtPool = null_mut();
+        // SAFETY: every pointer is null or valid for what it claims.
+        let s = unsafe {
+            match rng.random_range(0..3) {
+                0 => kvt_pool_create(&l, devs, n, opts_ptr, &mut pool),
+                1 => kvt_pool_open(devs, n, opts_ptr, &mut pool),
+                _ => kvt_pool_open_or_create(&l, devs, n, opts_ptr, &mut pool),
+            }
+        };
+        assert_eq!(s == KVT_OK, !pool.is_null());
+        let mut bytes = 0u64;
+        let mut cap = KvtDeviceCapacity {
+            bytes: 0,
+            host_dram: 0,
+            pinnable: 0,
+        };
+        // SAFETY: as above.
+        unsafe {
+            let _ = kvt_pool_device_bytes_for(&l, rng.random(), &mut bytes);
+            if let Some(d) = devices.first() {
+                let _ = kvt_device_capacity_get(d.as_ptr(), &mut cap);
+            }
+            if !pool.is_null() {
+                let mut info: KvtPoolInfo = std::mem::zeroed();
+                let _ = kvt_pool_info_get(pool, &mut info);
+                let mut region: *mut KvtRegion = null_mut();
+                if kvt_region_alloc(pool, rng.random(), &mut region) == KVT_OK {
+                    let mut ri: KvtRegionInfo = std::mem::zeroed();
+                    let _ = kvt_region_info_get(region, &mut ri);
+                    let _ = kvt_region_publish(region);
+                    let _ = kvt_region_free(region);
+                }
+                kvt_pool_close(pool);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn swap_in_calls_return_a_status_on_any_input() {
+    let mut rng = StdRng::seed_from_u64(0xdef);
+    let mut engine: *mut KvtSwapIn = null_mut();
+    // SAFETY: an out pointer to a local.
+    assert_eq!(
+        unsafe { kvt_swap_in_create(KVT_EXECUTOR_CPU, &mut engine) },
+        KVT_OK
+    );
+    // SAFETY: a live engine.
+    assert_eq!(unsafe { kvt_swap_in_reserve(engine, 8, 64) }, KVT_OK);
+    let value = |rng: &mut StdRng| -> i64 {
+        match rng.random_range(0..8) {
+            0 => -rng.random_range(1..100),
+            1 => rng.random_range(0..1 << 40),
+            _ => rng.random_range(0..24),
+        }
+    };
+    let (mut ran, mut reported, mut refused) = (0, 0, 0);
+    for _ in 0..3000 {
+        // Half the cases are shaped to pass the argument checks, so that the
+        // policy and the copies run on hostile values; the rest are random.
+        let shaped = rng.random_bool(0.5);
+        let batch = rng.random_range(0..5usize);
+        let k = if shaped {
+            rng.random_range(1..6u32)
+        } else {
+            rng.random_range(0..10)
+        };
+        let hot = if shaped {
+            k + rng.random_range(0..4)
+        } else {
+            rng.random_range(0..12)
+        };
+        let requests = if shaped {
+            rng.random_range(1..5u32)
+        } else {
+            rng.random_range(0..6)
+        };
+        let max_tokens = if shaped {
+            rng.random_range(1..20u32)
+        } else {
+            rng.random_range(0..30)
+        };
+        let cells = 200;
+        let fill32 =
+            |rng: &mut StdRng| -> Vec<i32> { (0..cells).map(|_| value(rng) as i32).collect() };
+        let (mut topk, mut tokens, mut locs, mut out, mut dst) = (
+            fill32(&mut rng),
+            fill32(&mut rng),
+            fill32(&mut rng),
+            fill32(&mut rng),
+            fill32(&mut rng),
+        );
+        let mut lru: Vec<i16> = (0..cells).map(|_| value(&mut rng) as i16).collect();
+        let mut host_locs: Vec<i64> = (0..cells).map(|_| value(&mut rng)).collect();
+        let mut src: Vec<i64> = (0..cells).map(|_| value(&mut rng)).collect();
+        let mut req: Vec<i64> = (0..batch).map(|_| value(&mut rng)).collect();
+        let mut seq: Vec<i32> = (0..batch).map(|_| value(&mut rng) as i32).collect();
+        let mut cnt: Vec<i32> = (0..batch.max(1)).map(|_| value(&mut rng) as i32).collect();
+        let mut nr = vec![value(&mut rng) as i32];
+        let item = if shaped {
+            16
+        } else {
+            [8u32, 16, 64, 0, 7][rng.random_range(0..5)]
+        };
+        let mut host = vec![0u8; rng.random_range(0..2048)];
+        let mut dev = vec![0u8; rng.random_range(0..2048)];
+        let items = KvtItems {
+            rows_per_page: if shaped || rng.random_bool(0.9) {
+                1
+            } else {
+                rng.random_range(0..70)
+            },
+            value_bytes: item,
+            scale_bytes: if shaped || rng.random_bool(0.9) {
+                0
+            } else {
+                rng.random_range(0..16)
+            },
+            _reserved: 0,
+            page_bytes: if shaped || rng.random_bool(0.9) {
+                item as u64
+            } else {
+                rng.random_range(0..4096)
+            },
+        };
+        let mut brng = StdRng::seed_from_u64(rng.random());
+        let mut b = |mem_ptr: *mut std::ffi::c_void, mem_len: usize| -> KvtBuf {
+            if shaped || brng.random_bool(0.8) {
+                KvtBuf {
+                    ptr: mem_ptr,
+                    len: mem_len as u64,
+                }
+            } else if brng.random_bool(0.1) {
+                KvtBuf {
+                    ptr: null_mut(),
+                    len: brng.random_range(0..4),
+                }
+            } else {
+                KvtBuf {
+                    ptr: mem_ptr,
+                    len: brng.random_range(0..=mem_len) as u64,
+                }
+            }
+        };
+        macro_rules! b {
+            ($v:expr) => {
+                b($v.as_mut_ptr() as *mut std::ffi::c_void, $v.len())
+            };
+        }
+        let empty = KvtBuf {
+            ptr: null_mut(),
+            len: 0,
+        };
+        let planned = rng.random_bool(0.3);
+        let (ts, tok_s, loc_s, lru_s, host_s, out_s) = if shaped {
+            (
+                k as u64,
+                hot as u64,
+                hot as u64 + 1,
+                hot as u64,
+                max_tokens as u64,
+                k as u64,
+            )
+        } else {
+            let mut r = || rng.random_range(0..16u64);
+            (r(), r(), r(), r(), r(), r())
+        };
+        let a = KvtSwapInArgs {
+            top_k_tokens: b!(topk),
+            top_k_stride: ts,
+            device_buffer_tokens: b!(tokens),
+            tokens_stride: tok_s,
+            device_buffer_locs: b!(locs),
+            locs_stride: loc_s,
+            lru_slots: b!(lru),
+            lru_stride: lru_s,
+            host_cache_locs: b!(host_locs),
+            host_stride: host_s,
+            kv: KvtKvBuffers {
+                items,
+                host_cache: b!(host),
+                device_buffer: b!(dev),
+                host_cache_v: empty,
+                device_buffer_v: empty,
+            },
+            top_k_device_locs: b!(out),
+            out_stride: out_s,
+            req_pool_indices: b!(req),
+            seq_lens: b!(seq),
+            num_real_reqs: if planned || rng.random_bool(0.5) {
+                b!(nr)
+            } else {
+                empty
+            },
+            miss_src: if planned { b!(src) } else { empty },
+            miss_dst: if planned { b!(dst) } else { empty },
+            miss_count: if planned { b!(cnt) } else { empty },
+            miss_stride: if shaped {
+                k as u64
+            } else {
+                rng.random_range(0..16)
+            },
+            miss_capacity: if shaped {
+                k as u64
+            } else {
+                rng.random_range(0..16)
+            },
+            req_pool_indices_type: if shaped {
+                KVT_INDEX_INT64
+            } else {
+                rng.random_range(0..4)
+            },
+            seq_lens_type: KVT_INDEX_INT32,
+            max_tokens,
+            num_requests: requests,
+            num_top_k: k,
+            hot_buffer_size: hot,
+            block_tokens: if shaped { 0 } else { rng.random_range(0..3) },
+            skip_io: rng.random_range(0..2),
+        };
+        // SAFETY: every buffer points into an allocation at least as long
+        // as it claims; the engine is live.
+        match unsafe { kvt_swap_in_run(engine, &a, 0, null_mut()) } {
+            KVT_OK => ran += 1,
+            KVT_BAD_INDICES => reported += 1,
+            _ => refused += 1,
+        }
+        let p = KvtPlannedCopyArgs {
+            miss_src: b!(src),
+            miss_dst: b!(dst),
+            miss_count: b!(cnt),
+            miss_stride: if shaped {
+                k as u64
+            } else {
+                rng.random_range(0..16)
+            },
+            miss_capacity: if shaped {
+                k as u64
+            } else {
+                rng.random_range(0..16)
+            },
+            num_real_reqs: b!(nr),
+            kv: KvtKvBuffers {
+                items,
+                host_cache: b!(host),
+                device_buffer: b!(dev),
+                host_cache_v: empty,
+                device_buffer_v: empty,
+            },
+            warps: rng.random_range(0..64),
+            skip_io: 0,
+        };
+        // SAFETY: as above.
+        let _ = unsafe { kvt_swap_in_copy_planned(engine, &p, null_mut()) };
+    }
+    eprintln!("{ran} ran, {reported} reported bad indices, {refused} refused");
+    assert!(
+        ran > 0 && reported > 0 && refused > 0,
+        "{ran} ran, {reported} reported, {refused} refused"
+    );
+    // SAFETY: a live engine, not used afterwards.
+    unsafe { kvt_swap_in_destroy(engine) };
+}
