@@ -175,6 +175,34 @@ fn bad_arguments_fail_plainly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot hold the pool's tables"), "{err}");
+    // errors name the flags the user typed
+    let (ok, _, err) = kvtier(&[
+        "pool",
+        "create",
+        "--device",
+        "anon:8MiB",
+        "--entry",
+        "650",
+        "--layers",
+        "1",
+        "--tokens",
+        "4",
+    ]);
+    assert!(!ok && err.contains("`--entry`: 650"), "{err}");
+    let (ok, _, err) = kvtier(&[
+        "pool",
+        "create",
+        "--device",
+        "dax:/dev/dax77.7",
+        "--layers",
+        "1",
+        "--tokens",
+        "4",
+    ]);
+    assert!(
+        !ok && err.contains("kvtier info") && err.contains("daxctl"),
+        "{err}"
+    );
     for mode in ["400", "999", "rw"] {
         let (ok, _, err) = kvtier(&[
             "pool",

@@ -963,6 +963,20 @@ fn pool_files_are_private_and_never_clobbered() {
     ));
     assert!(err.contains("not a kvtier pool"), "{err}");
     assert_eq!(std::fs::read(&other).unwrap(), b"precious");
+    // a create that fails removes the files it made
+    for spec in [
+        DeviceSpec::file(dir.0.join("tiny"), 1 << 20),
+        DeviceSpec::File {
+            path: dir.0.join("sizeless"),
+            bytes: None,
+        },
+    ] {
+        let DeviceSpec::File { path, .. } = &spec else {
+            unreachable!()
+        };
+        assert!(Pool::create_on(layout(), vec![spec.clone()], PoolOptions::default()).is_err());
+        assert!(!path.exists(), "{} was left behind", path.display());
+    }
     // a directory is not a device
     let err = pool_error(Pool::create_on(
         layout(),

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use clap::{Args, Subcommand};
-use kvtier::pool::{Coherence, Liveness, PoolOptions, RegionState, format_size};
+use kvtier::pool::{Coherence, Liveness, PoolOptions, RegionState, human_size};
 use kvtier::{DeviceSpec, EntryFormat, LayerFirstLayout, Pool};
 
 #[derive(Debug, Subcommand)]
@@ -105,6 +105,34 @@ impl DevicesArgs {
 }
 
 pub fn run(cmd: PoolCommand) -> kvtier::Result<()> {
+    run_command(cmd).map_err(in_the_users_words)
+}
+
+/// The library names arguments as its API does; here the user typed flags.
+fn in_the_users_words(e: kvtier::Error) -> kvtier::Error {
+    let flag = |arg: &str| match arg {
+        "coherence" => Some("--hosts/--host"),
+        "entry_bytes" => Some("--entry"),
+        "layers" => Some("--layers"),
+        "tokens_per_region" => Some("--tokens"),
+        "clients" => Some("--clients"),
+        "rank" => Some("--rank"),
+        _ => None,
+    };
+    match e {
+        kvtier::Error::InvalidArgument { arg, msg } => match flag(arg) {
+            Some(f) => kvtier::Error::InvalidArgument { arg: f, msg },
+            None => kvtier::Error::InvalidArgument { arg, msg },
+        },
+        kvtier::Error::Pool(msg) => kvtier::Error::Pool(msg.replace(
+            "or destroy with force",
+            "or run `kvtier pool destroy --force`",
+        )),
+        other => other,
+    }
+}
+
+fn run_command(cmd: PoolCommand) -> kvtier::Result<()> {
     match cmd {
         PoolCommand::Create(a) => {
             let entry = a.entry.parse::<EntryFormat>()?.bytes();
@@ -120,7 +148,7 @@ pub fn run(cmd: PoolCommand) -> kvtier::Result<()> {
                 hex(&pool.uuid()),
                 pool.devices().len(),
                 pool.num_regions(),
-                format_size(pool.region_stride()),
+                human_size(pool.region_stride()),
                 entry,
                 a.layers,
                 a.tokens
@@ -185,7 +213,7 @@ fn print_status(pool: &Pool) {
         l.entry_bytes(),
         l.layers(),
         l.tokens_per_region(),
-        format_size(pool.region_stride())
+        human_size(pool.region_stride())
     );
     let regions = pool.regions();
     println!(
@@ -209,7 +237,7 @@ fn print_status(pool: &Pool) {
         println!(
             "  {i:>2}  {:<40} {:>10}  {:>6} regions  {:>6} free{readers}",
             d.spec,
-            format_size(d.bytes),
+            human_size(d.bytes),
             d.regions,
             d.free
         );
@@ -221,8 +249,8 @@ fn print_status(pool: &Pool) {
         count(RegionState::Free),
         count(RegionState::Allocated),
         count(RegionState::Ready),
-        format_size((regions.len() - count(RegionState::Free)) as u64 * pool.region_stride()),
-        format_size(regions.len() as u64 * pool.region_stride()),
+        human_size((regions.len() - count(RegionState::Free)) as u64 * pool.region_stride()),
+        human_size(regions.len() as u64 * pool.region_stride()),
     );
     let mut owners: BTreeMap<(u16, u32), (Liveness, usize, usize)> = BTreeMap::new();
     for r in &regions {

@@ -334,7 +334,24 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok(bytes)
 }
 
-/// `bytes` in the largest binary unit that divides it.
+/// `bytes` for a person: the largest binary unit it reaches, with one
+/// decimal where it is not whole (`38.2 MiB`, `64 GiB`, `656 B`).
+pub fn human_size(bytes: u64) -> String {
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes >= 1 << shift {
+            let v = bytes as f64 / (1u64 << shift) as f64;
+            return if bytes.is_multiple_of(1 << shift) {
+                format!("{} {unit}", bytes >> shift)
+            } else {
+                format!("{v:.1} {unit}")
+            };
+        }
+    }
+    format!("{bytes} B")
+}
+
+/// `bytes` in the largest binary unit that divides it, exactly (the device
+/// spec syntax, which parses back to the same number).
 pub fn format_size(bytes: u64) -> String {
     for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
         if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
@@ -387,8 +404,7 @@ impl MappedDevice {
                 map
             }
             DeviceSpec::Dax { path, bytes } => {
-                let meta =
-                    std::fs::metadata(path).map_err(io(format!("opening {}", path.display())))?;
+                let meta = std::fs::metadata(path).map_err(opening_dax(path))?;
                 if !meta.file_type().is_char_device() {
                     return Err(invalid(
                         "device",
@@ -489,6 +505,8 @@ impl CreateLock {
                             path.display()
                         ),
                     )
+                } else if matches!(spec, DeviceSpec::Dax { .. }) {
+                    opening_dax(path)(e)
                 } else {
                     io(format!("opening {}", path.display()))(e)
                 }
@@ -543,6 +561,25 @@ pub(crate) fn peek_magic(spec: &DeviceSpec) -> Result<Option<[u8; 8]>> {
     Ok(Some(unsafe {
         std::ptr::read_volatile(m.ptr() as *const [u8; 8])
     }))
+}
+
+/// The error for a dax device that cannot be opened; a missing one says how
+/// to find and make one.
+fn opening_dax(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            invalid(
+                "device",
+                format!(
+                    "{} does not exist: `kvtier info` lists this machine's DAX devices, and `daxctl \
+                     create-device` (ndctl) makes one from a CXL memory region",
+                    path.display()
+                ),
+            )
+        } else {
+            io(format!("opening {}", path.display()))(e)
+        }
+    }
 }
 
 fn io(context: String) -> impl FnOnce(std::io::Error) -> Error {
@@ -1006,7 +1043,10 @@ mod tests {
         .err()
         .unwrap()
         .to_string();
-        assert!(err.contains("/dev/dax-nonexistent"), "{err}");
+        assert!(
+            err.contains("/dev/dax-nonexistent") && err.contains("kvtier info"),
+            "{err}"
+        );
         let err = MappedDevice::map(&"file:/nonexistent-dir/x".parse().unwrap(), MapMode::Open)
             .err()
             .unwrap()
@@ -1075,6 +1115,14 @@ mod tests {
             on.windows(2).all(|w| w[0] != w[1]),
             "pages alternate: {on:?}"
         );
+    }
+
+    #[test]
+    fn human_sizes_read_as_a_person_writes_them() {
+        assert_eq!(human_size(40_017_920), "38.2 MiB");
+        assert_eq!(human_size(64 << 30), "64 GiB");
+        assert_eq!(human_size(656), "656 B");
+        assert_eq!(human_size(1536), "1.5 KiB");
     }
 
     #[test]

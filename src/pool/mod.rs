@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use device::{
-    DeviceCapacity, DeviceSpec, MapMode, device_capacity, format_size, node_of, numa_nodes,
-    parse_size,
+    DeviceCapacity, DeviceSpec, MapMode, device_capacity, format_size, human_size, node_of,
+    numa_nodes, parse_size,
 };
 pub use identity::{Liveness, ProcessIdentity};
 pub use metadata::{Coherence, DEFAULT_CLIENTS, MAX_CLIENTS, MAX_DEVICES, RegionState, VERSION};
@@ -252,13 +252,31 @@ impl Pool {
         options: PoolOptions,
     ) -> Result<Arc<Pool>> {
         check_options(&devices, &options)?;
-        // Two processes creating on the same shared devices at once: one
-        // wins, the other finds the pool and is refused.
-        let _lock = match devices[0].is_shared() {
-            true => Some(device::CreateLock::acquire(&devices[0], options.file_mode)?),
-            false => None,
-        };
-        Pool::create_locked(layout, devices, options)
+        // Files this create makes are removed again if it fails.
+        let new_files: Vec<std::path::PathBuf> = devices
+            .iter()
+            .filter_map(|d| match d {
+                DeviceSpec::File { path, .. } if std::fs::symlink_metadata(path).is_err() => {
+                    Some(path.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        let created = (|| {
+            // Two processes creating on the same shared devices at once: one
+            // wins, the other finds the pool and is refused.
+            let _lock = match devices[0].is_shared() {
+                true => Some(device::CreateLock::acquire(&devices[0], options.file_mode)?),
+                false => None,
+            };
+            Pool::create_locked(layout, devices, options)
+        })();
+        if created.is_err() {
+            for path in &new_files {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        created
     }
 
     /// [`Pool::create_on`], the caller holding the create lock (or the
