@@ -1,6 +1,6 @@
 //! The crate's error type.
 
-use crate::error_word::BadIndexReport;
+use crate::error_word::{BadIndexReport, ErrorWord};
 use cudarc::driver::DriverError;
 
 /// Everything that can go wrong in kvtier, with a message that names the
@@ -62,5 +62,18 @@ pub(crate) trait DriverContext<T> {
 impl<T> DriverContext<T> for std::result::Result<T, DriverError> {
     fn call(self, call: &'static str) -> Result<T> {
         self.map_err(|err| Error::Driver { call, err })
+    }
+}
+
+// Here, not in error_word.rs, so that the error word needs nothing of the
+// error type (dependencies point one way: error -> error_word).
+impl ErrorWord {
+    /// Ok when clear, else [`Error::BadIndices`] with the decoded report.
+    pub fn into_result(self) -> Result<()> {
+        if self.is_clear() {
+            Ok(())
+        } else {
+            Err(Error::BadIndices(BadIndexReport::decode(&self)))
+        }
     }
 }

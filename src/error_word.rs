@@ -15,7 +15,6 @@ use crate::abi::{
     KVT_ERR_SWAP_SLOT_LOC, KVT_ERR_SWAP_TOKEN, KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW,
     KVT_ERR_WRITEBACK_TOKEN, kvt_error_word,
 };
-use crate::error::{Error, Result};
 
 /// An error word: which kinds of bad index occurred, how many entries were
 /// refused, and the first (lowest-position) bad entry of each kind.
@@ -61,15 +60,6 @@ impl ErrorWord {
         self.0.count = self.0.count.wrapping_add(other.0.count);
         for (a, b) in self.0.first.iter_mut().zip(other.0.first) {
             *a = (*a).min(b);
-        }
-    }
-
-    /// Ok when clear, else [`Error::BadIndices`] with the decoded report.
-    pub fn into_result(self) -> Result<()> {
-        if self.is_clear() {
-            Ok(())
-        } else {
-            Err(Error::BadIndices(BadIndexReport::decode(&self)))
         }
     }
 }
