@@ -203,6 +203,26 @@ fn bad_arguments_fail_plainly() {
         !ok && err.contains("kvtier info") && err.contains("daxctl"),
         "{err}"
     );
+    // output paths are checked before anything is measured
+    let t0 = std::time::Instant::now();
+    let (ok, out, err) = kvtier(&["bench", "--quick", "--json", "/nonexistent-dir/b.jsonl"]);
+    assert!(
+        !ok && err.contains("`--json`: cannot write /nonexistent-dir/b.jsonl"),
+        "{err}"
+    );
+    assert!(
+        !out.contains("GB/s") && t0.elapsed() < std::time::Duration::from_secs(5),
+        "{out}"
+    );
+    let (ok, _, err) = kvtier(&[
+        "bench",
+        "--quick",
+        "--plot",
+        "/tmp/kvtier-p.png",
+        "--plot-font",
+        "/no/font.ttf",
+    ]);
+    assert!(!ok && err.contains("--plot-font"), "{err}");
     for mode in ["400", "999", "rw"] {
         let (ok, _, err) = kvtier(&[
             "pool",

@@ -92,10 +92,15 @@ pub struct BenchArgs {
     /// GPU ordinal for the CUDA executor.
     #[arg(long, default_value_t = 0)]
     device: usize,
-    /// A small grid of every scenario, few iterations (well under a minute
+    /// A small grid of every scenario, few iterations (about a second
     /// without a GPU; CI runs it).
     #[arg(long)]
     quick: bool,
+    /// The full grid on the CPU executor too (several minutes and several
+    /// GB). Without it the CPU executor runs a grid of about a minute; on a
+    /// GPU the full grid is the default.
+    #[arg(long, conflicts_with = "quick")]
+    full: bool,
     /// Seed of the index and data generator.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -401,8 +406,27 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
             "need at least one iteration and batch sizes >= 1",
         ));
     }
+    // A typo in an output path or a missing font must not cost the run.
+    check_outputs(&args)?;
     pool_budget(&args)?;
     let (exec, why_cpu) = choose_executor(&args)?;
+    if !args.quick && !args.full && matches!(exec, Executor::Cpu) {
+        // About a minute on a CPU: fewer points and samples than the full
+        // grid, every scenario and method still there.
+        let keep = |v: &mut Vec<u32>, d: &[u32]| {
+            if v.is_empty() {
+                *v = d.to_vec();
+            }
+        };
+        keep(&mut args.k, &[256, 2048]);
+        keep(&mut args.batch, &[1, 8, 64]);
+        keep(&mut args.context, &[32768]);
+        keep(&mut args.prefill_tokens, &[1024, 8192]);
+        args.hot.truncate(1);
+        args.iters = args.iters.min(20);
+        args.warmup = args.warmup.min(3);
+        args.max_seconds = args.max_seconds.min(1.0);
+    }
     let env = report::Environment::probe(&exec, why_cpu.as_deref());
     println!("{}", env.banner());
 
@@ -431,6 +455,19 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
             .expect("a valid template"),
     );
     let bench = Bench { progress, ..bench };
+    println!(
+        "plan: {total} grid points, each method timed {} times after {} warm-up calls (at most {} s per \
+         measurement); the gather pool uses up to {}{}",
+        args.iters,
+        args.warmup,
+        args.max_seconds,
+        kvtier::pool::human_size(pool_budget(&args)?),
+        if args.quick || args.full || !matches!(bench.exec, Executor::Cpu) {
+            String::new()
+        } else {
+            "; the CPU executor's default grid (about a minute): --full for all of it".into()
+        }
+    );
 
     let mut all = Vec::new();
     for s in scenarios {
@@ -464,6 +501,28 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
 
 /// `--pool-memory` in bytes: the size given, or (auto) 8 GiB or half the
 /// available memory, whichever is less.
+/// Opens every output path for writing (and finds the plot's font) before
+/// anything is measured; a file made here is removed again.
+fn check_outputs(args: &BenchArgs) -> kvtier::Result<()> {
+    for (flag, path) in [("--json", &args.json), ("--plot", &args.plot)] {
+        let Some(path) = path else { continue };
+        let existed = path.exists();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| invalid(flag, format!("cannot write {}: {e}", path.display())))?;
+        if !existed {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    if args.plot.is_some() {
+        report::find_font(args.plot_font.as_deref())?;
+    }
+    Ok(())
+}
+
 fn pool_budget(args: &BenchArgs) -> kvtier::Result<u64> {
     if args.pool_memory != "auto" {
         return parse_size(&args.pool_memory);

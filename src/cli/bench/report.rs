@@ -293,8 +293,14 @@ fn get(m: &Measurement, key: &str) -> Option<serde_json::Value> {
 
 /// A TrueType font for the plot: `--plot-font`, else a common one found
 /// under the system's font directories.
-fn find_font(given: Option<&Path>) -> kvtier::Result<PathBuf> {
+pub(super) fn find_font(given: Option<&Path>) -> kvtier::Result<PathBuf> {
     if let Some(p) = given {
+        if !p.is_file() {
+            return Err(kvtier::Error::InvalidArgument {
+                arg: "--plot-font",
+                msg: format!("{} is not a font file", p.display()),
+            });
+        }
         return Ok(p.to_path_buf());
     }
     let mut found: BTreeSet<PathBuf> = BTreeSet::new();
