@@ -261,3 +261,12 @@ def test_the_launcher_refuses_a_bad_config(fake_sglang, tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode != 0
     assert "KvtierError" in run.stderr and "tape:0" in run.stderr
+
+
+def test_a_library_without_kernels_leaves_the_swap_in_to_sglang(fake_sglang, monkeypatch):
+    monkeypatch.setattr(compat, "kernels_built", lambda: False)
+    rep = kvtier.sglang.report(kvtier.sglang.KvtierConfig(devices=["anon"]))
+    routes = {r.name: r for r in rep.routes}
+    for name in SERVED:
+        assert routes[name].served_by == "SGLang" and "no CUDA kernels" in routes[name].why, routes[name]
+    assert routes["MLATokenToKVPoolHost"].served_by == "kvtier", "the host pool needs no kernels"

@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._lib import library
 from .._swap_in import swap_in_limits
 from .capacity import device_problem
 
@@ -325,6 +326,11 @@ def host_pool_routes(names: set, config) -> list:
     return routes
 
 
+def kernels_built() -> bool:
+    """Whether the loaded library carries its CUDA kernels."""
+    return bool(library().kvt_kernels_built())
+
+
 def hisparse_limit_refusal(hisparse_config) -> str | None:
     """Why kvtier's swap-in cannot serve SGLang's `--hisparse-config` (a JSON
     string), or None. SGLang's hot buffer is ``device_buffer_size`` slots per
@@ -387,6 +393,14 @@ def report(config=None, hisparse_config=None) -> Report:
         for route in routes:
             if route.served_by == "kvtier":
                 route.served_by, route.why = "SGLang", "swap_in is off in the kvtier config"
+    elif not kernels_built():
+        # SGLang runs on CUDA: kvtier's entry points would refuse its tensors
+        for route in routes:
+            if route.served_by == "kvtier":
+                route.served_by, route.why = "SGLang", (
+                    "this libkvtier.so has no CUDA kernels (it was built without nvcc); rebuild it with "
+                    "scripts/bench.sh, or with NVCC set, to serve the swap-in"
+                )
     r.routes = routes + host_pool_routes(names, config)
     r.installs = True
     return r
