@@ -372,7 +372,9 @@ pub(super) fn plot(
         context: format!("drawing {}", path.display()),
         source: std::io::Error::other(e),
     };
-    let (w, row_h, header) = (1600u32, 340u32, 60u32);
+    // A row per slice of the grid: latency, bandwidth, then the row's
+    // legend beside them (never over the data).
+    let (w, row_h, header, legend_w) = (1800u32, 340u32, 60u32, 300u32);
     let root =
         BitMapBackend::new(path, (w, header + row_h * panels.len() as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
@@ -386,9 +388,16 @@ pub(super) fn plot(
         (20, 18),
     )
     .map_err(|e| err(e.to_string()))?;
-    let rows = body.split_evenly((panels.len(), 2));
-    for (i, p) in panels.iter().enumerate() {
-        for (j, area) in rows[2 * i..2 * i + 2].iter().enumerate() {
+    let rows = body.split_evenly((panels.len(), 1));
+    for (p, row) in panels.iter().zip(&rows) {
+        let (charts, legend) = row.split_horizontally(w - legend_w);
+        draw_legend(
+            &legend,
+            &p.series.iter().map(|(m, _)| *m).collect::<Vec<_>>(),
+        )
+        .map_err(err)?;
+        let charts = charts.split_evenly((1, 2));
+        for (j, area) in charts.iter().enumerate() {
             let pick = |pt: &(f64, f64, f64)| if j == 0 { pt.1 } else { pt.2 };
             let xs = p.series.iter().flat_map(|(_, v)| v.iter().map(|pt| pt.0));
             let ys = p.series.iter().flat_map(|(_, v)| v.iter().map(pick));
@@ -406,7 +415,10 @@ pub(super) fn plot(
                 .margin(10)
                 .x_label_area_size(36)
                 .y_label_area_size(64)
-                .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())
+                .build_cartesian_2d(
+                    (x0..x1).log_scale().with_key_points(log_ticks(x0, x1)),
+                    (y0..y1).log_scale().with_key_points(log_ticks(y0, y1)),
+                )
                 .map_err(|e| err(e.to_string()))?;
             chart
                 .configure_mesh()
@@ -419,16 +431,12 @@ pub(super) fn plot(
                 .label_style(("sans-serif", 12))
                 .draw()
                 .map_err(|e| err(e.to_string()))?;
-            for (n, (method, pts)) in p.series.iter().enumerate() {
+            for (n, (_, pts)) in p.series.iter().enumerate() {
                 let color = Palette99::pick(n).to_rgba();
                 let line: Vec<(f64, f64)> = pts.iter().map(|pt| (pt.0, pick(pt))).collect();
                 chart
                     .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
-                    .map_err(|e| err(e.to_string()))?
-                    .label(*method)
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                    });
+                    .map_err(|e| err(e.to_string()))?;
                 chart
                     .draw_series(
                         line.into_iter()
@@ -436,17 +444,62 @@ pub(super) fn plot(
                     )
                     .map_err(|e| err(e.to_string()))?;
             }
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 11))
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()
-                .map_err(|e| err(e.to_string()))?;
         }
     }
     root.present().map_err(|e| err(e.to_string()))?;
+    Ok(())
+}
+
+/// Ticks for a log axis over `lo..hi`: 1, 2 and 5 times the powers of ten
+/// inside it, every integer multiple when that gives fewer than three (a
+/// range within one decade still shows values).
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let ticks = |mults: &[f64]| -> Vec<f64> {
+        let mut out = Vec::new();
+        let mut decade = 10f64.powf(lo.log10().floor());
+        while decade <= hi {
+            for m in mults {
+                let v = decade * m;
+                if v >= lo && v <= hi {
+                    out.push(v);
+                }
+            }
+            decade *= 10.0;
+        }
+        out
+    };
+    let coarse = ticks(&[1.0, 2.0, 5.0]);
+    if coarse.len() >= 3 {
+        return coarse;
+    }
+    let fine = ticks(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
+    if fine.len() >= 3 {
+        return fine;
+    }
+    // within a narrow range: its ends and middle
+    vec![lo, (lo * hi).sqrt(), hi]
+}
+
+/// The methods of a row and their colours, one per line.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    methods: &[&str],
+) -> Result<(), String> {
+    for (n, method) in methods.iter().enumerate() {
+        let color = Palette99::pick(n).to_rgba();
+        let y = 40 + 20 * n as i32;
+        area.draw(&PathElement::new(
+            vec![(4, y), (28, y)],
+            color.stroke_width(3),
+        ))
+        .map_err(|e| e.to_string())?;
+        area.draw_text(
+            method,
+            &("sans-serif", 13).into_font().color(&BLACK),
+            (34, y - 7),
+        )
+        .map_err(|e| e.to_string())?;
+    }
     Ok(())
 }
 
@@ -475,4 +528,23 @@ fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
         return (lo / 2.0, hi * 2.0);
     }
     (lo / 1.3, hi * 1.3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_ticks;
+
+    #[test]
+    fn every_log_axis_gets_values() {
+        assert_eq!(
+            log_ticks(0.8, 120.0),
+            vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
+        );
+        // within one decade: every integer multiple
+        assert_eq!(log_ticks(21.0, 68.0), vec![30.0, 40.0, 50.0, 60.0]);
+        // narrower than one step: the ends and the middle
+        let t = log_ticks(41.0, 44.0);
+        assert_eq!(t.len(), 3);
+        assert!((t[1] - (41.0f64 * 44.0).sqrt()).abs() < 1e-9);
+    }
 }
