@@ -11,3 +11,23 @@ def test_the_readme_python_example_runs():
     assert blocks, "the README has a Python example"
     for code in blocks:
         exec(compile(code, str(README), "exec"), {})
+
+
+def test_every_path_the_readme_names_exists():
+    """Repository paths in backticks (`src/pool/mod.rs`, `docs/registration.md`,
+    `bench/results/...`) exist; globs match something."""
+    root = README.parent
+    text = README.read_text()
+    tops = ("src/", "tests/", "kernels/", "bindings/", "scripts/", "benches/", "docs/", "bench/", ".ci/")
+    names = set()
+    for tok in re.findall(r"`([^`\s]+)`", text):
+        tok = tok.rstrip(".,:;)")
+        if tok.startswith(tops):
+            names.add(tok.split("::")[0])
+    names.update(re.findall(r"\b(docs/[\w./-]+\.md)", text))
+    assert len(names) > 10, names
+    missing = [n for n in sorted(names) if not (list(root.glob(n.replace("{jsonl,png}", "*"))) if "*" in n or "{" in n
+                                                else (root / n).exists())]
+    # paths the tests write (target/...) are not in the repository
+    missing = [n for n in missing if not n.startswith("target/")]
+    assert not missing, f"the README names paths that do not exist: {missing}"
