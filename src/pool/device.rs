@@ -497,18 +497,10 @@ impl CreateLock {
             })
             .open(path)
             .map_err(|e| {
-                if e.raw_os_error() == Some(libc::ELOOP) {
-                    invalid(
-                        "device",
-                        format!(
-                            "{} is a symbolic link; name the file itself",
-                            path.display()
-                        ),
-                    )
-                } else if matches!(spec, DeviceSpec::Dax { .. }) {
+                if matches!(spec, DeviceSpec::Dax { .. }) {
                     opening_dax(path)(e)
                 } else {
-                    io(format!("opening {}", path.display()))(e)
+                    opening_file(path)(e)
                 }
             })?;
         loop {
@@ -561,6 +553,24 @@ pub(crate) fn peek_magic(spec: &DeviceSpec) -> Result<Option<[u8; 8]>> {
     Ok(Some(unsafe {
         std::ptr::read_volatile(m.ptr() as *const [u8; 8])
     }))
+}
+
+/// The error for a pool file that cannot be opened (O_NOFOLLOW refuses a
+/// symbolic link).
+fn opening_file(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |e| {
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            invalid(
+                "device",
+                format!(
+                    "{} is a symbolic link; name the file itself",
+                    path.display()
+                ),
+            )
+        } else {
+            io(format!("opening {}", path.display()))(e)
+        }
+    }
 }
 
 /// The error for a dax device that cannot be opened; a missing one says how
@@ -622,19 +632,7 @@ fn map_file(
         .mode(file_mode)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                invalid(
-                    "device",
-                    format!(
-                        "{} is a symbolic link; name the file itself",
-                        path.display()
-                    ),
-                )
-            } else {
-                io(format!("opening {}", path.display()))(e)
-            }
-        })?;
+        .map_err(opening_file(path))?;
     let meta = file
         .metadata()
         .map_err(io(format!("reading the size of {}", path.display())))?;

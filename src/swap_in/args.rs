@@ -173,9 +173,44 @@ pub(super) fn check_stride(arg: &'static str, stride: usize, width: usize) -> Re
 }
 
 /// Checks every argument and builds the kernel parameters.
+/// A buffer's name, first byte, bytes, and whether the call writes it.
+pub(super) type ByteRange = (&'static str, u64, u64, bool);
+
+/// The byte ranges of the KV planes (the device planes written) and of
+/// `num_real_reqs`, which swap-ins and replays share.
+pub(super) fn kv_ranges(kv: &KvBuffers<'_>, num_real: Option<&Buf<'_, i32>>) -> Vec<ByteRange> {
+    let mut r = vec![
+        (
+            "host_cache",
+            kv.k.host.addr(),
+            kv.k.host.len() as u64,
+            false,
+        ),
+        (
+            "device_buffer",
+            kv.k.device.addr(),
+            kv.k.device.len() as u64,
+            true,
+        ),
+    ];
+    if let Some(v) = &kv.v {
+        r.push(("host_cache_v", v.host.addr(), v.host.len() as u64, false));
+        r.push((
+            "device_buffer_v",
+            v.device.addr(),
+            v.device.len() as u64,
+            true,
+        ));
+    }
+    if let Some(n) = num_real {
+        r.push(("num_real_reqs", n.addr(), 4, false));
+    }
+    r
+}
+
 /// Refuses a written buffer (`.3`) whose bytes `[.1, .1 + .2)` meet any
 /// other buffer's.
-pub(super) fn check_disjoint(ranges: &[(&'static str, u64, u64, bool)]) -> Result<()> {
+pub(super) fn check_disjoint(ranges: &[ByteRange]) -> Result<()> {
     for (i, &(w, ws, wn, written)) in ranges.iter().enumerate() {
         if !written || wn == 0 {
             continue;
@@ -344,31 +379,8 @@ pub(crate) fn check(
             idx(&a.seq_lens, batch).1,
             false,
         ),
-        (
-            "host_cache",
-            a.kv.k.host.addr(),
-            a.kv.k.host.len() as u64,
-            false,
-        ),
-        (
-            "device_buffer",
-            a.kv.k.device.addr(),
-            a.kv.k.device.len() as u64,
-            true,
-        ),
     ];
-    if let Some(v) = &a.kv.v {
-        ranges.push(("host_cache_v", v.host.addr(), v.host.len() as u64, false));
-        ranges.push((
-            "device_buffer_v",
-            v.device.addr(),
-            v.device.len() as u64,
-            true,
-        ));
-    }
-    if let Some(n) = &a.num_real_reqs {
-        ranges.push(("num_real_reqs", n.addr(), 4, false));
-    }
+    ranges.extend(kv_ranges(&a.kv, a.num_real_reqs.as_ref()));
     if let Some(m) = &a.miss_plan {
         let rows = span(batch, m.stride, m.capacity) as u64;
         ranges.push(("miss_src", m.src.addr(), 8 * rows, true));

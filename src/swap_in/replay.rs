@@ -67,31 +67,8 @@ pub(super) fn check(t: &SwapInTarget, a: &PlannedCopyArgs<'_>) -> Result<kvt_swa
         ("miss_src", a.src.addr(), 8 * cells as u64, false),
         ("miss_dst", a.dst.addr(), 4 * cells as u64, false),
         ("miss_count", a.count.addr(), 4 * rows as u64, false),
-        (
-            "host_cache",
-            a.kv.k.host.addr(),
-            a.kv.k.host.len() as u64,
-            false,
-        ),
-        (
-            "device_buffer",
-            a.kv.k.device.addr(),
-            a.kv.k.device.len() as u64,
-            true,
-        ),
     ];
-    if let Some(v) = &a.kv.v {
-        ranges.push(("host_cache_v", v.host.addr(), v.host.len() as u64, false));
-        ranges.push((
-            "device_buffer_v",
-            v.device.addr(),
-            v.device.len() as u64,
-            true,
-        ));
-    }
-    if let Some(n) = &a.num_real_reqs {
-        ranges.push(("num_real_reqs", n.addr(), 4, false));
-    }
+    ranges.extend(super::args::kv_ranges(&a.kv, a.num_real_reqs.as_ref()));
     super::args::check_disjoint(&ranges)?;
     let mut flags = KVT_SWAP_REPLAY;
     if a.skip_io {

@@ -116,6 +116,20 @@ fn vector(a: &View<'_, '_>, dtypes: &[DType], length: usize, arg_len: &str) -> P
     })
 }
 
+/// A plan's two matrices advance together, row by row.
+fn same_row_stride(src: &View<'_, '_>, dst: &View<'_, '_>, rows: usize) -> PyResult<()> {
+    need(
+        src.strides[0] == dst.strides[0] || rows <= 1,
+        "miss_dst",
+        || {
+            format!(
+                "has row stride {}; miss_src has {}, and they must match",
+                dst.strides[0], src.strides[0]
+            )
+        },
+    )
+}
+
 /// Elements between rows (a one-row matrix: its width).
 fn row_stride(a: &View<'_, '_>, rows: usize) -> u64 {
     (if rows > 1 { a.strides[0] } else { a.shape[1] }) as u64
@@ -462,16 +476,7 @@ pub fn swap_in<'py>(
         let (src, dst, cnt) = (plan[0].unwrap(), plan[1].unwrap(), plan[2].unwrap());
         matrix(src, DType::I64, entries_cols, Some(batch), true)?;
         matrix(dst, DType::I32, entries_cols, Some(batch), true)?;
-        need(
-            src.strides[0] == dst.strides[0] || batch <= 1,
-            "miss_dst",
-            || {
-                format!(
-                    "has row stride {}; miss_src has {}, and they must match",
-                    dst.strides[0], src.strides[0]
-                )
-            },
-        )?;
+        same_row_stride(src, dst, batch)?;
         vector(cnt, &[DType::I32], batch, "batch")?;
         need(cnt.writable, "miss_count", || {
             "is read-only; the call writes it".into()
@@ -604,16 +609,7 @@ pub fn copy_planned<'py>(
     vector(cnt, &[DType::I32], rows, "the plan")?;
     matrix(src, DType::I64, 0, Some(rows), false)?;
     matrix(dst, DType::I32, 0, Some(rows), false)?;
-    need(
-        src.strides[0] == dst.strides[0] || rows <= 1,
-        "miss_dst",
-        || {
-            format!(
-                "has row stride {}; miss_src has {}, and they must match",
-                dst.strides[0], src.strides[0]
-            )
-        },
-    )?;
+    same_row_stride(src, dst, rows)?;
     let nr = num_real(nr.as_ref())?;
     no_overlap(&all, &["device_buffer", "device_buffer_v"])?;
     let warps = match warps {

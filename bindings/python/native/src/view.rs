@@ -67,7 +67,35 @@ pub struct View<'a, 'py> {
     pub contiguous: bool,
 }
 
-impl View<'_, '_> {
+impl<'a, 'py> View<'a, 'py> {
+    /// A view of no axes yet (they are added one by one), writable, not
+    /// contiguous until said otherwise.
+    fn new(
+        name: &'static str,
+        obj: &'a Bound<'py, PyAny>,
+        ptr: u64,
+        ndim: usize,
+        itemsize: usize,
+        dtype: DType,
+        device: Device,
+    ) -> Self {
+        View {
+            name,
+            obj,
+            ptr,
+            ndim,
+            shape: [0; 2],
+            strides: [0; 2],
+            numel: 1,
+            span: 1,
+            itemsize,
+            dtype,
+            device,
+            writable: true,
+            contiguous: false,
+        }
+    }
+
     pub fn nbytes(&self) -> usize {
         self.numel * self.itemsize
     }
@@ -168,21 +196,9 @@ fn numpy_view<'a, 'py>(
             raw.flags,
         )
     };
-    let mut v = View {
-        name,
-        obj,
-        ptr: data,
-        ndim: nd,
-        shape: [0; 2],
-        strides: [0; 2],
-        numel: 1,
-        span: 1,
-        itemsize: item,
-        dtype,
-        device: Device::Cpu,
-        writable: flags & NPY_ARRAY_WRITEABLE != 0,
-        contiguous: flags & NPY_ARRAY_C_CONTIGUOUS != 0,
-    };
+    let mut v = View::new(name, obj, data, nd, item, dtype, Device::Cpu);
+    v.writable = flags & NPY_ARRAY_WRITEABLE != 0;
+    v.contiguous = flags & NPY_ARRAY_C_CONTIGUOUS != 0;
     for (axis, (&n, &s)) in dims.iter().zip(strides).enumerate() {
         if item == 0 || s < 0 || !(s as usize).is_multiple_of(item) {
             let all: Vec<isize> = strides.to_vec();
@@ -221,23 +237,11 @@ fn torch_view<'a, 'py>(obj: &'a Bound<'py, PyAny>, name: &'static str) -> PyResu
     let shape = shape.cast::<PyTuple>()?;
     let strides = obj.call_method0(pyo3::intern!(py, "stride"))?;
     let strides = strides.cast::<PyTuple>()?;
-    let mut v = View {
-        name,
-        obj,
-        ptr: obj.call_method0(pyo3::intern!(py, "data_ptr"))?.extract()?,
-        ndim: shape.len(),
-        shape: [0; 2],
-        strides: [0; 2],
-        numel: 1,
-        span: 1,
-        itemsize: item,
-        dtype,
-        device,
-        writable: true,
-        contiguous: obj
-            .call_method0(pyo3::intern!(py, "is_contiguous"))?
-            .is_truthy()?,
-    };
+    let ptr = obj.call_method0(pyo3::intern!(py, "data_ptr"))?.extract()?;
+    let mut v = View::new(name, obj, ptr, shape.len(), item, dtype, device);
+    v.contiguous = obj
+        .call_method0(pyo3::intern!(py, "is_contiguous"))?
+        .is_truthy()?;
     for (axis, (n, s)) in shape.iter().zip(strides.iter()).enumerate() {
         let n: usize = n.extract()?;
         let s: isize = s.extract()?;
