@@ -1,0 +1,331 @@
+//! Regions: allocation (placed per rank round-robin), publication, freeing,
+//! reading and writing their bytes, their host and device addresses.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::metadata::{PUBLISH, RegionControl};
+use super::*;
+
+impl Pool {
+    pub(super) fn owner(&self) -> Result<(u16, u32)> {
+        self.me
+            .ok_or_else(|| invalid("pool", "was opened for inspection only (attach = false)"))
+    }
+
+    pub(super) fn device_has_free(&self, d: u32) -> bool {
+        let dev = &self.devices[d as usize];
+        (dev.first_region..dev.first_region + dev.num_regions)
+            .filter(|&r| self.coherence.owns(r))
+            .any(|r| {
+                self.region_control(r)
+                    .is_some_and(|c| c.state == RegionState::Free)
+            })
+    }
+
+    /// Takes a free region on the device this rank's placement picks.
+    pub fn alloc_region(&self) -> Result<Region> {
+        self.alloc_region_for(0)
+    }
+
+    /// Takes a free region for request `request` (an id of the caller's,
+    /// shown by `kvtier pool status`).
+    pub fn alloc_region_for(&self, request: u64) -> Result<Region> {
+        let (client, generation) = self.owner()?;
+        let mine = RegionControl {
+            state: RegionState::Allocated,
+            client,
+            generation,
+        }
+        .encode();
+        loop {
+            let d = self
+                .placement
+                .lock()
+                .unwrap()
+                .next(|d| self.device_has_free(d))
+                .ok_or_else(|| {
+                    Error::Pool(format!(
+                        "pool is full: all {} regions are allocated",
+                        self.num_regions
+                    ))
+                })?;
+            let dev = &self.devices[d as usize];
+            for r in (dev.first_region..dev.first_region + dev.num_regions)
+                .filter(|&r| self.coherence.owns(r))
+            {
+                let e = self.region_entry(r);
+                if self.load(&e.control) == RegionControl::FREE.encode()
+                    && self.cas(
+                        &e.control,
+                        RegionControl::FREE.encode(),
+                        mine,
+                        Ordering::AcqRel,
+                    )
+                {
+                    e.epoch.fetch_add(1, Ordering::AcqRel);
+                    self.coherence
+                        .after_write(&e.epoch as *const AtomicU64 as *const u8, 8);
+                    self.store(&e.request, request);
+                    return Ok(Region {
+                        pool: self.id,
+                        index: r,
+                        device: d,
+                    });
+                }
+            }
+            // others took that device's free regions meanwhile: place again
+        }
+    }
+
+    /// Publishes a region: its bytes have been written (by this process, or
+    /// by a kernel whose completion the caller awaited), and readers may
+    /// trust them from now on.
+    pub fn publish(&self, region: &Region) -> Result<()> {
+        self.check_region(region)?;
+        let (client, generation) = self.owner()?;
+        let from = RegionControl {
+            state: RegionState::Allocated,
+            client,
+            generation,
+        }
+        .encode();
+        let to = RegionControl {
+            state: RegionState::Ready,
+            client,
+            generation,
+        }
+        .encode();
+        if self.cas(&self.region_entry(region.index).control, from, to, PUBLISH) {
+            Ok(())
+        } else {
+            Err(self.not_owned(region, "publish"))
+        }
+    }
+
+    /// Returns a region to the pool.
+    pub fn free_region(&self, region: Region) -> Result<()> {
+        self.check_region(&region)?;
+        let (client, generation) = self.owner()?;
+        let e = &self.region_entry(region.index).control;
+        for state in [RegionState::Allocated, RegionState::Ready] {
+            let w = RegionControl {
+                state,
+                client,
+                generation,
+            }
+            .encode();
+            if self.cas(e, w, RegionControl::FREE.encode(), Ordering::AcqRel) {
+                return Ok(());
+            }
+        }
+        Err(self.not_owned(&region, "free"))
+    }
+
+    pub(super) fn not_owned(&self, region: &Region, what: &str) -> Error {
+        let state = self.region_control(region.index).map(|c| c.state);
+        Error::Pool(format!(
+            "cannot {what} region {}: it is not allocated by this process (its state is {state:?}; a dead \
+             owner's regions are reclaimed, so this one may have been reclaimed from a process judged dead)",
+            region.index
+        ))
+    }
+
+    pub(super) fn check_region(&self, region: &Region) -> Result<()> {
+        if region.pool != self.id || region.index >= self.num_regions {
+            return Err(invalid("region", "belongs to another pool"));
+        }
+        Ok(())
+    }
+
+    /// The state of region `index` (e.g. to poll for READY).
+    pub fn region_state(&self, index: u32) -> Result<RegionState> {
+        if index >= self.num_regions {
+            return Err(invalid(
+                "index",
+                format!("{index} is beyond the pool's {} regions", self.num_regions),
+            ));
+        }
+        self.region_control(index)
+            .map(|c| c.state)
+            .ok_or_else(|| Error::Pool(format!("region {index}'s table entry is corrupt")))
+    }
+
+    /// Writes consecutive entries of one layer of a region this process
+    /// owns, starting at `first_token`; `data` holds whole entries.
+    pub fn write_tokens(
+        &self,
+        region: &Region,
+        layer: u32,
+        first_token: u32,
+        data: &[u8],
+    ) -> Result<()> {
+        self.check_region(region)?;
+        let owner = self.owner()?;
+        match self.region_control(region.index) {
+            Some(c) if c.state != RegionState::Free && (c.client, c.generation) == owner => {}
+            _ => return Err(self.not_owned(region, "write")),
+        }
+        let at = self.token_range(region.index, layer, first_token, data.len(), "data")?;
+        // SAFETY: token_range checked that the bytes lie inside the region's
+        // device mapping; the source is a distinct Rust slice.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), at, data.len()) };
+        self.coherence.after_write(at, data.len());
+        Ok(())
+    }
+
+    /// Reads consecutive entries of one layer of a region this process owns.
+    pub fn read_tokens(
+        &self,
+        region: &Region,
+        layer: u32,
+        first_token: u32,
+        out: &mut [u8],
+    ) -> Result<()> {
+        self.check_region(region)?;
+        self.read_at(region.index, layer, first_token, out)
+    }
+
+    /// Reads consecutive entries of one layer of region `index`, which must be
+    /// READY (published by its owner, whoever that is) from before the read
+    /// to after it: a region freed or reallocated meanwhile (its bytes may
+    /// be another owner's, half written) is an error, never torn bytes.
+    pub fn read_ready(
+        &self,
+        index: u32,
+        layer: u32,
+        first_token: u32,
+        out: &mut [u8],
+    ) -> Result<()> {
+        if index >= self.num_regions {
+            return Err(invalid(
+                "index",
+                format!(
+                    "region {index} does not exist; the pool has {}",
+                    self.num_regions
+                ),
+            ));
+        }
+        let e = self.region_entry(index);
+        let seen = || (self.load(&e.control), self.load(&e.epoch));
+        let before = seen();
+        if RegionControl::decode(before.0).map(|c| c.state) != Some(RegionState::Ready) {
+            return Err(Error::Pool(format!(
+                "region {index} is not READY; its bytes may be partial"
+            )));
+        }
+        self.read_at(index, layer, first_token, out)?;
+        // the bytes are read before the words are looked at again
+        std::sync::atomic::fence(Ordering::Acquire);
+        if seen() != before {
+            return Err(Error::Pool(format!(
+                "region {index} was freed or reallocated while it was read; read it again if it is READY"
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) fn read_at(
+        &self,
+        index: u32,
+        layer: u32,
+        first_token: u32,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let at = self.token_range(index, layer, first_token, out.len(), "out")?;
+        self.coherence.before_read(at, out.len());
+        // SAFETY: as in write_tokens.
+        unsafe { std::ptr::copy_nonoverlapping(at, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// The host address of whole entries of one layer, all checked.
+    pub(super) fn token_range(
+        &self,
+        index: u32,
+        layer: u32,
+        first_token: u32,
+        len: usize,
+        arg: &'static str,
+    ) -> Result<*mut u8> {
+        let entry = self.layout.entry_bytes() as usize;
+        if !len.is_multiple_of(entry) {
+            return Err(invalid(
+                arg,
+                format!("{len} bytes is not a whole number of {entry}-byte entries"),
+            ));
+        }
+        let tokens = (len / entry) as u64;
+        if first_token as u64 + tokens > self.layout.tokens_per_region() as u64 {
+            return Err(invalid(
+                arg,
+                format!(
+                    "tokens {first_token}..{} run past the region capacity of {}",
+                    first_token as u64 + tokens,
+                    self.layout.tokens_per_region()
+                ),
+            ));
+        }
+        let in_region = self.layout.layer_offset(layer)? + first_token as u64 * entry as u64;
+        Ok((self.host_addr(index) + in_region) as *mut u8)
+    }
+
+    pub(super) fn device_of(&self, index: u32) -> usize {
+        self.devices.partition_point(|d| d.first_region <= index) - 1
+    }
+
+    pub(super) fn host_addr(&self, index: u32) -> u64 {
+        let d = &self.devices[self.device_of(index)];
+        d.map.ptr() as u64 + d.data_offset + (index - d.first_region) as u64 * self.region_stride
+    }
+
+    /// The host address of a region's first byte.
+    pub fn region_host_addr(&self, region: &Region) -> Result<u64> {
+        self.check_region(region)?;
+        Ok(self.host_addr(region.index))
+    }
+
+    /// The address at which `dev`'s kernels see a region's first byte,
+    /// registering its device with the driver the first time.
+    pub fn region_device_addr(&self, region: &Region, dev: &Arc<CudaDevice>) -> Result<u64> {
+        self.check_region(region)?;
+        let d = self.device_of(region.index);
+        let base = self.register_device(d, dev)?;
+        let pd = &self.devices[d];
+        Ok(base + pd.data_offset + (region.index - pd.first_region) as u64 * self.region_stride)
+    }
+
+    /// Registers every device with `dev` (portable, device-mapped, or the
+    /// flags in the pool options).
+    pub fn register_all(&self, dev: &Arc<CudaDevice>) -> Result<()> {
+        for d in 0..self.devices.len() {
+            self.register_device(d, dev)?;
+        }
+        Ok(())
+    }
+
+    /// The device address of byte 0 of device `d`, registering it once.
+    pub(super) fn register_device(&self, d: usize, dev: &Arc<CudaDevice>) -> Result<u64> {
+        let pd = &self.devices[d];
+        let mut reg = pd.registration.lock().unwrap();
+        if let Some(r) = reg.as_ref() {
+            // Portable registrations are visible in every context; under
+            // unified addressing the device address is the same in all.
+            return Ok(r.device_addr());
+        }
+        // SAFETY: the mapping outlives the registration (field order), and
+        // each device is registered once.
+        let r = unsafe { HostRegistration::register(dev, pd.map.ptr(), pd.map.len(), self.register_flags) }.map_err(|e| {
+            Error::Pool(format!(
+                "registering {} ({}) with the GPU failed ({e}); check the memlock limit (ulimit -l); a file on \
+                 a disk filesystem or FS-DAX cannot be pinned (use tmpfs, hugetlbfs, a dax: device or a numa: \
+                 node); memory someone else registered already (an engine's host pool) is refused as such",
+                pd.map.spec(),
+                format_size(pd.map.len() as u64)
+            ))
+        })?;
+        let addr = r.device_addr();
+        *reg = Some(r);
+        Ok(addr)
+    }
+}

@@ -1,0 +1,158 @@
+//! What the pool can say about itself: geometry, devices, regions and
+//! owners, and the consistency check.
+
+use super::metadata::{ClientControl, ClientState, RegionControl};
+use super::*;
+
+impl Pool {
+    /// The layout of every region.
+    pub fn layout(&self) -> LayerFirstLayout {
+        self.layout
+    }
+
+    /// Regions in the pool.
+    pub fn num_regions(&self) -> u32 {
+        self.num_regions
+    }
+
+    /// Regions not allocated (in every partition).
+    pub fn free_regions(&self) -> u32 {
+        (0..self.num_regions)
+            .filter(|&r| {
+                self.region_control(r)
+                    .is_some_and(|c| c.state == RegionState::Free)
+            })
+            .count() as u32
+    }
+
+    /// Bytes between consecutive region bases.
+    pub fn region_stride(&self) -> u64 {
+        self.region_stride
+    }
+
+    /// The pool's id (random, set at creation).
+    pub fn uuid(&self) -> [u8; 16] {
+        self.uuid
+    }
+
+    /// The devices, in pool order.
+    pub fn devices(&self) -> Vec<DeviceInfo> {
+        self.devices
+            .iter()
+            .map(|d| DeviceInfo {
+                spec: d.map.spec().to_string(),
+                bytes: d.bytes,
+                regions: d.num_regions,
+                free: (d.first_region..d.first_region + d.num_regions)
+                    .filter(|&r| {
+                        self.region_control(r)
+                            .is_some_and(|c| c.state == RegionState::Free)
+                    })
+                    .count() as u32,
+            })
+            .collect()
+    }
+
+    /// Every region's state and owner.
+    pub fn regions(&self) -> Vec<RegionInfo> {
+        (0..self.num_regions)
+            .filter_map(|r| {
+                let c = self.region_control(r)?;
+                let owner = (c.state != RegionState::Free).then(|| self.owner_info(c));
+                Some(RegionInfo {
+                    index: r,
+                    device: self.device_of(r) as u32,
+                    state: c.state,
+                    owner,
+                    request: self.load(&self.region_entry(r).request),
+                })
+            })
+            .collect()
+    }
+
+    pub(super) fn owner_info(&self, c: RegionControl) -> OwnerInfo {
+        if c.client as u32 >= self.num_clients {
+            return OwnerInfo {
+                client: c.client,
+                pid: 0,
+                liveness: Liveness::Dead,
+            };
+        }
+        let slot = ClientControl::decode(self.load(&self.client_entry(c.client as u32).control));
+        let (id, _) = self.client_identity(c.client as u32);
+        let liveness = match slot {
+            Some(s)
+                if s.generation == c.generation
+                    && matches!(s.state, ClientState::Live | ClientState::Claiming) =>
+            {
+                self.client_liveness(c.client as u32)
+                    .unwrap_or(Liveness::Unknown)
+            }
+            _ => Liveness::Dead,
+        };
+        OwnerInfo {
+            client: c.client,
+            pid: id.pid,
+            liveness,
+        }
+    }
+
+    /// Attached clients: (slot, pid, liveness).
+    pub fn clients_info(&self) -> Vec<(u16, u32, Liveness)> {
+        (0..self.num_clients)
+            .filter_map(|i| {
+                let c = ClientControl::decode(self.load(&self.client_entry(i).control))?;
+                (c.state != ClientState::Free).then(|| {
+                    let (id, _) = self.client_identity(i);
+                    (
+                        i as u16,
+                        id.pid,
+                        self.client_liveness(i).unwrap_or(Liveness::Unknown),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Verifies the region and client tables: every word decodes and names a
+    /// client slot that exists; lists dead clients and reclaimable regions.
+    pub fn check(&self) -> CheckReport {
+        let mut report = CheckReport::default();
+        for i in 0..self.num_clients {
+            match ClientControl::decode(self.load(&self.client_entry(i).control)) {
+                None => report
+                    .problems
+                    .push(format!("client slot {i} holds an unknown state")),
+                Some(c)
+                    if c.state != ClientState::Free
+                        && self.client_liveness(i).unwrap_or(Liveness::Unknown)
+                            == Liveness::Dead =>
+                {
+                    report
+                        .dead_clients
+                        .push((i as u16, self.client_identity(i).0.pid));
+                }
+                _ => {}
+            }
+        }
+        for r in 0..self.num_regions {
+            match self.region_control(r) {
+                None => report
+                    .problems
+                    .push(format!("region {r} holds an unknown state")),
+                Some(c) if c.state != RegionState::Free => {
+                    if c.client as u32 >= self.num_clients {
+                        report.problems.push(format!(
+                            "region {r} names client slot {}, which does not exist",
+                            c.client
+                        ));
+                    } else if self.owner_info(c).liveness == Liveness::Dead {
+                        report.reclaimable_regions += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        report
+    }
+}
