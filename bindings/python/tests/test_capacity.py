@@ -126,7 +126,13 @@ def test_files_whose_pages_cannot_be_pinned_keep_the_host_pool_in_sglang(fake_sg
                           kvtier.sglang.KvtierHostTensorAllocator)
 
 
-def test_a_missing_device_keeps_the_host_pool_in_sglang_and_says_why(fake_sglang):
+def test_a_missing_device_keeps_the_host_pool_in_sglang_and_says_why(fake_sglang, tmp_path):
     rep = kvtier.sglang.report(KvtierConfig(devices=["dax:/dev/dax97.3"]))
     route = {r.name: r for r in rep.routes}["MLATokenToKVPoolHost"]
     assert route.served_by == "SGLang" and route.why.startswith("dax:/dev/dax97.3: ") and "dax97.3" in route.why[17:]
+    # typos surface at install, not minutes later when SGLang makes the pool
+    for typo, says in [("anon:12QB", "12QB"), ("numa:99:1GiB", "NUMA node 99 does not exist"),
+                       (f"file:{tmp_path}/no/such/dir/kv:1GiB", "no/such/dir")]:
+        rep = kvtier.sglang.report(KvtierConfig(devices=[typo]))
+        route = {r.name: r for r in rep.routes}["MLATokenToKVPoolHost"]
+        assert route.served_by == "SGLang" and says in route.why, (typo, route.why)

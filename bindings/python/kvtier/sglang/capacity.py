@@ -90,8 +90,8 @@ def device_problem(devices: list) -> str | None:
     for files on a disk filesystem or FS-DAX. A device that cannot be read
     (a missing dax device or NUMA node) is named with the library's reason."""
     for d in devices:
-        if d == "anon" or d.startswith("anon:"):
-            continue
+        if d == "anon":
+            continue  # sized for the pool when it is made
         try:
             cap = device_capacity(d)
         except KvtierError as e:
