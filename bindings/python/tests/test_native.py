@@ -176,6 +176,10 @@ TORCH_CHECKS = textwrap.dedent(
             "executor", device_buffer_tokens=torch.Tensor(c.tokens, cuda=1))
     refused("`device_buffer_tokens`: is on cuda:1; top_k_tokens is on cuda:0, and every tensor",
             top_k_tokens=g["top_k_tokens"], device_buffer_tokens=torch.Tensor(c.tokens, cuda=1))
+    # only the KV planes may stay in host memory: host_cache_locs is not one
+    on_gpu = {k: torch.Tensor(v.a, cuda=0) if isinstance(v, torch.Tensor) else v for k, v in t.items()}
+    refused("`host_cache_locs`: is on cpu; top_k_tokens is on cuda:0, and every tensor",
+            **dict(on_gpu, host_cache_locs=t["host_cache_locs"], host_cache=t["host_cache"]))
     print("all ok")
     '''
 )

@@ -178,7 +178,9 @@ fn placement(all: &[&View<'_, '_>], first: &View<'_, '_>) -> PyResult<bool> {
     };
     for a in all {
         let same_gpu = a.device == Device::Cuda(gpu);
-        if a.name.starts_with("host_cache") {
+        // the KV planes only: host_cache_locs is an index table the kernels
+        // read on the GPU like every other argument
+        if a.name == "host_cache" || a.name == "host_cache_v" {
             need(a.device == Device::Cpu || same_gpu, a.name, || {
                 format!(
                     "is on {}; {} is on cuda:{gpu}",

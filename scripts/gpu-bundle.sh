@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds, here (with cargo), everything the GPU suite (scripts/gpu-suite/)
+# needs on a GPU machine that has no cargo and no network: the kvtier binary,
+# the GPU test binary, the library, the Python package with its extension
+# module, the Python tests and benchmark, and pytest's wheels, stripped, into
+# gpu-bundle/ (ignored by git; at most 64 MiB, the most a device run carries).
+# Then dry-runs every stage on this machine's CPU, so the first GPU run does
+# not fail on a path or a missing file. Usage: scripts/gpu-bundle.sh [--no-dry-run]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=gpu-bundle
+scripts/install-tools.sh
+scripts/python-env.sh >/dev/null
+export NVCC="${NVCC:-$root/.tools/py/nvidia/cu13/bin/nvcc}" KVTIER_REQUIRE_KERNELS=1
+export PYO3_PYTHON="$root/.tools/venv/bin/python"
+cargo build --release --locked --workspace
+gpu_tests=$(cargo test --release --locked --test gpu --no-run --message-format=json 2>/dev/null |
+  "$PYO3_PYTHON" -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
+        print(m["executable"])')
+[ -x "$gpu_tests" ] || { echo "gpu-bundle: the GPU test binary was not built" >&2; exit 1; }
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/python/kvtier" "$out/python/tests" "$out/wheels"
+cp target/release/kvtier "$out/bin/kvtier"
+cp "$gpu_tests" "$out/bin/gpu-tests"
+cp -r bindings/python/kvtier/. "$out/python/kvtier/"
+find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
+cp target/release/libkvtier.so "$out/python/kvtier/libkvtier.so"
+cp target/release/lib_native.so "$out/python/kvtier/_native.abi3.so"
+cp bindings/python/tests/*.py "$out/python/tests/"
+cp bindings/python/benchmarks/per_call.py "$out/python/per_call.py"
+strip "$out/bin/"* "$out/python/kvtier/"*.so
+"$root/.tools/venv/bin/python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+  --python-version 3.10 --dest "$out/wheels" pytest==8.4.2 >/dev/null
+git rev-parse HEAD > "$out/COMMIT"
+size=$(du -sb "$out" | cut -f1)
+echo "gpu-bundle: $out is $((size / 1048576)) MiB ($(git rev-parse --short HEAD))"
+[ "$size" -le $((64 * 1048576)) ] || { echo "gpu-bundle: over the 64 MiB a device run carries" >&2; exit 1; }
+
+if [ "${1:-}" != "--no-dry-run" ]; then
+  dry=$(mktemp -d)
+  for stage in scripts/gpu-suite/[0-9]-*.sh; do
+    echo "gpu-bundle: dry run of $stage"
+    GPU_SUITE_DRY_RUN=1 "$stage" "$dry" >/dev/null
+  done
+  ls -la "$dry"
+  rm -rf "$dry"
+fi
