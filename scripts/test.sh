@@ -16,6 +16,9 @@ export NVCC="${NVCC:-$PWD/.tools/py/nvidia/cu13/bin/nvcc}"
 echo "== bindings/abi.rs is current"
 scripts/regen-bindings.sh --check
 
+echo "== what each kernel costs an SM (ptxas)"
+scripts/kernel-resources.sh
+
 if cargo fmt --version >/dev/null 2>&1; then
   echo "== cargo fmt --check"
   cargo fmt --all -- --check

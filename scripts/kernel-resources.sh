@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Prints what each kernel costs an SM, from ptxas (`nvcc --resource-usage`):
+# registers, spills, static shared memory, barriers, and the blocks per SM
+# its registers allow at its block size (sm_80 and sm_90: 64 K registers,
+# 2048 threads, 32 blocks per SM; registers allocated 256 per warp). CI runs
+# it, so a change in any of these shows in review. Needs nvcc (NVCC, or the
+# wheel in .tools/ that scripts/install-tools.sh puts there).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+nvcc=${NVCC:-$PWD/.tools/py/nvidia/cu13/bin/nvcc}
+threads_of() {  # the kernel's block size (src/cuda/kernels.rs)
+  case "$1" in kvt_swap_in_plan) grep -oP 'KVT_SWAP_PLAN_THREADS \K[0-9]+' kernels/abi.h ;; *) echo 256 ;; esac
+}
+printf '%-18s %-6s %5s %7s %8s %9s %14s\n' kernel arch regs spills smem_B barriers blocks_per_SM
+for arch in 80 90; do
+  for src in kernels/*.cu; do
+    "$nvcc" -cubin -arch=sm_$arch -O3 -std=c++17 -I kernels --resource-usage -o /dev/null "$src" 2>&1 |
+      python3 -c '
+import re, sys
+name = None
+for line in sys.stdin:
+    m = re.search(r"Function properties for (\w+)", line)
+    if m:
+        name, spill, smem = m.group(1), 0, 0
+        continue
+    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+    if m and name:
+        spill = int(m.group(1)) + int(m.group(2))
+    m = re.search(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?", line)
+    if m and name:
+        print(name, m.group(1), spill, m.group(3) or 0, m.group(2) or 0)
+        name = None
+' | while read -r name regs spill smem barriers; do
+      threads=$(threads_of "$name")
+      warps=$(( (threads + 31) / 32 ))
+      per_warp=$(( (regs * 32 + 255) / 256 * 256 ))
+      by_regs=$(( 65536 / (per_warp * warps) ))
+      by_threads=$(( 2048 / threads ))
+      blocks=$(( by_regs < by_threads ? by_regs : by_threads ))
+      blocks=$(( blocks < 32 ? blocks : 32 ))
+      printf '%-18s sm_%-3s %5s %7s %8s %9s %8s (x%s)\n' "$name" "$arch" "$regs" "$spill" "$smem" "$barriers" "$blocks" "$threads"
+    done
+  done
+done
+echo "smem_B is static shared memory; kvt_swap_in_plan and kvt_swap_in_copy also take dynamic shared memory sized per call (src/swap_in/cuda.rs)."
