@@ -18,6 +18,7 @@ pub const KVT_ERR_SWAP_HOST_LOC: u32 = 11;
 pub const KVT_ERR_SWAP_DEVICE_LOC: u32 = 12;
 pub const KVT_ERR_SWAP_SLOT_LOC: u32 = 13;
 pub const KVT_ERR_SWAP_PLAN_COUNT: u32 = 14;
+pub const KVT_ERR_SWAP_DUP_REQ: u32 = 15;
 pub const KVT_ERR_KINDS: u32 = 16;
 pub const KVT_ERR_FIRST_NONE: u64 = 18446744073709551615;
 pub const KVT_SWAP_SEQ_LENS_I64: u32 = 1;

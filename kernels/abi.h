@@ -47,6 +47,8 @@ typedef uint64_t kvt_addr;
 #define KVT_ERR_SWAP_DEVICE_LOC 12 /* a top-k entry's device row is < 0 or >= device_rows, or no usable slot is left */
 #define KVT_ERR_SWAP_SLOT_LOC 13   /* an evictable slot's device row is out of range (column = slot; never loaded into) */
 #define KVT_ERR_SWAP_PLAN_COUNT 14 /* a replayed miss plan's count[row] is < 0 or > plan_capacity (the row copies nothing) */
+#define KVT_ERR_SWAP_DUP_REQ 15    /* req_pool_indices[row] names a request an earlier row of the batch names (its
+                                    * state is that row's to change; two rows would race on it) */
 #define KVT_ERR_KINDS 16           /* slots reserved in the error word (room for later kinds) */
 
 /* Value of an empty kvt_error_word.first slot. */

@@ -206,6 +206,26 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         refuse();
         return;
     }
+    // A request an earlier row names: its state is that row's to change (two
+    // blocks on one request's state would race), so this row is refused. The
+    // block's threads scan the earlier rows; scalars[3] of the planning
+    // shared memory, not yet in use, holds the answer.
+    {
+        unsigned* named = reinterpret_cast<unsigned*>(kvt_dynamic_smem) + 3;
+        if (tid == 0) *named = 0;
+        __syncthreads();
+        const bool wide = p.flags & KVT_SWAP_REQ_INDICES_I64;
+        for (uint32_t e = tid; e < b; e += nthreads)
+            if (swap::load_index(p.req_pool_indices, e, wide) == rid) atomicOr(named, 1u);
+        __syncthreads();
+        const bool duplicate = *named != 0;
+        __syncthreads();
+        if (duplicate) {
+            if (tid == 0) report(err, KVT_ERR_SWAP_DUP_REQ, row_pos, rid);
+            refuse();
+            return;
+        }
+    }
     const int64_t seq = swap::load_index(p.seq_lens, b, p.flags & KVT_SWAP_SEQ_LENS_I64);
     if (seq < 0 || seq > (int64_t)p.max_tokens) {
         if (tid == 0) report(err, KVT_ERR_SWAP_SEQ_LEN, row_pos, seq);

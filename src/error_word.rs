@@ -10,10 +10,10 @@ use std::fmt;
 
 use crate::abi::{
     KVT_ERR_FIRST_NONE, KVT_ERR_GATHER_INDEX, KVT_ERR_GATHER_SEQ_LEN, KVT_ERR_GATHER_SLOT,
-    KVT_ERR_KINDS, KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_LRU,
-    KVT_ERR_SWAP_NUM_REAL, KVT_ERR_SWAP_PLAN_COUNT, KVT_ERR_SWAP_REQ, KVT_ERR_SWAP_SEQ_LEN,
-    KVT_ERR_SWAP_SLOT_LOC, KVT_ERR_SWAP_TOKEN, KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW,
-    KVT_ERR_WRITEBACK_TOKEN, kvt_error_word,
+    KVT_ERR_KINDS, KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_DUP_REQ, KVT_ERR_SWAP_HOST_LOC,
+    KVT_ERR_SWAP_LRU, KVT_ERR_SWAP_NUM_REAL, KVT_ERR_SWAP_PLAN_COUNT, KVT_ERR_SWAP_REQ,
+    KVT_ERR_SWAP_SEQ_LEN, KVT_ERR_SWAP_SLOT_LOC, KVT_ERR_SWAP_TOKEN, KVT_ERR_WRITEBACK_SLOT,
+    KVT_ERR_WRITEBACK_SRC_ROW, KVT_ERR_WRITEBACK_TOKEN, kvt_error_word,
 };
 
 /// An error word: which kinds of bad index occurred, how many entries were
@@ -102,10 +102,14 @@ pub enum BadIndexKind {
     /// Plan replay: `miss_count[row]` is negative or above the plan's
     /// capacity (the row copied nothing).
     SwapPlanCount,
+    /// Swap-in: `req_pool_indices[row]` names a request an earlier row of
+    /// the batch names (the row was refused: the request's state is the
+    /// earlier row's to change).
+    SwapDuplicateRequest,
 }
 
 impl BadIndexKind {
-    const ALL: [(u32, BadIndexKind); 15] = [
+    const ALL: [(u32, BadIndexKind); 16] = [
         (KVT_ERR_GATHER_SLOT, BadIndexKind::GatherSlot),
         (KVT_ERR_GATHER_SEQ_LEN, BadIndexKind::GatherSeqLen),
         (KVT_ERR_GATHER_INDEX, BadIndexKind::GatherIndex),
@@ -121,6 +125,7 @@ impl BadIndexKind {
         (KVT_ERR_SWAP_DEVICE_LOC, BadIndexKind::SwapDeviceLoc),
         (KVT_ERR_SWAP_SLOT_LOC, BadIndexKind::SwapSlotLoc),
         (KVT_ERR_SWAP_PLAN_COUNT, BadIndexKind::SwapPlanCount),
+        (KVT_ERR_SWAP_DUP_REQ, BadIndexKind::SwapDuplicateRequest),
     ];
 
     /// The kind's bit number in the error word (`KVT_ERR_*`).
@@ -239,6 +244,11 @@ impl fmt::Display for BadIndex {
                 f,
                 "req_pool_indices[{r}] = {v}{} is outside the request state rows; the row was refused",
                 clamped(v)
+            ),
+            BadIndexKind::SwapDuplicateRequest => write!(
+                f,
+                "req_pool_indices[{r}] = {v} names a request an earlier row of the batch names; the row was \
+                 refused (two rows would race on the request's state)"
             ),
             BadIndexKind::SwapSeqLen => write!(
                 f,

@@ -147,6 +147,36 @@ fn batch_with_padding_rows_leaves_their_state_alone() {
     assert_eq!(after, sglang);
 }
 
+/// Two rows naming one request would race on its state on the GPU: the later
+/// row is refused and reported, the earlier one runs as if alone.
+#[test]
+fn a_request_named_twice_in_a_batch_is_refused_in_the_later_row() {
+    let mut c = three_requests();
+    c.req = vec![1, 0, 1];
+    c.seq = vec![8, 8, 8];
+    c.topk = vec![
+        6, 0, 7, /* row 1 */ 4, 2, 7, /* row 2: request 1 again */ 5, 3, 2,
+    ];
+    let after = cpu(&c);
+    let report = after.report.clone().expect("the duplicate is reported");
+    assert!(
+        report.has(kvtier::BadIndexKind::SwapDuplicateRequest),
+        "{report}"
+    );
+    assert_eq!(report.count, 1);
+    assert!(
+        report
+            .to_string()
+            .contains("req_pool_indices[2] = 1 names a request an earlier row"),
+        "{report}"
+    );
+    // rows 0 and 1 as in a batch without row 2; row 2 outputs -1
+    assert_eq!(after.out[..3], [15, 14, 16]);
+    assert_eq!(after.out[6..9], [-1, -1, -1]);
+    assert_eq!(after.tokens[5..10], [1, 4, 0, 6, 7]);
+    assert_eq!(after, c.expected());
+}
+
 #[test]
 fn mixed_short_and_long_rows() {
     let mut c = three_requests();

@@ -8,9 +8,9 @@ use super::items::{copy_row, layout_of};
 use super::policy::Row;
 use super::{QueryKind, span};
 use crate::abi::{
-    KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_NUM_REAL, KVT_ERR_SWAP_PLAN_COUNT,
-    KVT_ERR_SWAP_REQ, KVT_ERR_SWAP_SEQ_LEN, KVT_SWAP_QUERY_BLOCKS, KVT_SWAP_REQ_INDICES_I64,
-    KVT_SWAP_SEQ_LENS_I64, KVT_SWAP_SKIP_IO, kvt_swap_in_params,
+    KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_DUP_REQ, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_NUM_REAL,
+    KVT_ERR_SWAP_PLAN_COUNT, KVT_ERR_SWAP_REQ, KVT_ERR_SWAP_SEQ_LEN, KVT_SWAP_QUERY_BLOCKS,
+    KVT_SWAP_REQ_INDICES_I64, KVT_SWAP_SEQ_LENS_I64, KVT_SWAP_SKIP_IO, kvt_swap_in_params,
 };
 use crate::error_word::ErrorWord;
 
@@ -142,6 +142,14 @@ pub(super) unsafe fn run(p: &kvt_swap_in_params) -> ErrorWord {
         );
         if rid < 0 || rid >= r as i64 {
             err.report(KVT_ERR_SWAP_REQ, position, rid);
+            out_row.fill(-1);
+            record(&[]);
+            continue;
+        }
+        // a request an earlier row names: its state is that row's to change
+        let flag = p.flags & KVT_SWAP_REQ_INDICES_I64 != 0;
+        if (0..b).any(|e| index(p.req_pool_indices, e, flag) == rid) {
+            err.report(KVT_ERR_SWAP_DUP_REQ, position, rid);
             out_row.fill(-1);
             record(&[]);
             continue;

@@ -8,9 +8,9 @@
 use std::collections::{HashMap, HashSet};
 
 use kvtier::abi::{
-    KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_LRU, KVT_ERR_SWAP_NUM_REAL,
-    KVT_ERR_SWAP_PLAN_COUNT, KVT_ERR_SWAP_REQ, KVT_ERR_SWAP_SEQ_LEN, KVT_ERR_SWAP_SLOT_LOC,
-    KVT_ERR_SWAP_TOKEN,
+    KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_DUP_REQ, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_LRU,
+    KVT_ERR_SWAP_NUM_REAL, KVT_ERR_SWAP_PLAN_COUNT, KVT_ERR_SWAP_REQ, KVT_ERR_SWAP_SEQ_LEN,
+    KVT_ERR_SWAP_SLOT_LOC, KVT_ERR_SWAP_TOKEN,
 };
 use kvtier::{
     BadIndexReport, Buf, BufMut, DeviceBuffer, DeviceSpec, ErrorWord, Executor, IndexBuf,
@@ -602,6 +602,9 @@ impl SwapCase {
             }
             if rng.random_bool(h.bad / 2.0) {
                 self.req[b] = [self.requests as i64, -1, i64::MAX][rng.random_range(0..3)];
+            } else if b > 0 && rng.random_bool(h.bad) {
+                // a request an earlier row names
+                self.req[b] = self.req[rng.random_range(0..b)];
             }
             if rng.random_bool(h.bad / 2.0) {
                 self.seq[b] = [-1, self.max_tokens as i64 + 1, i64::MIN][rng.random_range(0..3)];
@@ -968,8 +971,12 @@ impl SwapCase {
                 continue;
             }
             plan[b] = Some(Vec::new());
+            let named_before = (0..b).any(|e| idx(self.req[e], self.req_i64) == rid);
             let refused = if rid < 0 || rid >= self.requests as i64 {
                 err.report(KVT_ERR_SWAP_REQ, pos, rid);
+                true
+            } else if named_before {
+                err.report(KVT_ERR_SWAP_DUP_REQ, pos, rid);
                 true
             } else if seq < 0 || seq > self.max_tokens as i64 {
                 err.report(KVT_ERR_SWAP_SEQ_LEN, pos, seq);
