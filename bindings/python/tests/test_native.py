@@ -191,3 +191,36 @@ def test_torch_tensors_through_a_stand_in_torch(tmp_path):
     run = subprocess.run([sys.executable, "-c", TORCH_CHECKS], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "cpu tensors ok" in run.stdout and run.stdout.rstrip().endswith("all ok")
+
+
+def test_threads_call_at_once_and_grow_the_scratch():
+    """Several threads swap in at once, with batches that grow the shared
+    engine's plan scratch: every call completes with its own right answer."""
+    import threading
+
+    errors = []
+
+    def worker(seed):
+        try:
+            for n in range(60):
+                c = worked_example([4, 2, 7])
+                kw = c.kwargs()
+                kw.pop("num_real_reqs")
+                batch = 1 + (seed * 7 + n) % 9
+                for name in ("top_k_tokens", "req_pool_indices", "seq_lens"):
+                    kw[name] = np.repeat(kw[name], batch, axis=0)[:batch]
+                kw["top_k_device_locs"] = np.full((batch, 3), -7, np.int32)
+                kw["req_pool_indices"] = np.zeros(batch, np.int32)
+                kw["num_real_reqs"] = np.array([1], np.int32)  # one real row, the rest padding
+                swap(**kw)
+                assert kw["top_k_device_locs"][0].tolist() == [7, 3, 11], kw["top_k_device_locs"]
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors[0]

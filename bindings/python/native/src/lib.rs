@@ -108,20 +108,28 @@ fn engines_lock() -> std::sync::MutexGuard<'static, Vec<Engine>> {
 /// The engine handle for `executor`, made on first use (it lives as long as
 /// the process).
 fn engine_handle(executor: i32) -> PyResult<Handle> {
-    let mut all = engines_lock();
-    if let Some(e) = all.iter().find(|e| e.executor == executor) {
-        return Ok(e.handle as Handle);
-    }
     let lib = library()?;
-    let mut h: Handle = std::ptr::null_mut();
-    // SAFETY: an out pointer to a local.
-    status(unsafe { (lib.create)(executor, &mut h) })?;
-    all.push(Engine {
-        executor,
-        handle: h as usize,
-        capacity: (0, 0),
-    });
-    Ok(h)
+    let rc = {
+        let mut all = engines_lock();
+        if let Some(e) = all.iter().find(|e| e.executor == executor) {
+            return Ok(e.handle as Handle);
+        }
+        let mut h: Handle = std::ptr::null_mut();
+        // SAFETY: an out pointer to a local. Made under the lock, so the
+        // process has one engine per executor; no Python runs here.
+        let rc = unsafe { (lib.create)(executor, &mut h) };
+        if rc == kvtier::ffi::KVT_OK {
+            all.push(Engine {
+                executor,
+                handle: h as usize,
+                capacity: (0, 0),
+            });
+            return Ok(h);
+        }
+        rc
+    };
+    // the error (a Python object) made outside the lock
+    Err(status(rc).expect_err("a failed create"))
 }
 
 /// The engine of `executor` ("the process's engine"), as an address for
@@ -150,30 +158,40 @@ fn ensure_capacity(
     entries: u32,
     capturing: impl FnOnce() -> PyResult<bool>,
 ) -> PyResult<()> {
-    let mut all = engines_lock();
-    let Some(e) = all.iter_mut().find(|e| e.executor == executor) else {
+    // The engines' lock guards the cached capacity only: no Python and no
+    // library call runs under it (a Python call may let another thread take
+    // the GIL, and that thread may be waiting for this lock).
+    let cached = |set: Option<(u32, u32)>| -> Option<(u32, u32)> {
+        let mut all = engines_lock();
+        let e = all.iter_mut().find(|e| e.executor == executor)?;
+        if let Some(c) = set {
+            e.capacity = c;
+        }
+        Some(e.capacity)
+    };
+    let fits = |c: (u32, u32)| batch <= c.0 && entries <= c.1;
+    let Some(have) = cached(None) else {
         return Err(refuse_status(
             "engine not registered".into(),
             "INTERNAL_ERROR",
         ));
     };
-    let fits = |c: (u32, u32)| batch <= c.0 && entries <= c.1;
-    if fits(e.capacity) {
+    if fits(have) {
         return Ok(());
     }
     let lib = library()?;
-    let read = |h: Handle| -> PyResult<(u32, u32)> {
+    let read = || -> PyResult<(u32, u32)> {
         let (mut b, mut k) = (0u32, 0u32);
-        // SAFETY: out pointers to locals.
-        status(unsafe { (lib.capacity)(h, &mut b, &mut k) })?;
+        // SAFETY: a live engine; out pointers to locals.
+        status(unsafe { (lib.capacity)(handle, &mut b, &mut k) })?;
         Ok((b, k))
     };
     // Someone (kvtier.sglang.reserve) may have grown it meanwhile.
-    e.capacity = read(handle)?;
-    if fits(e.capacity) {
+    let (have_b, have_k) = read()?;
+    cached(Some((have_b, have_k)));
+    if fits((have_b, have_k)) {
         return Ok(());
     }
-    let (have_b, have_k) = e.capacity;
     if capturing()? {
         return Err(refuse(format!(
             "the swap-in needs plan scratch for batch {batch} × {entries} entries (it has {have_b} × {have_k}) \
@@ -183,7 +201,7 @@ fn ensure_capacity(
     }
     // SAFETY: a live engine handle.
     status(unsafe { (lib.reserve)(handle, batch.max(have_b).max(1), entries.max(have_k)) })?;
-    e.capacity = read(handle)?;
+    cached(Some(read()?));
     Ok(())
 }
 
