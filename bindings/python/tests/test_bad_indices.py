@@ -69,6 +69,17 @@ def test_raise_mode_raises_and_off_never_polls():
     assert off.polls == 0
 
 
+def test_a_poll_that_fails_is_logged_and_the_server_goes_on(caplog):
+    class Broken:
+        def poll(self):
+            raise KvtierError("CUDA driver call cuEventQuery failed", "DRIVER_ERROR")
+
+    watch = BadIndexWatch("raise", 0.0, engines=lambda: [(1, Broken())], clock=Clock())
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        watch.maybe_poll()
+    assert "the bad-index poll on cuda:1 failed: CUDA driver call cuEventQuery failed" in caplog.text
+
+
 def test_a_cpu_engine_has_nothing_to_poll():
     # The CPU executor raises bad indices at once, so its poll is empty.
     assert kvtier.SwapInEngine("cpu").poll() is None

@@ -48,7 +48,12 @@ class BadIndexWatch:
             return
         found = []
         for ordinal, engine in self._engines():
-            hit = engine.poll()
+            try:
+                hit = engine.poll()
+            except KvtierError as e:
+                # a poll that cannot run says so; it never stops the server
+                logger.warning("kvtier: the bad-index poll on cuda:%d failed: %s", ordinal, e)
+                continue
             if hit is not None:
                 found.append((ordinal, *hit))
         for ordinal, new, report in found:
