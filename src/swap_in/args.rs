@@ -172,63 +172,87 @@ pub(super) fn check_stride(arg: &'static str, stride: usize, width: usize) -> Re
     Ok(())
 }
 
-/// Checks every argument and builds the kernel parameters.
-/// A buffer's name, first byte, bytes, and whether the call writes it.
-pub(super) type ByteRange = (&'static str, u64, u64, bool);
+/// The byte ranges one call reads and writes, kept on the stack: the check
+/// runs on every per-layer call, which must not allocate.
+pub(super) struct ByteRanges {
+    /// A buffer's name, first byte, bytes, and whether the call writes it.
+    ranges: [(&'static str, u64, u64, bool); ByteRanges::CAPACITY],
+    len: usize,
+}
 
-/// The byte ranges of the KV planes (the device planes written) and of
-/// `num_real_reqs`, which swap-ins and replays share.
-pub(super) fn kv_ranges(kv: &KvBuffers<'_>, num_real: Option<&Buf<'_, i32>>) -> Vec<ByteRange> {
-    let mut r = vec![
-        (
+impl ByteRanges {
+    /// The most one call names: a swap-in's eight index buffers, the KV
+    /// planes with `num_real_reqs` (five), and a recording's three plan
+    /// tensors.
+    const CAPACITY: usize = 16;
+
+    pub(super) fn new() -> Self {
+        ByteRanges {
+            ranges: [("", 0, 0, false); Self::CAPACITY],
+            len: 0,
+        }
+    }
+
+    /// Adds `bytes` bytes from `addr`, which the call writes when `written`.
+    pub(super) fn push(&mut self, name: &'static str, addr: u64, bytes: u64, written: bool) {
+        // A fixed number of pushes per call site, within CAPACITY: an
+        // overflow is a bug here, whatever the input.
+        self.ranges[self.len] = (name, addr, bytes, written);
+        self.len += 1;
+    }
+
+    /// Adds the KV planes (the device planes written) and `num_real_reqs`,
+    /// which swap-ins and replays share.
+    pub(super) fn push_kv(&mut self, kv: &KvBuffers<'_>, num_real: Option<&Buf<'_, i32>>) {
+        self.push(
             "host_cache",
             kv.k.host.addr(),
             kv.k.host.len() as u64,
             false,
-        ),
-        (
+        );
+        self.push(
             "device_buffer",
             kv.k.device.addr(),
             kv.k.device.len() as u64,
             true,
-        ),
-    ];
-    if let Some(v) = &kv.v {
-        r.push(("host_cache_v", v.host.addr(), v.host.len() as u64, false));
-        r.push((
-            "device_buffer_v",
-            v.device.addr(),
-            v.device.len() as u64,
-            true,
-        ));
-    }
-    if let Some(n) = num_real {
-        r.push(("num_real_reqs", n.addr(), 4, false));
-    }
-    r
-}
-
-/// Refuses a written buffer (`.3`) whose bytes `[.1, .1 + .2)` meet any
-/// other buffer's.
-pub(super) fn check_disjoint(ranges: &[ByteRange]) -> Result<()> {
-    for (i, &(w, ws, wn, written)) in ranges.iter().enumerate() {
-        if !written || wn == 0 {
-            continue;
+        );
+        if let Some(v) = &kv.v {
+            self.push("host_cache_v", v.host.addr(), v.host.len() as u64, false);
+            self.push(
+                "device_buffer_v",
+                v.device.addr(),
+                v.device.len() as u64,
+                true,
+            );
         }
-        for (j, &(o, os, on, _)) in ranges.iter().enumerate() {
-            if i != j && on != 0 && ws < os.saturating_add(on) && os < ws.saturating_add(wn) {
-                return Err(invalid(
-                    w,
-                    format!(
-                        "shares memory with `{o}`; the swap-in writes it, so it must be a buffer of its own"
-                    ),
-                ));
+        if let Some(n) = num_real {
+            self.push("num_real_reqs", n.addr(), 4, false);
+        }
+    }
+
+    /// Refuses a written buffer whose bytes meet any other buffer's.
+    pub(super) fn check_disjoint(&self) -> Result<()> {
+        let ranges = &self.ranges[..self.len];
+        for (i, &(w, ws, wn, written)) in ranges.iter().enumerate() {
+            if !written || wn == 0 {
+                continue;
+            }
+            for (j, &(o, os, on, _)) in ranges.iter().enumerate() {
+                if i != j && on != 0 && ws < os.saturating_add(on) && os < ws.saturating_add(wn) {
+                    return Err(invalid(
+                        w,
+                        format!(
+                            "shares memory with `{o}`; the swap-in writes it, so it must be a buffer of its own"
+                        ),
+                    ));
+                }
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
+/// Checks every argument and builds the kernel parameters.
 pub(crate) fn check(
     t: &SwapInTarget,
     a: &SwapInArgs<'_>,
@@ -329,65 +353,64 @@ pub(crate) fn check(
     // What the swap-in reads and writes, by byte range: a written buffer that
     // shares memory with any other would let the kernels follow values they
     // wrote themselves (a device row read back from a token slot, say).
-    let idx = |b: &IndexBuf<'_>, n: usize| (b.addr(), n as u64 * if b.is_i64() { 8 } else { 4 });
-    let mut ranges = vec![
-        (
-            "top_k_tokens",
-            a.top_k_tokens.addr(),
-            4 * span(batch, a.top_k_stride, k_us) as u64,
-            false,
-        ),
-        (
-            "top_k_device_locs",
-            a.top_k_device_locs.addr(),
-            4 * span(batch, a.out_stride, e_us) as u64,
-            true,
-        ),
-        (
-            "device_buffer_tokens",
-            a.device_buffer_tokens.addr(),
-            4 * span(r, a.tokens_stride, hot_us) as u64,
-            true,
-        ),
-        (
-            "device_buffer_locs",
-            a.device_buffer_locs.addr(),
-            4 * span(r, a.locs_stride, hot_us + 1) as u64,
-            false,
-        ),
-        (
-            "lru_slots",
-            a.lru_slots.addr(),
-            2 * span(r, a.lru_stride, hot_us) as u64,
-            true,
-        ),
-        (
-            "host_cache_locs",
-            a.host_cache_locs.addr(),
-            8 * span(r, a.host_stride, a.max_tokens as usize) as u64,
-            false,
-        ),
-        (
-            "req_pool_indices",
-            idx(&a.req_pool_indices, batch).0,
-            idx(&a.req_pool_indices, batch).1,
-            false,
-        ),
-        (
-            "seq_lens",
-            idx(&a.seq_lens, batch).0,
-            idx(&a.seq_lens, batch).1,
-            false,
-        ),
-    ];
-    ranges.extend(kv_ranges(&a.kv, a.num_real_reqs.as_ref()));
+    let index_bytes = |b: &IndexBuf<'_>| batch as u64 * if b.is_i64() { 8 } else { 4 };
+    let mut ranges = ByteRanges::new();
+    ranges.push(
+        "top_k_tokens",
+        a.top_k_tokens.addr(),
+        4 * span(batch, a.top_k_stride, k_us) as u64,
+        false,
+    );
+    ranges.push(
+        "top_k_device_locs",
+        a.top_k_device_locs.addr(),
+        4 * span(batch, a.out_stride, e_us) as u64,
+        true,
+    );
+    ranges.push(
+        "device_buffer_tokens",
+        a.device_buffer_tokens.addr(),
+        4 * span(r, a.tokens_stride, hot_us) as u64,
+        true,
+    );
+    ranges.push(
+        "device_buffer_locs",
+        a.device_buffer_locs.addr(),
+        4 * span(r, a.locs_stride, hot_us + 1) as u64,
+        false,
+    );
+    ranges.push(
+        "lru_slots",
+        a.lru_slots.addr(),
+        2 * span(r, a.lru_stride, hot_us) as u64,
+        true,
+    );
+    ranges.push(
+        "host_cache_locs",
+        a.host_cache_locs.addr(),
+        8 * span(r, a.host_stride, a.max_tokens as usize) as u64,
+        false,
+    );
+    ranges.push(
+        "req_pool_indices",
+        a.req_pool_indices.addr(),
+        index_bytes(&a.req_pool_indices),
+        false,
+    );
+    ranges.push(
+        "seq_lens",
+        a.seq_lens.addr(),
+        index_bytes(&a.seq_lens),
+        false,
+    );
+    ranges.push_kv(&a.kv, a.num_real_reqs.as_ref());
     if let Some(m) = &a.miss_plan {
         let rows = span(batch, m.stride, m.capacity) as u64;
-        ranges.push(("miss_src", m.src.addr(), 8 * rows, true));
-        ranges.push(("miss_dst", m.dst.addr(), 4 * rows, true));
-        ranges.push(("miss_count", m.count.addr(), 4 * batch as u64, true));
+        ranges.push("miss_src", m.src.addr(), 8 * rows, true);
+        ranges.push("miss_dst", m.dst.addr(), 4 * rows, true);
+        ranges.push("miss_count", m.count.addr(), 4 * batch as u64, true);
     }
-    check_disjoint(&ranges)?;
+    ranges.check_disjoint()?;
     let (plan_src, plan_dst, plan_count, plan_stride) = match &a.miss_plan {
         Some(m) => {
             if m.capacity < e_us {

@@ -63,13 +63,12 @@ pub(super) fn check(t: &SwapInTarget, a: &PlannedCopyArgs<'_>) -> Result<kvt_swa
         None => 0,
     };
     let kv = items::check(&a.kv, want)?;
-    let mut ranges = vec![
-        ("miss_src", a.src.addr(), 8 * cells as u64, false),
-        ("miss_dst", a.dst.addr(), 4 * cells as u64, false),
-        ("miss_count", a.count.addr(), 4 * rows as u64, false),
-    ];
-    ranges.extend(super::args::kv_ranges(&a.kv, a.num_real_reqs.as_ref()));
-    super::args::check_disjoint(&ranges)?;
+    let mut ranges = super::args::ByteRanges::new();
+    ranges.push("miss_src", a.src.addr(), 8 * cells as u64, false);
+    ranges.push("miss_dst", a.dst.addr(), 4 * cells as u64, false);
+    ranges.push("miss_count", a.count.addr(), 4 * rows as u64, false);
+    ranges.push_kv(&a.kv, a.num_real_reqs.as_ref());
+    ranges.check_disjoint()?;
     let mut flags = KVT_SWAP_REPLAY;
     if a.skip_io {
         flags |= KVT_SWAP_SKIP_IO;
