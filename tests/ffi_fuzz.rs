@@ -51,6 +51,15 @@ fn layout(rng: &mut StdRng) -> KvtLayout {
     }
 }
 
+/// `good` for a shaped case; a small random value (often wrong) otherwise.
+fn shaped_or(shaped: bool, good: u64, rng: &mut StdRng) -> u64 {
+    if shaped {
+        good
+    } else {
+        rng.random_range(0..16)
+    }
+}
+
 #[test]
 fn pool_calls_return_a_status_on_any_input() {
     let dir = std::env::temp_dir().join(format!("kvtier-ffi-fuzz-{}", std::process::id()));
@@ -289,16 +298,8 @@ fn swap_in_calls_return_a_status_on_any_input() {
             miss_src: if planned { b!(src) } else { empty },
             miss_dst: if planned { b!(dst) } else { empty },
             miss_count: if planned { b!(cnt) } else { empty },
-            miss_stride: if shaped {
-                k as u64
-            } else {
-                rng.random_range(0..16)
-            },
-            miss_capacity: if shaped {
-                k as u64
-            } else {
-                rng.random_range(0..16)
-            },
+            miss_stride: shaped_or(shaped, k as u64, &mut rng),
+            miss_capacity: shaped_or(shaped, k as u64, &mut rng),
             req_pool_indices_type: if shaped {
                 KVT_INDEX_INT64
             } else {
@@ -323,16 +324,8 @@ fn swap_in_calls_return_a_status_on_any_input() {
             miss_src: b!(src),
             miss_dst: b!(dst),
             miss_count: b!(cnt),
-            miss_stride: if shaped {
-                k as u64
-            } else {
-                rng.random_range(0..16)
-            },
-            miss_capacity: if shaped {
-                k as u64
-            } else {
-                rng.random_range(0..16)
-            },
+            miss_stride: shaped_or(shaped, k as u64, &mut rng),
+            miss_capacity: shaped_or(shaped, k as u64, &mut rng),
             num_real_reqs: b!(nr),
             kv: KvtKvBuffers {
                 items,

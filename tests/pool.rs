@@ -320,6 +320,15 @@ fn worker_in_namespace(orders: &str) -> Worker {
     )
 }
 
+/// Polls `done` every 20 ms until it holds; fails with `what` after 10 s.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits for the worker to print a line starting with `prefix`; returns it.
 fn wait_line(child: &mut Worker, prefix: &str) -> String {
     let out = child.stdout.as_mut().unwrap();
@@ -615,23 +624,17 @@ fn crashes_at_random_points_leak_nothing_and_publish_nothing_partial() {
     );
 
     // a namespaced worker dies a moment after its unshare
-    let t0 = Instant::now();
-    while Pool::open(devices.clone(), inspect())
-        .unwrap()
-        .regions()
-        .iter()
-        .any(|r| {
-            r.owner
-                .as_ref()
-                .is_some_and(|o| o.liveness != Liveness::Dead)
-        })
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "every worker has exited"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("every worker has exited", || {
+        Pool::open(devices.clone(), inspect())
+            .unwrap()
+            .regions()
+            .iter()
+            .all(|r| {
+                r.owner
+                    .as_ref()
+                    .is_none_or(|o| o.liveness == Liveness::Dead)
+            })
+    });
     let look = Pool::open(devices.clone(), inspect()).unwrap();
     let report = look.check();
     assert!(report.problems.is_empty(), "{report:?}");
@@ -1073,18 +1076,12 @@ fn a_holder_in_another_pid_namespace_is_not_reclaimed_while_it_lives() {
     }
     drop(holder);
     // the holder dies with unshare (--kill-child), a moment after it
-    let t0 = Instant::now();
-    loop {
-        let p = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
-        if p.free_regions() == total {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "a holder that is gone is reclaimed"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("a holder that is gone is reclaimed", || {
+        Pool::open(devices.clone(), PoolOptions::default())
+            .unwrap()
+            .free_regions()
+            == total
+    });
 }
 
 /// A reader never gets torn bytes with Ok: one region, freed, reallocated

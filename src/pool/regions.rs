@@ -13,6 +13,17 @@ impl Pool {
             .ok_or_else(|| invalid("pool", "was opened for inspection only (attach = false)"))
     }
 
+    /// The control word of a region this process holds in `state`.
+    fn mine(&self, state: RegionState) -> Result<u64> {
+        let (client, generation) = self.owner()?;
+        Ok(RegionControl {
+            state,
+            client,
+            generation,
+        }
+        .encode())
+    }
+
     pub(super) fn device_has_free(&self, d: u32) -> bool {
         let dev = &self.devices[d as usize];
         (dev.first_region..dev.first_region + dev.num_regions)
@@ -31,13 +42,7 @@ impl Pool {
     /// Takes a free region for request `request` (an id of the caller's,
     /// shown by `kvtier pool status`).
     pub fn alloc_region_for(&self, request: u64) -> Result<Region> {
-        let (client, generation) = self.owner()?;
-        let mine = RegionControl {
-            state: RegionState::Allocated,
-            client,
-            generation,
-        }
-        .encode();
+        let mine = self.mine(RegionState::Allocated)?;
         loop {
             let d = self
                 .placement
@@ -83,19 +88,8 @@ impl Pool {
     /// trust them from now on.
     pub fn publish(&self, region: &Region) -> Result<()> {
         self.check_region(region)?;
-        let (client, generation) = self.owner()?;
-        let from = RegionControl {
-            state: RegionState::Allocated,
-            client,
-            generation,
-        }
-        .encode();
-        let to = RegionControl {
-            state: RegionState::Ready,
-            client,
-            generation,
-        }
-        .encode();
+        let from = self.mine(RegionState::Allocated)?;
+        let to = self.mine(RegionState::Ready)?;
         if self.cas(&self.region_entry(region.index).control, from, to, PUBLISH) {
             Ok(())
         } else {
@@ -106,16 +100,14 @@ impl Pool {
     /// Returns a region to the pool.
     pub fn free_region(&self, region: Region) -> Result<()> {
         self.check_region(&region)?;
-        let (client, generation) = self.owner()?;
         let e = &self.region_entry(region.index).control;
         for state in [RegionState::Allocated, RegionState::Ready] {
-            let w = RegionControl {
-                state,
-                client,
-                generation,
-            }
-            .encode();
-            if self.cas(e, w, RegionControl::FREE.encode(), Ordering::AcqRel) {
+            if self.cas(
+                e,
+                self.mine(state)?,
+                RegionControl::FREE.encode(),
+                Ordering::AcqRel,
+            ) {
                 return Ok(());
             }
         }
