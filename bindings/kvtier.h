@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes. */
-#define KVT_ABI_VERSION 2
+#define KVT_ABI_VERSION 3
 
 typedef int32_t kvt_status;
 #define KVT_OK 0
@@ -236,6 +236,62 @@ typedef struct kvt_planned_copy_args {
     uint32_t skip_io;             /* nonzero: walk nothing, move nothing (a timing probe) */
 } kvt_planned_copy_args;
 
+/* SGLang's HiSparseSpecState for one layer, read and written as SGLang lays
+ * it out (strides in elements). */
+typedef struct kvt_spec_state {
+    kvt_buf cache_index;          /* int64 [index_rows][2][hash_size]: two hash banks of slot << 32 | token */
+    uint64_t index_rows;
+    uint64_t index_stride;        /* between requests */
+    uint64_t bank_stride;         /* between a request's two banks */
+    uint64_t hash_size;           /* entries per bank, a power of two */
+    kvt_buf cache_policy;         /* int32 [policy_rows][policy_stride]: row 0 packed CLOCKs, row 1 + rid epochs */
+    uint64_t policy_rows;
+    uint64_t policy_stride;
+    uint64_t policy_width;        /* columns: at least max(hot_buffer_size, num_requests) */
+    kvt_buf scratch_locs;         /* int32 [num_requests][scratch_stride]: scratch device rows */
+    uint64_t scratch_stride;
+    uint64_t scratch_capacity;    /* scratch rows per request (the columns) */
+    kvt_buf scratch_state;        /* int32 [state_rows][state_stride], 8-byte aligned: counters, miss tables */
+    uint64_t state_rows;
+    uint64_t state_stride;        /* even: rows are read as int64 pairs */
+    uint64_t state_width;         /* columns: at least max(4 * num_requests, 5 * steps * top_k) */
+} kvt_spec_state;
+
+/* One layer's speculative swap-in (SGLang's
+ * load_cache_to_device_buffer_spec_mla, MTP/EAGLE verify); the semantics are
+ * those of kvtier's swap_in::spec module. The batch is the length of
+ * req_pool_indices. */
+typedef struct kvt_spec_swap_in_args {
+    kvt_buf top_k_tokens;         /* int32 [batch][top_k_stride]: num_steps * num_top_k tokens, step-major */
+    uint64_t top_k_stride;
+    kvt_buf device_buffer_tokens; /* int32 [num_requests][tokens_stride]: hot slots, then the extra page */
+    uint64_t tokens_stride;
+    kvt_buf device_buffer_locs;   /* int32 [num_requests][locs_stride], written (rotated with scratch rows) */
+    uint64_t locs_stride;
+    kvt_buf host_cache_locs;      /* int64 [num_requests][host_stride], max_tokens entries */
+    uint64_t host_stride;
+    kvt_kv_buffers kv;            /* one plane */
+    kvt_buf top_k_device_locs;    /* int32 [batch][out_stride], written: num_steps * num_top_k columns */
+    uint64_t out_stride;
+    kvt_buf req_pool_indices;     /* [batch], of req_pool_indices_type */
+    kvt_buf seq_lens;             /* [batch * num_steps], of seq_lens_type */
+    kvt_buf num_real_reqs;        /* int32 [1] (required) */
+    kvt_buf miss_src;             /* optional (ptr NULL): int64 [batch][miss_stride], host row per copy */
+    kvt_buf miss_dst;             /* int32 [batch][miss_stride], device row per copy */
+    kvt_buf miss_count;           /* int32 [batch], copies per row */
+    uint64_t miss_stride;
+    uint64_t miss_capacity;       /* at least num_steps * num_top_k */
+    kvt_spec_state state;
+    uint32_t req_pool_indices_type; /* KVT_INDEX_INT32 or KVT_INDEX_INT64 */
+    uint32_t seq_lens_type;         /* KVT_INDEX_INT32 or KVT_INDEX_INT64 */
+    uint32_t max_tokens;
+    uint32_t num_requests;
+    uint32_t num_steps;             /* 2 to 4 */
+    uint32_t num_top_k;             /* at least 1024; num_steps * num_top_k at most 8192 */
+    uint32_t hot_buffer_size;
+    uint32_t page_size;             /* extra-page slots after the hot buffer */
+} kvt_spec_swap_in_args;
+
 typedef struct kvt_swap_in kvt_swap_in;
 
 /* A swap-in engine on `executor` (KVT_EXECUTOR_CPU or a GPU ordinal). */
@@ -254,6 +310,10 @@ kvt_status kvt_swap_in_run(const kvt_swap_in *engine, const kvt_swap_in_args *ar
 /* Replays a miss plan on `stream` (CUDA-graph capturable as kvt_swap_in_run). */
 kvt_status kvt_swap_in_copy_planned(const kvt_swap_in *engine, const kvt_planned_copy_args *args,
                                     kvt_cuda_stream stream);
+/* One layer's speculative swap-in: the CPU executor only (a CUDA engine
+ * refuses it with KVT_INVALID_ARGUMENT: kvtier has no CUDA kernel for it yet). */
+kvt_status kvt_swap_in_run_spec(const kvt_swap_in *engine, const kvt_spec_swap_in_args *args,
+                                kvt_cuda_stream stream);
 /* The address the engine's kernels use for host memory at `host`: itself for
  * the CPU executor; for the CUDA executor the mapped device address of pinned
  * or registered memory (KVT_INVALID_ARGUMENT for memory that is neither), e.g.

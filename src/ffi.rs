@@ -24,14 +24,14 @@ use crate::layout::{ItemLayout, LayerFirstLayout};
 use crate::mem::{Buf, BufMut, Location};
 use crate::pool::{DEFAULT_CLIENTS, DeviceSpec, Pool, PoolOptions, Region};
 use crate::swap_in::{
-    IndexBuf, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, QueryKind, SwapInArgs, SwapInEngine,
-    SwapInStrategy,
+    IndexBuf, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, QueryKind, SpecState, SpecSwapInArgs,
+    SwapInArgs, SwapInEngine, SwapInStrategy,
 };
 use crate::tier::Tier;
 use crate::writeback::WritebackItems;
 
 /// `KVT_ABI_VERSION` in the header.
-pub const KVT_ABI_VERSION: u32 = 2;
+pub const KVT_ABI_VERSION: u32 = 3;
 
 pub type KvtStatus = i32;
 pub const KVT_OK: KvtStatus = 0;
@@ -164,6 +164,62 @@ pub struct KvtSwapInArgs {
     pub hot_buffer_size: u32,
     pub block_tokens: u32,
     pub skip_io: u32,
+}
+
+/// `kvt_spec_state`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtSpecState {
+    pub cache_index: KvtBuf,
+    pub index_rows: u64,
+    pub index_stride: u64,
+    pub bank_stride: u64,
+    pub hash_size: u64,
+    pub cache_policy: KvtBuf,
+    pub policy_rows: u64,
+    pub policy_stride: u64,
+    pub policy_width: u64,
+    pub scratch_locs: KvtBuf,
+    pub scratch_stride: u64,
+    pub scratch_capacity: u64,
+    pub scratch_state: KvtBuf,
+    pub state_rows: u64,
+    pub state_stride: u64,
+    pub state_width: u64,
+}
+
+/// `kvt_spec_swap_in_args`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtSpecSwapInArgs {
+    pub top_k_tokens: KvtBuf,
+    pub top_k_stride: u64,
+    pub device_buffer_tokens: KvtBuf,
+    pub tokens_stride: u64,
+    pub device_buffer_locs: KvtBuf,
+    pub locs_stride: u64,
+    pub host_cache_locs: KvtBuf,
+    pub host_stride: u64,
+    pub kv: KvtKvBuffers,
+    pub top_k_device_locs: KvtBuf,
+    pub out_stride: u64,
+    pub req_pool_indices: KvtBuf,
+    pub seq_lens: KvtBuf,
+    pub num_real_reqs: KvtBuf,
+    pub miss_src: KvtBuf,
+    pub miss_dst: KvtBuf,
+    pub miss_count: KvtBuf,
+    pub miss_stride: u64,
+    pub miss_capacity: u64,
+    pub state: KvtSpecState,
+    pub req_pool_indices_type: u32,
+    pub seq_lens_type: u32,
+    pub max_tokens: u32,
+    pub num_requests: u32,
+    pub num_steps: u32,
+    pub num_top_k: u32,
+    pub hot_buffer_size: u32,
+    pub page_size: u32,
 }
 
 /// `kvt_planned_copy_args`.
@@ -625,28 +681,46 @@ fn capacity(v: u64, arg: &'static str) -> Result<usize> {
     usize::try_from(v).map_err(|_| invalid(arg, "is larger than the address space"))
 }
 
+/// A caller's miss plan (all three buffers, or none).
+///
+/// # Safety
+/// Every buffer per [`buf`]'s contract.
+unsafe fn miss_plan<'a>(
+    [src, dst, count]: [&KvtBuf; 3],
+    miss_stride: u64,
+    miss_capacity: u64,
+    loc: Location,
+) -> Result<Option<MissPlan<'a>>> {
+    match [src, dst, count].map(|b| !b.ptr.is_null()) {
+        [false, false, false] => Ok(None),
+        [true, true, true] => Ok(Some(MissPlan {
+            // SAFETY: per this function's contract.
+            src: unsafe { buf_mut(src, "miss_src", loc)? },
+            dst: unsafe { buf_mut(dst, "miss_dst", loc)? },
+            stride: stride(miss_stride, "miss_stride")?,
+            capacity: capacity(miss_capacity, "miss_capacity")?,
+            count: unsafe { buf_mut(count, "miss_count", loc)? },
+        })),
+        _ => Err(invalid(
+            "miss_src",
+            "miss_src, miss_dst and miss_count must be given together (or none of them)",
+        )),
+    }
+}
+
 /// The Rust arguments of a C swap-in call.
 ///
 /// # Safety
 /// Every buffer in `a` per [`buf`]'s contract.
 unsafe fn swap_in_args<'a>(a: &KvtSwapInArgs, loc: Location) -> Result<SwapInArgs<'a>> {
-    let given = [&a.miss_src, &a.miss_dst, &a.miss_count].map(|b| !b.ptr.is_null());
-    let miss_plan = match given {
-        [false, false, false] => None,
-        [true, true, true] => Some(MissPlan {
-            // SAFETY: per this function's contract.
-            src: unsafe { buf_mut(&a.miss_src, "miss_src", loc)? },
-            dst: unsafe { buf_mut(&a.miss_dst, "miss_dst", loc)? },
-            stride: stride(a.miss_stride, "miss_stride")?,
-            capacity: capacity(a.miss_capacity, "miss_capacity")?,
-            count: unsafe { buf_mut(&a.miss_count, "miss_count", loc)? },
-        }),
-        _ => {
-            return Err(invalid(
-                "miss_src",
-                "miss_src, miss_dst and miss_count must be given together (or none of them)",
-            ));
-        }
+    // SAFETY: per this function's contract.
+    let miss_plan = unsafe {
+        miss_plan(
+            [&a.miss_src, &a.miss_dst, &a.miss_count],
+            a.miss_stride,
+            a.miss_capacity,
+            loc,
+        )?
     };
     let query = match a.block_tokens {
         0 => QueryKind::Tokens,
@@ -683,6 +757,78 @@ unsafe fn swap_in_args<'a>(a: &KvtSwapInArgs, loc: Location) -> Result<SwapInArg
             hot_buffer_size: a.hot_buffer_size,
             skip_io: a.skip_io != 0,
             miss_plan,
+        })
+    }
+}
+
+/// The Rust arguments of a C speculative swap-in call.
+///
+/// # Safety
+/// Every buffer in `a` per [`buf`]'s contract.
+unsafe fn spec_swap_in_args<'a>(
+    a: &KvtSpecSwapInArgs,
+    loc: Location,
+) -> Result<SpecSwapInArgs<'a>> {
+    let st = &a.state;
+    let size = |v: u64, arg: &'static str| stride(v, arg);
+    // SAFETY: per this function's contract, for every buffer below.
+    unsafe {
+        let Some(num_real_reqs) = optional_buf(&a.num_real_reqs, "num_real_reqs", loc)? else {
+            return Err(invalid(
+                "num_real_reqs",
+                "is a null pointer; the speculative swap-in needs it (int32 [1])",
+            ));
+        };
+        Ok(SpecSwapInArgs {
+            top_k_tokens: buf(&a.top_k_tokens, "top_k_tokens", loc)?,
+            top_k_stride: stride(a.top_k_stride, "top_k_stride")?,
+            num_steps: a.num_steps,
+            num_top_k: a.num_top_k,
+            device_buffer_tokens: buf_mut(&a.device_buffer_tokens, "device_buffer_tokens", loc)?,
+            tokens_stride: stride(a.tokens_stride, "tokens_stride")?,
+            device_buffer_locs: buf_mut(&a.device_buffer_locs, "device_buffer_locs", loc)?,
+            locs_stride: stride(a.locs_stride, "locs_stride")?,
+            host_cache_locs: buf(&a.host_cache_locs, "host_cache_locs", loc)?,
+            host_stride: stride(a.host_stride, "host_stride")?,
+            max_tokens: a.max_tokens,
+            kv: kv_buffers(&a.kv, loc)?,
+            top_k_device_locs: buf_mut(&a.top_k_device_locs, "top_k_device_locs", loc)?,
+            out_stride: stride(a.out_stride, "out_stride")?,
+            req_pool_indices: index_buf(
+                &a.req_pool_indices,
+                a.req_pool_indices_type,
+                "req_pool_indices",
+                loc,
+            )?,
+            seq_lens: index_buf(&a.seq_lens, a.seq_lens_type, "seq_lens", loc)?,
+            num_real_reqs,
+            state: SpecState {
+                cache_index: buf_mut(&st.cache_index, "cache_index", loc)?,
+                index_rows: size(st.index_rows, "index_rows")?,
+                index_stride: size(st.index_stride, "index_stride")?,
+                bank_stride: size(st.bank_stride, "bank_stride")?,
+                hash_size: size(st.hash_size, "hash_size")?,
+                cache_policy: buf_mut(&st.cache_policy, "cache_policy", loc)?,
+                policy_rows: size(st.policy_rows, "policy_rows")?,
+                policy_stride: size(st.policy_stride, "policy_stride")?,
+                policy_width: size(st.policy_width, "policy_width")?,
+                scratch_locs: buf_mut(&st.scratch_locs, "scratch_locs", loc)?,
+                scratch_stride: size(st.scratch_stride, "scratch_stride")?,
+                scratch_capacity: size(st.scratch_capacity, "scratch_capacity")?,
+                scratch_state: buf_mut(&st.scratch_state, "scratch_state", loc)?,
+                state_rows: size(st.state_rows, "state_rows")?,
+                state_stride: size(st.state_stride, "state_stride")?,
+                state_width: size(st.state_width, "state_width")?,
+            },
+            num_requests: a.num_requests,
+            hot_buffer_size: a.hot_buffer_size,
+            page_size: a.page_size,
+            miss_plan: miss_plan(
+                [&a.miss_src, &a.miss_dst, &a.miss_count],
+                a.miss_stride,
+                a.miss_capacity,
+                loc,
+            )?,
         })
     }
 }
@@ -1029,6 +1175,25 @@ pub unsafe extern "C" fn kvt_swap_in_run(
 }
 
 /// # Safety
+/// Pointers as `kvt_swap_in_run_spec` in `bindings/kvtier.h` describes them;
+/// every buffer in `args` addresses what it claims.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_run_spec(
+    engine: *const KvtSwapIn,
+    args: *const KvtSpecSwapInArgs,
+    stream_: CUstream,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer and buffer.
+        let e = unsafe { handle(engine, "engine")? };
+        let a = unsafe { arg_ref(args, "args")? };
+        let engine = lock(&e.engine);
+        let args = unsafe { spec_swap_in_args(a, engine.executor().location())? };
+        engine.run_spec(&args, stream(stream_))
+    })
+}
+
+/// # Safety
 /// Pointers as `kvt_swap_in_copy_planned` in `bindings/kvtier.h` describes
 /// them; every buffer in `args` addresses what it claims.
 #[unsafe(no_mangle)]
@@ -1330,6 +1495,20 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         req_pool_indices, seq_lens, num_real_reqs, miss_src, miss_dst, miss_count, miss_stride,
         miss_capacity, req_pool_indices_type, seq_lens_type, max_tokens, num_requests, num_top_k,
         hot_buffer_size, block_tokens, skip_io),
+    );
+    v.extend(
+        fields!(KvtSpecState, "kvt_spec_state": cache_index, index_rows, index_stride,
+        bank_stride, hash_size, cache_policy, policy_rows, policy_stride, policy_width,
+        scratch_locs, scratch_stride, scratch_capacity, scratch_state, state_rows, state_stride,
+        state_width),
+    );
+    v.extend(
+        fields!(KvtSpecSwapInArgs, "kvt_spec_swap_in_args": top_k_tokens, top_k_stride,
+        device_buffer_tokens, tokens_stride, device_buffer_locs, locs_stride, host_cache_locs,
+        host_stride, kv, top_k_device_locs, out_stride, req_pool_indices, seq_lens,
+        num_real_reqs, miss_src, miss_dst, miss_count, miss_stride, miss_capacity, state,
+        req_pool_indices_type, seq_lens_type, max_tokens, num_requests, num_steps, num_top_k,
+        hot_buffer_size, page_size),
     );
     v.extend(fields!(KvtItems, "kvt_items": rows_per_page, value_bytes, scale_bytes, page_bytes));
     v.extend(

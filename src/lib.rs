@@ -47,8 +47,8 @@ pub use layout::{EntryFormat, ItemLayout, LayerFirstLayout};
 pub use mem::{Buf, BufMut, Location};
 pub use pool::{DeviceSpec, Pool, PoolOptions, Region};
 pub use swap_in::{
-    IndexBuf, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, QueryKind, SwapInArgs, SwapInEngine,
-    SwapInStrategy,
+    IndexBuf, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, QueryKind, SpecState, SpecSwapInArgs,
+    SwapInArgs, SwapInEngine, SwapInStrategy,
 };
 pub use tier::{KvLayers, Tier};
 pub use writeback::WritebackItems;

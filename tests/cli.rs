@@ -86,13 +86,21 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_a_plot() {
     assert_eq!(count("swap-in"), 2 * 2 * if cpu { 4 } else { 5 }, "{out}");
     // writeback: 1 prefill chunk + 2 decode batches, 4 methods
     assert_eq!(count("writeback"), 3 * 4, "{out}");
+    // speculative swap-in: 2 batches × 2 step counts × 2 miss counts, 2
+    // methods on the CPU executor (no CUDA kernel yet: no points on CUDA)
+    let spec = 2 * 2 * 2;
+    assert_eq!(
+        count("spec-swap-in"),
+        if cpu { spec * 2 } else { 0 },
+        "{out}"
+    );
     // every point has one limit, at ratio 1, and the others' ratios
     for l in lines.iter().filter(|l| l["is_limit"] == true) {
         assert_eq!(l["ratio_to_limit"].as_f64(), Some(1.0), "{l}");
     }
     assert_eq!(
         lines.iter().filter(|l| l["is_limit"] == true).count(),
-        4 + 4 + 3
+        4 + 4 + 3 + if cpu { spec } else { 0 }
     );
     let g = lines
         .iter()

@@ -1,17 +1,19 @@
 //! The host work of a per-layer launch allocates nothing: a swap-in's and a
 //! plan replay's checks (every argument, the aliasing of the buffers, the
 //! kernel parameters) run here under a counting allocator, with the most
-//! buffers a call can name (two KV planes, `num_real_reqs`, a caller's plan).
+//! buffers a call can name (two KV planes, `num_real_reqs`, a caller's plan);
+//! so does a whole speculative swap-in on the CPU executor.
 
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
+use common::spec::*;
 use common::swap::*;
 use common::*;
 use kvtier::swap_in::{EmulationScratch, emulation_params, emulation_replay_params};
-use kvtier::{ErrorWord, SwapInStrategy};
+use kvtier::{ErrorWord, Executor, Stream, SwapInEngine, SwapInStrategy};
 
 /// Counts the allocations of the thread that asked (tests run side by side).
 struct Counting;
@@ -123,4 +125,24 @@ fn a_replay_check_allocates_nothing() {
         }
     }
     assert!(widest > 0, "no case named every buffer a replay can");
+}
+
+#[test]
+fn a_speculative_swap_in_allocates_nothing() {
+    let engine = SwapInEngine::new(Executor::cpu()).unwrap();
+    // every miss fresh: the union fits the hot buffer (SGLang's union CLOCK);
+    // it does not (the approximate CLOCK); and it is past the scratch too
+    // (misses copied straight into slots)
+    for (scratch, steps) in [(4096, 2), (8192, 4), (4096, 4)] {
+        let mut c = SpecCase::new(2, 4096, 64, scratch, 16384, 2, steps, 2048);
+        let t = steps as i32 * 2048;
+        let topk: Vec<i32> = (0..2 * t).map(|i| 4096 + i % t).collect();
+        let mut call = SpecCall::new(topk, 2, steps, 16384, true);
+        let args = c.args(&mut call);
+        let (r, n) = allocations(|| engine.run_spec(&args, Stream::null()));
+        r.unwrap_or_else(|e| panic!("scratch {scratch}, {steps} steps: {e}"));
+        assert_eq!(n, 0, "scratch {scratch}, {steps} steps: the call allocated");
+        assert_eq!(c.misses(0), t);
+        c.assert_outputs_hold(&call, |_| false);
+    }
 }

@@ -33,18 +33,18 @@ impl IndexBuf<'_> {
         self.len() == 0
     }
 
-    fn is_i64(&self) -> bool {
+    pub(super) fn is_i64(&self) -> bool {
         matches!(self, IndexBuf::I64(_))
     }
 
-    fn addr(&self) -> u64 {
+    pub(super) fn addr(&self) -> u64 {
         match self {
             IndexBuf::I32(b) => b.addr(),
             IndexBuf::I64(b) => b.addr(),
         }
     }
 
-    fn check(&self, arg: &'static str, want: Location, len: usize) -> Result<()> {
+    pub(super) fn check(&self, arg: &'static str, want: Location, len: usize) -> Result<()> {
         match self {
             IndexBuf::I32(b) => b.check(arg, want, len),
             IndexBuf::I64(b) => b.check(arg, want, len),
@@ -181,10 +181,10 @@ pub(super) struct ByteRanges {
 }
 
 impl ByteRanges {
-    /// The most one call names: a swap-in's eight index buffers, the KV
-    /// planes with `num_real_reqs` (five), and a recording's three plan
-    /// tensors.
-    const CAPACITY: usize = 16;
+    /// The most one call names: a speculative swap-in's eleven index and
+    /// state buffers, the KV plane with `num_real_reqs` (three), and a
+    /// recording's three plan tensors (a single-step swap-in names 16).
+    const CAPACITY: usize = 17;
 
     pub(super) fn new() -> Self {
         ByteRanges {

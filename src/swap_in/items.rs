@@ -113,8 +113,24 @@ pub(super) fn layout_of(l: &kvt_item_layout) -> ItemLayout {
 /// `src < p.host_rows` and `dst < p.device_rows`, and the planes of `p` are
 /// host memory holding those rows, as [`check`] established.
 pub(super) unsafe fn copy_row(p: &kvt_swap_in_params, layout: &ItemLayout, src: u64, dst: u64) {
-    for plane in 0..2 {
-        let (host, device) = (p.host_cache[plane], p.device_buffer[plane]);
+    // SAFETY: per this function's contract.
+    unsafe { copy_planes(p.host_cache, p.device_buffer, layout, src, dst) }
+}
+
+/// Host row `src` to device row `dst` of each plane `host[i]` → `device[i]`
+/// whose host address is not 0.
+///
+/// # Safety
+/// `src` and `dst` are rows inside the planes, which are host memory holding
+/// them, as [`check`] established.
+pub(super) unsafe fn copy_planes(
+    host: [u64; 2],
+    device: [u64; 2],
+    layout: &ItemLayout,
+    src: u64,
+    dst: u64,
+) {
+    for (host, device) in host.into_iter().zip(device) {
         if host == 0 {
             continue;
         }

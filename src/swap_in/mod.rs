@@ -103,11 +103,16 @@ mod cuda;
 mod items;
 mod policy;
 mod replay;
+mod spec;
 
 pub use args::{IndexBuf, MissPlan, QueryKind, SwapInArgs};
 pub use cuda::{copy_smem_bytes, plan_smem_bytes};
 pub use items::{KvBuffers, KvPlane};
 pub use replay::PlannedCopyArgs;
+pub use spec::{
+    SPEC_MAX_HOT, SPEC_MAX_OCCURRENCES, SPEC_MAX_STEPS, SPEC_MIN_STEPS, SPEC_MIN_TOP_K, SpecState,
+    SpecSwapInArgs,
+};
 
 use crate::abi::{KVT_SWAP_MAX_HOT, KVT_SWAP_MAX_TOP_K};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -288,6 +293,28 @@ impl SwapInEngine {
             // right size; the scratch is this engine's and fits batch ×
             // entries (or the caller's plan was checked instead).
             Executor::Cuda(dev) => unsafe { cuda::launch(dev, &p, stream) },
+        }
+    }
+
+    /// One layer's speculative swap-in (SGLang's
+    /// `load_cache_to_device_buffer_spec_mla`, MTP/EAGLE verify) on SGLang's
+    /// `HiSparseSpecState`: see the `spec` module's contract. The CPU
+    /// executor runs it; kvtier has no CUDA kernel for it yet, so the CUDA
+    /// executor refuses it (SGLang's kernel serves CUDA tensors). No
+    /// allocation; bad indices are refused and reported at once.
+    pub fn run_spec(&self, args: &SpecSwapInArgs<'_>, _stream: Stream) -> Result<()> {
+        match &self.exec {
+            Executor::Cpu => {
+                let p = spec::check(args, crate::mem::Location::Host)?;
+                // SAFETY: `check` checked every host buffer against its shape
+                // and that the written ones share no memory.
+                unsafe { spec::run(&p) }.into_result()
+            }
+            Executor::Cuda(_) => Err(invalid(
+                "top_k_tokens",
+                "kvtier's speculative swap-in runs on the CPU executor only: it has no CUDA kernel \
+                 yet (SGLang's own kernel serves CUDA tensors)",
+            )),
         }
     }
 

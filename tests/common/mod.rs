@@ -4,6 +4,7 @@
 //! the executors, and runners that drive either executor with the same case.
 #![allow(dead_code)]
 
+pub mod spec;
 pub mod swap;
 
 use std::sync::Arc;

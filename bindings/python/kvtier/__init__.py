@@ -13,7 +13,7 @@ library's message.
 
 from ._lib import KvtierError, library
 from ._pool import DeviceCapacity, Layout, Pool, Region, device_bytes_for, device_capacity
-from ._swap_in import SwapInEngine, swap_in
+from ._swap_in import SwapInEngine, spec_swap_in, swap_in
 
 __all__ = [
     "DeviceCapacity",
@@ -25,6 +25,7 @@ __all__ = [
     "device_bytes_for",
     "device_capacity",
     "library",
+    "spec_swap_in",
     "swap_in",
     "version",
     "kernels_built",

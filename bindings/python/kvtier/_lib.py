@@ -13,7 +13,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIB_NAME = "libkvtier.so"
 
 # Status codes (bindings/kvtier.h).
@@ -180,6 +180,7 @@ _PROTOTYPES = {
     # called by kvtier._native, by address, with the library's own structs
     "kvt_swap_in_run": (_S, [_P, _P, _U32, _P]),
     "kvt_swap_in_copy_planned": (_S, [_P, _P, _P]),
+    "kvt_swap_in_run_spec": (_S, [_P, _P, _P]),
     "kvt_swap_in_map_host": (_S, [_P, _P, ctypes.POINTER(_U64)]),
     "kvt_swap_in_check": (_S, [_P]),
     "kvt_swap_in_poll": (_S, [_P, ctypes.POINTER(_U32)]),

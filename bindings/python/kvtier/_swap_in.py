@@ -22,7 +22,7 @@ STRATEGIES = {"plan_then_copy": _lib.PLAN_THEN_COPY, "one_block_per_request": _l
 # The library functions the native module calls (by address: one library in
 # the process, the one ctypes loaded).
 _NATIVE_CALLS = ("kvt_swap_in_create", "kvt_swap_in_reserve", "kvt_swap_in_capacity", "kvt_swap_in_run",
-                 "kvt_swap_in_copy_planned", "kvt_swap_in_map_host", "kvt_last_error")
+                 "kvt_swap_in_copy_planned", "kvt_swap_in_run_spec", "kvt_swap_in_map_host", "kvt_last_error")
 NATIVE_NAME = "_native.abi3.so"
 _native_module = None
 _native_lock = threading.Lock()
@@ -222,6 +222,75 @@ def copy_planned(
         miss_src, miss_dst, miss_count, num_real_reqs, host_cache, device_buffer, _items(items), warps,
         bool(skip_io), stream, host_cache_v, device_buffer_v,
     )
+
+
+def spec_swap_in(
+    top_k_tokens,
+    device_buffer_tokens,
+    host_cache_locs,
+    device_buffer_locs,
+    host_cache,
+    device_buffer,
+    top_k_device_locs,
+    req_pool_indices,
+    seq_lens,
+    cache_index,
+    cache_policy,
+    scratch_locs,
+    scratch_state,
+    num_real_reqs,
+    items: tuple,
+    hot_buffer_size: int,
+    page_size: int,
+    miss_src=None,
+    miss_dst=None,
+    miss_count=None,
+    stream=None,
+) -> None:
+    """One layer's speculative swap-in (MTP/EAGLE verify), SGLang's arguments
+    and semantics: `top_k_tokens` and `top_k_device_locs` are ``[batch,
+    steps, top_k]``, `seq_lens` ``[batch × steps]``, and `cache_index`,
+    `cache_policy`, `scratch_locs`, `scratch_state` SGLang's
+    ``HiSparseSpecState`` (read and written as SGLang lays it out). The CPU
+    executor only: kvtier has no CUDA kernel for this path yet."""
+    tokens3 = _rows(top_k_tokens, "top_k_tokens", 3)
+    out3 = _rows(top_k_device_locs, "top_k_device_locs", 3)
+    index3 = _rows(cache_index, "cache_index", 3)
+    steps = top_k_tokens.shape[1]
+    if tuple(top_k_device_locs.shape[1:]) != tuple(top_k_tokens.shape[1:]):
+        raise KvtierError(f"invalid argument `top_k_device_locs`: has shape {list(top_k_device_locs.shape)}; "
+                          f"top_k_tokens has {list(top_k_tokens.shape)}")
+    if cache_index.shape[1] != 2:
+        raise KvtierError(f"invalid argument `cache_index`: has shape {list(cache_index.shape)}; it must be "
+                          "[requests, 2, hash_size] (two hash banks per request)")
+    native().spec_swap_in(
+        tokens3, steps, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer, out3,
+        req_pool_indices, seq_lens, index3, cache_index.shape[2], cache_policy, scratch_locs, scratch_state,
+        num_real_reqs, _items(items), hot_buffer_size, page_size, miss_src, miss_dst, miss_count, stream,
+    )
+
+
+def _rows(a, name: str, ndim: int):
+    """`a` (``ndim``-D, each row contiguous) as a 2-D view of the same memory,
+    one row per first index: never a copy, which the call would write in
+    vain."""
+    shape = getattr(a, "shape", None)
+    if shape is None or len(shape) != ndim:
+        raise KvtierError(f"invalid argument `{name}`: has shape {list(shape) if shape is not None else None}; "
+                          f"it must be {ndim}-D")
+    rows, width = shape[0], 1
+    for n in shape[1:]:
+        width *= n
+    if hasattr(a, "data_ptr"):  # torch
+        try:
+            return a.view(rows, width)
+        except RuntimeError:
+            raise KvtierError(f"invalid argument `{name}`: its rows must be contiguous "
+                              f"(strides {list(a.stride())})") from None
+    flat = a.reshape(rows, width)
+    if flat.size and flat.__array_interface__["data"][0] != a.__array_interface__["data"][0]:
+        raise KvtierError(f"invalid argument `{name}`: its rows must be contiguous (strides {list(a.strides)})")
+    return flat
 
 
 def _items(items) -> tuple:

@@ -73,7 +73,10 @@ def test_supported_releases_get_every_non_speculative_path(version):
     for name in compat.ENTRY_POINTS + compat.HOST_POOLS:
         assert routes[name][0] == "kvtier", (name, routes[name])
     if compat.SPEC in routes:
-        assert routes[compat.SPEC][0] == "SGLang" and "speculative" in routes[compat.SPEC][1]
+        # kvtier's takes every argument SGLang's coordinator passes (its
+        # `**plan` splat included), yet SGLang's kernel keeps the path: kvtier
+        # has no CUDA kernel for it
+        assert routes[compat.SPEC] == ["SGLang", compat.SPEC_LEFT], routes[compat.SPEC]
     assert len(r["lines"]) == 1 + len(routes) and r["lines"][0].startswith(f"kvtier: installed into SGLang {version}")
 
 

@@ -19,6 +19,7 @@ from kvtier.sglang import (
     copy_cache_planned_mla,
     load_blocks_to_device_buffer_mha,
     load_cache_to_device_buffer_mla,
+    load_cache_to_device_buffer_spec_mla,
 )
 
 JUNK_SCALARS = [None, "7", 7.5, -1, 2**40, -(2**40), True, [], {}, object(), b"x", np.int64(3), np.float32(1)]
@@ -90,6 +91,37 @@ def test_the_other_entry_points_refuse_junk_with_kvtier_errors(seed):
         name = rng.choice(sorted(mha))
         mha[name] = rng.choice(JUNK_SCALARS)
         call_only_raises_kvtier_error(load_blocks_to_device_buffer_mha, mha)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_speculative_swap_in_refuses_junk_with_kvtier_errors(seed):
+    from test_spec_swap_in import Swap
+
+    rng = random.Random(200 + seed)
+    for _ in range(60):
+        s = Swap(num_reqs=1, hot=1024, page=8, scratch=1024, seq_len=4096, words=1, occurrences=2048)
+        kw = dict(top_k_tokens=np.tile(np.arange(1024, dtype=np.int32), (1, 2, 1)),
+                  device_buffer_tokens=s.tokens, host_cache_locs=s.host_locs, device_buffer_locs=s.locs,
+                  host_cache=s.host, device_buffer=s.device,
+                  top_k_device_locs=np.zeros((1, 2, 1024), np.int32), req_pool_indices=np.zeros(1, np.int64),
+                  seq_lens=np.full(2, 4096, np.int32), num_real_reqs=np.ones(1, np.int32))
+        fields = dict(s.state._asdict())
+        name = rng.choice(sorted(kw) + sorted(fields) + ["state"])
+        target = fields if name in fields else kw
+        value = target.get(name)
+        choices = list(JUNK_SCALARS)
+        if isinstance(value, np.ndarray):
+            choices += junk_arrays(rng, value)
+            others = [v for v in list(kw.values()) + list(fields.values())
+                      if isinstance(v, np.ndarray) and v is not value]
+            choices.append(rng.choice(others))  # shares memory with another argument
+        junk = rng.choice(choices)
+        if name == "state":
+            kw["state"] = junk
+        else:
+            target[name] = junk
+            kw["state"] = type(s.state)(**fields)
+        call_only_raises_kvtier_error(load_cache_to_device_buffer_spec_mla, kw)
 
 
 @pytest.mark.parametrize("junk", JUNK_SCALARS + [(64, 2), ("a", 2, 3), (64, 2, 0), (7, 2, 16)])

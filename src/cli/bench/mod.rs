@@ -19,6 +19,7 @@
 
 mod gather;
 mod report;
+mod spec_swap_in;
 mod swap_in;
 mod transfer;
 mod writeback;
@@ -121,6 +122,8 @@ pub struct BenchArgs {
 enum Scenario {
     Gather,
     SwapIn,
+    /// The speculative swap-in (MTP/EAGLE verify; CPU executor only).
+    SpecSwapIn,
     Writeback,
     All,
 }
@@ -431,7 +434,12 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
     println!("{}", env.banner());
 
     let scenarios: Vec<Scenario> = match args.scenario {
-        Scenario::All => vec![Scenario::Gather, Scenario::SwapIn, Scenario::Writeback],
+        Scenario::All => vec![
+            Scenario::Gather,
+            Scenario::SwapIn,
+            Scenario::SpecSwapIn,
+            Scenario::Writeback,
+        ],
         s => vec![s],
     };
     let bench = Bench {
@@ -444,6 +452,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
         .map(|s| match s {
             Scenario::Gather => gather::points(&bench),
             Scenario::SwapIn => swap_in::points(&bench),
+            Scenario::SpecSwapIn => spec_swap_in::points(&bench),
             Scenario::Writeback => writeback::points(&bench),
             Scenario::All => Ok(0),
         })
@@ -474,6 +483,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
         let rows = match s {
             Scenario::Gather => gather::run(&bench)?,
             Scenario::SwapIn => swap_in::run(&bench)?,
+            Scenario::SpecSwapIn => spec_swap_in::run(&bench)?,
             Scenario::Writeback => writeback::run(&bench)?,
             Scenario::All => unreachable!(),
         };

@@ -198,9 +198,10 @@ struct Panel {
 /// Which parameter is the x axis, and which get a panel per value, for each
 /// scenario (and phase); every other parameter is held at its first value.
 fn panels(all: &[Measurement]) -> Vec<Panel> {
-    let layouts: [(&str, Option<&str>, &str, &[&str]); 4] = [
+    let layouts: [(&str, Option<&str>, &str, &[&str]); 5] = [
         ("gather", None, "k", &["batch"]),
         ("swap-in", None, "batch", &["hot", "misses"]),
+        ("spec-swap-in", None, "batch", &["steps", "misses"]),
         ("writeback", Some("decode"), "batch", &["entry"]),
         ("writeback", Some("prefill"), "tokens", &["entry"]),
     ];

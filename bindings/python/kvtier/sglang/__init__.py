@@ -7,8 +7,10 @@
   :func:`load_cache_to_device_buffer_dsv4_mla` (DeepSeek-V4's page-padded C4
   cache), :func:`copy_cache_planned_mla` (shared-index layers replaying a
   miss plan) and :func:`load_blocks_to_device_buffer_mha` (MiniMax-M3's
-  block-selected K and V). The speculative swap-in
-  (``load_cache_to_device_buffer_spec_mla``) stays SGLang's.
+  block-selected K and V). :func:`load_cache_to_device_buffer_spec_mla`
+  (MTP/EAGLE verify, on SGLang's ``HiSparseSpecState``) runs on the CPU
+  executor only: kvtier has no CUDA kernel for it yet, so :func:`install`
+  leaves that path to SGLang.
 - :class:`KvtierHostTensorAllocator`: places SGLang's HiSparse host KV pools
   (``MLATokenToKVPoolHost``, ``DeepSeekV4PagedHostPool``,
   ``HiSparseMHATokenToKVPoolHost``) in a kvtier pool on CXL devices, per rank
@@ -32,6 +34,7 @@ from .entry_points import (
     load_blocks_to_device_buffer_mha,
     load_cache_to_device_buffer_dsv4_mla,
     load_cache_to_device_buffer_mla,
+    load_cache_to_device_buffer_spec_mla,
 )
 from .host_pool import KvtierHostTensorAllocator
 
@@ -50,6 +53,7 @@ __all__ = [
     "load_blocks_to_device_buffer_mha",
     "load_cache_to_device_buffer_dsv4_mla",
     "load_cache_to_device_buffer_mla",
+    "load_cache_to_device_buffer_spec_mla",
     "load_config",
     "report",
     "reserve",

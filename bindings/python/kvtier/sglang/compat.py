@@ -35,6 +35,12 @@ KERNEL_FILES = ("sglang/kernels/ops/kvcache/hisparse.py", "sglang/jit_kernel/his
 # The SGLang releases kvtier is checked against (CI reads each one's source).
 CHECKED_VERSIONS = ("0.5.21", "0.5.22", "0.5.23")
 SPEC = "load_cache_to_device_buffer_spec_mla"
+# Why install() leaves the speculative swap-in to SGLang even where the
+# signatures match: kvtier's runs on the CPU executor only.
+SPEC_LEFT = (
+    "same signature as SGLang's, but kvtier's speculative swap-in runs on the CPU executor only (no CUDA "
+    "kernel yet), so SGLang's kernel serves it"
+)
 HOST_POOLS = ("MLATokenToKVPoolHost", "DeepSeekV4PagedHostPool", "HiSparseMHATokenToKVPoolHost")
 ENTRY_POINTS = (
     "load_cache_to_device_buffer_mla",
@@ -169,11 +175,16 @@ def incompatibility(theirs: list, ours: list) -> str | None:
 def coordinator_keywords(source: str) -> dict:
     """{entry point: keywords the coordinator passes it} from the
     coordinator's source, following `fn = a if c else b` aliases and `**kw`
-    splats of dict literals built in the same function; a splat it cannot
-    follow is recorded as the keyword `**name`."""
+    splats of dict literals built in the same function, or, for a splat of a
+    function's own `**kw` parameter (0.5.22+'s speculative manager passes on
+    its caller's miss plan that way), of dict literals of that name built in
+    the module's other functions; a splat it cannot follow is recorded as the
+    keyword `**name`."""
     tree = ast.parse(source)
-    calls: dict = {}
-    for func in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    per_function: list = []
+    module_dicts: dict = {}
+    for func in functions:
         aliases: dict = {}
         dict_keys: dict = {}
         for node in ast.walk(func):
@@ -191,6 +202,11 @@ def coordinator_keywords(source: str) -> dict:
                         keys |= {k.value for k in sub.keys if isinstance(k, ast.Constant)}
                 if isinstance(value, (ast.Dict, ast.IfExp, ast.Call)) and (keys or _is_dictish(value)):
                     dict_keys[target] = keys
+                    module_dicts.setdefault(target, set()).update(keys)
+        per_function.append((func, aliases, dict_keys))
+    calls: dict = {}
+    for func, aliases, dict_keys in per_function:
+        own_kwargs = func.args.kwarg.arg if func.args.kwarg else None
         for node in ast.walk(func):
             if not isinstance(node, ast.Call):
                 continue
@@ -203,7 +219,12 @@ def coordinator_keywords(source: str) -> dict:
             for k in node.keywords:
                 if k.arg is None:
                     splat = k.value.id if isinstance(k.value, ast.Name) else None
-                    keywords |= dict_keys.get(splat, {f"**{splat or ast.unparse(k.value)}"})
+                    if splat in dict_keys:
+                        keywords |= dict_keys[splat]
+                    elif splat is not None and splat == own_kwargs and splat in module_dicts:
+                        keywords |= module_dicts[splat]
+                    else:
+                        keywords.add(f"**{splat or ast.unparse(k.value)}")
             for t in targets:
                 calls.setdefault(t, set()).update(keywords)
     return calls
@@ -306,7 +327,13 @@ def check_entry_points(theirs: dict, coordinator_source: str | None) -> tuple:
         else:
             routes.append(Route(name, "kvtier", "takes every argument SGLang's takes, alike"))
     if SPEC in theirs:
-        routes.append(Route(SPEC, "SGLang", "kvtier does not serve the speculative swap-in yet"))
+        # Never served on CUDA yet, so never a reason to refuse the rest.
+        mine = params_of_function(ours[SPEC])
+        why = incompatibility(theirs[SPEC], mine)
+        unknown = sorted(keywords.get(SPEC, set()) - {p.name for p in mine})
+        if why is None and unknown:
+            why = f"the coordinator passes {unknown}, which kvtier does not know"
+        routes.append(Route(SPEC, "SGLang", f"kvtier's speculative swap-in differs: {why}" if why else SPEC_LEFT))
     return routes, ("; ".join(problems) or None)
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from .. import _lib
 from .._lib import KvtierError
-from .._swap_in import copy_planned, swap_in
+from .._swap_in import copy_planned, spec_swap_in, swap_in
 from ._patch import current_config
 from .bad_indices import maybe_poll
 
@@ -193,6 +193,83 @@ def copy_cache_planned_mla(
     )
 
 
+def load_cache_to_device_buffer_spec_mla(
+    *,
+    top_k_tokens,
+    device_buffer_tokens,
+    host_cache_locs,
+    device_buffer_locs,
+    host_cache,
+    device_buffer,
+    top_k_device_locs,
+    req_pool_indices,
+    seq_lens,
+    state,
+    num_real_reqs,
+    miss_src=None,
+    miss_dst=None,
+    miss_count=None,
+) -> None:
+    """MTP/EAGLE verify: the speculative swap-in of one layer (2 to 4 draft
+    steps of ``top_k_tokens[b, step, :]``, ``seq_lens[b × steps + step]``) on
+    SGLang's ``HiSparseSpecState`` `state` (its ``cache_index``,
+    ``cache_policy``, ``scratch_locs``, ``scratch_state``, read and written as
+    SGLang lays them out). Misses are deduplicated across steps and copied
+    once; draft tokens on the extra page resolve without host I/O; padding
+    rows output 0. As SGLang does, the hot buffer is ``cache_policy``'s
+    columns, the extra page ``device_buffer_tokens``' columns past it, and an
+    item ``host_cache``'s row stride in bytes. The CPU executor serves numpy
+    arrays and CPU tensors; kvtier has no CUDA kernel for this path yet
+    (:func:`kvtier.sglang.install` leaves it to SGLang)."""
+    maybe_poll()
+    shape = tuple(getattr(top_k_tokens, "shape", ()))
+    if len(shape) != 3 or not 2 <= shape[1] <= 4:
+        steps = shape[1] if len(shape) == 3 else None
+        raise KvtierError(
+            f"invalid argument `top_k_tokens`: has shape {list(shape)}; HiSparse speculative swap requires 2-4 "
+            f"steps, got {steps}"
+        )
+    fields = ("cache_index", "cache_policy", "scratch_locs", "scratch_state")
+    missing = [f for f in fields if not hasattr(state, f)]
+    if missing:
+        raise KvtierError(f"invalid argument `state`: {type(state).__name__} has no {missing}; it must be SGLang's "
+                          "HiSparseSpecState")
+    policy_shape = tuple(getattr(state.cache_policy, "shape", ()))
+    tokens_shape = tuple(getattr(device_buffer_tokens, "shape", ()))
+    if len(policy_shape) != 2 or len(tokens_shape) != 2:
+        raise KvtierError(
+            f"invalid argument `state`: cache_policy has shape {list(policy_shape)} and device_buffer_tokens "
+            f"{list(tokens_shape)}; both must be 2-D"
+        )
+    hot = policy_shape[1]
+    page = tokens_shape[1] - hot
+    if page < 0:
+        raise KvtierError(
+            f"invalid argument `device_buffer_tokens`: has {tokens_shape[1]} columns, fewer than the "
+            f"{hot} hot slots of cache_policy"
+        )
+    spec_swap_in(
+        top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer,
+        top_k_device_locs, req_pool_indices, seq_lens, state.cache_index, state.cache_policy, state.scratch_locs,
+        state.scratch_state, num_real_reqs, _lib.linear_items(_row_bytes(host_cache)), hot, page,
+        miss_src=miss_src, miss_dst=miss_dst, miss_count=miss_count,
+    )
+
+
+def _row_bytes(host_cache) -> int:
+    """SGLang's item size: the host cache's row stride in bytes."""
+    stride = getattr(host_cache, "stride", None)
+    if callable(stride):  # torch
+        value = stride(0) * host_cache.element_size()
+    else:
+        strides = getattr(host_cache, "strides", None)
+        if not strides:
+            raise KvtierError("invalid argument `host_cache`: it must be a 2-D array of KV rows")
+        value = strides[0]
+    _positive(value, "host_cache")
+    return value
+
+
 # The entry points kvtier serves, by SGLang's name.
 SERVED = {
     f.__name__: f
@@ -201,5 +278,6 @@ SERVED = {
         load_cache_to_device_buffer_dsv4_mla,
         load_blocks_to_device_buffer_mha,
         copy_cache_planned_mla,
+        load_cache_to_device_buffer_spec_mla,
     )
 }

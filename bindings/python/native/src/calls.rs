@@ -5,7 +5,10 @@
 
 use std::ffi::c_void;
 
-use kvtier::ffi::{KvtBuf, KvtItems, KvtKvBuffers, KvtPlannedCopyArgs, KvtSwapInArgs};
+use kvtier::ffi::{
+    KvtBuf, KvtItems, KvtKvBuffers, KvtPlannedCopyArgs, KvtSpecState, KvtSpecSwapInArgs,
+    KvtSwapInArgs,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 
@@ -643,6 +646,237 @@ pub fn copy_planned<'py>(
         (lib.copy_planned)(
             engine as Handle,
             args_addr as *const KvtPlannedCopyArgs,
+            raw_stream as *mut c_void,
+        )
+    });
+    status(s)
+}
+
+/// One layer's speculative swap-in (see `kvtier._swap_in.spec_swap_in`):
+/// `top_k_tokens`, `top_k_device_locs` and `cache_index` come flattened to
+/// rows (`[batch, steps × top_k]`, `[requests, 2 × hash_size]`).
+#[pyfunction]
+#[pyo3(signature = (
+    top_k_tokens, num_steps, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer,
+    top_k_device_locs, req_pool_indices, seq_lens, cache_index, hash_size, cache_policy, scratch_locs,
+    scratch_state, num_real_reqs, items, hot_buffer_size, page_size, miss_src=None, miss_dst=None, miss_count=None,
+    stream=None
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn spec_swap_in<'py>(
+    py: Python<'py>,
+    top_k_tokens: &Bound<'py, PyAny>,
+    num_steps: &Bound<'py, PyAny>,
+    device_buffer_tokens: &Bound<'py, PyAny>,
+    host_cache_locs: &Bound<'py, PyAny>,
+    device_buffer_locs: &Bound<'py, PyAny>,
+    host_cache: &Bound<'py, PyAny>,
+    device_buffer: &Bound<'py, PyAny>,
+    top_k_device_locs: &Bound<'py, PyAny>,
+    req_pool_indices: &Bound<'py, PyAny>,
+    seq_lens: &Bound<'py, PyAny>,
+    cache_index: &Bound<'py, PyAny>,
+    hash_size: &Bound<'py, PyAny>,
+    cache_policy: &Bound<'py, PyAny>,
+    scratch_locs: &Bound<'py, PyAny>,
+    scratch_state: &Bound<'py, PyAny>,
+    num_real_reqs: &Bound<'py, PyAny>,
+    items: (u32, u32, u32, u64),
+    hot_buffer_size: &Bound<'py, PyAny>,
+    page_size: &Bound<'py, PyAny>,
+    miss_src: Arg<'_, 'py>,
+    miss_dst: Arg<'_, 'py>,
+    miss_count: Arg<'_, 'py>,
+    stream: Arg<'_, 'py>,
+) -> PyResult<()> {
+    let v = views([
+        ("top_k_tokens", Some(top_k_tokens)),
+        ("device_buffer_tokens", Some(device_buffer_tokens)),
+        ("host_cache_locs", Some(host_cache_locs)),
+        ("device_buffer_locs", Some(device_buffer_locs)),
+        ("host_cache", Some(host_cache)),
+        ("device_buffer", Some(device_buffer)),
+        ("top_k_device_locs", Some(top_k_device_locs)),
+        ("req_pool_indices", Some(req_pool_indices)),
+        ("seq_lens", Some(seq_lens)),
+        ("cache_index", Some(cache_index)),
+        ("cache_policy", Some(cache_policy)),
+        ("scratch_locs", Some(scratch_locs)),
+        ("scratch_state", Some(scratch_state)),
+        ("num_real_reqs", Some(num_real_reqs)),
+        ("miss_src", miss_src),
+        ("miss_dst", miss_dst),
+        ("miss_count", miss_count),
+    ])?;
+    let [
+        t,
+        tokens,
+        hloc,
+        locs,
+        hk,
+        dk,
+        out,
+        req,
+        seq,
+        index,
+        policy,
+        scratch,
+        state,
+        nr,
+        src,
+        dst,
+        cnt,
+    ] = &v;
+    let t = required(t, "top_k_tokens")?;
+    let tokens = required(tokens, "device_buffer_tokens")?;
+    let hloc = required(hloc, "host_cache_locs")?;
+    let locs = required(locs, "device_buffer_locs")?;
+    required(hk, "host_cache")?;
+    required(dk, "device_buffer")?;
+    let out = required(out, "top_k_device_locs")?;
+    let req = required(req, "req_pool_indices")?;
+    let seq = required(seq, "seq_lens")?;
+    let index = required(index, "cache_index")?;
+    let policy = required(policy, "cache_policy")?;
+    let scratch = required(scratch, "scratch_locs")?;
+    let state = required(state, "scratch_state")?;
+    let nr = num_real(Some(required(nr, "num_real_reqs")?))?;
+    let steps = int(num_steps, "num_steps", 0, u32::MAX as i64)? as u32;
+    let hash = int(hash_size, "hash_size", 1, u32::MAX as i64)? as u64;
+    let hot = int(hot_buffer_size, "hot_buffer_size", 1, u32::MAX as i64)? as u32;
+    let page = int(page_size, "page_size", 0, u32::MAX as i64)? as u32;
+    let all: Vec<&View<'_, '_>> = v.iter().flatten().collect();
+    let cuda = placement(&all, t)?;
+
+    let batch = if req.ndim == 0 { 0 } else { req.shape[0] };
+    vector(req, &[DType::I32, DType::I64], batch, "batch")?;
+    matrix(t, DType::I32, 1, Some(batch), false)?;
+    let occurrences = t.shape[1];
+    need(
+        steps > 0 && occurrences.is_multiple_of(steps as usize),
+        "top_k_tokens",
+        || format!("has {occurrences} tokens per row, not {steps} steps of equal length"),
+    )?;
+    let k = u32::try_from(occurrences / steps as usize)
+        .map_err(|_| invalid("top_k_tokens", "has too many columns".into()))?;
+    vector(
+        seq,
+        &[DType::I32, DType::I64],
+        batch * steps as usize,
+        "batch × steps",
+    )?;
+    matrix(out, DType::I32, occurrences, Some(batch), true)?;
+    matrix(scratch, DType::I32, 1, None, true)?;
+    let requests = scratch.shape[0];
+    let slots = hot as usize + page as usize;
+    matrix(tokens, DType::I32, slots, Some(requests), true)?;
+    matrix(locs, DType::I32, slots, Some(requests), true)?;
+    matrix(hloc, DType::I64, 0, Some(requests), false)?;
+    matrix(index, DType::I64, 2 * hash as usize, Some(requests), true)?;
+    matrix(policy, DType::I32, hot as usize, Some(requests + 1), true)?;
+    matrix(state, DType::I32, 1, Some(requests + 1), true)?;
+    let plan = [src.as_ref(), dst.as_ref(), cnt.as_ref()];
+    let planned = plan.iter().any(|p| p.is_some());
+    if planned {
+        need(plan.iter().all(|p| p.is_some()), "miss_src", || {
+            "miss_src, miss_dst and miss_count must be given together".into()
+        })?;
+        let (src, dst, cnt) = (plan[0].unwrap(), plan[1].unwrap(), plan[2].unwrap());
+        matrix(src, DType::I64, occurrences, Some(batch), true)?;
+        matrix(dst, DType::I32, occurrences, Some(batch), true)?;
+        same_row_stride(src, dst, batch)?;
+        vector(cnt, &[DType::I32], batch, "batch")?;
+        need(cnt.writable, "miss_count", || {
+            "is read-only; the call writes it".into()
+        })?;
+    }
+    no_overlap(
+        &all,
+        &[
+            "device_buffer_tokens",
+            "device_buffer_locs",
+            "top_k_device_locs",
+            "device_buffer",
+            "cache_index",
+            "cache_policy",
+            "scratch_locs",
+            "scratch_state",
+            "miss_src",
+            "miss_dst",
+            "miss_count",
+        ],
+    )?;
+    let (engine, _, raw_stream) = engine_and_stream(py, cuda, t, stream)?;
+    let kv = kv_buffers(
+        items,
+        [(hk.as_ref(), dk.as_ref()), (None, None)],
+        cuda,
+        engine,
+    )?;
+    let count = |a: &View<'_, '_>, axis: usize| a.shape[axis] as u64;
+    let mut args = KvtSpecSwapInArgs {
+        top_k_tokens: buf(Some(t)),
+        top_k_stride: row_stride(t, batch),
+        device_buffer_tokens: buf(Some(tokens)),
+        tokens_stride: row_stride(tokens, requests),
+        device_buffer_locs: buf(Some(locs)),
+        locs_stride: row_stride(locs, requests),
+        host_cache_locs: buf(Some(hloc)),
+        host_stride: row_stride(hloc, requests),
+        kv,
+        top_k_device_locs: buf(Some(out)),
+        out_stride: row_stride(out, batch),
+        req_pool_indices: buf(Some(req)),
+        seq_lens: buf(Some(seq)),
+        num_real_reqs: buf(nr),
+        miss_src: buf(None),
+        miss_dst: buf(None),
+        miss_count: buf(None),
+        miss_stride: 0,
+        miss_capacity: 0,
+        state: KvtSpecState {
+            cache_index: buf(Some(index)),
+            index_rows: count(index, 0),
+            index_stride: row_stride(index, index.shape[0]),
+            bank_stride: hash,
+            hash_size: hash,
+            cache_policy: buf(Some(policy)),
+            policy_rows: count(policy, 0),
+            policy_stride: row_stride(policy, policy.shape[0]),
+            policy_width: count(policy, 1),
+            scratch_locs: buf(Some(scratch)),
+            scratch_stride: row_stride(scratch, requests),
+            scratch_capacity: count(scratch, 1),
+            scratch_state: buf(Some(state)),
+            state_rows: count(state, 0),
+            state_stride: row_stride(state, state.shape[0]),
+            state_width: count(state, 1),
+        },
+        req_pool_indices_type: index_type(req),
+        seq_lens_type: index_type(seq),
+        max_tokens: hloc.shape[1].min(i32::MAX as usize) as u32,
+        num_requests: u32::try_from(requests)
+            .map_err(|_| invalid("scratch_locs", "has too many rows".into()))?,
+        num_steps: steps,
+        num_top_k: k,
+        hot_buffer_size: hot,
+        page_size: page,
+    };
+    if planned {
+        let (src, dst, cnt) = (plan[0].unwrap(), plan[1].unwrap(), plan[2].unwrap());
+        args.miss_src = buf(Some(src));
+        args.miss_dst = buf(Some(dst));
+        args.miss_count = buf(Some(cnt));
+        args.miss_stride = row_stride(src, batch);
+        args.miss_capacity = src.shape[1].min(dst.shape[1]) as u64;
+    }
+    let lib = library()?;
+    let (engine, args_addr) = (engine as usize, &args as *const KvtSpecSwapInArgs as usize);
+    // SAFETY: as in swap_in.
+    let s = py.detach(|| unsafe {
+        (lib.run_spec)(
+            engine as Handle,
+            args_addr as *const KvtSpecSwapInArgs,
             raw_stream as *mut c_void,
         )
     });

@@ -15,7 +15,7 @@ mod view;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::{Mutex, OnceLock};
 
-use kvtier::ffi::{KvtPlannedCopyArgs, KvtStatus, KvtSwapInArgs};
+use kvtier::ffi::{KvtPlannedCopyArgs, KvtSpecSwapInArgs, KvtStatus, KvtSwapInArgs};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
@@ -28,6 +28,7 @@ type CapacityFn = unsafe extern "C" fn(Handle, *mut u32, *mut u32) -> KvtStatus;
 type RunFn = unsafe extern "C" fn(Handle, *const KvtSwapInArgs, u32, *mut c_void) -> KvtStatus;
 type CopyPlannedFn =
     unsafe extern "C" fn(Handle, *const KvtPlannedCopyArgs, *mut c_void) -> KvtStatus;
+type RunSpecFn = unsafe extern "C" fn(Handle, *const KvtSpecSwapInArgs, *mut c_void) -> KvtStatus;
 type MapHostFn = unsafe extern "C" fn(Handle, *const c_void, *mut u64) -> KvtStatus;
 type LastErrorFn = unsafe extern "C" fn() -> *const c_char;
 
@@ -38,6 +39,7 @@ struct Library {
     capacity: CapacityFn,
     run: RunFn,
     copy_planned: CopyPlannedFn,
+    run_spec: RunSpecFn,
     map_host: MapHostFn,
     last_error: LastErrorFn,
 }
@@ -82,6 +84,7 @@ fn bind(functions: &Bound<'_, PyDict>) -> PyResult<()> {
             copy_planned: std::mem::transmute::<usize, CopyPlannedFn>(addr(
                 "kvt_swap_in_copy_planned",
             )?),
+            run_spec: std::mem::transmute::<usize, RunSpecFn>(addr("kvt_swap_in_run_spec")?),
             map_host: std::mem::transmute::<usize, MapHostFn>(addr("kvt_swap_in_map_host")?),
             last_error: std::mem::transmute::<usize, LastErrorFn>(addr("kvt_last_error")?),
         }
@@ -270,5 +273,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(engines, m)?)?;
     m.add_function(wrap_pyfunction!(calls::swap_in, m)?)?;
     m.add_function(wrap_pyfunction!(calls::copy_planned, m)?)?;
+    m.add_function(wrap_pyfunction!(calls::spec_swap_in, m)?)?;
     Ok(())
 }
