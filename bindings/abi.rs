@@ -31,6 +31,8 @@ pub const KVT_SWAP_MAX_TOP_K: u32 = 4096;
 pub const KVT_SWAP_MAX_HOT: u32 = 16384;
 pub const KVT_SWAP_PLAN_THREADS: u32 = 512;
 pub const KVT_ITEM_MAX_SCALE_BYTES: u32 = 256;
+pub const KVT_SPEC_THREADS: u32 = 512;
+pub const KVT_SPEC_SMEM_BYTES: u32 = 32;
 pub type kvt_addr = u64;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
@@ -289,4 +291,141 @@ const _: () = {
         [::core::mem::offset_of!(kvt_swap_in_params, flags) - 264usize];
     ["Offset of field: kvt_swap_in_params::_reserved"]
         [::core::mem::offset_of!(kvt_swap_in_params, _reserved) - 268usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct kvt_spec_swap_in_params {
+    pub top_k_tokens: kvt_addr,
+    pub device_buffer_tokens: kvt_addr,
+    pub device_buffer_locs: kvt_addr,
+    pub host_cache_locs: kvt_addr,
+    pub top_k_device_locs: kvt_addr,
+    pub req_pool_indices: kvt_addr,
+    pub seq_lens: kvt_addr,
+    pub num_real_reqs: kvt_addr,
+    pub cache_index: kvt_addr,
+    pub cache_policy: kvt_addr,
+    pub scratch_locs: kvt_addr,
+    pub scratch_state: kvt_addr,
+    pub host_cache: kvt_addr,
+    pub device_buffer: kvt_addr,
+    pub plan_src: kvt_addr,
+    pub plan_dst: kvt_addr,
+    pub plan_count: kvt_addr,
+    pub error: kvt_addr,
+    pub items: kvt_item_layout,
+    pub host_rows: u64,
+    pub device_rows: u64,
+    pub top_k_stride: u64,
+    pub tokens_stride: u64,
+    pub locs_stride: u64,
+    pub host_stride: u64,
+    pub out_stride: u64,
+    pub plan_stride: u64,
+    pub index_stride: u64,
+    pub bank_stride: u64,
+    pub hash_size: u64,
+    pub policy_stride: u64,
+    pub scratch_stride: u64,
+    pub scratch_capacity: u64,
+    pub state_stride: u64,
+    pub batch: u32,
+    pub steps: u32,
+    pub top_k: u32,
+    pub hot: u32,
+    pub page: u32,
+    pub num_requests: u32,
+    pub max_tokens: u32,
+    pub flags: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of kvt_spec_swap_in_params"]
+        [::core::mem::size_of::<kvt_spec_swap_in_params>() - 320usize];
+    ["Alignment of kvt_spec_swap_in_params"]
+        [::core::mem::align_of::<kvt_spec_swap_in_params>() - 8usize];
+    ["Offset of field: kvt_spec_swap_in_params::top_k_tokens"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, top_k_tokens) - 0usize];
+    ["Offset of field: kvt_spec_swap_in_params::device_buffer_tokens"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, device_buffer_tokens) - 8usize];
+    ["Offset of field: kvt_spec_swap_in_params::device_buffer_locs"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, device_buffer_locs) - 16usize];
+    ["Offset of field: kvt_spec_swap_in_params::host_cache_locs"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, host_cache_locs) - 24usize];
+    ["Offset of field: kvt_spec_swap_in_params::top_k_device_locs"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, top_k_device_locs) - 32usize];
+    ["Offset of field: kvt_spec_swap_in_params::req_pool_indices"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, req_pool_indices) - 40usize];
+    ["Offset of field: kvt_spec_swap_in_params::seq_lens"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, seq_lens) - 48usize];
+    ["Offset of field: kvt_spec_swap_in_params::num_real_reqs"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, num_real_reqs) - 56usize];
+    ["Offset of field: kvt_spec_swap_in_params::cache_index"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, cache_index) - 64usize];
+    ["Offset of field: kvt_spec_swap_in_params::cache_policy"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, cache_policy) - 72usize];
+    ["Offset of field: kvt_spec_swap_in_params::scratch_locs"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, scratch_locs) - 80usize];
+    ["Offset of field: kvt_spec_swap_in_params::scratch_state"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, scratch_state) - 88usize];
+    ["Offset of field: kvt_spec_swap_in_params::host_cache"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, host_cache) - 96usize];
+    ["Offset of field: kvt_spec_swap_in_params::device_buffer"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, device_buffer) - 104usize];
+    ["Offset of field: kvt_spec_swap_in_params::plan_src"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, plan_src) - 112usize];
+    ["Offset of field: kvt_spec_swap_in_params::plan_dst"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, plan_dst) - 120usize];
+    ["Offset of field: kvt_spec_swap_in_params::plan_count"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, plan_count) - 128usize];
+    ["Offset of field: kvt_spec_swap_in_params::error"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, error) - 136usize];
+    ["Offset of field: kvt_spec_swap_in_params::items"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, items) - 144usize];
+    ["Offset of field: kvt_spec_swap_in_params::host_rows"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, host_rows) - 168usize];
+    ["Offset of field: kvt_spec_swap_in_params::device_rows"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, device_rows) - 176usize];
+    ["Offset of field: kvt_spec_swap_in_params::top_k_stride"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, top_k_stride) - 184usize];
+    ["Offset of field: kvt_spec_swap_in_params::tokens_stride"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, tokens_stride) - 192usize];
+    ["Offset of field: kvt_spec_swap_in_params::locs_stride"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, locs_stride) - 200usize];
+    ["Offset of field: kvt_spec_swap_in_params::host_stride"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, host_stride) - 208usize];
+    ["Offset of field: kvt_spec_swap_in_params::out_stride"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, out_stride) - 216usize];
+    ["Offset of field: kvt_spec_swap_in_params::plan_stride"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, plan_stride) - 224usize];
+    ["Offset of field: kvt_spec_swap_in_params::index_stride"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, index_stride) - 232usize];
+    ["Offset of field: kvt_spec_swap_in_params::bank_stride"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, bank_stride) - 240usize];
+    ["Offset of field: kvt_spec_swap_in_params::hash_size"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, hash_size) - 248usize];
+    ["Offset of field: kvt_spec_swap_in_params::policy_stride"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, policy_stride) - 256usize];
+    ["Offset of field: kvt_spec_swap_in_params::scratch_stride"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, scratch_stride) - 264usize];
+    ["Offset of field: kvt_spec_swap_in_params::scratch_capacity"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, scratch_capacity) - 272usize];
+    ["Offset of field: kvt_spec_swap_in_params::state_stride"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, state_stride) - 280usize];
+    ["Offset of field: kvt_spec_swap_in_params::batch"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, batch) - 288usize];
+    ["Offset of field: kvt_spec_swap_in_params::steps"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, steps) - 292usize];
+    ["Offset of field: kvt_spec_swap_in_params::top_k"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, top_k) - 296usize];
+    ["Offset of field: kvt_spec_swap_in_params::hot"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, hot) - 300usize];
+    ["Offset of field: kvt_spec_swap_in_params::page"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, page) - 304usize];
+    ["Offset of field: kvt_spec_swap_in_params::num_requests"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, num_requests) - 308usize];
+    ["Offset of field: kvt_spec_swap_in_params::max_tokens"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, max_tokens) - 312usize];
+    ["Offset of field: kvt_spec_swap_in_params::flags"]
+        [::core::mem::offset_of!(kvt_spec_swap_in_params, flags) - 316usize];
 };

@@ -237,4 +237,77 @@ typedef struct kvt_swap_in_params {
     uint32_t _reserved;
 } kvt_swap_in_params;
 
+/* Threads per kvt_spec_swap_in block, and its dynamic shared memory. */
+#define KVT_SPEC_THREADS 512
+#define KVT_SPEC_SMEM_BYTES 32
+
+/*
+ * The speculative swap-in (MTP/EAGLE verify) of one layer, a whole batch, on
+ * SGLang's HiSparseSpecState (kernel kvt_spec_swap_in, one block per batch
+ * row; the contract is in src/swap_in/spec.rs). A row holds steps * top_k
+ * occurrences, step-major; step s of row b sees seq_lens[b * steps + s]
+ * tokens. Per request rid:
+ *   device_buffer_tokens[rid][0..hot + page)  token of each hot slot, then of each extra-page slot
+ *   device_buffer_locs[rid][0..hot + page)    device row of each of those slots
+ *   cache_index + rid * index_stride          hash bank 0 (hash_size int64: slot << 32 | token),
+ *                                             bank 1 at + bank_stride
+ *   cache_policy row 0, column rid            the packed CLOCK (epoch, cursor)
+ *   cache_policy row 1 + rid                  the reference epoch of each hot slot
+ *   scratch_locs[rid][0..scratch_capacity)    scratch device rows
+ *   scratch_state row 0                       counters: [rid] last unique misses, [R + rid] and
+ *                                             [2R + rid] zero between calls, [3R + rid] scratch
+ *                                             epoch | hash-degraded flag (R = num_requests)
+ *   scratch_state row 1 + rid                 the call's miss table: steps * top_k int64 cells
+ *                                             epoch << 32 | token, as many epoch << 32 | value,
+ *                                             then one int32 per miss (its cell, flags)
+ * Rows are policy_stride / state_stride elements apart. The KV rows are one
+ * plane, host_cache -> device_buffer, addressed with `items`. The copies the
+ * call makes are recorded in plan_src/plan_dst/plan_count when plan_count is
+ * not 0 (SGLang's miss-plan format).
+ */
+typedef struct kvt_spec_swap_in_params {
+    kvt_addr top_k_tokens;         /* const int32_t[batch][top_k_stride] */
+    kvt_addr device_buffer_tokens; /* int32_t[num_requests][tokens_stride] */
+    kvt_addr device_buffer_locs;   /* int32_t[num_requests][locs_stride] */
+    kvt_addr host_cache_locs;      /* const int64_t[num_requests][host_stride] */
+    kvt_addr top_k_device_locs;    /* int32_t[batch][out_stride] */
+    kvt_addr req_pool_indices;     /* const int32_t or int64_t [batch] */
+    kvt_addr seq_lens;             /* const int32_t or int64_t [batch * steps] */
+    kvt_addr num_real_reqs;        /* const int32_t[1] */
+    kvt_addr cache_index;          /* int64_t, see above */
+    kvt_addr cache_policy;         /* int32_t, see above */
+    kvt_addr scratch_locs;         /* int32_t[num_requests][scratch_stride] */
+    kvt_addr scratch_state;        /* int32_t, 8-byte aligned rows, see above */
+    kvt_addr host_cache;           /* host_rows rows (host-mapped) */
+    kvt_addr device_buffer;        /* device_rows rows */
+    kvt_addr plan_src;             /* int64_t[batch][plan_stride], or 0 */
+    kvt_addr plan_dst;             /* int32_t[batch][plan_stride], or 0 */
+    kvt_addr plan_count;           /* int32_t[batch], or 0: no plan */
+    kvt_addr error;                /* kvt_error_word* */
+    kvt_item_layout items;
+    uint64_t host_rows;
+    uint64_t device_rows;
+    uint64_t top_k_stride;
+    uint64_t tokens_stride;
+    uint64_t locs_stride;
+    uint64_t host_stride;
+    uint64_t out_stride;
+    uint64_t plan_stride;
+    uint64_t index_stride;
+    uint64_t bank_stride;
+    uint64_t hash_size;            /* a power of two */
+    uint64_t policy_stride;
+    uint64_t scratch_stride;
+    uint64_t scratch_capacity;
+    uint64_t state_stride;         /* even */
+    uint32_t batch;
+    uint32_t steps;                /* 2..4 */
+    uint32_t top_k;                /* steps * top_k <= 8192 */
+    uint32_t hot;                  /* 2..32768 */
+    uint32_t page;                 /* extra-page slots after the hot ones */
+    uint32_t num_requests;
+    uint32_t max_tokens;           /* valid columns of host_cache_locs */
+    uint32_t flags;                /* KVT_SWAP_SEQ_LENS_I64, KVT_SWAP_REQ_INDICES_I64 */
+} kvt_spec_swap_in_params;
+
 #endif /* KVTIER_ABI_H */

@@ -9,7 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 nvcc=${NVCC:-$PWD/.tools/py/nvidia/cu13/bin/nvcc}
 threads_of() {  # the kernel's block size (src/cuda/kernels.rs)
-  case "$1" in kvt_swap_in_plan) grep -oP 'KVT_SWAP_PLAN_THREADS \K[0-9]+' kernels/abi.h ;; *) echo 256 ;; esac
+  case "$1" in
+    kvt_swap_in_plan) grep -oP 'KVT_SWAP_PLAN_THREADS \K[0-9]+' kernels/abi.h ;;
+    kvt_spec_swap_in) grep -oP 'KVT_SPEC_THREADS \K[0-9]+' kernels/abi.h ;;
+    *) echo 256 ;;
+  esac
 }
 printf '%-18s %-6s %5s %7s %8s %9s %14s\n' kernel arch regs spills smem_B barriers blocks_per_SM
 for arch in 80 90; do
@@ -42,4 +46,4 @@ for line in sys.stdin:
     done
   done
 done
-echo "smem_B is static shared memory; kvt_swap_in_plan and kvt_swap_in_copy also take dynamic shared memory sized per call (src/swap_in/cuda.rs)."
+echo "smem_B is static shared memory; kvt_swap_in_plan and kvt_swap_in_copy also take dynamic shared memory sized per call (src/swap_in/cuda.rs), kvt_spec_swap_in KVT_SPEC_SMEM_BYTES (kernels/abi.h)."

@@ -87,20 +87,16 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_a_plot() {
     // writeback: 1 prefill chunk + 2 decode batches, 4 methods
     assert_eq!(count("writeback"), 3 * 4, "{out}");
     // speculative swap-in: 2 batches × 2 step counts × 2 miss counts, 2
-    // methods on the CPU executor (no CUDA kernel yet: no points on CUDA)
+    // methods
     let spec = 2 * 2 * 2;
-    assert_eq!(
-        count("spec-swap-in"),
-        if cpu { spec * 2 } else { 0 },
-        "{out}"
-    );
+    assert_eq!(count("spec-swap-in"), spec * 2, "{out}");
     // every point has one limit, at ratio 1, and the others' ratios
     for l in lines.iter().filter(|l| l["is_limit"] == true) {
         assert_eq!(l["ratio_to_limit"].as_f64(), Some(1.0), "{l}");
     }
     assert_eq!(
         lines.iter().filter(|l| l["is_limit"] == true).count(),
-        4 + 4 + 3 + if cpu { spec } else { 0 }
+        4 + 4 + 3 + spec
     );
     let g = lines
         .iter()

@@ -495,3 +495,45 @@ fn bad_indices_surface_through_polls_without_waiting() {
         assert_eq!(engine.poll_bad_indices().unwrap(), None, "cleared by check");
     }
 }
+
+/// The speculative swap-in kernel against the CPU executor: the same
+/// invariants the host emulation checks (SGLang's union and approximate
+/// CLOCK, misses past the scratch, draft tokens, padding, bad input, a
+/// hostile miss table, calls on the CPU executor's state).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn spec_swap_in_matches_cpu_invariants() {
+    use common::spec::*;
+    let engine = kvtier::SwapInEngine::new(cuda()).unwrap();
+    let run = |case: &SpecCase, calls: &[SpecCall], label: &str| {
+        kernel_agrees(case, calls, label, |c, call| c.run_cuda(&engine, call));
+    };
+    let q = cross_step_misses(4096, 2048);
+    let union = SpecCase::new(1, 4096, 64, 4096, 16384, 2, 4, 2048);
+    let call = |topk: Vec<i32>, b, s, seq| SpecCall::new(topk, b, s, seq, true);
+    run(
+        &union,
+        &[call(q.clone(), 1, 4, 16384), call(q, 1, 4, 16384)],
+        "782 misses",
+    );
+    for scratch in [8192, 4096] {
+        let case = SpecCase::new(8, 4096, 64, scratch, 20000, 72, 4, 2048);
+        let topk: Vec<i32> = (0..8 * 8192)
+            .map(|i| 4096 + i % 8192 + (i / 8192) * 3)
+            .collect();
+        let c = call(topk, 8, 4, 20000);
+        run(&case, &[c.clone(), c], &format!("scratch {scratch}"));
+    }
+    let mut hostile = SpecCase::new(1, 4096, 64, 4096, 16384, 1, 4, 2048);
+    let topk: Vec<i32> = (4096..4096 + 8192).collect();
+    plant_foreign_cells(&mut hostile, &topk);
+    run(&hostile, &[call(topk, 1, 4, 16384)], "foreign miss table");
+    let mut bad: Vec<i32> = (0..3 * 2048).map(|i| (i * 7) % 6000).collect();
+    bad[2] = 7000;
+    bad[3] = -9;
+    let mut b = call(bad, 3, 2, 6000);
+    b.num_real = [2];
+    b.req = vec![2, 0, 1];
+    let case = SpecCase::new(3, 2048, 16, 2048, 6000, 1, 2, 1024);
+    run(&case, &[b], "bad input and padding");
+}

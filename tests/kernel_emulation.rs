@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
+use common::spec::*;
 use common::swap::*;
 use common::*;
 use kvtier::abi::{kvt_gather_params, kvt_swap_in_params, kvt_writeback_params};
@@ -934,4 +935,181 @@ fn replay_kernel_matches_the_cpu_executor() {
             }
         }
     }
+}
+
+// ---- the speculative swap-in -------------------------------------------------
+
+type SpecFn = unsafe extern "C" fn(
+    *const kvtier::abi::kvt_spec_swap_in_params,
+    u32,
+    u32,
+    usize,
+    *const Range,
+    usize,
+    *const Range,
+    usize,
+) -> Report;
+
+/// Runs `call` on `case` through the emulated `kvt_spec_swap_in`: the
+/// parameters the library builds for a launch, every buffer the call reads
+/// as a load range, the ones it writes as store ranges.
+fn emulate_spec(case: &mut SpecCase, call: &mut SpecCall) -> (ErrorWord, Report) {
+    let mut err = ErrorWord::clear();
+    let error = &mut err as *mut ErrorWord as u64;
+    let p = {
+        let args = case.args(call);
+        kvtier::swap_in::emulation_spec_params(&args, error).unwrap()
+    };
+    let r = |addr: u64, n: usize| range(addr, n);
+    let mut stores = vec![
+        r(call.out.as_ptr() as u64, 4 * call.out.len()),
+        r(case.tokens.as_ptr() as u64, 4 * case.tokens.len()),
+        r(case.locs.as_ptr() as u64, 4 * case.locs.len()),
+        r(case.cache_index.as_ptr() as u64, 8 * case.cache_index.len()),
+        r(
+            case.cache_policy.as_ptr() as u64,
+            4 * case.cache_policy.len(),
+        ),
+        r(
+            case.scratch_locs.as_ptr() as u64,
+            4 * case.scratch_locs.len(),
+        ),
+        r(
+            case.scratch_state.as_ptr() as u64,
+            4 * case.scratch_state.len(),
+        ),
+        r(case.device.as_ptr() as u64, 8 * case.device.len()),
+        r(error, std::mem::size_of::<ErrorWord>()),
+    ];
+    if let Some((src, dst, count)) = &call.plan {
+        stores.push(r(src.as_ptr() as u64, 8 * src.len()));
+        stores.push(r(dst.as_ptr() as u64, 4 * dst.len()));
+        stores.push(r(count.as_ptr() as u64, 4 * count.len()));
+    }
+    let mut loads = stores.clone();
+    loads.extend([
+        r(call.topk.as_ptr() as u64, 4 * call.topk.len()),
+        r(call.seq.as_ptr() as u64, 4 * call.seq.len()),
+        r(call.req.as_ptr() as u64, 8 * call.req.len()),
+        r(call.num_real.as_ptr() as u64, 4),
+        r(case.host_locs.as_ptr() as u64, 8 * case.host_locs.len()),
+        r(case.host.as_ptr() as u64, 8 * case.host.len()),
+    ]);
+    let f: libloading::Symbol<'static, SpecFn> =
+        unsafe { emulator().get(b"kvt_emu_spec_swap_in") }.unwrap();
+    let report = unsafe {
+        f(
+            &p,
+            p.batch,
+            kvtier::abi::KVT_SPEC_THREADS,
+            kvtier::abi::KVT_SPEC_SMEM_BYTES as usize,
+            loads.as_ptr(),
+            loads.len(),
+            stores.as_ptr(),
+            stores.len(),
+        )
+    };
+    (err, report)
+}
+
+/// Checks the emulated kernel against the CPU executor under every schedule
+/// (see `common::spec::kernel_agrees`), with every access in range.
+fn spec_agrees(case: &SpecCase, calls: &[SpecCall]) {
+    for schedule in SCHEDULES {
+        kernel_agrees(case, calls, &format!("schedule {schedule}"), |gpu, k| {
+            set_schedule(schedule);
+            let (err, report) = emulate_spec(gpu, k);
+            assert!(
+                report.clean(),
+                "schedule {schedule}: bad accesses {report:?}"
+            );
+            expected_report(&err)
+        });
+    }
+}
+
+fn spec_call(topk: Vec<i32>, batch: usize, steps: usize, seq: i32) -> SpecCall {
+    SpecCall::new(topk, batch, steps, seq, true)
+}
+
+#[test]
+fn spec_kernel_union_clock_and_its_second_call() {
+    // SGLang's 782 cross-step misses, then the same query (all hits)
+    let case = SpecCase::new(1, 4096, 64, 4096, 16384, 2, 4, 2048);
+    let q = cross_step_misses(4096, 2048);
+    spec_agrees(
+        &case,
+        &[spec_call(q.clone(), 1, 4, 16384), spec_call(q, 1, 4, 16384)],
+    );
+}
+
+#[test]
+fn spec_kernel_approximate_clock_and_misses_past_the_scratch() {
+    // every occurrence a fresh miss: past the hot buffer with a scratch that
+    // holds them all (approximate CLOCK), and with half of them (direct
+    // copies into victims' rows), two requests at once
+    for scratch in [8192, 4096] {
+        let case = SpecCase::new(2, 4096, 64, scratch, 20000, 1, 4, 2048);
+        let topk: Vec<i32> = (0..2 * 8192)
+            .map(|i| 4096 + i % 8192 + (i / 8192) * 3)
+            .collect();
+        let mut call = spec_call(topk, 2, 4, 20000);
+        call.req = vec![1, 0];
+        spec_agrees(&case, &[call.clone(), call]);
+    }
+}
+
+#[test]
+fn spec_kernel_drafts_padding_and_bad_input() {
+    let mut case = SpecCase::new(3, 2048, 16, 2048, 6000, 1, 2, 1024);
+    // draft tokens 5996..6000 on request 0's extra page, not in the host table
+    for (i, d) in (5996..6000).enumerate() {
+        let slot = 2048 + 3 * i;
+        case.tokens[slot] = d;
+        let row = case.locs[slot] as usize;
+        case.device[row] = d as u64 * SCALE;
+        case.host_locs[d as usize] = -1;
+    }
+    let mut topk: Vec<i32> = Vec::new();
+    for row in 0..3 {
+        for step in 0..2 {
+            let mut q: Vec<i32> = (0..1024)
+                .map(|i| (i * 7 + step * 100 + row * 13) % 6000)
+                .collect();
+            q[0] = 5996 + step;
+            q[1] = -1;
+            topk.extend(q);
+        }
+    }
+    topk[2] = 7000; // past the step's sequence: refused
+    topk[3] = -9;
+    let mut call = spec_call(topk.clone(), 3, 2, 6000);
+    call.seq[1] = 5998; // step 1 of row 0 sees fewer tokens
+    let mut dup = call.clone();
+    dup.req = vec![0, 2, 0]; // row 2 names row 0's request: refused
+    let mut padded = call.clone();
+    padded.num_real = [2];
+    spec_agrees(&case, &[call, dup, padded]);
+}
+
+#[test]
+fn spec_kernel_continues_on_the_cpu_executors_state() {
+    // the CPU executor's state after one call is the kernel's input of the
+    // next (and the reverse is what spec_agrees checks call after call)
+    let mut case = SpecCase::new(1, 4096, 64, 4096, 16384, 2, 4, 2048);
+    let engine = kvtier::SwapInEngine::new(Executor::cpu()).unwrap();
+    let mut first = spec_call(cross_step_misses(4096, 2048), 1, 4, 16384);
+    engine
+        .run_spec(&case.args(&mut first), kvtier::Stream::null())
+        .unwrap();
+    let q: Vec<i32> = (0..8192).map(|i| (i * 5 + 3000) % 16000).collect();
+    spec_agrees(&case, &[spec_call(q, 1, 4, 16384)]);
+}
+
+#[test]
+fn spec_kernel_does_not_trust_a_miss_table_of_its_own_epoch() {
+    let mut case = SpecCase::new(1, 4096, 64, 4096, 16384, 1, 4, 2048);
+    let topk: Vec<i32> = (4096..4096 + 8192).collect();
+    plant_foreign_cells(&mut case, &topk);
+    spec_agrees(&case, &[spec_call(topk, 1, 4, 16384)]);
 }

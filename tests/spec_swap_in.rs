@@ -195,3 +195,40 @@ fn buffers_that_share_memory_are_refused() {
     let e = engine().run_spec(&a, Stream::null()).unwrap_err();
     assert!(e.to_string().contains("shares memory"), "{e}");
 }
+
+#[test]
+fn a_miss_table_holding_this_calls_epoch_is_not_trusted() {
+    // with the scratch overflowing (SGLang's sizing: 4096 = 8192 - hot), so
+    // that every resolution path runs
+    let mut c = SpecCase::new(1, 4096, 64, 4096, 16384, 2, 4, 2048);
+    let topk: Vec<i32> = (4096..4096 + 8192).collect();
+    plant_foreign_cells(&mut c, &topk);
+    let rows = c.owned_rows();
+    let mut call = SpecCall::new(topk, 1, 4, 16384, true);
+    engine()
+        .run_spec(&c.args(&mut call), Stream::null())
+        .unwrap();
+    c.assert_outputs_hold(&call, |_| false);
+    assert_eq!(
+        (c.misses(0), call.plan.as_ref().unwrap().2[0]),
+        (8192, 8192)
+    );
+    assert_eq!(c.owned_rows(), rows);
+}
+
+#[test]
+fn strides_past_the_address_space_are_refused() {
+    let mut c = SpecCase::new(2, 4096, 64, 4096, 8192, 1, 2, 2048);
+    let mut call = SpecCall::new((0..4).flat_map(|_| 0..2048).collect(), 2, 2, 8192, false);
+    for edit in [
+        &|a: &mut kvtier::SpecSwapInArgs<'_>| a.state.bank_stride = usize::MAX - 7,
+        &|a: &mut kvtier::SpecSwapInArgs<'_>| a.state.index_stride = 1 << 63,
+        &|a: &mut kvtier::SpecSwapInArgs<'_>| a.tokens_stride = usize::MAX,
+    ] as [&dyn Fn(&mut kvtier::SpecSwapInArgs<'_>); 3]
+    {
+        let mut a = c.args(&mut call);
+        edit(&mut a);
+        assert!(engine().run_spec(&a, Stream::null()).is_err());
+    }
+    assert!(call.out.iter().all(|&o| o == -7), "nothing ran");
+}

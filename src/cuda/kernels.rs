@@ -113,9 +113,10 @@ pub enum Kernel {
     Writeback = 1,
     SwapInPlan = 2,
     SwapInCopy = 3,
+    SpecSwapIn = 4,
 }
 
-const KERNELS: usize = 4;
+const KERNELS: usize = 5;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -123,6 +124,7 @@ impl Kernel {
         Kernel::Writeback,
         Kernel::SwapInPlan,
         Kernel::SwapInCopy,
+        Kernel::SpecSwapIn,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -132,6 +134,7 @@ impl Kernel {
             Kernel::Writeback => "kvt_writeback",
             Kernel::SwapInPlan => "kvt_swap_in_plan",
             Kernel::SwapInCopy => "kvt_swap_in_copy",
+            Kernel::SpecSwapIn => "kvt_spec_swap_in",
         }
     }
 
@@ -139,6 +142,7 @@ impl Kernel {
     pub fn block_threads(self) -> u32 {
         match self {
             Kernel::SwapInPlan => crate::abi::KVT_SWAP_PLAN_THREADS,
+            Kernel::SpecSwapIn => crate::abi::KVT_SPEC_THREADS,
             _ => BLOCK_THREADS,
         }
     }

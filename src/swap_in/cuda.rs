@@ -1,9 +1,11 @@
 //! The CUDA executor's launches: `kvt_swap_in_plan` then `kvt_swap_in_copy`
-//! for a swap-in, `kvt_swap_in_copy` alone for a plan replay, on the
-//! caller's stream; and the shared memory each needs.
+//! for a swap-in, `kvt_swap_in_copy` alone for a plan replay,
+//! `kvt_spec_swap_in` for a speculative swap-in, on the caller's stream; and
+//! the shared memory each needs.
 
 use crate::abi::{
-    KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_IO, kvt_swap_in_params,
+    KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_PLAN_THREADS,
+    KVT_SWAP_SKIP_IO, kvt_spec_swap_in_params, kvt_swap_in_params,
 };
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
@@ -107,6 +109,33 @@ pub(super) unsafe fn launch_replay(
             grid,
             BLOCK_THREADS,
             smem as u32,
+            p,
+            stream,
+        )
+    }
+}
+
+/// Enqueues a speculative swap-in on `stream`: one block per batch row.
+///
+/// # Safety
+/// `p` must come from the speculative swap-in's argument checks for device
+/// buffers of `dev` (the host cache mapped for it), valid until the kernel
+/// completes.
+pub(super) unsafe fn launch_spec(
+    dev: &CudaDevice,
+    p: &kvt_spec_swap_in_params,
+    stream: Stream,
+) -> Result<()> {
+    if p.batch == 0 {
+        return Ok(());
+    }
+    // SAFETY: per this function's contract; grid = one block per row.
+    unsafe {
+        dev.launch(
+            Kernel::SpecSwapIn,
+            p.batch,
+            KVT_SPEC_THREADS,
+            KVT_SPEC_SMEM_BYTES,
             p,
             stream,
         )

@@ -109,6 +109,7 @@ pub use args::{IndexBuf, MissPlan, QueryKind, SwapInArgs};
 pub use cuda::{copy_smem_bytes, plan_smem_bytes};
 pub use items::{KvBuffers, KvPlane};
 pub use replay::PlannedCopyArgs;
+pub use spec::emulation_spec_params;
 pub use spec::{
     SPEC_MAX_HOT, SPEC_MAX_OCCURRENCES, SPEC_MAX_STEPS, SPEC_MIN_STEPS, SPEC_MIN_TOP_K, SpecState,
     SpecSwapInArgs,
@@ -298,23 +299,20 @@ impl SwapInEngine {
 
     /// One layer's speculative swap-in (SGLang's
     /// `load_cache_to_device_buffer_spec_mla`, MTP/EAGLE verify) on SGLang's
-    /// `HiSparseSpecState`: see the `spec` module's contract. The CPU
-    /// executor runs it; kvtier has no CUDA kernel for it yet, so the CUDA
-    /// executor refuses it (SGLang's kernel serves CUDA tensors). No
-    /// allocation; bad indices are refused and reported at once.
-    pub fn run_spec(&self, args: &SpecSwapInArgs<'_>, _stream: Stream) -> Result<()> {
+    /// `HiSparseSpecState`: see the `spec` module's contract. On `stream`, no
+    /// allocation, no host synchronisation; bad indices are refused and
+    /// reported (CPU: now; CUDA: at the next [`SwapInEngine::check`]). The
+    /// CUDA kernel has run under host emulation only, not yet on a GPU.
+    pub fn run_spec(&self, args: &SpecSwapInArgs<'_>, stream: Stream) -> Result<()> {
+        let t = self.target();
+        let p = spec::check(args, t.location, t.error)?;
         match &self.exec {
-            Executor::Cpu => {
-                let p = spec::check(args, crate::mem::Location::Host)?;
-                // SAFETY: `check` checked every host buffer against its shape
-                // and that the written ones share no memory.
-                unsafe { spec::run(&p) }.into_result()
-            }
-            Executor::Cuda(_) => Err(invalid(
-                "top_k_tokens",
-                "kvtier's speculative swap-in runs on the CPU executor only: it has no CUDA kernel \
-                 yet (SGLang's own kernel serves CUDA tensors)",
-            )),
+            // SAFETY: `check` checked every host buffer against its shape and
+            // that the written ones share no memory.
+            Executor::Cpu => unsafe { spec::run(&p) }.into_result(),
+            // SAFETY: `check` checked every buffer is device memory of the
+            // right size; the error word is this engine's.
+            Executor::Cuda(dev) => unsafe { cuda::launch_spec(dev, &p, stream) },
         }
     }
 
@@ -416,11 +414,13 @@ impl std::fmt::Debug for SwapInEngine {
 }
 
 /// Elements a buffer of `rows` rows `stride` apart, `width` used per row, spans.
+/// Saturates instead of wrapping: a stride no buffer could hold gives a span
+/// no buffer has, which the buffer checks then refuse.
 pub(crate) fn span(rows: usize, stride: usize, width: usize) -> usize {
     if rows == 0 {
         0
     } else {
-        (rows - 1) * stride + width
+        (rows - 1).saturating_mul(stride).saturating_add(width)
     }
 }
 

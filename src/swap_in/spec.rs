@@ -71,8 +71,12 @@
 //!
 //! # How it runs
 //!
-//! On the CPU executor. kvtier has no CUDA kernel for this path yet, so on
-//! CUDA tensors the call is refused and SGLang's kernel keeps serving it.
+//! The CUDA executor runs `kvt_spec_swap_in` (kernels/spec_swap_in.cu), one
+//! block per batch row: its threads resolve the occurrences and claim misses
+//! in the request's miss table with atomics, its warps copy each unique miss
+//! once, then the block runs the CLOCK in rounds of its threads. It has run
+//! under host emulation (tests/kernel_emulation.rs), not yet on a GPU. The
+//! CPU executor (`run`) interprets the same parameters in occurrence order.
 
 use std::slice::{from_raw_parts, from_raw_parts_mut};
 
@@ -82,6 +86,7 @@ use super::{MAX_BATCH, span};
 use crate::abi::{
     KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_DUP_REQ, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_NUM_REAL,
     KVT_ERR_SWAP_REQ, KVT_ERR_SWAP_SEQ_LEN, KVT_ERR_SWAP_SLOT_LOC, KVT_ERR_SWAP_TOKEN,
+    KVT_SWAP_REQ_INDICES_I64, KVT_SWAP_SEQ_LENS_I64, kvt_spec_swap_in_params,
 };
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
@@ -188,7 +193,9 @@ pub struct SpecSwapInArgs<'a> {
     /// `[1]` int32: rows at or past it are padding.
     pub num_real_reqs: Buf<'a, i32>,
     pub state: SpecState<'a>,
-    /// Request rows of the state (SGLang's request slots).
+    /// Request rows of the state: SGLang's request slots, the rows of
+    /// `scratch_locs`. The counters of `scratch_state`'s row 0 are laid out by
+    /// it (four groups of `num_requests`), so it must be exactly that.
     pub num_requests: u32,
     pub hot_buffer_size: u32,
     /// Extra-page slots after the hot buffer.
@@ -197,9 +204,10 @@ pub struct SpecSwapInArgs<'a> {
     pub miss_plan: Option<MissPlan<'a>>,
 }
 
-/// The checked arguments, as addresses and sizes.
+/// The kernel parameters as the CPU executor reads them: sizes as `usize`,
+/// the item layout as an [`ItemLayout`].
 #[derive(Clone, Copy, Debug)]
-pub(super) struct SpecParams {
+struct SpecParams {
     top_k_tokens: u64,
     top_k_stride: usize,
     steps: usize,
@@ -240,6 +248,56 @@ pub(super) struct SpecParams {
     plan: Option<(u64, u64, u64, usize)>,
 }
 
+impl SpecParams {
+    fn of(p: &kvt_spec_swap_in_params) -> Self {
+        let n = |v: u64| v as usize;
+        SpecParams {
+            top_k_tokens: p.top_k_tokens,
+            top_k_stride: n(p.top_k_stride),
+            steps: p.steps as usize,
+            top_k: p.top_k as usize,
+            tokens: p.device_buffer_tokens,
+            tokens_stride: n(p.tokens_stride),
+            locs: p.device_buffer_locs,
+            locs_stride: n(p.locs_stride),
+            host_cache_locs: p.host_cache_locs,
+            host_stride: n(p.host_stride),
+            max_tokens: p.max_tokens as i64,
+            host: [p.host_cache, 0],
+            device: [p.device_buffer, 0],
+            layout: items::layout_of(&p.items),
+            host_rows: p.host_rows,
+            device_rows: p.device_rows,
+            out: p.top_k_device_locs,
+            out_stride: n(p.out_stride),
+            req_pool_indices: (p.req_pool_indices, p.flags & KVT_SWAP_REQ_INDICES_I64 != 0),
+            seq_lens: (p.seq_lens, p.flags & KVT_SWAP_SEQ_LENS_I64 != 0),
+            num_real_reqs: p.num_real_reqs,
+            batch: p.batch as usize,
+            requests: p.num_requests as usize,
+            hot: p.hot as usize,
+            page: p.page as usize,
+            cache_index: p.cache_index,
+            index_stride: n(p.index_stride),
+            bank_stride: n(p.bank_stride),
+            hash_size: n(p.hash_size),
+            cache_policy: p.cache_policy,
+            policy_stride: n(p.policy_stride),
+            scratch_locs: p.scratch_locs,
+            scratch_stride: n(p.scratch_stride),
+            scratch_capacity: n(p.scratch_capacity),
+            scratch_state: p.scratch_state,
+            state_stride: n(p.state_stride),
+            plan: (p.plan_count != 0).then_some((
+                p.plan_src,
+                p.plan_dst,
+                p.plan_count,
+                n(p.plan_stride),
+            )),
+        }
+    }
+}
+
 fn within(arg: &'static str, v: u32, lo: u32, hi: u32) -> Result<()> {
     if v < lo || v > hi {
         return Err(invalid(arg, format!("{v} is outside {lo}..={hi}")));
@@ -258,8 +316,13 @@ fn at_least(arg: &'static str, what: &str, have: usize, need: usize) -> Result<(
 }
 
 /// Checks every argument of a speculative swap-in for `want` memory and
-/// returns its parameters.
-pub(super) fn check(a: &SpecSwapInArgs<'_>, want: Location) -> Result<SpecParams> {
+/// returns the kernel parameters (`error`: the error word's address, 0 for
+/// the CPU executor, which reports at once).
+pub(super) fn check(
+    a: &SpecSwapInArgs<'_>,
+    want: Location,
+    error: u64,
+) -> Result<kvt_spec_swap_in_params> {
     let (s, k, hot, page) = (a.num_steps, a.num_top_k, a.hot_buffer_size, a.page_size);
     within("num_steps", s, SPEC_MIN_STEPS, SPEC_MAX_STEPS)?;
     within("num_top_k", k, SPEC_MIN_TOP_K, SPEC_MAX_OCCURRENCES)?;
@@ -356,7 +419,7 @@ pub(super) fn check(a: &SpecSwapInArgs<'_>, want: Location) -> Result<SpecParams
         (
             "cache_index stride",
             st.index_stride,
-            st.bank_stride + st.hash_size,
+            st.bank_stride.saturating_add(st.hash_size),
         ),
         ("cache_policy stride", st.policy_stride, st.policy_width),
         (
@@ -377,7 +440,7 @@ pub(super) fn check(a: &SpecSwapInArgs<'_>, want: Location) -> Result<SpecParams
     let index_len = span(
         st.index_rows,
         st.index_stride,
-        st.bank_stride + st.hash_size,
+        st.bank_stride.saturating_add(st.hash_size),
     );
     let policy_len = span(st.policy_rows, st.policy_stride, st.policy_width);
     let scratch_len = span(r, st.scratch_stride, st.scratch_capacity);
@@ -505,45 +568,69 @@ pub(super) fn check(a: &SpecSwapInArgs<'_>, want: Location) -> Result<SpecParams
         None => None,
     };
     ranges.check_disjoint()?;
-    Ok(SpecParams {
+    let (plan_src, plan_dst, plan_count, plan_stride) = plan.unwrap_or((0, 0, 0, 0));
+    let mut flags = 0;
+    if a.seq_lens.is_i64() {
+        flags |= KVT_SWAP_SEQ_LENS_I64;
+    }
+    if a.req_pool_indices.is_i64() {
+        flags |= KVT_SWAP_REQ_INDICES_I64;
+    }
+    Ok(kvt_spec_swap_in_params {
         top_k_tokens: a.top_k_tokens.addr(),
-        top_k_stride: a.top_k_stride,
-        steps: s as usize,
-        top_k: k as usize,
-        tokens: a.device_buffer_tokens.addr(),
-        tokens_stride: a.tokens_stride,
-        locs: a.device_buffer_locs.addr(),
-        locs_stride: a.locs_stride,
+        device_buffer_tokens: a.device_buffer_tokens.addr(),
+        device_buffer_locs: a.device_buffer_locs.addr(),
         host_cache_locs: a.host_cache_locs.addr(),
-        host_stride: a.host_stride,
-        max_tokens: a.max_tokens as i64,
-        host: kv.host,
-        device: kv.device,
-        layout: a.kv.layout,
+        top_k_device_locs: a.top_k_device_locs.addr(),
+        req_pool_indices: a.req_pool_indices.addr(),
+        seq_lens: a.seq_lens.addr(),
+        num_real_reqs: a.num_real_reqs.addr(),
+        cache_index: st.cache_index.addr(),
+        cache_policy: st.cache_policy.addr(),
+        scratch_locs: st.scratch_locs.addr(),
+        scratch_state: st.scratch_state.addr(),
+        host_cache: kv.host[0],
+        device_buffer: kv.device[0],
+        plan_src,
+        plan_dst,
+        plan_count,
+        error,
+        items: kv.layout,
         host_rows: kv.host_rows,
         device_rows: kv.device_rows,
-        out: a.top_k_device_locs.addr(),
-        out_stride: a.out_stride,
-        req_pool_indices: (a.req_pool_indices.addr(), a.req_pool_indices.is_i64()),
-        seq_lens: (a.seq_lens.addr(), a.seq_lens.is_i64()),
-        num_real_reqs: a.num_real_reqs.addr(),
-        batch,
-        requests: r,
-        hot: hot_us,
-        page: page as usize,
-        cache_index: st.cache_index.addr(),
-        index_stride: st.index_stride,
-        bank_stride: st.bank_stride,
-        hash_size: st.hash_size,
-        cache_policy: st.cache_policy.addr(),
-        policy_stride: st.policy_stride,
-        scratch_locs: st.scratch_locs.addr(),
-        scratch_stride: st.scratch_stride,
-        scratch_capacity: st.scratch_capacity,
-        scratch_state: st.scratch_state.addr(),
-        state_stride: st.state_stride,
-        plan,
+        top_k_stride: a.top_k_stride as u64,
+        tokens_stride: a.tokens_stride as u64,
+        locs_stride: a.locs_stride as u64,
+        host_stride: a.host_stride as u64,
+        out_stride: a.out_stride as u64,
+        plan_stride: plan_stride as u64,
+        index_stride: st.index_stride as u64,
+        bank_stride: st.bank_stride as u64,
+        hash_size: st.hash_size as u64,
+        policy_stride: st.policy_stride as u64,
+        scratch_stride: st.scratch_stride as u64,
+        scratch_capacity: st.scratch_capacity as u64,
+        state_stride: st.state_stride as u64,
+        batch: batch as u32,
+        steps: s,
+        top_k: k,
+        hot,
+        page,
+        num_requests: a.num_requests,
+        max_tokens: a.max_tokens,
+        flags,
     })
+}
+
+/// The kernel parameters a speculative swap-in of host buffers launches with,
+/// for tests that run the kernel's own source on the host
+/// (tests/kernel_emulation.rs): the same checks and parameters as a launch.
+#[doc(hidden)]
+pub fn emulation_spec_params(
+    a: &SpecSwapInArgs<'_>,
+    error: u64,
+) -> Result<kvt_spec_swap_in_params> {
+    check(a, Location::Host, error)
 }
 
 // ---- SGLang's hashes and packings ------------------------------------------
@@ -663,6 +750,17 @@ impl MissTable<'_> {
 
     fn compact_mut(&mut self, m: usize) -> &mut i32 {
         &mut self.row[4 * self.t + m]
+    }
+
+    /// Empties the cells that already carry this call's epoch: the state may
+    /// hold them (a wrapped epoch, or a state written by someone else), and
+    /// their values would be trusted as this call's miss ordinals.
+    fn clear_foreign(&mut self) {
+        for pos in 0..self.t {
+            if (self.get(pos) >> 32) as u32 == self.epoch {
+                self.set(pos, 0);
+            }
+        }
     }
 
     /// The ordinal of `token`'s miss and whether this call claimed it, or
@@ -828,7 +926,8 @@ type Plan<'a> = (&'a mut [i64], &'a mut [i32], &'a mut [i32], usize);
 /// # Safety
 /// Every address in `p` is host memory matching the shapes in `p`, as
 /// [`check`] establishes for host buffers.
-pub(super) unsafe fn run(p: &SpecParams) -> ErrorWord {
+pub(super) unsafe fn run(p: &kvt_spec_swap_in_params) -> ErrorWord {
+    let p = &SpecParams::of(p);
     let mut err = ErrorWord::clear();
     let (batch, steps, k, hot) = (p.batch, p.steps, p.top_k, p.hot);
     let t = steps * k;
@@ -950,6 +1049,7 @@ pub(super) unsafe fn run(p: &SpecParams) -> ErrorWord {
             t,
             epoch: scratch_epoch,
         };
+        table.clear_foreign();
         let tokens_row = &topk[b * p.top_k_stride..][..t];
         let hloc_row = &hloc[rid * p.host_stride..][..p.max_tokens as usize];
         let cap = p.scratch_capacity;
@@ -1021,9 +1121,7 @@ pub(super) unsafe fn run(p: &SpecParams) -> ErrorWord {
             }
             let loc = scratch[m];
             if !in_rows(loc as i64, p.device_rows) {
-                if claimed {
-                    err.report(KVT_ERR_SWAP_DEVICE_LOC, col, loc as i64);
-                }
+                err.report(KVT_ERR_SWAP_DEVICE_LOC, col, loc as i64);
                 continue;
             }
             if claimed {

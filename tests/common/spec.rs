@@ -3,12 +3,18 @@
 //! hot slots, extra page and scratch, the hot buffer starts holding tokens
 //! 0..hot, and token t's host row holds `words` u64 `t × SCALE + w`.
 
-use kvtier::{Buf, BufMut, IndexBuf, KvBuffers, MissPlan, SpecState, SpecSwapInArgs};
+use kvtier::{
+    BadIndexReport, Buf, BufMut, Executor, IndexBuf, KvBuffers, MissPlan, SpecState,
+    SpecSwapInArgs, Stream, SwapInEngine,
+};
+
+use super::reported;
 
 pub const SCALE: u64 = 1_000_003;
 const KNUTH: u64 = 2_654_435_761;
 
 /// One layer's state and buffers.
+#[derive(Clone)]
 pub struct SpecCase {
     pub reqs: usize,
     pub hot: usize,
@@ -32,6 +38,7 @@ pub struct SpecCase {
 }
 
 /// A call's per-row inputs and outputs.
+#[derive(Clone)]
 pub struct SpecCall {
     pub topk: Vec<i32>,
     pub seq: Vec<i32>,
@@ -205,6 +212,64 @@ impl SpecCase {
         rows
     }
 
+    /// The hot slot of request `rid` holding `token`, by SGLang's lookup (the
+    /// identity slot, the two hash banks, then a scan once degraded), written
+    /// here from SGLang's kernel independently of the executors.
+    pub fn lookup(&self, rid: usize, token: i32) -> Option<usize> {
+        let slots = self.hot + self.page;
+        let tokens = &self.tokens[rid * slots..][..self.hot];
+        if token >= 0 && (token as usize) < self.hot && tokens[token as usize] == token {
+            return Some(token as usize);
+        }
+        let banks = &self.cache_index[rid * 2 * self.hash_size..][..2 * self.hash_size];
+        let mask = self.hash_size as u32 - 1;
+        let mut h = token as u32;
+        h ^= h >> 16;
+        h = h.wrapping_mul(0x7FEB_352D);
+        h ^= h >> 15;
+        h = h.wrapping_mul(0x846C_A68B);
+        h ^= h >> 16;
+        let primary = ((token as u32).wrapping_mul(KNUTH as u32) & mask) as usize;
+        for e in [banks[primary], banks[self.hash_size + (h & mask) as usize]] {
+            let (t, slot) = (e as u32 as i32, (e as u64 >> 32) as usize);
+            if e >= 0 && t == token && slot < self.hot && tokens[slot] == token {
+                return Some(slot);
+            }
+        }
+        let degraded = self.scratch_state[3 * self.reqs + rid] as u32 & (1 << 31) != 0;
+        degraded
+            .then(|| tokens.iter().position(|&x| x == token))
+            .flatten()
+    }
+
+    /// Panics unless the state is one SGLang's next call works on: every hot
+    /// token held once and found by SGLang's lookup at its slot, the per-call
+    /// counters back at 0.
+    pub fn assert_consistent(&self) {
+        let slots = self.hot + self.page;
+        for rid in 0..self.reqs {
+            let held = &self.tokens[rid * slots..][..self.hot];
+            let mut seen: Vec<i32> = held.iter().copied().filter(|&t| t >= 0).collect();
+            let n = seen.len();
+            seen.sort();
+            seen.dedup();
+            assert_eq!(
+                seen.len(),
+                n,
+                "request {rid}: a token held by two hot slots"
+            );
+            for (slot, &t) in held.iter().enumerate().filter(|(_, t)| **t >= 0) {
+                assert_eq!(self.lookup(rid, t), Some(slot), "request {rid}: token {t}");
+            }
+        }
+        assert!(
+            self.scratch_state[self.reqs..3 * self.reqs]
+                .iter()
+                .all(|&c| c == 0),
+            "work and union-hit counters are reset"
+        );
+    }
+
     /// Panics unless every non-negative token's output row holds its bytes
     /// (padding and refused entries are skipped: `skip(i)`).
     pub fn assert_outputs_hold(&self, call: &SpecCall, skip: impl Fn(usize) -> bool) {
@@ -234,4 +299,229 @@ pub fn cross_step_misses(hot: usize, k: usize) -> Vec<i32> {
         next += n as i32;
     }
     out
+}
+
+/// Fills request 0's miss table with cells of the epoch the next call takes,
+/// naming `tokens` with wild ordinals and positions (a hostile or wrapped
+/// state: neither executor may trust them).
+pub fn plant_foreign_cells(c: &mut SpecCase, tokens: &[i32]) {
+    let t = c.steps * c.k;
+    let epoch = (c.scratch_state[3 * c.reqs] as u32 & 0x7fff_ffff) + 1;
+    let row = c.state_width;
+    for (pos, &tok) in tokens.iter().cycle().take(t).enumerate() {
+        let cell = ((epoch as u64) << 32) | tok as u32 as u64;
+        let value = ((epoch as u64) << 32) | 0xffff_fffb;
+        c.scratch_state[row + 2 * pos] = cell as u32 as i32;
+        c.scratch_state[row + 2 * pos + 1] = (cell >> 32) as i32;
+        c.scratch_state[row + 2 * (t + pos)] = value as u32 as i32;
+        c.scratch_state[row + 2 * (t + pos) + 1] = (value >> 32) as i32;
+        c.scratch_state[row + 4 * t + pos] = 0x1fff;
+    }
+}
+
+/// Runs `calls` one after the other on the CPU executor and with `kernel`
+/// (which runs one call on a case and returns what it reported), and after
+/// each call checks what holds whatever order the kernel's threads take: the
+/// same outputs where the CPU executor has -1 or 0, every other output naming
+/// a row that holds its token, the same unique-miss counts and plan counts,
+/// no host row copied twice (and, from the same state, the same ones), the
+/// same report, the same CLOCK words and epochs, no device row lost or
+/// doubled, and a state SGLang's lookup finds every hot token in.
+pub fn kernel_agrees(
+    case: &SpecCase,
+    calls: &[SpecCall],
+    label: &str,
+    mut kernel: impl FnMut(&mut SpecCase, &mut SpecCall) -> Option<BadIndexReport>,
+) {
+    let engine = SwapInEngine::new(Executor::cpu()).unwrap();
+    let rows = case.owned_rows();
+    let mut gpu = case.clone();
+    let mut cpu = case.clone();
+    for (i, call) in calls.iter().enumerate() {
+        let mut k = call.clone();
+        let got = kernel(&mut gpu, &mut k);
+        let mut want = call.clone();
+        let cpu_err = reported(&engine.run_spec(&cpu.args(&mut want), Stream::null()));
+        assert_eq!(got, cpu_err, "{label}, call {i}");
+        for (o, (&g, &w)) in k.out.iter().zip(&want.out).enumerate() {
+            assert_eq!(
+                g < 0,
+                w < 0,
+                "{label}, call {i}, occurrence {o}: {g} vs {w}"
+            );
+            if w < 0 {
+                assert_eq!(g, w, "{label}, call {i}, occurrence {o}");
+            }
+        }
+        let t = gpu.steps * gpu.k;
+        let padding = |o: usize| (o / t) as i32 >= want.num_real[0];
+        gpu.assert_outputs_hold(&k, |o| want.out[o] < 0 || padding(o));
+        assert!(
+            k.out
+                .iter()
+                .enumerate()
+                .all(|(o, &v)| !padding(o) || v == 0),
+            "padding rows output 0"
+        );
+        for rid in 0..gpu.reqs {
+            assert_eq!(gpu.misses(rid), cpu.misses(rid), "{label}, call {i}");
+            assert_eq!(
+                gpu.cache_policy[rid], cpu.cache_policy[rid],
+                "the CLOCK word"
+            );
+            assert_eq!(
+                gpu.scratch_state[3 * gpu.reqs + rid],
+                cpu.scratch_state[3 * gpu.reqs + rid],
+                "the scratch epoch"
+            );
+        }
+        if let (Some((gs, gd, gc)), Some((ws, _, wc))) = (&k.plan, &want.plan) {
+            assert_eq!(gc, wc, "{label}, call {i}: plan counts");
+            for b in 0..gc.len() {
+                let n = gc[b].max(0) as usize;
+                let mut g: Vec<i64> = gs[b * t..][..n].to_vec();
+                let mut w: Vec<i64> = ws[b * t..][..n].to_vec();
+                g.sort();
+                w.sort();
+                g.dedup();
+                assert_eq!(g.len(), n, "{label}, call {i}: a host row copied twice");
+                // From the same state the same misses; after that the two
+                // executors' hot buffers may hold different tokens (their
+                // orders differ), so only the counts must agree.
+                if i == 0 {
+                    let first = g.iter().zip(&w).position(|(a, b)| a != b);
+                    assert!(
+                        first.is_none(),
+                        "{label}: the host rows copied differ at {first:?}"
+                    );
+                }
+                for m in 0..n {
+                    let (src, dst) = (gs[b * t + m] as usize, gd[b * t + m] as usize);
+                    assert_eq!(
+                        gpu.device[dst * gpu.words..][..gpu.words],
+                        gpu.host[src * gpu.words..][..gpu.words]
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            gpu.owned_rows(),
+            rows,
+            "{label}: no device row lost or doubled"
+        );
+        gpu.assert_consistent();
+    }
+    cpu.assert_consistent();
+}
+
+impl SpecCase {
+    /// Runs `call` on this case with a CUDA engine: every array copied to
+    /// the GPU (the host cache into a pool region registered for it), the
+    /// call, then everything copied back; returns what the engine reported
+    /// at its next check.
+    pub fn run_cuda(
+        &mut self,
+        engine: &SwapInEngine,
+        call: &mut SpecCall,
+    ) -> Option<BadIndexReport> {
+        use kvtier::DeviceBuffer;
+        let Executor::Cuda(dev) = engine.executor().clone() else {
+            panic!("a CUDA engine")
+        };
+        let dev = &dev;
+        let host_bytes: Vec<u8> = self.host.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let (_pool, _region, host_base, _) = super::swap::planes_in_pool(dev, &[&host_bytes]);
+        let up = |v: &[i32]| DeviceBuffer::from_host(dev, v).unwrap();
+        let (mut tokens, mut locs) = (up(&self.tokens), up(&self.locs));
+        let (mut policy, mut scratch) = (up(&self.cache_policy), up(&self.scratch_locs));
+        let mut state = up(&self.scratch_state);
+        let mut index = DeviceBuffer::from_host(dev, &self.cache_index).unwrap();
+        let host_locs = DeviceBuffer::from_host(dev, &self.host_locs).unwrap();
+        let device_bytes: Vec<u8> = self.device.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let mut device = DeviceBuffer::from_host(dev, &device_bytes).unwrap();
+        let (topk, seq) = (up(&call.topk), up(&call.seq));
+        let req = DeviceBuffer::from_host(dev, &call.req).unwrap();
+        let num_real = up(&call.num_real);
+        let mut out = up(&call.out);
+        let mut plan = call
+            .plan
+            .as_ref()
+            .map(|(s, d, c)| (DeviceBuffer::from_host(dev, s).unwrap(), up(d), up(c)));
+        let t = self.steps * self.k;
+        let slots = self.hot + self.page;
+        let res = {
+            let args = SpecSwapInArgs {
+                top_k_tokens: topk.as_buf(),
+                top_k_stride: t,
+                num_steps: self.steps as u32,
+                num_top_k: self.k as u32,
+                device_buffer_tokens: tokens.as_buf_mut(),
+                tokens_stride: slots,
+                device_buffer_locs: locs.as_buf_mut(),
+                locs_stride: slots,
+                host_cache_locs: host_locs.as_buf(),
+                host_stride: self.seq_len,
+                max_tokens: self.seq_len as u32,
+                // SAFETY: the region is registered and mapped; it holds the host cache.
+                kv: KvBuffers::linear(
+                    (8 * self.words) as u32,
+                    unsafe { Buf::device(host_base, host_bytes.len()) },
+                    device.as_buf_mut(),
+                )
+                .unwrap(),
+                top_k_device_locs: out.as_buf_mut(),
+                out_stride: t,
+                req_pool_indices: IndexBuf::I64(req.as_buf()),
+                seq_lens: IndexBuf::I32(seq.as_buf()),
+                num_real_reqs: num_real.as_buf(),
+                state: SpecState {
+                    cache_index: index.as_buf_mut(),
+                    index_rows: self.reqs,
+                    index_stride: 2 * self.hash_size,
+                    bank_stride: self.hash_size,
+                    hash_size: self.hash_size,
+                    cache_policy: policy.as_buf_mut(),
+                    policy_rows: self.reqs + 1,
+                    policy_stride: self.hot,
+                    policy_width: self.hot,
+                    scratch_locs: scratch.as_buf_mut(),
+                    scratch_stride: self.scratch,
+                    scratch_capacity: self.scratch,
+                    scratch_state: state.as_buf_mut(),
+                    state_rows: self.reqs + 1,
+                    state_stride: self.state_width,
+                    state_width: self.state_width,
+                },
+                num_requests: self.reqs as u32,
+                hot_buffer_size: self.hot as u32,
+                page_size: self.page as u32,
+                miss_plan: plan.as_mut().map(|(s, d, c)| MissPlan {
+                    src: s.as_buf_mut(),
+                    dst: d.as_buf_mut(),
+                    stride: t,
+                    capacity: t,
+                    count: c.as_buf_mut(),
+                }),
+            };
+            engine.run_spec(&args, Stream::null()).unwrap();
+            reported(&engine.check())
+        };
+        self.tokens = tokens.to_vec().unwrap();
+        self.locs = locs.to_vec().unwrap();
+        self.cache_policy = policy.to_vec().unwrap();
+        self.scratch_locs = scratch.to_vec().unwrap();
+        self.scratch_state = state.to_vec().unwrap();
+        self.cache_index = index.to_vec().unwrap();
+        let bytes = device.to_vec().unwrap();
+        for (w, c) in self.device.iter_mut().zip(bytes.chunks(8)) {
+            *w = u64::from_le_bytes(c.try_into().unwrap());
+        }
+        call.out = out.to_vec().unwrap();
+        if let (Some((s, d, c)), Some((hs, hd, hc))) = (&plan, &mut call.plan) {
+            *hs = s.to_vec().unwrap();
+            *hd = d.to_vec().unwrap();
+            *hc = c.to_vec().unwrap();
+        }
+        res
+    }
 }

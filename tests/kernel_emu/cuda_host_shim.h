@@ -5,8 +5,11 @@
 // is faithful for these kernels: they use no warp shuffles or votes, threads
 // of a block exchange data only through shared memory across barriers, every
 // destination byte has one writer, and shared counters (the error word, the
-// planning hash table) change only through atomics, which cannot interleave
-// here.
+// planning hash table, the speculative swap-in's miss table and CLOCK) change
+// only through atomics, which cannot interleave here. The speculative swap-in
+// takes unique-miss ordinals and victims in whatever order its threads come
+// (as SGLang's kernel does); the emulation runs several orders, the tests
+// check what must hold in every one.
 #pragma once
 
 #include <stddef.h>
@@ -60,7 +63,31 @@ inline int atomicCAS(int* a, int compare, int v) {
     if (old == compare) *a = v;
     return old;
 }
+inline int atomicExch(int* a, int v) {
+    int old = *a;
+    *a = v;
+    return old;
+}
+inline int atomicOr(int* a, int v) {
+    int old = *a;
+    *a = old | v;
+    return old;
+}
+inline unsigned long long atomicCAS(unsigned long long* a, unsigned long long compare, unsigned long long v) {
+    unsigned long long old = *a;
+    if (old == compare) *a = v;
+    return old;
+}
+inline unsigned long long atomicExch(unsigned long long* a, unsigned long long v) {
+    unsigned long long old = *a;
+    *a = v;
+    return old;
+}
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+
+// Atomics on global memory ask first: true when the bytes lie inside memory
+// the call may write (counted as out of range, and skipped, otherwise).
+extern "C" bool kvt_emu_atomic(void* p, unsigned bytes);
 
 // A block-wide barrier: the calling fiber waits until every live thread of
 // the block has reached one.

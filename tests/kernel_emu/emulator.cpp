@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gather.cu"
+#include "spec_swap_in.cu"
 #include "swap_in.cu"
 #include "writeback.cu"
 
@@ -63,6 +64,11 @@ extern "C" void kvt_emu_load(const void* p, void* v, unsigned bytes) {
 extern "C" void kvt_emu_store(void* p, const void* v, unsigned bytes) {
     g_report.stores++;
     if (check(g_store_ranges, g_n_store, p, bytes)) memcpy(p, v, bytes);
+}
+
+extern "C" bool kvt_emu_atomic(void* p, unsigned bytes) {
+    g_report.stores++;
+    return check(g_store_ranges, g_n_store, p, bytes);
 }
 
 // ---- fibers -----------------------------------------------------------------
@@ -224,4 +230,11 @@ extern "C" kvt_emu_report kvt_emu_swap_in_copy(const kvt_swap_in_params* p, unsi
                                                const kvt_emu_range* stores, size_t n_stores) {
     return run<kvt_swap_in_params, kvt_swap_in_copy>(p, grid, block, smem_bytes, loads, n_loads, stores,
                                                      n_stores);
+}
+
+extern "C" kvt_emu_report kvt_emu_spec_swap_in(const kvt_spec_swap_in_params* p, unsigned grid, unsigned block,
+                                               size_t smem_bytes, const kvt_emu_range* loads, size_t n_loads,
+                                               const kvt_emu_range* stores, size_t n_stores) {
+    return run<kvt_spec_swap_in_params, kvt_spec_swap_in>(p, grid, block, smem_bytes, loads, n_loads, stores,
+                                                          n_stores);
 }

@@ -251,8 +251,9 @@ def spec_swap_in(
     and semantics: `top_k_tokens` and `top_k_device_locs` are ``[batch,
     steps, top_k]``, `seq_lens` ``[batch × steps]``, and `cache_index`,
     `cache_policy`, `scratch_locs`, `scratch_state` SGLang's
-    ``HiSparseSpecState`` (read and written as SGLang lays it out). The CPU
-    executor only: kvtier has no CUDA kernel for this path yet."""
+    ``HiSparseSpecState`` (read and written as SGLang lays it out). numpy
+    arrays and CPU tensors run on the CPU executor, CUDA tensors on the CUDA
+    executor (host caches pinned or registered), on `stream`."""
     tokens3 = _rows(top_k_tokens, "top_k_tokens", 3)
     out3 = _rows(top_k_device_locs, "top_k_device_locs", 3)
     index3 = _rows(cache_index, "cache_index", 3)

@@ -212,3 +212,60 @@ def test_cuda_graph_capture_and_replay():
     torch.cuda.synchronize()
     assert c.out.tolist() == [[9]]
     assert (c.device_buffer[9 * ITEM : 10 * ITEM] == 6).all()
+
+
+def spec_on(device, num_reqs=1, scratch=4096, calls=2):
+    """SGLang's 782-miss speculative query on `device` (torch tensors, the
+    host cache pinned for CUDA), `calls` times; the state, outputs and device
+    buffer come back as numpy for the invariant checks of test_spec_swap_in."""
+    from kvtier.sglang import load_cache_to_device_buffer_spec_mla as spec
+    from test_spec_swap_in import Swap, cross_step_misses
+
+    s = Swap(num_reqs=num_reqs, hot=4096, page=64, scratch=scratch, seq_len=16384, words=72, occurrences=8192)
+    dev = torch.device(device)
+
+    def t(a):
+        return torch.from_numpy(a) if device == "cpu" else torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+
+    host = torch.from_numpy(s.host)
+    if device != "cpu":
+        host = host.pin_memory()
+    tk = np.tile(cross_step_misses(), (num_reqs, 1, 1))
+    state = type(s.state)(*(t(a) for a in s.state))
+    tokens, locs, device_buffer = t(s.tokens), t(s.locs), t(s.device)
+    outs = []
+    for _ in range(calls):
+        out = torch.full(tk.shape, -1, dtype=torch.int32, device=dev)
+        spec(top_k_tokens=t(tk), device_buffer_tokens=tokens, host_cache_locs=t(s.host_locs),
+             device_buffer_locs=locs, host_cache=host, device_buffer=device_buffer, top_k_device_locs=out,
+             req_pool_indices=t(np.arange(num_reqs, dtype=np.int64)),
+             seq_lens=t(np.full(4 * num_reqs, 16384, np.int32)), state=state,
+             num_real_reqs=t(np.array([num_reqs], np.int32)))
+        outs.append(out)
+    if device != "cpu":
+        torch.cuda.synchronize()
+        kvtier.sglang.check(torch.cuda.current_device())
+    s.tokens, s.locs, s.device = tokens.cpu().numpy(), locs.cpu().numpy(), device_buffer.cpu().numpy()
+    s.state = type(s.state)(*(a.cpu().numpy() for a in state))
+    return s, tk, [o.cpu().numpy() for o in outs]
+
+
+def test_speculative_swap_in_on_cpu_tensors():
+    s, tk, (first, second) = spec_on("cpu")
+    s.assert_outputs_hold(first, tk)
+    s.assert_outputs_hold(second, tk)
+    assert s.misses() == 0, "the second call is all hits"
+    s.assert_consistent()
+
+
+@cuda
+@pytest.mark.parametrize("scratch", [4096, 1024 + 4096])
+def test_speculative_swap_in_on_cuda_keeps_every_invariant(scratch):
+    """The kernel's state is not the CPU executor's (thread order), so the
+    invariants: every output row holds its token, 782 misses then none, the
+    state SGLang's next call needs."""
+    s, tk, (first, second) = spec_on("cuda", num_reqs=3, scratch=scratch)
+    s.assert_outputs_hold(first, tk)
+    s.assert_outputs_hold(second, tk)
+    assert all(s.misses(r) == 0 for r in range(3))
+    s.assert_consistent()

@@ -9,16 +9,19 @@
 //! 1. kvtier's speculative swap-in;
 //! 2. the limit: the unique missed rows in one contiguous copy.
 //!
-//! kvtier has no CUDA kernel for this path yet: on the CUDA executor the
-//! scenario has no points (SGLang's own kernel serves it there).
+//! The host cache lives in a pool region (registered for the GPU by the
+//! CUDA executor), as the SGLang shim places it.
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde_json::json;
 
+use std::sync::Arc;
+
 use kvtier::{
-    Buf, BufMut, Executor, IndexBuf, KvBuffers, SpecState, SpecSwapInArgs, Stream, SwapInEngine,
+    Buf, BufMut, Executor, IndexBuf, KvBuffers, LayerFirstLayout, Pool, Region, SpecState,
+    SpecSwapInArgs, Stream, SwapInEngine,
 };
 
 use super::transfer::{self, Dir, ExecVec};
@@ -50,9 +53,6 @@ fn grid(b: &Bench) -> kvtier::Result<(Vec<u32>, Vec<u32>, u32)> {
 }
 
 pub(super) fn points(b: &Bench) -> kvtier::Result<u64> {
-    if matches!(b.exec, Executor::Cuda(_)) {
-        return Ok(0);
-    }
     let (entries, batches, _) = grid(b)?;
     Ok((entries.len() * batches.len() * STEPS.len() * b.args.misses.len()) as u64)
 }
@@ -71,7 +71,7 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
     for &item in &entries {
         for &steps in &STEPS {
             for &batch in &batches {
-                let state = State::build(b, batch, steps, hot, item);
+                let state = State::build(b, batch, steps, hot, item)?;
                 for &misses in &b.args.misses {
                     b.progress.set_message(format!(
                         "spec-swap-in: {item} B, {steps} steps, batch {batch}, {misses} misses per step"
@@ -100,7 +100,9 @@ struct State {
     tokens: Vec<i32>,
     locs: Vec<i32>,
     host_locs: Vec<i64>,
-    host_cache: Vec<u8>,
+    /// The host cache, row j filled with `row_pattern(j)`, in a pool region.
+    pool: Arc<Pool>,
+    host_region: Region,
     cache_index: Vec<i64>,
     hash_size: usize,
     cache_policy: Vec<i32>,
@@ -117,7 +119,7 @@ struct Query {
 }
 
 impl State {
-    fn build(b: &Bench, batch: u32, steps: u32, hot: u32, item: u32) -> Self {
+    fn build(b: &Bench, batch: u32, steps: u32, hot: u32, item: u32) -> kvtier::Result<Self> {
         let k = b.args.swap_k;
         let (r, h, slots) = (batch as usize, hot as usize, (hot + PAGE) as usize);
         let t = (steps * k) as usize;
@@ -140,10 +142,15 @@ impl State {
         let host_locs: Vec<i64> = (0..r)
             .flat_map(|req| (0..context as i64).map(move |c| (req * context as usize) as i64 + c))
             .collect();
-        let mut host_cache = vec![0u8; host_locs.len() * item as usize];
-        for (row, bytes) in host_cache.chunks_mut(item as usize).enumerate() {
-            bytes.fill(row_pattern(row));
+        let host_rows = host_locs.len();
+        let layout = LayerFirstLayout::new(item, 1, host_rows as u32)?;
+        let pool = Pool::create(layout, b.pool_device(Pool::device_bytes_for(&layout, 1)?))?;
+        let host_region = pool.alloc_region()?;
+        let mut bytes = vec![0u8; host_rows * item as usize];
+        for (row, chunk) in bytes.chunks_mut(item as usize).enumerate() {
+            chunk.fill(row_pattern(row));
         }
+        pool.write_tokens(&host_region, 0, 0, &bytes)?;
         let hash_size = (2 * h - 1).next_power_of_two();
         let mut cache_index = vec![-1i64; r * 2 * hash_size];
         for req in 0..r {
@@ -156,7 +163,7 @@ impl State {
         let state_width = (4 * r).max(5 * t);
         let mut scratch_state = vec![-1i32; (r + 1) * state_width];
         scratch_state[..state_width].fill(0);
-        State {
+        Ok(State {
             batch,
             steps,
             k,
@@ -167,14 +174,15 @@ impl State {
             tokens,
             locs,
             host_locs,
-            host_cache,
+            pool,
+            host_region,
             cache_index,
             hash_size,
             cache_policy,
             scratch_locs,
             scratch_state,
             state_width,
-        }
+        })
     }
 
     fn device_rows(&self) -> usize {
@@ -263,7 +271,12 @@ impl State {
         let out = ExecVec::<i32>::zeroed(exec, r * t)?;
         let topk = ExecVec::from_host(exec, &q.topk)?;
         let host_locs = ExecVec::from_host(exec, &self.host_locs)?;
-        let host_cache = ExecVec::from_host(exec, &self.host_cache)?;
+        let host_base = self.pool.region_host_addr(&self.host_region)?;
+        let host_bytes = self.host_locs.len() * item;
+        let host_cache = match exec {
+            Executor::Cpu => host_base,
+            Executor::Cuda(dev) => self.pool.region_device_addr(&self.host_region, dev)?,
+        };
         let req = ExecVec::from_host(exec, &(0..r as i64).collect::<Vec<_>>())?;
         let seq = ExecVec::from_host(exec, &vec![self.context as i32; r * self.steps as usize])?;
         let num_real = ExecVec::from_host(exec, &[self.batch as i32])?;
@@ -302,7 +315,7 @@ impl State {
                     max_tokens: self.context,
                     kv: KvBuffers::linear(
                         self.item,
-                        Buf::from_raw(host_cache.addr(), host_cache.len(), loc),
+                        Buf::from_raw(host_cache, host_bytes, loc),
                         BufMut::from_raw(device_buffer.addr(), device_buffer.len(), loc),
                     )?,
                     top_k_device_locs: BufMut::from_raw(out.addr(), out.len(), loc),
@@ -337,15 +350,17 @@ impl State {
             engine.run_spec(&a, s)
         };
         let kv = b.time(&clock, Timing::Device, reset, call)?;
+        engine.check()?;
         self.verify(q, &out.to_vec()?, &device_buffer)?;
         let bytes = q.unique_misses.len() * item;
         let none = |_: Stream| Ok(());
-        // SAFETY: the first `bytes` of the host cache and of the device buffer.
+        // SAFETY: the first `bytes` of the host cache (registered for the CUDA
+        // executor) and of the device buffer.
         let limit = b.time(&clock, Timing::Device, none, |s| unsafe {
             transfer::contiguous(
                 exec,
                 Dir::HostToDevice,
-                host_cache.addr(),
+                host_base,
                 device_buffer.addr(),
                 bytes,
                 s,

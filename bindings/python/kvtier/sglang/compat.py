@@ -36,10 +36,11 @@ KERNEL_FILES = ("sglang/kernels/ops/kvcache/hisparse.py", "sglang/jit_kernel/his
 CHECKED_VERSIONS = ("0.5.21", "0.5.22", "0.5.23")
 SPEC = "load_cache_to_device_buffer_spec_mla"
 # Why install() leaves the speculative swap-in to SGLang even where the
-# signatures match: kvtier's runs on the CPU executor only.
+# signatures match: kvtier replaces a kernel only where it is measured not
+# slower than SGLang's, and its speculative kernel has not run on a GPU yet.
 SPEC_LEFT = (
-    "same signature as SGLang's, but kvtier's speculative swap-in runs on the CPU executor only (no CUDA "
-    "kernel yet), so SGLang's kernel serves it"
+    "same signature as SGLang's, but kvtier's speculative kernel has run only under host emulation, not yet "
+    "on a GPU against SGLang's, so SGLang's kernel serves it"
 )
 HOST_POOLS = ("MLATokenToKVPoolHost", "DeepSeekV4PagedHostPool", "HiSparseMHATokenToKVPoolHost")
 ENTRY_POINTS = (
@@ -327,7 +328,7 @@ def check_entry_points(theirs: dict, coordinator_source: str | None) -> tuple:
         else:
             routes.append(Route(name, "kvtier", "takes every argument SGLang's takes, alike"))
     if SPEC in theirs:
-        # Never served on CUDA yet, so never a reason to refuse the rest.
+        # Not served yet, so never a reason to refuse the rest.
         mine = params_of_function(ours[SPEC])
         why = incompatibility(theirs[SPEC], mine)
         unknown = sorted(keywords.get(SPEC, set()) - {p.name for p in mine})

@@ -218,9 +218,11 @@ def load_cache_to_device_buffer_spec_mla(
     once; draft tokens on the extra page resolve without host I/O; padding
     rows output 0. As SGLang does, the hot buffer is ``cache_policy``'s
     columns, the extra page ``device_buffer_tokens``' columns past it, and an
-    item ``host_cache``'s row stride in bytes. The CPU executor serves numpy
-    arrays and CPU tensors; kvtier has no CUDA kernel for this path yet
-    (:func:`kvtier.sglang.install` leaves it to SGLang)."""
+    item ``host_cache``'s row stride in bytes. numpy arrays and CPU tensors
+    run the CPU executor; CUDA tensors kvtier's kernel on the current torch
+    stream, which has run only under host emulation so far
+    (:func:`kvtier.sglang.install` leaves the path to SGLang's kernel until
+    it is measured on a GPU)."""
     maybe_poll()
     shape = tuple(getattr(top_k_tokens, "shape", ()))
     if len(shape) != 3 or not 2 <= shape[1] <= 4:
