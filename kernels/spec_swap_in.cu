@@ -30,6 +30,7 @@ struct Shared {
     uint32_t degraded;      // the hash gave up an insertion
     uint32_t pad;
 };
+static_assert(sizeof(Shared) <= KVT_SPEC_SMEM_BYTES, "KVT_SPEC_SMEM_BYTES holds the block's scalars");
 
 __device__ __forceinline__ int64_t load_index(kvt_addr base, uint64_t i, bool is_i64) {
     return is_i64 ? ld(reinterpret_cast<const int64_t*>(base) + i)
@@ -154,25 +155,32 @@ struct Request {
         cas64(bank1 + bank1_slot(token, hash_size), e, kDeleted);
     }
 
-    // Cuckoo insertion; false when it gave up (the hash degrades).
+    // Whether entry `e` names a slot that holds its token.
+    __device__ bool live(int64_t e) const {
+        const int32_t s = entry_slot(e);
+        return e >= 0 && (uint32_t)s < hot && ld(tokens + s) == entry_token(e);
+    }
+
+    // Cuckoo insertion; false when it gave up (the hash degrades). Runs a
+    // barrier after every erase and slot change of its round, so `live` tells
+    // a stale entry (dropped when met) from one a slot still holds (carried
+    // on, never lost).
     __device__ bool insert(int32_t token, uint32_t slot) const {
-        const int64_t packed = entry(token, (int32_t)slot);
+        int64_t current = entry(token, (int32_t)slot);
         for (int bank = 0; bank < 2; ++bank) {
             int64_t* c = bank == 0 ? bank0 + bank0_slot(token, hash_size) : bank1 + bank1_slot(token, hash_size);
             const int64_t old = ld(c);
-            if (old >= 0 && entry_token(old) == token) {
-                exch64(c, packed);
-                return true;
-            }
-            if (old < 0 && (int64_t)cas64(c, old, packed) == old) return true;
+            // an empty cell, a deleted one, or a stale entry: take it; if
+            // another thread changed it meanwhile, the kicks below carry on
+            // whatever it put there
+            if ((old < 0 || !live(old)) && (int64_t)cas64(c, old, current) == old) return true;
         }
-        int64_t current = packed;
         bool second = false;
         for (uint32_t kick = 0; kick < kCuckooKicks; ++kick) {
             const int32_t t = entry_token(current);
             int64_t* c = second ? bank1 + bank1_slot(t, hash_size) : bank0 + bank0_slot(t, hash_size);
             const int64_t displaced = exch64(c, current);
-            if (displaced < 0 || entry_token(displaced) == t) return true;
+            if (displaced < 0 || !live(displaced)) return true;
             current = displaced;
             second = !second;
         }
@@ -300,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SPEC_THREADS, 1) kvt_spec_swap_
         (generation & kDegraded) != 0,
         scratch_epoch,
     };
-    const uint32_t cap = (uint32_t)p.scratch_capacity;
+    const uint32_t cap = p.scratch_capacity < T ? (uint32_t)p.scratch_capacity : T;  // ordinals stay below T
     auto seq_of = [&](uint32_t step) { return load_index(p.seq_lens, (uint64_t)b * S + step, seq_i64); };
 
     // 0. Cells that already carry this call's epoch (a wrapped epoch, or a
@@ -322,8 +330,11 @@ extern "C" __global__ void __launch_bounds__(KVT_SPEC_THREADS, 1) kvt_spec_swap_
         } else if (token >= 0) {
             int32_t slot = -1;
             if (token >= seq - (int64_t)q.page)
-                for (uint32_t s = H; s < H + q.page && slot < 0; ++s)
-                    if (ld(q.tokens + s) == token && ld(q.locs + s) >= 0) slot = (int32_t)s;
+                for (uint32_t s = H; s < H + q.page; ++s)
+                    if (ld(q.tokens + s) == token) {
+                        if (ld(q.locs + s) >= 0) slot = (int32_t)s;  // else not a draft: looked up below
+                        break;
+                    }
             const bool draft = slot >= 0;
             if (!draft) slot = q.lookup(token);
             if (slot >= 0) {
@@ -486,6 +497,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SPEC_THREADS, 1) kvt_spec_swap_
                 if (seen != epoch && cas32(q.refs + cand, seen, epoch) == seen) victim = (int32_t)cand;
             }
         }
+        bool placed = false;
         if (direct || rotate) {
             const int32_t old_loc = victim >= 0 ? ld(q.locs + victim) : -1;
             const int32_t new_loc = direct ? old_loc : ld(q.scratch + m);
@@ -502,11 +514,15 @@ extern "C" __global__ void __launch_bounds__(KVT_SPEC_THREADS, 1) kvt_spec_swap_
                     st(q.value(pos), (int64_t)q.tagged((uint32_t)old_loc));
                 }
                 q.erase(old_token, (uint32_t)victim);
-                if (!q.insert(token, (uint32_t)victim)) sh.degraded = 1;
+                placed = true;
             } else if (direct) {
                 st(q.value(pos), (int64_t)q.tagged(kUnplaced));
             }
         }
+        // Every erase and slot change of the round before any insertion, so
+        // that an insertion's kicks can tell stale entries from live ones.
+        __syncthreads();
+        if (placed && !q.insert(token, (uint32_t)victim)) sh.degraded = 1;
         __syncthreads();
         // This round's misses placed straight into a victim's row, a warp each.
         const uint32_t round = misses - start < nthreads ? misses - start : nthreads;

@@ -2,8 +2,10 @@
 # Builds, here (with cargo), everything the GPU suite (scripts/gpu-suite/)
 # needs on a GPU machine that has no cargo and no network: the kvtier binary,
 # the GPU test binary, the library, the Python package with its extension
-# module, the Python tests and benchmark, and pytest's wheels, stripped, into
-# gpu-bundle/ (ignored by git; at most 64 MiB, the most a device run carries).
+# module, the Python tests and benchmark, pytest's wheels, and a build of
+# SGLang's own HiSparse kernels for the bench to compare with
+# (scripts/sglang-kernels.sh), stripped, into gpu-bundle/ (ignored by git; at
+# most 64 MiB, the most a device run carries).
 # Then dry-runs every stage on this machine's CPU, so the first GPU run does
 # not fail on a path or a missing file. Usage: scripts/gpu-bundle.sh [--no-dry-run]
 set -euo pipefail
@@ -12,6 +14,7 @@ cd "$root"
 out=gpu-bundle
 scripts/install-tools.sh
 scripts/python-env.sh >/dev/null
+scripts/sglang-kernels.sh >/dev/null
 export NVCC="${NVCC:-$root/.tools/py/nvidia/cu13/bin/nvcc}" KVTIER_REQUIRE_KERNELS=1
 export PYO3_PYTHON="$root/.tools/venv/bin/python"
 cargo build --release --locked --workspace
@@ -24,7 +27,7 @@ for line in sys.stdin:
 [ -x "$gpu_tests" ] || { echo "gpu-bundle: the GPU test binary was not built" >&2; exit 1; }
 
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/python/kvtier" "$out/python/tests" "$out/wheels"
+mkdir -p "$out/bin" "$out/lib" "$out/python/kvtier" "$out/python/tests" "$out/wheels"
 cp target/release/kvtier "$out/bin/kvtier"
 cp "$gpu_tests" "$out/bin/gpu-tests"
 cp -r bindings/python/kvtier/. "$out/python/kvtier/"
@@ -33,6 +36,7 @@ cp target/release/libkvtier.so "$out/python/kvtier/libkvtier.so"
 cp target/release/lib_native.so "$out/python/kvtier/_native.abi3.so"
 cp bindings/python/tests/*.py "$out/python/tests/"
 cp bindings/python/benchmarks/per_call.py "$out/python/per_call.py"
+cp .tools/sglang-kernels/libkvt_sglang_kernels.so "$out/lib/"
 strip "$out/bin/"* "$out/python/kvtier/"*.so
 "$root/.tools/venv/bin/python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
   --python-version 3.10 --dest "$out/wheels" pytest==8.4.2 >/dev/null

@@ -314,3 +314,28 @@ fn pool_commands_create_inspect_check_and_destroy() {
     assert!(!ok && err.contains("no kvtier pool"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_wrong_sglang_kernels_library_is_refused_before_the_bench() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args([
+            "bench",
+            "--quick",
+            "--scenario",
+            "spec-swap-in",
+            "--executor",
+            "cpu",
+        ])
+        .env(
+            "KVTIER_SGLANG_KERNELS",
+            "/nonexistent/libkvt_sglang_kernels.so",
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("KVTIER_SGLANG_KERNELS") && err.contains("scripts/sglang-kernels.sh"),
+        "{err}"
+    );
+}

@@ -1113,3 +1113,14 @@ fn spec_kernel_does_not_trust_a_miss_table_of_its_own_epoch() {
     plant_foreign_cells(&mut case, &topk);
     spec_agrees(&case, &[spec_call(topk, 1, 4, 16384)]);
 }
+
+#[test]
+fn spec_kernel_takes_over_stale_hash_entries() {
+    let mut case = SpecCase::new(1, 4096, 64, 4096, 16384, 1, 4, 2048);
+    plant_stale_entries(&mut case);
+    let q = cross_step_misses(4096, 2048);
+    spec_agrees(
+        &case,
+        &[spec_call(q.clone(), 1, 4, 16384), spec_call(q, 1, 4, 16384)],
+    );
+}

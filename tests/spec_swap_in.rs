@@ -232,3 +232,19 @@ fn strides_past_the_address_space_are_refused() {
     }
     assert!(call.out.iter().all(|&o| o == -7), "nothing ran");
 }
+
+#[test]
+fn stale_hash_entries_are_taken_over_not_carried() {
+    let mut c = SpecCase::new(1, 4096, 64, 4096, 16384, 1, 4, 2048);
+    plant_stale_entries(&mut c);
+    let mut call = SpecCall::new(cross_step_misses(4096, 2048), 1, 4, 16384, false);
+    engine()
+        .run_spec(&c.args(&mut call), Stream::null())
+        .unwrap();
+    c.assert_outputs_hold(&call, |_| false);
+    assert!(
+        !c.degraded(0),
+        "782 insertions into a hash full of stale entries gave up"
+    );
+    c.assert_consistent();
+}

@@ -316,6 +316,18 @@ impl SwapInEngine {
         }
     }
 
+    /// The kernel parameters [`SwapInEngine::run_spec`] would launch `args`
+    /// with, after the same checks: for the benchmark, which hands them to a
+    /// build of SGLang's own kernel to time it on identical inputs.
+    #[doc(hidden)]
+    pub fn spec_params(
+        &self,
+        args: &SpecSwapInArgs<'_>,
+    ) -> Result<crate::abi::kvt_spec_swap_in_params> {
+        let t = self.target();
+        spec::check(args, t.location, t.error)
+    }
+
     /// Replays a recorded miss plan (SGLang's `copy_cache_planned_mla`): the
     /// host → device copies of the rows below `num_real_reqs`, nothing else.
     /// `warps` caps the copy grid (SGLang passes `num_blocks × block_size /

@@ -857,20 +857,32 @@ impl Hot<'_> {
         }
     }
 
-    /// Cuckoo insertion (64 kicks); false when it gave up.
+    /// Whether entry `e` names a slot that holds its token.
+    fn live(&self, e: i64) -> bool {
+        e >= 0 && self.holds(entry_slot(e), entry_token(e))
+    }
+
+    /// Cuckoo insertion (64 kicks); false when it gave up. A stale entry
+    /// (its slot no longer holds its token) is taken over or dropped when
+    /// met; a live one is carried on, never lost.
     fn insert(&mut self, token: i32, slot: usize) -> bool {
         let n = self.primary.len();
         let packed = entry(token, slot as i32);
         let (p, s) = (ring_primary(token, n), ring_secondary(token, n));
-        let old = self.primary[p];
-        if old < 0 || entry_token(old) == token {
-            self.primary[p] = packed;
-            return true;
-        }
-        let old = self.secondary[s];
-        if old < 0 || entry_token(old) == token {
-            self.secondary[s] = packed;
-            return true;
+        for second in [false, true] {
+            let old = if second {
+                self.secondary[s]
+            } else {
+                self.primary[p]
+            };
+            if old < 0 || !self.live(old) {
+                if second {
+                    self.secondary[s] = packed;
+                } else {
+                    self.primary[p] = packed;
+                }
+                return true;
+            }
         }
         let (mut current, mut use_secondary) = (packed, false);
         for _ in 0..CUCKOO_KICKS {
@@ -881,7 +893,7 @@ impl Hot<'_> {
                 (&mut *self.primary, ring_primary(tok, n))
             };
             let displaced = std::mem::replace(&mut bank[at], current);
-            if displaced < 0 || entry_token(displaced) == tok {
+            if displaced < 0 || !self.live(displaced) {
                 return true;
             }
             current = displaced;
@@ -916,6 +928,8 @@ struct Admission {
     direct: bool,
     rotate: bool,
     victim: Option<usize>,
+    /// It took its victim's slot (and enters the hash after the round's erases).
+    placed: bool,
 }
 
 /// A caller's miss plan: src, dst and count rows, and the row stride.
@@ -1185,6 +1199,7 @@ pub(super) unsafe fn run(p: &kvt_spec_swap_in_params) -> ErrorWord {
                     direct,
                     rotate: m < cap && (union_clock || admit),
                     victim: None,
+                    placed: false,
                 };
                 if !(a.direct || a.rotate) {
                     continue;
@@ -1248,7 +1263,7 @@ pub(super) unsafe fn run(p: &kvt_spec_swap_in_params) -> ErrorWord {
                     }
                 }
             }
-            for a in &round[..n] {
+            for a in round[..n].iter_mut() {
                 if !(a.direct || a.rotate) {
                     continue;
                 }
@@ -1286,6 +1301,12 @@ pub(super) unsafe fn run(p: &kvt_spec_swap_in_params) -> ErrorWord {
                     table.set_value(a.pos, old_loc as u32);
                 }
                 h.erase(old_token, victim);
+                a.placed = true;
+            }
+            // every erase and slot change of the round before any insertion
+            // (as the kernel does, a barrier apart)
+            for a in round[..n].iter().filter(|a| a.placed) {
+                let victim = a.victim.expect("placed");
                 if !h.insert(a.token, victim) {
                     h.degraded = true;
                 }

@@ -525,3 +525,22 @@ impl SpecCase {
         res
     }
 }
+
+/// Fills every empty cell of request 0's hash banks with a stale entry (a
+/// token no slot holds): insertions must take such cells over, not carry
+/// them around until the hash gives up.
+pub fn plant_stale_entries(c: &mut SpecCase) {
+    let hot = c.hot as i64;
+    for (i, e) in c.cache_index[..2 * c.hash_size].iter_mut().enumerate() {
+        if *e < 0 {
+            *e = ((i as i64 % hot) << 32) | (1_000_000 + i as i64);
+        }
+    }
+}
+
+impl SpecCase {
+    /// Whether request `rid`'s hash has given up an insertion.
+    pub fn degraded(&self, rid: usize) -> bool {
+        self.scratch_state[3 * self.reqs + rid] as u32 & (1 << 31) != 0
+    }
+}

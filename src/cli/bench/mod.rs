@@ -19,6 +19,7 @@
 
 mod gather;
 mod report;
+mod sglang;
 mod spec_swap_in;
 mod swap_in;
 mod transfer;

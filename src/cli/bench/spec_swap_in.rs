@@ -7,7 +7,10 @@
 //! restored untimed before every call:
 //!
 //! 1. kvtier's speculative swap-in;
-//! 2. the limit: the unique missed rows in one contiguous copy.
+//! 2. SGLang's own speculative kernels (CUDA executor, when
+//!    `KVTIER_SGLANG_KERNELS` names the library scripts/sglang-kernels.sh
+//!    builds), on the same parameters;
+//! 3. the limit: the unique missed rows in one contiguous copy.
 //!
 //! The host cache lives in a pool region (registered for the GPU by the
 //! CUDA executor), as the SGLang shim places it.
@@ -24,6 +27,7 @@ use kvtier::{
     SpecSwapInArgs, Stream, SwapInEngine,
 };
 
+use super::sglang::SglangKernels;
 use super::transfer::{self, Dir, ExecVec};
 use super::{Bench, Clock, Measurement, Timing, invalid, named};
 
@@ -67,6 +71,21 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
         return Ok(Vec::new());
     }
     let (entries, batches, hot) = grid(b)?;
+    // Loaded whatever the executor, so that a wrong path fails at once.
+    let mut sglang = SglangKernels::from_env()?;
+    if let Some(s) = &sglang {
+        let note = match b.exec {
+            Executor::Cuda(_) => format!("SGLang's kernels from {}", s.path),
+            Executor::Cpu => format!(
+                "SGLang's kernels ({}) run on the CUDA executor only",
+                s.path
+            ),
+        };
+        b.progress.suspend(|| println!("spec-swap-in: {note}"));
+    }
+    if matches!(b.exec, Executor::Cpu) {
+        sglang = None;
+    }
     let mut rows = Vec::new();
     for &item in &entries {
         for &steps in &STEPS {
@@ -77,7 +96,7 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
                         "spec-swap-in: {item} B, {steps} steps, batch {batch}, {misses} misses per step"
                     ));
                     let q = state.query(misses, b.args.seed);
-                    rows.extend(state.measure(b, &q)?);
+                    rows.extend(state.measure(b, &q, sglang.as_ref())?);
                     b.progress.inc(1);
                 }
             }
@@ -222,7 +241,12 @@ impl State {
         }
     }
 
-    fn measure(&self, b: &Bench, q: &Query) -> kvtier::Result<Vec<Measurement>> {
+    fn measure(
+        &self,
+        b: &Bench,
+        q: &Query,
+        sglang: Option<&SglangKernels>,
+    ) -> kvtier::Result<Vec<Measurement>> {
         let exec = &b.exec;
         let engine = SwapInEngine::new(exec.clone())?;
         let clock = Clock::new(exec)?;
@@ -296,11 +320,11 @@ impl State {
             }
         };
         let loc = exec.location();
-        let call = |s: Stream| -> kvtier::Result<()> {
-            let [tokens, locs, policy, scratch, state] = &live;
+        let [tokens, locs, policy, scratch, state] = &live;
+        let args = || -> kvtier::Result<SpecSwapInArgs<'_>> {
             // SAFETY: the buffers above, of these lengths, live until after
             // the timing.
-            let a = unsafe {
+            Ok(unsafe {
                 SpecSwapInArgs {
                     top_k_tokens: Buf::from_raw(topk.addr(), topk.len(), loc),
                     top_k_stride: t,
@@ -346,12 +370,25 @@ impl State {
                     page_size: PAGE,
                     miss_plan: None,
                 }
-            };
-            engine.run_spec(&a, s)
+            })
         };
+        let call = |s: Stream| engine.run_spec(&args()?, s);
         let kv = b.time(&clock, Timing::Device, reset, call)?;
         engine.check()?;
         self.verify(q, &out.to_vec()?, &device_buffer)?;
+        // SGLang's kernels on the same parameters, from the same state.
+        let theirs = match sglang {
+            Some(k) => {
+                let p = engine.spec_params(&args()?)?;
+                // SAFETY: parameters checked for this engine's device buffers,
+                // which live until after the timing.
+                let t = b.time(&clock, Timing::Device, reset, |s| unsafe { k.spec(&p, s) })?;
+                engine.check()?; // waits for the device
+                self.verify(q, &out.to_vec()?, &device_buffer)?;
+                Some(t)
+            }
+            None => None,
+        };
         let bytes = q.unique_misses.len() * item;
         let none = |_: Stream| Ok(());
         // SAFETY: the first `bytes` of the host cache (registered for the CUDA
@@ -381,20 +418,22 @@ impl State {
         let row = |cpu, cuda, t, limit| {
             Measurement::new(SCENARIO, named(exec, cpu, cuda), &params, bytes, t, limit)
         };
-        Ok(vec![
-            row(
-                "kvtier speculative swap-in (CPU executor)",
-                "kvtier speculative swap-in",
-                kv,
-                false,
-            ),
-            row(
-                "contiguous memcpy of the unique misses (limit)",
-                "contiguous H2D copy of the unique misses (limit)",
-                limit,
-                true,
-            ),
-        ])
+        let mut rows = vec![row(
+            "kvtier speculative swap-in (CPU executor)",
+            "kvtier speculative swap-in",
+            kv,
+            false,
+        )];
+        if let Some(t) = theirs {
+            rows.push(row("", "SGLang 0.5.23's speculative kernels", t, false));
+        }
+        rows.extend([row(
+            "contiguous memcpy of the unique misses (limit)",
+            "contiguous H2D copy of the unique misses (limit)",
+            limit,
+            true,
+        )]);
+        Ok(rows)
     }
 
     /// Every output row of the last timed call holds its token's host bytes.
