@@ -367,6 +367,37 @@ fn kv_buffers(
     Ok(kv)
 }
 
+/// A caller's miss plan, checked: all three arrays or none, `cols` misses
+/// per row for `batch` rows, written. Returns the C ABI's fields (the three
+/// buffers, the row stride, the misses a row holds), or None for no plan.
+fn miss_plan(
+    plan: [Option<&View<'_, '_>>; 3],
+    cols: usize,
+    batch: usize,
+) -> PyResult<Option<([KvtBuf; 3], u64, u64)>> {
+    if plan.iter().all(|p| p.is_none()) {
+        return Ok(None);
+    }
+    let [Some(src), Some(dst), Some(cnt)] = plan else {
+        return Err(invalid(
+            "miss_src",
+            "miss_src, miss_dst and miss_count must be given together".into(),
+        ));
+    };
+    matrix(src, DType::I64, cols, Some(batch), true)?;
+    matrix(dst, DType::I32, cols, Some(batch), true)?;
+    same_row_stride(src, dst, batch)?;
+    vector(cnt, &[DType::I32], batch, "batch")?;
+    need(cnt.writable, "miss_count", || {
+        "is read-only; the call writes it".into()
+    })?;
+    Ok(Some((
+        [buf(Some(src)), buf(Some(dst)), buf(Some(cnt))],
+        row_stride(src, batch),
+        src.shape[1].min(dst.shape[1]) as u64,
+    )))
+}
+
 /// One layer's swap-in for a batch (see `kvtier._swap_in.swap_in`).
 #[pyfunction]
 #[pyo3(signature = (
@@ -472,21 +503,11 @@ pub fn swap_in<'py>(
     matrix(lru, DType::I16, hot as usize, Some(requests), true)?;
     matrix(hloc, DType::I64, 0, Some(requests), false)?;
     let nr = num_real(nr.as_ref())?;
-    let plan = [src.as_ref(), dst.as_ref(), cnt.as_ref()];
-    let planned = plan.iter().any(|p| p.is_some());
-    if planned {
-        need(plan.iter().all(|p| p.is_some()), "miss_src", || {
-            "miss_src, miss_dst and miss_count must be given together".into()
-        })?;
-        let (src, dst, cnt) = (plan[0].unwrap(), plan[1].unwrap(), plan[2].unwrap());
-        matrix(src, DType::I64, entries_cols, Some(batch), true)?;
-        matrix(dst, DType::I32, entries_cols, Some(batch), true)?;
-        same_row_stride(src, dst, batch)?;
-        vector(cnt, &[DType::I32], batch, "batch")?;
-        need(cnt.writable, "miss_count", || {
-            "is read-only; the call writes it".into()
-        })?;
-    }
+    let plan = miss_plan(
+        [src.as_ref(), dst.as_ref(), cnt.as_ref()],
+        entries_cols,
+        batch,
+    )?;
     no_overlap(
         &all,
         &[
@@ -540,13 +561,9 @@ pub fn swap_in<'py>(
         block_tokens: s,
         skip_io: u32::from(skip_io),
     };
-    if planned {
-        let (src, dst, cnt) = (plan[0].unwrap(), plan[1].unwrap(), plan[2].unwrap());
-        args.miss_src = buf(Some(src));
-        args.miss_dst = buf(Some(dst));
-        args.miss_count = buf(Some(cnt));
-        args.miss_stride = row_stride(src, batch);
-        args.miss_capacity = src.shape[1].min(dst.shape[1]) as u64;
+    if let Some(([src, dst, cnt], stride, capacity)) = plan {
+        (args.miss_src, args.miss_dst, args.miss_count) = (src, dst, cnt);
+        (args.miss_stride, args.miss_capacity) = (stride, capacity);
     } else {
         let b = u32::try_from(batch).unwrap_or(u32::MAX);
         let e = u32::try_from(entries).unwrap_or(u32::MAX);
@@ -775,21 +792,11 @@ pub fn spec_swap_in<'py>(
     matrix(index, DType::I64, 2 * hash as usize, Some(requests), true)?;
     matrix(policy, DType::I32, hot as usize, Some(requests + 1), true)?;
     matrix(state, DType::I32, 1, Some(requests + 1), true)?;
-    let plan = [src.as_ref(), dst.as_ref(), cnt.as_ref()];
-    let planned = plan.iter().any(|p| p.is_some());
-    if planned {
-        need(plan.iter().all(|p| p.is_some()), "miss_src", || {
-            "miss_src, miss_dst and miss_count must be given together".into()
-        })?;
-        let (src, dst, cnt) = (plan[0].unwrap(), plan[1].unwrap(), plan[2].unwrap());
-        matrix(src, DType::I64, occurrences, Some(batch), true)?;
-        matrix(dst, DType::I32, occurrences, Some(batch), true)?;
-        same_row_stride(src, dst, batch)?;
-        vector(cnt, &[DType::I32], batch, "batch")?;
-        need(cnt.writable, "miss_count", || {
-            "is read-only; the call writes it".into()
-        })?;
-    }
+    let plan = miss_plan(
+        [src.as_ref(), dst.as_ref(), cnt.as_ref()],
+        occurrences,
+        batch,
+    )?;
     no_overlap(
         &all,
         &[
@@ -862,13 +869,9 @@ pub fn spec_swap_in<'py>(
         hot_buffer_size: hot,
         page_size: page,
     };
-    if planned {
-        let (src, dst, cnt) = (plan[0].unwrap(), plan[1].unwrap(), plan[2].unwrap());
-        args.miss_src = buf(Some(src));
-        args.miss_dst = buf(Some(dst));
-        args.miss_count = buf(Some(cnt));
-        args.miss_stride = row_stride(src, batch);
-        args.miss_capacity = src.shape[1].min(dst.shape[1]) as u64;
+    if let Some(([src, dst, cnt], stride, capacity)) = plan {
+        (args.miss_src, args.miss_dst, args.miss_count) = (src, dst, cnt);
+        (args.miss_stride, args.miss_capacity) = (stride, capacity);
     }
     let lib = library()?;
     let (engine, args_addr) = (engine as usize, &args as *const KvtSpecSwapInArgs as usize);
