@@ -46,10 +46,17 @@ for prefix, parts in wanted.items():
 PY
 
 jit="$dir/src/sglang/kernels/jit"
-echo "sglang-kernels: compiling SGLang $sglang's speculative kernels for sm_90a (a minute or two)"
-"$nvcc" -std=c++20 -O3 --expt-relaxed-constexpr -DSGL_CUDA_ARCH=900 -gencode arch=compute_90a,code=sm_90a \
-  -Xcompiler -fPIC -shared --cudart static -L "$PWD/.tools/py/nvidia/cu13/lib" \
-  -I "$jit/csrc" -I "$jit/include" -I "$dir/src/tvm_ffi/include" -I kernels \
-  -o "$out" bench/sglang-kernels/spec_harness.cu
+echo "sglang-kernels: compiling SGLang $sglang's HiSparse kernels for sm_90a (a few minutes)"
+flags=(-std=c++20 -O3 --expt-relaxed-constexpr -DSGL_CUDA_ARCH=900 -gencode arch=compute_90a,code=sm_90a
+  -Xcompiler -fPIC -I "$jit/csrc" -I "$jit/include" -I "$dir/src/tvm_ffi/include" -I kernels)
+# one translation unit per SGLang header (they define the same helpers)
+objs=() pids=()
+for src in bench/sglang-kernels/*.cu; do
+  obj="$dir/$(basename "$src" .cu).o"
+  "$nvcc" "${flags[@]}" -c "$src" -o "$obj" &
+  objs+=("$obj") pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+"$nvcc" -shared --cudart static -L "$PWD/.tools/py/nvidia/cu13/lib" -o "$out" "${objs[@]}"
 strip --strip-unneeded "$out"
 echo "sglang-kernels: wrote $out ($(du -h "$out" | cut -f1)); set KVTIER_SGLANG_KERNELS=$PWD/$out for kvtier bench"

@@ -316,6 +316,18 @@ impl SwapInEngine {
         }
     }
 
+    /// The kernel parameters [`SwapInEngine::run_with`] would launch `args`
+    /// with, after the same checks: for the benchmark, which hands them to a
+    /// build of SGLang's own kernel to time it on identical inputs.
+    #[doc(hidden)]
+    pub fn swap_in_params(
+        &self,
+        args: &SwapInArgs<'_>,
+        strategy: SwapInStrategy,
+    ) -> Result<crate::abi::kvt_swap_in_params> {
+        args::check(&self.target(), args, strategy)
+    }
+
     /// The kernel parameters [`SwapInEngine::run_spec`] would launch `args`
     /// with, after the same checks: for the benchmark, which hands them to a
     /// build of SGLang's own kernel to time it on identical inputs.

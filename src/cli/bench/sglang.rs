@@ -1,23 +1,30 @@
-//! SGLang's own HiSparse kernels, for timing beside kvtier's on identical
-//! inputs: a library built by scripts/sglang-kernels.sh from the pinned
-//! SGLang wheel's sources (never part of kvtier), loaded from the path in
-//! `KVTIER_SGLANG_KERNELS` when it is set, on the CUDA executor only.
+//! SGLang's own HiSparse kernels (the single-step and the speculative
+//! swap-in), for timing beside kvtier's on identical inputs: a library built
+//! by scripts/sglang-kernels.sh from the pinned SGLang wheel's sources (never
+//! part of kvtier), loaded from the path in `KVTIER_SGLANG_KERNELS` when it
+//! is set, used on the CUDA executor only.
 
 use std::ffi::{CString, c_void};
 
-use kvtier::abi::kvt_spec_swap_in_params;
+use kvtier::abi::{kvt_spec_swap_in_params, kvt_swap_in_params};
 
 use super::invalid;
 
 /// The environment variable naming the library.
 pub(super) const ENV: &str = "KVTIER_SGLANG_KERNELS";
 
+/// The thread-block size SGLang's own benchmark gives its swap-in kernel (its
+/// coordinator's default is 960, which the library also holds).
+const SWAP_IN_BLOCK: u32 = 1024;
+
 type SpecFn = unsafe extern "C" fn(*const kvt_spec_swap_in_params, *mut c_void) -> i32;
+type SwapInFn = unsafe extern "C" fn(*const kvt_swap_in_params, u32, *mut c_void) -> i32;
 
 /// The loaded library's entry points (the library stays loaded for the
 /// process: the handle is never closed).
 pub(super) struct SglangKernels {
     spec: SpecFn,
+    swap_in: SwapInFn,
     pub path: String,
 }
 
@@ -46,19 +53,48 @@ impl SglangKernels {
                 format!("cannot load {path}: {why} (build it with scripts/sglang-kernels.sh)"),
             ));
         }
-        let name = CString::new("kvt_sglang_spec_swap_in").unwrap();
-        // SAFETY: a live handle and a C string.
-        let sym = unsafe { libc::dlsym(handle, name.as_ptr()) };
-        if sym.is_null() {
-            return Err(invalid(
-                ENV,
-                format!("{path} has no kvt_sglang_spec_swap_in"),
-            ));
-        }
-        // SAFETY: the symbol is bench/sglang-kernels/spec_harness.cu's
-        // function, whose signature SpecFn spells.
-        let spec = unsafe { std::mem::transmute::<*mut c_void, SpecFn>(sym) };
-        Ok(Some(SglangKernels { spec, path }))
+        let symbol = |name: &str| -> kvtier::Result<*mut c_void> {
+            let c = CString::new(name).expect("no NUL");
+            // SAFETY: a live handle and a C string.
+            let sym = unsafe { libc::dlsym(handle, c.as_ptr()) };
+            if sym.is_null() {
+                return Err(invalid(ENV, format!("{path} has no {name}")));
+            }
+            Ok(sym)
+        };
+        // SAFETY: the symbols are bench/sglang-kernels/*_harness.cu's
+        // functions, whose signatures SpecFn and SwapInFn spell.
+        let (spec, swap_in) = unsafe {
+            (
+                std::mem::transmute::<*mut c_void, SpecFn>(symbol("kvt_sglang_spec_swap_in")?),
+                std::mem::transmute::<*mut c_void, SwapInFn>(symbol("kvt_sglang_swap_in")?),
+            )
+        };
+        Ok(Some(SglangKernels {
+            spec,
+            swap_in,
+            path,
+        }))
+    }
+
+    /// SGLang's single-step swap-in on kvtier's checked parameters (with
+    /// `num_real_reqs` given), blocks of [`SWAP_IN_BLOCK`] threads, on `stream`.
+    ///
+    /// # Safety
+    /// `p` must come from the swap-in's checks for device buffers of the
+    /// current device, valid until the kernel completes.
+    pub unsafe fn swap_in(
+        &self,
+        p: &kvt_swap_in_params,
+        stream: kvtier::Stream,
+    ) -> kvtier::Result<()> {
+        // SAFETY: per this function's contract.
+        let rc = unsafe { (self.swap_in)(p, SWAP_IN_BLOCK, stream.raw() as *mut c_void) };
+        status(
+            rc,
+            "--swap-k/--hot",
+            "SGLang's swap-in kernel is built for top-k 2048 and hot 4096 or 8192 only",
+        )
     }
 
     /// SGLang's speculative swap-in on kvtier's checked parameters, on `stream`.
@@ -73,19 +109,22 @@ impl SglangKernels {
     ) -> kvtier::Result<()> {
         // SAFETY: per this function's contract.
         let rc = unsafe { (self.spec)(p, stream.raw() as *mut c_void) };
-        match rc {
-            0 => Ok(()),
-            -1 => Err(invalid(
-                "--swap-k/--hot/--entry",
-                "SGLang's kernels are built for top-k 2048, hot 4096 and 576- or 656-byte items only",
-            )),
-            -2 => Err(invalid(
-                "spec-swap-in",
-                "a layout SGLang's kernel cannot take",
-            )),
-            e => Err(kvtier::Error::Pool(format!(
-                "SGLang's speculative kernel failed to launch (CUDA error {e})"
-            ))),
-        }
+        status(
+            rc,
+            "--swap-k/--hot/--entry",
+            "SGLang's speculative kernels are built for top-k 2048, hot 4096 and 576- or 656-byte items only",
+        )
+    }
+}
+
+/// A harness function's return code as a result.
+fn status(rc: i32, arg: &'static str, shapes: &str) -> kvtier::Result<()> {
+    match rc {
+        0 => Ok(()),
+        -1 => Err(invalid(arg, shapes.to_string())),
+        -2 => Err(invalid("bench", "a layout SGLang's kernel cannot take")),
+        e => Err(kvtier::Error::Pool(format!(
+            "SGLang's kernel failed to launch (CUDA error {e})"
+        ))),
     }
 }

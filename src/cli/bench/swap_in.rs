@@ -5,7 +5,10 @@
 //!
 //! 1. kvtier's swap-in (plan per request, one copy over every miss);
 //! 2. the one-block-per-request design SGLang uses (same planning, each
-//!    request's copies inside its block; CUDA executor only);
+//!    request's copies inside its block; CUDA executor only), and SGLang's
+//!    own kernel (CUDA executor, when `KVTIER_SGLANG_KERNELS` names the
+//!    library scripts/sglang-kernels.sh builds; its page table is compared
+//!    with kvtier's);
 //! 3. the limit: the missed bytes in one contiguous copy;
 //! 4. one `cudaMemcpyAsync` per missed row (host row → its device row);
 //! 5. a host gather of the missed rows into pinned staging, then one copy to
@@ -28,6 +31,7 @@ use kvtier::{
     Region, Stream, SwapInArgs, SwapInStrategy, Tier,
 };
 
+use super::sglang::SglangKernels;
 use super::transfer::{self, Dir, ExecVec, Staging};
 use super::{Bench, Clock, Measurement, Timing, invalid, named};
 
@@ -57,6 +61,10 @@ pub(super) fn points(b: &Bench) -> kvtier::Result<u64> {
 pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
     let (entries, batches) = grid(b)?;
     let max_batch = *batches.iter().max().expect("non-empty");
+    let sglang = match b.exec {
+        Executor::Cuda(_) => SglangKernels::from_env()?,
+        Executor::Cpu => None,
+    };
     let mut rows = Vec::new();
     for &item in &entries {
         for &hot in &b.args.hot {
@@ -67,7 +75,7 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
                         "swap-in: {item} B, hot {hot}, batch {batch}, {misses} misses"
                     ));
                     let q = state.queries(batch, misses, b.args.seed);
-                    rows.extend(state.measure(b, &q)?);
+                    rows.extend(state.measure(b, &q, sglang.as_ref())?);
                     b.progress.inc(1);
                 }
             }
@@ -328,7 +336,12 @@ impl State {
             .collect())
     }
 
-    fn measure(&self, b: &Bench, q: &Queries) -> kvtier::Result<Vec<Measurement>> {
+    fn measure(
+        &self,
+        b: &Bench,
+        q: &Queries,
+        sglang: Option<&SglangKernels>,
+    ) -> kvtier::Result<Vec<Measurement>> {
         let item = self.item as usize;
         let misses = self.misses_of(q)?;
         if misses.len() != (q.batch * q.misses) as usize {
@@ -399,6 +412,35 @@ impl State {
                 Some(t)
             }
         };
+        // SGLang's own kernel from the same state, with the same page table
+        // expected (kvtier's is SGLang's on valid input).
+        let theirs = match sglang {
+            Some(k) => {
+                let engine = kvtier::SwapInEngine::new(exec.clone())?;
+                let num_real = ExecVec::from_host(exec, &[q.batch as i32])?;
+                // SAFETY: the buffers above live until after the timing.
+                let mut a = unsafe { self.args(q, loc, addrs, host_cache, None) };
+                a.num_real_reqs = Some(num_real.buf());
+                let p = engine.swap_in_params(&a, SwapInStrategy::PlanThenCopy)?;
+                // SAFETY: parameters checked for device buffers that live
+                // until after the timing.
+                let t = b.time(&clock, Timing::Device, reset, |s| unsafe {
+                    k.swap_in(&p, s)
+                })?;
+                self.tier.check(clock.stream())?;
+                if out.to_vec()? != out_kvtier {
+                    b.progress.suspend(|| {
+                        println!(
+                            "swap-in: SELF-CHECK FAILED at batch {}, {} misses: SGLang's kernel gave a \
+                             different page table from kvtier's",
+                            q.batch, q.misses
+                        )
+                    });
+                }
+                Some(t)
+            }
+            None => None,
+        };
         let dev_base = device_buffer.addr();
         let pairs: Vec<(u64, u64)> = misses
             .iter()
@@ -430,6 +472,9 @@ impl State {
         )];
         if let Some(t) = one_block {
             rows.push(row("", "one block per request (SGLang's design)", t, false));
+        }
+        if let Some(t) = theirs {
+            rows.push(row("", "SGLang 0.5.23's swap-in kernel", t, false));
         }
         rows.extend([
             row(
