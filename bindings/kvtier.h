@@ -310,8 +310,9 @@ kvt_status kvt_swap_in_run(const kvt_swap_in *engine, const kvt_swap_in_args *ar
 /* Replays a miss plan on `stream` (CUDA-graph capturable as kvt_swap_in_run). */
 kvt_status kvt_swap_in_copy_planned(const kvt_swap_in *engine, const kvt_planned_copy_args *args,
                                     kvt_cuda_stream stream);
-/* One layer's speculative swap-in: the CPU executor only (a CUDA engine
- * refuses it with KVT_INVALID_ARGUMENT: kvtier has no CUDA kernel for it yet). */
+/* One layer's speculative swap-in on `stream` (CPU: bad indices reported at
+ * once; CUDA: at kvt_swap_in_check): no allocation, no host synchronisation.
+ * The CUDA kernel has run under host emulation only, not yet on a GPU. */
 kvt_status kvt_swap_in_run_spec(const kvt_swap_in *engine, const kvt_spec_swap_in_args *args,
                                 kvt_cuda_stream stream);
 /* The address the engine's kernels use for host memory at `host`: itself for

@@ -123,7 +123,7 @@ pub struct BenchArgs {
 enum Scenario {
     Gather,
     SwapIn,
-    /// The speculative swap-in (MTP/EAGLE verify; CPU executor only).
+    /// The speculative swap-in (MTP/EAGLE verify).
     SpecSwapIn,
     Writeback,
     All,

@@ -62,14 +62,6 @@ pub(super) fn points(b: &Bench) -> kvtier::Result<u64> {
 }
 
 pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
-    if matches!(b.exec, Executor::Cuda(_)) {
-        b.progress.suspend(|| {
-            println!(
-                "spec-swap-in: skipped (kvtier has no CUDA kernel for the speculative swap-in yet)"
-            )
-        });
-        return Ok(Vec::new());
-    }
     let (entries, batches, hot) = grid(b)?;
     // Loaded whatever the executor, so that a wrong path fails at once.
     let mut sglang = SglangKernels::from_env()?;
