@@ -244,7 +244,7 @@ typedef struct kvt_swap_in_params {
 /*
  * The speculative swap-in (MTP/EAGLE verify) of one layer, a whole batch, on
  * SGLang's HiSparseSpecState (kernel kvt_spec_swap_in, one block per batch
- * row; the contract is in src/swap_in/spec.rs). A row holds steps * top_k
+ * row; the contract is in src/swap_in/spec/mod.rs). A row holds steps * top_k
  * occurrences, step-major; step s of row b sees seq_lens[b * steps + s]
  * tokens. Per request rid:
  *   device_buffer_tokens[rid][0..hot + page)  token of each hot slot, then of each extra-page slot

@@ -2,7 +2,7 @@
 // SGLang's HiSparseSpecState: one block per batch row resolves the row's
 // steps × top-k occurrences, deduplicates its misses across steps in the
 // request's miss table, copies each unique miss once, then runs the request's
-// CLOCK (victims, hash, counters). The contract is in src/swap_in/spec.rs;
+// CLOCK (victims, hash, counters). The contract is in src/swap_in/spec/mod.rs;
 // the CPU executor there is one of the orders this kernel may take.
 #include "common.cuh"
 
@@ -218,7 +218,7 @@ struct Clock {
 // Writes:  the row's outputs and plan row; the request's state; device rows
 //          of scratch and of victims (misses past the scratch); the error word.
 // Assumes: blockDim.x == KVT_SPEC_THREADS, gridDim.x == batch, dynamic shared
-//          memory of KVT_SPEC_SMEM_BYTES, and the host-checked shapes (spec.rs
+//          memory of KVT_SPEC_SMEM_BYTES, and the host-checked shapes (spec/mod.rs
 //          `check`: 2 <= steps <= 4, steps × top_k <= 8192, hot <= 32768, every
 //          buffer covers its rows, the written ones pairwise disjoint).
 // Order:   unique-miss ordinals and victims race through atomics as in SGLang's
