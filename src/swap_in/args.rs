@@ -172,6 +172,51 @@ pub(super) fn check_stride(arg: &'static str, stride: usize, width: usize) -> Re
     Ok(())
 }
 
+/// A buffer a call names, as the argument checks see it: where it is, its
+/// element size, and the check that it holds enough elements where the
+/// executor reads them.
+pub(super) trait Named {
+    fn addr(&self) -> u64;
+    fn element_bytes(&self) -> u64;
+    fn check_len(&self, arg: &'static str, want: Location, len: usize) -> Result<()>;
+}
+
+impl<T> Named for Buf<'_, T> {
+    fn addr(&self) -> u64 {
+        Buf::addr(self)
+    }
+    fn element_bytes(&self) -> u64 {
+        std::mem::size_of::<T>() as u64
+    }
+    fn check_len(&self, arg: &'static str, want: Location, len: usize) -> Result<()> {
+        self.check(arg, want, len)
+    }
+}
+
+impl<T> Named for BufMut<'_, T> {
+    fn addr(&self) -> u64 {
+        BufMut::addr(self)
+    }
+    fn element_bytes(&self) -> u64 {
+        std::mem::size_of::<T>() as u64
+    }
+    fn check_len(&self, arg: &'static str, want: Location, len: usize) -> Result<()> {
+        self.check(arg, want, len)
+    }
+}
+
+impl Named for IndexBuf<'_> {
+    fn addr(&self) -> u64 {
+        IndexBuf::addr(self)
+    }
+    fn element_bytes(&self) -> u64 {
+        if self.is_i64() { 8 } else { 4 }
+    }
+    fn check_len(&self, arg: &'static str, want: Location, len: usize) -> Result<()> {
+        self.check(arg, want, len)
+    }
+}
+
 /// The byte ranges one call reads and writes, kept on the stack: the check
 /// runs on every per-layer call, which must not allocate.
 pub(super) struct ByteRanges {
@@ -199,6 +244,23 @@ impl ByteRanges {
         // overflow is a bug here, whatever the input.
         self.ranges[self.len] = (name, addr, bytes, written);
         self.len += 1;
+    }
+
+    /// Checks that `buf` holds `len` elements where the executor reads them
+    /// (its location, alignment and length) and adds their bytes, which the
+    /// call writes when `written`.
+    pub(super) fn checked(
+        &mut self,
+        name: &'static str,
+        buf: &(impl Named + ?Sized),
+        want: Location,
+        len: usize,
+        written: bool,
+    ) -> Result<()> {
+        buf.check_len(name, want, len)?;
+        // `len` fits the buffer now, so the product fits the address space.
+        self.push(name, buf.addr(), buf.element_bytes() * len as u64, written);
+        Ok(())
     }
 
     /// Adds the KV planes (the device planes written) and `num_real_reqs`,
@@ -319,29 +381,52 @@ pub(crate) fn check(
         check_stride(arg, stride, width)?;
     }
     let want = t.location;
-    a.top_k_tokens
-        .check("top_k_tokens", want, span(batch, a.top_k_stride, k_us))?;
-    a.top_k_device_locs
-        .check("top_k_device_locs", want, span(batch, a.out_stride, e_us))?;
-    a.device_buffer_tokens.check(
-        "device_buffer_tokens",
-        want,
-        span(r, a.tokens_stride, hot_us),
-    )?;
-    a.device_buffer_locs.check(
-        "device_buffer_locs",
-        want,
-        span(r, a.locs_stride, hot_us + 1),
-    )?;
-    a.lru_slots
-        .check("lru_slots", want, span(r, a.lru_stride, hot_us))?;
-    a.host_cache_locs.check(
-        "host_cache_locs",
-        want,
-        span(r, a.host_stride, a.max_tokens as usize),
-    )?;
-    a.req_pool_indices.check("req_pool_indices", want, batch)?;
-    a.seq_lens.check("seq_lens", want, batch)?;
+    // What the swap-in reads and writes, by byte range: a written buffer that
+    // shares memory with any other would let the kernels follow values they
+    // wrote themselves (a device row read back from a token slot, say).
+    let mut ranges = ByteRanges::new();
+    for (name, buf, len, written) in [
+        (
+            "top_k_tokens",
+            &a.top_k_tokens as &dyn Named,
+            span(batch, a.top_k_stride, k_us),
+            false,
+        ),
+        (
+            "top_k_device_locs",
+            &a.top_k_device_locs,
+            span(batch, a.out_stride, e_us),
+            true,
+        ),
+        (
+            "device_buffer_tokens",
+            &a.device_buffer_tokens,
+            span(r, a.tokens_stride, hot_us),
+            true,
+        ),
+        (
+            "device_buffer_locs",
+            &a.device_buffer_locs,
+            span(r, a.locs_stride, hot_us + 1),
+            false,
+        ),
+        (
+            "lru_slots",
+            &a.lru_slots,
+            span(r, a.lru_stride, hot_us),
+            true,
+        ),
+        (
+            "host_cache_locs",
+            &a.host_cache_locs,
+            span(r, a.host_stride, a.max_tokens as usize),
+            false,
+        ),
+        ("req_pool_indices", &a.req_pool_indices, batch, false),
+        ("seq_lens", &a.seq_lens, batch, false),
+    ] {
+        ranges.checked(name, buf, want, len, written)?;
+    }
     let num_real = match &a.num_real_reqs {
         Some(n) => {
             n.check("num_real_reqs", want, 1)?;
@@ -350,59 +435,6 @@ pub(crate) fn check(
         None => 0,
     };
     let kv = items::check(&a.kv, want)?;
-    // What the swap-in reads and writes, by byte range: a written buffer that
-    // shares memory with any other would let the kernels follow values they
-    // wrote themselves (a device row read back from a token slot, say).
-    let index_bytes = |b: &IndexBuf<'_>| batch as u64 * if b.is_i64() { 8 } else { 4 };
-    let mut ranges = ByteRanges::new();
-    ranges.push(
-        "top_k_tokens",
-        a.top_k_tokens.addr(),
-        4 * span(batch, a.top_k_stride, k_us) as u64,
-        false,
-    );
-    ranges.push(
-        "top_k_device_locs",
-        a.top_k_device_locs.addr(),
-        4 * span(batch, a.out_stride, e_us) as u64,
-        true,
-    );
-    ranges.push(
-        "device_buffer_tokens",
-        a.device_buffer_tokens.addr(),
-        4 * span(r, a.tokens_stride, hot_us) as u64,
-        true,
-    );
-    ranges.push(
-        "device_buffer_locs",
-        a.device_buffer_locs.addr(),
-        4 * span(r, a.locs_stride, hot_us + 1) as u64,
-        false,
-    );
-    ranges.push(
-        "lru_slots",
-        a.lru_slots.addr(),
-        2 * span(r, a.lru_stride, hot_us) as u64,
-        true,
-    );
-    ranges.push(
-        "host_cache_locs",
-        a.host_cache_locs.addr(),
-        8 * span(r, a.host_stride, a.max_tokens as usize) as u64,
-        false,
-    );
-    ranges.push(
-        "req_pool_indices",
-        a.req_pool_indices.addr(),
-        index_bytes(&a.req_pool_indices),
-        false,
-    );
-    ranges.push(
-        "seq_lens",
-        a.seq_lens.addr(),
-        index_bytes(&a.seq_lens),
-        false,
-    );
     ranges.push_kv(&a.kv, a.num_real_reqs.as_ref());
     if let Some(m) = &a.miss_plan {
         let rows = span(batch, m.stride, m.capacity) as u64;

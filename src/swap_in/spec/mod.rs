@@ -82,7 +82,7 @@ mod cpu;
 
 pub(super) use cpu::run;
 
-use super::args::{ByteRanges, IndexBuf, MissPlan, check_stride};
+use super::args::{ByteRanges, IndexBuf, MissPlan, Named, check_stride};
 use super::items::{self, KvBuffers};
 use super::{MAX_BATCH, span};
 use crate::abi::{KVT_SWAP_REQ_INDICES_I64, KVT_SWAP_SEQ_LENS_I64, kvt_spec_swap_in_params};
@@ -332,29 +332,48 @@ pub(super) fn check(
     let policy_len = span(st.policy_rows, st.policy_stride, st.policy_width);
     let scratch_len = span(r, st.scratch_stride, st.scratch_capacity);
     let state_len = span(st.state_rows, st.state_stride, st.state_width);
-    a.top_k_tokens
-        .check("top_k_tokens", want, span(batch, a.top_k_stride, t))?;
-    a.top_k_device_locs
-        .check("top_k_device_locs", want, span(batch, a.out_stride, t))?;
-    a.device_buffer_tokens.check(
-        "device_buffer_tokens",
-        want,
-        span(r, a.tokens_stride, slots),
-    )?;
-    a.device_buffer_locs
-        .check("device_buffer_locs", want, span(r, a.locs_stride, slots))?;
-    a.host_cache_locs.check(
-        "host_cache_locs",
-        want,
-        span(r, a.host_stride, a.max_tokens as usize),
-    )?;
-    a.req_pool_indices.check("req_pool_indices", want, batch)?;
-    a.seq_lens.check("seq_lens", want, batch * s as usize)?;
+    let mut ranges = ByteRanges::new();
+    for (name, buf, len, written) in [
+        (
+            "top_k_tokens",
+            &a.top_k_tokens as &dyn Named,
+            span(batch, a.top_k_stride, t),
+            false,
+        ),
+        (
+            "top_k_device_locs",
+            &a.top_k_device_locs,
+            span(batch, a.out_stride, t),
+            true,
+        ),
+        (
+            "device_buffer_tokens",
+            &a.device_buffer_tokens,
+            span(r, a.tokens_stride, slots),
+            true,
+        ),
+        (
+            "device_buffer_locs",
+            &a.device_buffer_locs,
+            span(r, a.locs_stride, slots),
+            true,
+        ),
+        (
+            "host_cache_locs",
+            &a.host_cache_locs,
+            span(r, a.host_stride, a.max_tokens as usize),
+            false,
+        ),
+        ("req_pool_indices", &a.req_pool_indices, batch, false),
+        ("seq_lens", &a.seq_lens, batch * s as usize, false),
+        ("cache_index", &st.cache_index, index_len, true),
+        ("cache_policy", &st.cache_policy, policy_len, true),
+        ("scratch_locs", &st.scratch_locs, scratch_len, true),
+        ("scratch_state", &st.scratch_state, state_len, true),
+    ] {
+        ranges.checked(name, buf, want, len, written)?;
+    }
     a.num_real_reqs.check("num_real_reqs", want, 1)?;
-    st.cache_index.check("cache_index", want, index_len)?;
-    st.cache_policy.check("cache_policy", want, policy_len)?;
-    st.scratch_locs.check("scratch_locs", want, scratch_len)?;
-    st.scratch_state.check("scratch_state", want, state_len)?;
     if state_len > 0 && !st.scratch_state.addr().is_multiple_of(8) {
         return Err(invalid(
             "scratch_state",
@@ -362,74 +381,6 @@ pub(super) fn check(
         ));
     }
     let kv = items::check(&a.kv, want)?;
-    let index_bytes = |b: &IndexBuf<'_>, n: usize| n as u64 * if b.is_i64() { 8 } else { 4 };
-    let mut ranges = ByteRanges::new();
-    ranges.push(
-        "top_k_tokens",
-        a.top_k_tokens.addr(),
-        4 * span(batch, a.top_k_stride, t) as u64,
-        false,
-    );
-    ranges.push(
-        "top_k_device_locs",
-        a.top_k_device_locs.addr(),
-        4 * span(batch, a.out_stride, t) as u64,
-        true,
-    );
-    ranges.push(
-        "device_buffer_tokens",
-        a.device_buffer_tokens.addr(),
-        4 * span(r, a.tokens_stride, slots) as u64,
-        true,
-    );
-    ranges.push(
-        "device_buffer_locs",
-        a.device_buffer_locs.addr(),
-        4 * span(r, a.locs_stride, slots) as u64,
-        true,
-    );
-    ranges.push(
-        "host_cache_locs",
-        a.host_cache_locs.addr(),
-        8 * span(r, a.host_stride, a.max_tokens as usize) as u64,
-        false,
-    );
-    ranges.push(
-        "req_pool_indices",
-        a.req_pool_indices.addr(),
-        index_bytes(&a.req_pool_indices, batch),
-        false,
-    );
-    ranges.push(
-        "seq_lens",
-        a.seq_lens.addr(),
-        index_bytes(&a.seq_lens, batch * s as usize),
-        false,
-    );
-    ranges.push(
-        "cache_index",
-        st.cache_index.addr(),
-        8 * index_len as u64,
-        true,
-    );
-    ranges.push(
-        "cache_policy",
-        st.cache_policy.addr(),
-        4 * policy_len as u64,
-        true,
-    );
-    ranges.push(
-        "scratch_locs",
-        st.scratch_locs.addr(),
-        4 * scratch_len as u64,
-        true,
-    );
-    ranges.push(
-        "scratch_state",
-        st.scratch_state.addr(),
-        4 * state_len as u64,
-        true,
-    );
     ranges.push_kv(&a.kv, Some(&a.num_real_reqs));
     let plan = match &a.miss_plan {
         Some(m) => {
@@ -444,12 +395,9 @@ pub(super) fn check(
             }
             check_stride("miss_plan stride", m.stride, m.capacity)?;
             let rows = span(batch, m.stride, m.capacity);
-            m.src.check("miss_src", want, rows)?;
-            m.dst.check("miss_dst", want, rows)?;
-            m.count.check("miss_count", want, batch)?;
-            ranges.push("miss_src", m.src.addr(), 8 * rows as u64, true);
-            ranges.push("miss_dst", m.dst.addr(), 4 * rows as u64, true);
-            ranges.push("miss_count", m.count.addr(), 4 * batch as u64, true);
+            ranges.checked("miss_src", &m.src, want, rows, true)?;
+            ranges.checked("miss_dst", &m.dst, want, rows, true)?;
+            ranges.checked("miss_count", &m.count, want, batch, true)?;
             Some((m.src.addr(), m.dst.addr(), m.count.addr(), m.stride))
         }
         None => None,
