@@ -3,8 +3,9 @@
 
 // kvt_gather — one layer, a whole batch, one launch (contract: kvt_gather_params
 // in abi.h).
-// Reads:   slot_bases, req_slots, seq_lens, topk (device memory); pool entries
-//          (host-mapped) only at addresses built from range-checked indices.
+// Reads:   req_slots, seq_lens, topk (every row's, padding rows' too) and
+//          slot_bases (device memory); pool entries (host-mapped) only at
+//          addresses built from range-checked indices.
 // Writes:  out rows [0, batch * k), every one of them (data or zeros); the
 //          error word for refused entries.
 // Assumes: the host launcher validated the shape (batch < 65536, k <= 65536,
@@ -27,20 +28,23 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather(const
         const uint32_t position = (b << 16) | j;
         char* dst = reinterpret_cast<char*>(p.out) + (uint64_t)r * p.entry_bytes;
 
+        // The row's three indices are loaded together (each address depends
+        // only on r, and every one is inside its array), so the chain in
+        // front of the first KV load is two deep: these, then the slot base.
         // Every lane evaluates the same checks (uniform branches); lane 0 reports.
         const char* src = nullptr;
         const int32_t slot = kvt::ld(req_slots + b);
+        const int32_t seq_len = kvt::ld(seq_lens + b);
+        const int32_t token = kvt::ld(topk + (uint64_t)b * p.topk_stride + j);
         if (slot != -1) {
             const uint64_t base =
                 (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(slot_bases + slot) : 0;
             if (base == 0) {
                 if (lane == 0) kvt::report(err, KVT_ERR_GATHER_SLOT, position, slot);
             } else {
-                const int32_t seq_len = kvt::ld(seq_lens + b);
                 if (seq_len < 0 || (uint32_t)seq_len > p.tokens_per_region) {
                     if (lane == 0) kvt::report(err, KVT_ERR_GATHER_SEQ_LEN, position, seq_len);
                 } else {
-                    const int32_t token = kvt::ld(topk + (uint64_t)b * p.topk_stride + j);
                     if (token >= 0 && token < seq_len) {
                         src = reinterpret_cast<const char*>(base + p.layer_offset +
                                                             (uint64_t)token * p.entry_bytes);
