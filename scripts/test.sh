@@ -34,6 +34,9 @@ cargo test --locked
 echo "== kvtier bench --quick (every scenario and method; JSON lines and a plot)"
 cargo run --release --locked --quiet -- bench --quick --json target/bench-quick.jsonl --plot target/bench-quick.png
 
+echo "== kvtier selftest --cpu (a dry run of the GPU selftest on the CPU executor)"
+cargo run --release --locked --quiet -- selftest --cpu --cases 8 --json target/selftest-cpu.jsonl
+
 echo "== Python package (bindings/python) with the release library"
 scripts/python-env.sh
 PYO3_PYTHON="$PWD/.tools/venv/bin/python" cargo build --release --locked -p kvtier --lib -p kvtier-python

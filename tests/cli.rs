@@ -339,3 +339,74 @@ fn a_wrong_sglang_kernels_library_is_refused_before_the_bench() {
         "{err}"
     );
 }
+
+/// Without a GPU the selftest checks nothing and says so with its own exit
+/// code; with `--cpu` it runs every check on the CPU executor (a dry run),
+/// prints the table and writes a JSON line per check. (scripts/test.sh runs
+/// the release build's dry run with the link measurements.)
+#[test]
+fn selftest_says_when_there_is_no_gpu_and_dry_runs_on_the_cpu() {
+    if let kvtier::cuda::DriverStatus::Ready { devices, .. } = kvtier::cuda::probe_driver()
+        && devices > 0
+    {
+        eprintln!("a GPU is here: `kvtier selftest` itself runs in the GPU suite");
+    } else {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+            .arg("selftest")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(77), "{stdout}");
+        assert!(
+            stdout.contains("no usable GPU, nothing was checked"),
+            "{stdout}"
+        );
+    }
+
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-selftest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("selftest.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(["selftest", "--cpu", "--cases", "3", "--no-link", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("a dry run of the selftest"), "{stdout}");
+    for check in [
+        "gather (random, half hostile)",
+        "writeback, every layer",
+        "swap-in, DSA tokens, linear rows",
+        "swap-in, DeepSeek-V4 page-padded C4 rows",
+        "swap-in, MiniMax-M3 blocks, K and V",
+        "miss-plan replay",
+        "swap-in, HOT 4096, K 2048, 2 and 410 misses",
+    ] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("PASS") && l.contains(check)),
+            "no passing row for {check}:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("skip") && l.contains("--no-link")),
+        "{stdout}"
+    );
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 11, "{lines:?}");
+    assert!(lines.iter().all(|l| l["result"] != "FAIL"), "{lines:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

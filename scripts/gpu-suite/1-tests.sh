@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Stage 1, the most valuable: what the GPU is and what kvtier sees of it, then
-# every GPU test (each kernel against the CPU executor on random and hostile
-# inputs, registration of every device kind, CUDA-graph-safe calls, the
-# bad-index poll). Dry run: the binaries start and list their tests.
+# Stage 1, the most valuable: what the GPU is and what kvtier sees of it,
+# `kvtier selftest` (every kernel against the CPU executor, the per-layer
+# calls in a CUDA graph, the link; its table in selftest.log, one JSON line
+# per check in selftest.jsonl), then every GPU test (random and hostile
+# inputs, registration of every device kind, the bad-index poll). Dry run:
+# the selftest says there is no GPU (exit 77) and runs on the CPU executor,
+# and the test binary lists its tests.
 source "$(dirname "$0")/common.sh"
 run info 60 "$bundle/bin/kvtier" info
 if [ "$dry" = 1 ]; then
+  run selftest-no-gpu 60 "$bundle/bin/kvtier" selftest
+  run selftest 300 "$bundle/bin/kvtier" selftest --cpu --cases 4 --json "$logs/selftest.jsonl"
   run gpu-tests-list 60 "$bundle/bin/gpu-tests" --list --ignored
 else
-  run gpu-tests 540 "$bundle/bin/gpu-tests" --ignored --test-threads=1
+  run selftest 150 "$bundle/bin/kvtier" selftest --json "$logs/selftest.jsonl"
+  run gpu-tests 380 "$bundle/bin/gpu-tests" --ignored --test-threads=1
 fi

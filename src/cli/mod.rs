@@ -3,6 +3,10 @@
 mod bench;
 mod info;
 mod pool;
+mod selftest;
+mod transfer;
+
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
@@ -24,12 +28,18 @@ enum Command {
     /// Create, inspect, check and destroy pools on memory devices.
     #[command(subcommand)]
     Pool(pool::PoolCommand),
+    /// On this machine's GPU: every kernel against the CPU executor on random
+    /// and hostile inputs, the per-layer calls in a CUDA graph, the link.
+    /// Exit code 0: passed; 1: a check failed; 77: no usable GPU.
+    Selftest(selftest::SelftestArgs),
 }
 
-pub fn run(cli: Cli) -> kvtier::Result<()> {
+pub fn run(cli: Cli) -> kvtier::Result<ExitCode> {
+    let done = |r: kvtier::Result<()>| r.map(|()| ExitCode::SUCCESS);
     match cli.command {
-        Command::Info => info::run(),
-        Command::Bench(args) => bench::run(*args),
-        Command::Pool(cmd) => pool::run(cmd),
+        Command::Info => done(info::run()),
+        Command::Bench(args) => done(bench::run(*args)),
+        Command::Pool(cmd) => done(pool::run(cmd)),
+        Command::Selftest(args) => selftest::run(args),
     }
 }

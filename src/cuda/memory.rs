@@ -45,6 +45,11 @@ impl<T: Copy> DeviceBuffer<T> {
         })
     }
 
+    /// The device the buffer lives on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.dev
+    }
+
     /// A copy of `data` on the device.
     pub fn from_host(dev: &Arc<CudaDevice>, data: &[T]) -> Result<Self> {
         let mut b = Self::zeroed(dev, data.len())?;

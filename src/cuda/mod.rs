@@ -1,11 +1,12 @@
 //! The CUDA side: driver probe, the device (primary context plus loaded
-//! kernels), streams, launches, device memory and host registration.
+//! kernels), streams, launches, device memory, host registration and graphs.
 //!
 //! libcuda is loaded at run time (cudarc's `dynamic-loading`), so the binary
 //! builds and starts on a machine without CUDA. Every entry point probes for
 //! the library first and returns [`Error::NoDriver`] instead of letting the
 //! loader panic.
 
+mod graph;
 pub mod kernels;
 mod memory;
 
@@ -14,6 +15,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, result, sys};
 
+pub use graph::CudaGraph;
 pub use kernels::{BLOCK_THREADS, FatbinImage, Kernel, KernelBuild};
 pub use memory::{
     DeviceBuffer, EventTimer, HostRegistration, OwnedStream, REGISTER_FLAGS, REGISTER_IOMEMORY,
@@ -199,6 +201,27 @@ impl CudaDevice {
             .parse::<i64>()
             .ok()
             .and_then(|n| u32::try_from(n).ok())
+    }
+
+    /// What the driver loaded for the kernels, from the gather kernel's
+    /// attributes: (binary arch, PTX arch), e.g. (90, 90) for sm_90 SASS.
+    /// A binary arch the fatbin has no SASS for means the driver compiled
+    /// the PTX at load time.
+    pub fn loaded_kernel_arch(&self) -> Result<(i32, i32)> {
+        self.bind()?;
+        let f = self.kernels.function(Kernel::Gather);
+        let attr = |a| {
+            let mut v = 0;
+            // SAFETY: a loaded function of this context; the out-pointer is valid.
+            unsafe { sys::cuFuncGetAttribute(&mut v, a, f) }
+                .result()
+                .call("cuFuncGetAttribute")
+                .map(|()| v)
+        };
+        Ok((
+            attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_BINARY_VERSION)?,
+            attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PTX_VERSION)?,
+        ))
     }
 
     /// Makes the device's context current on the calling thread (engines call

@@ -17,8 +17,8 @@ use serde_json::json;
 
 use kvtier::{Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier};
 
-use super::transfer::{self, Dir, ExecVec, Staging};
 use super::{Bench, Clock, Indices, Measurement, Timing, invalid, named};
+use crate::cli::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "gather";
 

@@ -18,11 +18,11 @@
 //! host memcpy, and every line of the output says so.
 
 mod gather;
+mod link;
 mod report;
 mod sglang;
 mod spec_swap_in;
 mod swap_in;
-mod transfer;
 mod writeback;
 
 use std::path::PathBuf;
@@ -34,6 +34,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kvtier::cuda::{DriverStatus, EventTimer, OwnedStream};
 use kvtier::pool::{numa_nodes, parse_size};
 use kvtier::{DeviceSpec, EntryFormat, Executor, Stream};
+
+pub(crate) use link::link_figures;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {

@@ -28,8 +28,8 @@ use kvtier::{
 };
 
 use super::sglang::SglangKernels;
-use super::transfer::{self, Dir, ExecVec};
 use super::{Bench, Clock, Measurement, Timing, invalid, named};
+use crate::cli::transfer::{self, Dir, ExecVec};
 
 const SCENARIO: &str = "spec-swap-in";
 const STEPS: [u32; 2] = [2, 4];

@@ -32,8 +32,8 @@ use kvtier::{
 };
 
 use super::sglang::SglangKernels;
-use super::transfer::{self, Dir, ExecVec, Staging};
 use super::{Bench, Clock, Measurement, Timing, invalid, named};
+use crate::cli::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "swap-in";
 

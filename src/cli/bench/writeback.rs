@@ -20,8 +20,8 @@ use serde_json::json;
 
 use kvtier::{Buf, Executor, LayerFirstLayout, Pool, Region, Stream, Tier, WritebackItems};
 
-use super::transfer::{self, Dir, ExecVec, Staging};
 use super::{Bench, Clock, Measurement, Timing, invalid, named};
+use crate::cli::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "writeback";
 /// Tokens per decode region (the newest token is the last one).

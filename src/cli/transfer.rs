@@ -1,7 +1,8 @@
-//! The baselines' data movement, for both executors: what a user would do
-//! instead of kvtier's kernels. On the CUDA executor these are copy-engine
-//! transfers (`cuMemcpy*Async`) and host loops; on the CPU executor the same
-//! shapes with `memcpy`.
+//! Memory where an executor addresses it ([`ExecVec`], [`Staging`]), shared
+//! by the benchmark and the selftest, and the benchmark baselines' data
+//! movement: what a user would do instead of kvtier's kernels. On the CUDA
+//! executor these are copy-engine transfers (`cuMemcpy*Async`) and host
+//! loops; on the CPU executor the same shapes with `memcpy`.
 
 use std::cell::UnsafeCell;
 
@@ -13,7 +14,7 @@ use kvtier::{Buf, BufMut, DeviceBuffer, Executor, Location, Stream};
 /// A buffer where the executor reads and writes it: a host vector for the
 /// CPU executor (in an `UnsafeCell`: methods write it through raw
 /// addresses), device memory for the CUDA executor.
-pub(super) enum ExecVec<T: Copy> {
+pub(crate) enum ExecVec<T: Copy> {
     Host(UnsafeCell<Vec<T>>),
     Device(DeviceBuffer<T>),
 }
@@ -81,6 +82,37 @@ impl<T: Copy + Default> ExecVec<T> {
         }
     }
 
+    /// Overwrites the whole buffer with `data` (of its length) and waits
+    /// for the copy; through a shared reference, because views of the
+    /// buffer (a captured graph's, a registration's) outlive the write.
+    ///
+    /// # Safety
+    /// Nothing reads or writes the buffer meanwhile (no call is running).
+    pub unsafe fn write(&self, data: &[T]) -> kvtier::Result<()> {
+        assert_eq!(data.len(), self.len(), "a write of the whole buffer");
+        match self {
+            ExecVec::Host(v) => {
+                // SAFETY: per this function's contract; the length is checked.
+                unsafe { (*v.get()).copy_from_slice(data) };
+                Ok(())
+            }
+            ExecVec::Device(d) => {
+                let dev = d.device();
+                // SAFETY: the buffer holds data.len() elements; the source is
+                // pageable host memory, valid until the wait below.
+                unsafe {
+                    dev.copy_host_to_device_async(
+                        d.device_ptr(),
+                        data.as_ptr() as *const u8,
+                        std::mem::size_of_val(data),
+                        Stream::null(),
+                    )?
+                };
+                dev.synchronize_all()
+            }
+        }
+    }
+
     pub fn to_vec(&self) -> kvtier::Result<Vec<T>> {
         self.read(0, self.len())
     }
@@ -91,7 +123,7 @@ impl<T: Copy + Default> ExecVec<T> {
 ///
 /// # Safety
 /// Both ranges are valid for `bytes` bytes as the executor addresses them.
-pub(super) unsafe fn copy_within(
+pub(crate) unsafe fn copy_within(
     exec: &Executor,
     dst: u64,
     src: u64,
@@ -112,7 +144,7 @@ pub(super) unsafe fn copy_within(
 
 /// Which way the bytes go on the CUDA executor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Dir {
+pub(crate) enum Dir {
     /// Pool (host) to device: fetches.
     HostToDevice,
     /// Device to pool (host): writebacks.
@@ -121,7 +153,7 @@ pub(super) enum Dir {
 
 /// Page-aligned host memory, registered with the GPU for the CUDA executor
 /// (so that copies from and to it are asynchronous, as pinned staging is).
-pub(super) struct Staging {
+pub(crate) struct Staging {
     // Dropped first: unregister before unmapping.
     _registration: Option<HostRegistration>,
     map: MmapMut,
@@ -151,6 +183,20 @@ impl Staging {
     pub fn ptr(&mut self) -> *mut u8 {
         self.map.as_mut_ptr()
     }
+
+    /// The memory, for the host to fill.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.map
+    }
+
+    /// The address kernels use for byte 0 (the host address for the CPU
+    /// executor).
+    pub fn exec_addr(&self) -> u64 {
+        match &self._registration {
+            Some(r) => r.device_addr(),
+            None => self.map.as_ptr() as u64,
+        }
+    }
 }
 
 /// One contiguous copy of `bytes` bytes: the link's limit.
@@ -159,7 +205,7 @@ impl Staging {
 /// Both ranges are valid for `bytes` bytes as the executor addresses them
 /// (host memory for the CPU; for CUDA the host side registered and the
 /// device side device memory), until the copy completes.
-pub(super) unsafe fn contiguous(
+pub(crate) unsafe fn contiguous(
     exec: &Executor,
     dir: Dir,
     src: u64,
@@ -190,7 +236,7 @@ pub(super) unsafe fn contiguous(
 /// # Safety
 /// As for [`contiguous`], for every (source, destination) pair and `entry`
 /// bytes.
-pub(super) unsafe fn per_entry(
+pub(crate) unsafe fn per_entry(
     exec: &Executor,
     dir: Dir,
     pairs: &[(u64, u64)],
@@ -211,7 +257,7 @@ pub(super) unsafe fn per_entry(
 /// Every source is host memory holding `entry` bytes, the staging holds
 /// `sources.len() * entry` bytes, and `dst` is valid for as many as the
 /// executor addresses it, until the copy completes.
-pub(super) unsafe fn staged_gather(
+pub(crate) unsafe fn staged_gather(
     exec: &Executor,
     sources: &[u64],
     staging: &mut Staging,
@@ -243,7 +289,7 @@ pub(super) unsafe fn staged_gather(
 /// # Safety
 /// `src` holds `dests.len() * entry` bytes as the executor addresses it, the
 /// staging as many, and every destination is host memory of `entry` bytes.
-pub(super) unsafe fn staged_scatter(
+pub(crate) unsafe fn staged_scatter(
     exec: &Executor,
     src: u64,
     staging: &mut Staging,

@@ -1,0 +1,330 @@
+//! `kvtier selftest`: on the user's GPU, every kernel against the CPU
+//! executor, the per-layer calls captured in a CUDA graph and replayed, and
+//! the link measured with one gather and one swap-in point against it.
+//!
+//! Every correctness check runs one input on both executors, from identical
+//! state, and compares everything the call may write (outputs, state, the
+//! device buffer, the pool) byte for byte, and the bad-index reports. The
+//! inputs are random and adversarial: bad slots, lengths, tokens, host and
+//! device rows, request rows named twice, broken LRU rows, padding rows.
+//! The first difference is reported with the seed that reproduces it.
+//!
+//! Exit codes: 0 every check passed; 1 a check failed (or the selftest
+//! could not run one); 77 there is no usable GPU (nothing was checked; the
+//! automake convention for a skipped test).
+
+mod graph;
+mod snapshot;
+mod swap_in;
+mod tier_calls;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Args;
+use serde_json::json;
+
+use kvtier::Executor;
+use kvtier::cuda::{self, FatbinImage, KernelBuild};
+
+use super::bench;
+use snapshot::Verdict;
+
+/// The exit code for "no usable GPU: nothing was checked".
+pub const EXIT_NO_GPU: u8 = 77;
+
+#[derive(Debug, Args)]
+pub struct SelftestArgs {
+    /// GPU ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Seed of the first case of every check (case i uses seed + i).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Random cases per correctness check.
+    #[arg(long, default_value_t = 40)]
+    cases: u64,
+    /// Skip the link measurements (correctness checks only).
+    #[arg(long)]
+    no_link: bool,
+    /// A dry run of the selftest itself, without a GPU: the CPU executor
+    /// stands in for the CUDA one, so every check runs and passes; it proves
+    /// that the selftest runs, nothing about the kernels.
+    #[arg(long)]
+    cpu: bool,
+    /// Also write one JSON object per check here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// How a check ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    Pass,
+    Fail,
+    /// Not run, and why is in the detail.
+    Skip,
+    /// A measurement: no verdict, the figures are in the detail.
+    Measured,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Status::Pass => "PASS",
+            Status::Fail => "FAIL",
+            Status::Skip => "skip",
+            Status::Measured => "measured",
+        }
+    }
+}
+
+/// One line of the table.
+pub(crate) struct Row {
+    pub check: String,
+    pub status: Status,
+    /// Cases run (0 for measurements).
+    pub cases: u64,
+    pub detail: String,
+    pub seconds: f64,
+}
+
+impl Row {
+    fn skip(check: &str, why: &str) -> Self {
+        Row {
+            check: check.into(),
+            status: Status::Skip,
+            cases: 0,
+            detail: why.into(),
+            seconds: 0.0,
+        }
+    }
+}
+
+/// Runs `case(seed)` for `n` seeds from `first`, stopping at the first
+/// difference or error.
+pub(crate) fn run_cases(
+    check: &str,
+    first: u64,
+    n: u64,
+    mut case: impl FnMut(u64) -> kvtier::Result<Verdict>,
+) -> Row {
+    let start = Instant::now();
+    let mut done = 0;
+    let mut notes: Vec<String> = Vec::new();
+    for seed in first..first + n {
+        let (status, detail) = match case(seed) {
+            Ok(Verdict::Same { note }) => {
+                done += 1;
+                if let Some(n) = note
+                    && !notes.contains(&n)
+                {
+                    notes.push(n);
+                }
+                continue;
+            }
+            Ok(Verdict::Differ(what)) => (Status::Fail, format!("seed {seed}: {what}")),
+            Err(e) => (Status::Fail, format!("seed {seed}: error: {e}")),
+        };
+        return Row {
+            check: check.into(),
+            status,
+            cases: done + 1,
+            detail,
+            seconds: start.elapsed().as_secs_f64(),
+        };
+    }
+    Row {
+        check: check.into(),
+        status: Status::Pass,
+        cases: done,
+        detail: if notes.is_empty() {
+            "identical on every case".into()
+        } else {
+            format!("identical on every case ({})", notes.join("; "))
+        },
+        seconds: start.elapsed().as_secs_f64(),
+    }
+}
+
+pub fn run(args: SelftestArgs) -> kvtier::Result<ExitCode> {
+    println!("kvtier {} selftest", env!("CARGO_PKG_VERSION"));
+    let dut = if args.cpu {
+        println!(
+            "executor under test: the CPU executor (--cpu: a dry run of the selftest; it checks the \
+             selftest, not the CUDA kernels)"
+        );
+        Executor::cpu()
+    } else {
+        match Executor::cuda(args.device) {
+            Ok(e) => e,
+            Err(e) => {
+                println!("no usable GPU, nothing was checked: {e}");
+                println!(
+                    "(exit code {EXIT_NO_GPU}; `kvtier selftest --cpu` runs the checks on the CPU \
+                     executor as a dry run)"
+                );
+                return Ok(ExitCode::from(EXIT_NO_GPU));
+            }
+        }
+    };
+    describe(&dut)?;
+
+    let mut rows = Vec::new();
+    let mut add = |row: Row| {
+        println!(
+            "  {:<8} {:<52} {:>5} cases  {:>6.1} s",
+            row.status.label(),
+            row.check,
+            row.cases,
+            row.seconds
+        );
+        rows.push(row);
+    };
+    let (s, n) = (args.seed, args.cases);
+    add(tier_calls::gather(&dut, s, n));
+    add(tier_calls::gather_production_shape(&dut, s));
+    add(tier_calls::writeback(&dut, s, n, false));
+    add(tier_calls::writeback(&dut, s, n, true));
+    for path in swap_in::Path::ALL {
+        add(swap_in::check(&dut, path, s, n));
+    }
+    add(swap_in::replay(&dut, s, n));
+    add(swap_in::production_shape(&dut, s));
+    match &dut {
+        Executor::Cuda(dev) => add(graph::check(dev, s)),
+        Executor::Cpu => add(Row::skip(
+            "CUDA graph capture and replay",
+            "needs the CUDA executor",
+        )),
+    }
+    if args.no_link {
+        add(Row::skip("link", "--no-link"));
+    } else {
+        let start = Instant::now();
+        match bench::link_figures(&dut) {
+            Ok(figures) => {
+                let seconds = start.elapsed().as_secs_f64() / figures.len().max(1) as f64;
+                for (check, detail) in figures {
+                    add(Row {
+                        check,
+                        status: Status::Measured,
+                        cases: 0,
+                        detail,
+                        seconds,
+                    });
+                }
+            }
+            Err(e) => add(Row {
+                check: "link".into(),
+                status: Status::Fail,
+                cases: 0,
+                detail: format!("the measurement failed: {e}"),
+                seconds: start.elapsed().as_secs_f64(),
+            }),
+        }
+    }
+
+    print_table(&rows);
+    if let Some(path) = &args.json {
+        write_json(path, &dut, &rows)?;
+        println!("wrote {} checks to {}", rows.len(), path.display());
+    }
+    let failed = rows.iter().filter(|r| r.status == Status::Fail).count();
+    if failed > 0 {
+        println!("selftest FAILED: {failed} check(s) differ (details above)");
+        Ok(ExitCode::FAILURE)
+    } else {
+        println!("selftest passed");
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// The device, driver and the kernel code the driver loaded.
+fn describe(dut: &Executor) -> kvtier::Result<()> {
+    println!("driver:    {}", bench::driver_text());
+    match cuda::kernels::BUILD {
+        KernelBuild::Built {
+            nvcc_version, sass, ..
+        } => println!(
+            "kernels:   built by nvcc {nvcc_version}, SASS for {}",
+            sass.join(", ")
+        ),
+        KernelBuild::NotBuilt { reason } => println!("kernels:   NOT BUILT: {reason}"),
+    }
+    if let Executor::Cuda(dev) = dut {
+        let (ma, mi) = dev.compute_capability();
+        println!(
+            "device:    GPU {}: {} (sm_{ma}{mi}, {} SMs)",
+            dev.ordinal(),
+            dev.name(),
+            dev.sm_count()
+        );
+        println!("loaded:    {}", loaded_code(dev)?);
+    }
+    Ok(())
+}
+
+/// Which of the fatbin's images the driver runs: SASS for the device, or
+/// PTX compiled at load time.
+fn loaded_code(dev: &kvtier::CudaDevice) -> kvtier::Result<String> {
+    let (binary, ptx) = dev.loaded_kernel_arch()?;
+    let images = cuda::kernels::fatbin_images(cuda::kernels::fatbin()?)?;
+    let has_sass = images
+        .iter()
+        .any(|i| matches!(i, FatbinImage::Sass { arch } if *arch as i32 == binary));
+    Ok(if has_sass {
+        format!("sm_{binary} SASS from the embedded fatbin (PTX arch {ptx})")
+    } else {
+        format!(
+            "code for sm_{binary} compiled by the driver at load time from compute_{ptx} PTX (the \
+             fatbin has no SASS for this GPU)"
+        )
+    })
+}
+
+fn print_table(rows: &[Row]) {
+    println!();
+    println!("{:<8} {:<52} {:>6}  detail", "result", "check", "cases");
+    for r in rows {
+        println!(
+            "{:<8} {:<52} {:>6}  {}",
+            r.status.label(),
+            r.check,
+            r.cases,
+            r.detail
+        );
+    }
+    println!();
+}
+
+fn write_json(path: &std::path::Path, dut: &Executor, rows: &[Row]) -> kvtier::Result<()> {
+    let device = match dut {
+        Executor::Cuda(dev) => json!({
+            "name": dev.name(),
+            "compute_capability": format!("{}.{}", dev.compute_capability().0, dev.compute_capability().1),
+            "loaded": loaded_code(dev)?,
+        }),
+        Executor::Cpu => json!("CPU executor (--cpu dry run)"),
+    };
+    let mut text = String::new();
+    for r in rows {
+        let line = json!({
+            "check": r.check,
+            "result": r.status.label(),
+            "cases": r.cases,
+            "detail": r.detail,
+            "seconds": r.seconds,
+            "device": device,
+            "driver": bench::driver_text(),
+            "kvtier": env!("CARGO_PKG_VERSION"),
+        });
+        text.push_str(&line.to_string());
+        text.push('\n');
+    }
+    std::fs::write(path, text).map_err(|source| kvtier::Error::Io {
+        context: format!("writing {}", path.display()),
+        source,
+    })
+}

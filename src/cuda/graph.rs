@@ -1,0 +1,115 @@
+//! CUDA graphs of kvtier's per-layer calls: captured from a stream once,
+//! replayed many times. Engines capture their decode step with their own
+//! tools (torch's `CUDAGraph`); this is the same capture from Rust, for
+//! `kvtier selftest` and for engines without one.
+
+use std::ptr;
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::{CudaDevice, OwnedStream, Stream};
+use crate::error::{DriverContext, Result, invalid};
+
+/// An instantiated CUDA graph, replayable on any stream of its device;
+/// destroyed on drop.
+pub struct CudaGraph {
+    dev: Arc<CudaDevice>,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+// SAFETY: graph handles are driver objects usable from any thread (launches
+// of one graph must not overlap, which `launch` leaves to the caller as
+// stream order).
+unsafe impl Send for CudaGraph {}
+
+impl CudaGraph {
+    /// Captures what `record` enqueues on `stream` and instantiates it.
+    ///
+    /// The capture is global (`CU_STREAM_CAPTURE_MODE_GLOBAL`): while it
+    /// lasts, a call from any thread that is not allowed in a graph (a
+    /// synchronous copy, an allocation, a stream or context synchronisation)
+    /// fails, and so does the capture. That is the check that a call is
+    /// capturable: it enqueues on the stream it is given and does nothing
+    /// else on the device. Nothing runs until [`CudaGraph::launch`].
+    pub fn capture(
+        dev: &Arc<CudaDevice>,
+        stream: &OwnedStream,
+        record: impl FnOnce(Stream) -> Result<()>,
+    ) -> Result<Self> {
+        dev.bind()?;
+        let s = stream.stream();
+        // SAFETY: `s` is a live stream of this device (OwnedStream).
+        unsafe {
+            sys::cuStreamBeginCapture_v2(
+                s.raw(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            )
+        }
+        .result()
+        .call("cuStreamBeginCapture")?;
+        let recorded = record(s);
+        let mut graph: sys::CUgraph = ptr::null_mut();
+        // Always ends the capture, so that a failed `record` leaves the
+        // stream usable.
+        // SAFETY: the stream is capturing; the out-pointer is valid.
+        let ended = unsafe { sys::cuStreamEndCapture(s.raw(), &mut graph) }
+            .result()
+            .call("cuStreamEndCapture");
+        let destroy = |g: sys::CUgraph| {
+            if !g.is_null() {
+                // SAFETY: made by the capture above, destroyed once.
+                let _ = unsafe { sys::cuGraphDestroy(g) };
+            }
+        };
+        if let Err(e) = recorded {
+            destroy(graph);
+            return Err(e);
+        }
+        if let Err(e) = ended {
+            destroy(graph);
+            return Err(e);
+        }
+        if graph.is_null() {
+            return Err(invalid("record", "the capture produced no graph"));
+        }
+        let mut exec: sys::CUgraphExec = ptr::null_mut();
+        // SAFETY: `graph` is a valid graph; the out-pointer is valid.
+        let made = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }
+            .result()
+            .call("cuGraphInstantiateWithFlags");
+        if let Err(e) = made {
+            destroy(graph);
+            return Err(e);
+        }
+        Ok(CudaGraph {
+            dev: dev.clone(),
+            graph,
+            exec,
+        })
+    }
+
+    /// Enqueues one replay on `stream`.
+    pub fn launch(&self, stream: Stream) -> Result<()> {
+        self.dev.bind()?;
+        // SAFETY: `exec` is an instantiated graph of this device; `stream` a
+        // live stream of its context (Stream's contract).
+        unsafe { sys::cuGraphLaunch(self.exec, stream.raw()) }
+            .result()
+            .call("cuGraphLaunch")
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        if self.dev.bind().is_ok() {
+            // SAFETY: made by `capture`, destroyed once; a replay still
+            // running keeps its resources until it completes (driver rule).
+            unsafe {
+                let _ = sys::cuGraphExecDestroy(self.exec);
+                let _ = sys::cuGraphDestroy(self.graph);
+            }
+        }
+    }
+}
