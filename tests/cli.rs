@@ -387,6 +387,7 @@ fn selftest_says_when_there_is_no_gpu_and_dry_runs_on_the_cpu() {
         "swap-in, MiniMax-M3 blocks, K and V",
         "miss-plan replay",
         "swap-in, HOT 4096, K 2048, 2 and 410 misses",
+        "graph replays (CPU: calls repeated, no graph)",
     ] {
         assert!(
             stdout

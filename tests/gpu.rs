@@ -537,3 +537,193 @@ fn spec_swap_in_matches_cpu_invariants() {
     let case = SpecCase::new(3, 2048, 16, 2048, 6000, 1, 2, 1024);
     run(&case, &[b], "bad input and padding");
 }
+
+/// Gathers tokens `0..n` of `layer` from the region bound to `slot`.
+fn gather_tokens(
+    tier: &Tier,
+    dev: &std::sync::Arc<kvtier::CudaDevice>,
+    slot: i32,
+    layer: u32,
+    n: u32,
+) -> Vec<u8> {
+    let entry = tier.layout().entry_bytes() as usize;
+    let slots = DeviceBuffer::from_host(dev, &[slot]).unwrap();
+    let seq = DeviceBuffer::from_host(dev, &[tier.layout().tokens_per_region() as i32]).unwrap();
+    let topk = DeviceBuffer::from_host(dev, &(0..n as i32).collect::<Vec<_>>()).unwrap();
+    let mut out = DeviceBuffer::<u8>::zeroed(dev, n as usize * entry).unwrap();
+    let batch = GatherBatch::new(slots.as_buf(), seq.as_buf(), topk.as_buf(), n);
+    tier.gather(layer, &batch, out.as_buf_mut(), Stream::null())
+        .unwrap();
+    tier.check(Stream::null()).unwrap();
+    out.to_vec().unwrap()
+}
+
+/// The bytes a process writes into tokens `0..n` of a region's layer.
+fn stamp(seed: u64, n: u32, entry: u32) -> Vec<u8> {
+    (0..n as u64 * entry as u64)
+        .map(|i| (i.wrapping_mul(0x9E37_79B9) ^ seed.wrapping_mul(31)) as u8)
+        .collect()
+}
+
+/// A pool of tens of GiB (32 GiB, or half the available memory when that
+/// is less; at least 4 GiB) registers with the GPU, and its last region
+/// serves a gather. The registration time is printed (run with
+/// `--nocapture`: the GPU suite does).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn registration_of_a_pool_of_tens_of_gib() {
+    use kvtier::{DeviceSpec, Pool};
+    let gpu = cuda();
+    let Executor::Cuda(dev) = &gpu else {
+        unreachable!()
+    };
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap()
+        * 1024;
+    let bytes = (32u64 << 30).min(available / 2);
+    if bytes < 4 << 30 {
+        eprintln!("only {available} B available: a pool of tens of GiB is not tested here");
+        return;
+    }
+    let layout = LayerFirstLayout::new(656, 61, 4096).unwrap(); // 164 MB regions
+    let pool = Pool::create(layout, DeviceSpec::Anon { bytes }).unwrap();
+    let regions: Vec<_> = (0..pool.num_regions())
+        .map(|_| pool.alloc_region().unwrap())
+        .collect();
+    let last = regions.last().unwrap();
+    let want = stamp(7, 64, 656);
+    pool.write_tokens(last, 60, 0, &want).unwrap();
+    let start = std::time::Instant::now();
+    let mut tier = Tier::new(pool.clone(), gpu.clone(), 1).unwrap();
+    let took = start.elapsed();
+    eprintln!(
+        "registered a pool of {:.1} GiB ({} regions of {} B) with {} in {:.2} s",
+        bytes as f64 / (1u64 << 30) as f64,
+        regions.len(),
+        layout.region_bytes(),
+        dev.name(),
+        took.as_secs_f64()
+    );
+    tier.bind_slot(0, last, Stream::null()).unwrap();
+    assert!(
+        gather_tokens(&tier, dev, 0, 60, 64) == want,
+        "the last region's bytes"
+    );
+}
+
+const GPU_WORKER_ENV: &str = "KVTIER_GPU_WORKER";
+
+/// The child of `registration_by_two_processes_sharing_one_pool`: opens the
+/// shared-file pool named in its environment, writes and publishes a region
+/// of its own, registers the pool with the GPU, checks a gather of its
+/// region, prints "child REGION", and holds everything until a line comes
+/// on stdin (so both processes hold their registrations at once).
+#[test]
+#[ignore = "a child process of a GPU test"]
+fn gpu_pool_worker() {
+    use kvtier::{DeviceSpec, Pool, PoolOptions};
+    let Ok(path) = std::env::var(GPU_WORKER_ENV) else {
+        return;
+    };
+    // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a signal for this process.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    let gpu = cuda();
+    let Executor::Cuda(dev) = &gpu else {
+        unreachable!()
+    };
+    let pool = Pool::open(
+        vec![DeviceSpec::file(path, 8 << 20)],
+        PoolOptions::default(),
+    )
+    .unwrap();
+    let region = pool.alloc_region().unwrap();
+    let want = stamp(2, 64, 656);
+    pool.write_tokens(&region, 1, 0, &want).unwrap();
+    pool.publish(&region).unwrap();
+    let mut tier = Tier::new(pool.clone(), gpu.clone(), 1).unwrap();
+    tier.bind_slot(0, &region, Stream::null()).unwrap();
+    assert!(
+        gather_tokens(&tier, dev, 0, 1, 64) == want,
+        "the child's gather"
+    );
+    println!("child {}", region.index());
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+}
+
+/// Two processes on one GPU share one pool (a shared file): each registers
+/// it, writes a region of its own and gathers it on the GPU while the other
+/// holds its registration, and each region's bytes are the other's to read.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn registration_by_two_processes_sharing_one_pool() {
+    use kvtier::{DeviceSpec, Pool, PoolOptions};
+    use std::io::{BufRead, Write};
+    use std::process::{Command, Stdio};
+    let gpu = cuda();
+    let Executor::Cuda(dev) = &gpu else {
+        unreachable!()
+    };
+    let dir = std::env::temp_dir().join(format!("kvtier-gpu-shared-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("pool");
+    let layout = LayerFirstLayout::new(656, 2, 64).unwrap();
+    let pool = Pool::create_on(
+        layout,
+        vec![DeviceSpec::file(&path, 8 << 20)],
+        PoolOptions::default(),
+    )
+    .unwrap();
+    let mine = pool.alloc_region().unwrap();
+    let want = stamp(1, 64, 656);
+    pool.write_tokens(&mine, 1, 0, &want).unwrap();
+    pool.publish(&mine).unwrap();
+    let mut tier = Tier::new(pool.clone(), gpu.clone(), 1).unwrap();
+    tier.bind_slot(0, &mine, Stream::null()).unwrap();
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "gpu_pool_worker",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+            "--quiet",
+        ])
+        .env(GPU_WORKER_ENV, &path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let theirs: u32 = loop {
+        let line = lines
+            .next()
+            .expect("the child exited before it was ready")
+            .unwrap();
+        if let Some(index) = line.strip_prefix("child ") {
+            break index.trim().parse().unwrap();
+        }
+    };
+    // Both registrations held: gather here, read the child's region.
+    assert!(
+        gather_tokens(&tier, dev, 0, 1, 64) == want,
+        "the parent's gather"
+    );
+    let mut child_bytes = vec![0u8; 64 * 656];
+    pool.read_ready(theirs, 1, 0, &mut child_bytes).unwrap();
+    assert!(
+        child_bytes == stamp(2, 64, 656),
+        "the child's region, read here"
+    );
+    writeln!(child.stdin.take().unwrap()).unwrap();
+    assert!(child.wait().unwrap().success(), "the child failed");
+    drop(tier);
+    drop(pool);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -3,7 +3,9 @@
 # `kvtier selftest` (every kernel against the CPU executor, the per-layer
 # calls in a CUDA graph, the link; its table in selftest.log, one JSON line
 # per check in selftest.jsonl), then every GPU test (random and hostile
-# inputs, registration of every device kind, the bad-index poll). Dry run:
+# inputs, registration of every device kind, the bad-index poll), and the
+# registration tests with their timings (a pool of tens of GiB, two
+# processes sharing one pool on one GPU). Dry run:
 # the selftest says there is no GPU (exit 77) and runs on the CPU executor,
 # and the test binary lists its tests.
 source "$(dirname "$0")/common.sh"
@@ -14,5 +16,8 @@ if [ "$dry" = 1 ]; then
   run gpu-tests-list 60 "$bundle/bin/gpu-tests" --list --ignored
 else
   run selftest 150 "$bundle/bin/kvtier" selftest --json "$logs/selftest.jsonl"
-  run gpu-tests 380 "$bundle/bin/gpu-tests" --ignored --test-threads=1
+  run gpu-tests 300 "$bundle/bin/gpu-tests" --ignored --test-threads=1 --skip registration_
+  # A pool of tens of GiB, two processes sharing one pool: their figures
+  # (registration time) are printed, hence --nocapture.
+  run gpu-registration 100 "$bundle/bin/gpu-tests" registration_ --ignored --test-threads=1 --nocapture
 fi

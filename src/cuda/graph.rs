@@ -49,7 +49,8 @@ impl CudaGraph {
         }
         .result()
         .call("cuStreamBeginCapture")?;
-        let recorded = record(s);
+        // A panic in `record` is caught so that the capture still ends.
+        let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| record(s)));
         let mut graph: sys::CUgraph = ptr::null_mut();
         // Always ends the capture, so that a failed `record` leaves the
         // stream usable.
@@ -61,6 +62,13 @@ impl CudaGraph {
             if !g.is_null() {
                 // SAFETY: made by the capture above, destroyed once.
                 let _ = unsafe { sys::cuGraphDestroy(g) };
+            }
+        };
+        let recorded = match recorded {
+            Ok(r) => r,
+            Err(panic) => {
+                destroy(graph);
+                std::panic::resume_unwind(panic);
             }
         };
         if let Err(e) = recorded {

@@ -4,11 +4,14 @@
 //! with new inputs written into the captured buffers between replays. After
 //! every replay the result must equal the CPU executor's for the same
 //! inputs and the same history (the swap-in's state carries over).
+//!
+//! On the CPU executor (the `--cpu` dry run) there is no graph: the
+//! "replay" calls the recorded closure again, so the checks' own logic runs.
 
 use std::sync::Arc;
 
-use kvtier::cuda::CudaGraph;
-use kvtier::{CudaDevice, Executor, Stream, SwapInEngine};
+use kvtier::cuda::{CudaGraph, OwnedStream};
+use kvtier::{CudaDevice, Executor, Stream, SwapInEngine, SwapInStrategy};
 
 use super::snapshot::{Snapshot, Verdict, settle};
 use super::swap_in::{Loaded, Path, SwapCase};
@@ -17,51 +20,104 @@ use super::{Row, run_cases};
 
 const REPLAYS: u64 = 3;
 
-pub(super) fn check(dev: &Arc<CudaDevice>, seed: u64) -> Row {
-    let gpu = Executor::Cuda(dev.clone());
-    run_cases("CUDA graph: gather, swap-in, writeback", seed, 4, |s| {
-        for (what, verdict) in [
-            ("gather", gather(dev, &gpu, s)?),
-            ("swap-in", swap_in(dev, &gpu, s)?),
-            ("writeback", writeback(dev, &gpu, s)?),
+pub(super) fn check(dut: &Executor, seed: u64) -> Row {
+    let name = match dut {
+        Executor::Cuda(_) => "CUDA graph: gather, swap-in, writebacks",
+        Executor::Cpu => "graph replays (CPU: calls repeated, no graph)",
+    };
+    run_cases(name, seed, 4, |s| {
+        // Clean cases only: odd seeds are the hostile ones.
+        let clean = s.wrapping_mul(2);
+        let mut checks = vec![("gather", gather(dut, clean)?)];
+        for (strategy, plan) in [
+            (SwapInStrategy::PlanThenCopy, false),
+            (SwapInStrategy::OneBlockPerRequest, false),
+            (SwapInStrategy::PlanThenCopy, true),
         ] {
+            checks.push(("swap-in", swap_in(dut, clean, strategy, plan)?));
+        }
+        for all_layers in [false, true] {
+            let what = if all_layers {
+                "writeback of every layer"
+            } else {
+                "writeback of one layer"
+            };
+            checks.push((what, writeback(dut, clean, all_layers)?));
+        }
+        for (what, verdict) in checks {
             if let Verdict::Differ(d) = verdict {
                 return Ok(Verdict::Differ(format!("{what}, replayed: {d}")));
             }
         }
         Ok(Verdict::Same {
             note: Some(format!(
-                "each call captured once, replayed {REPLAYS} times with new inputs"
+                "each call recorded once, replayed {REPLAYS} times with new inputs"
             )),
         })
     })
 }
 
-/// Waits for the replay and takes the bad-index report at the sync point.
-fn after_replay(
-    dev: &CudaDevice,
-    stream: Stream,
-    check: impl FnOnce() -> kvtier::Result<()>,
-) -> kvtier::Result<Option<kvtier::BadIndexReport>> {
-    dev.synchronize(stream)?;
-    settle(Ok(()), check)
+/// A recorded call: a CUDA graph, or (CPU executor) the call itself.
+enum Recorded<'a> {
+    Graph {
+        dev: Arc<CudaDevice>,
+        stream: OwnedStream,
+        graph: CudaGraph,
+    },
+    Direct(Box<dyn Fn(Stream) -> kvtier::Result<()> + 'a>),
 }
 
-fn gather(dev: &Arc<CudaDevice>, gpu: &Executor, seed: u64) -> kvtier::Result<Verdict> {
-    let mut case = GatherCase::clean(seed)?;
-    let on_gpu = case.load(gpu)?;
-    let stream = dev.create_stream()?;
-    let graph = CudaGraph::capture(dev, &stream, |s| case.call(&on_gpu, s))?;
+impl<'a> Recorded<'a> {
+    fn record(
+        exec: &Executor,
+        call: impl Fn(Stream) -> kvtier::Result<()> + 'a,
+    ) -> kvtier::Result<Self> {
+        Ok(match exec {
+            Executor::Cuda(dev) => {
+                let stream = dev.create_stream()?;
+                let graph = CudaGraph::capture(dev, &stream, call)?;
+                Recorded::Graph {
+                    dev: dev.clone(),
+                    stream,
+                    graph,
+                }
+            }
+            Executor::Cpu => Recorded::Direct(Box::new(call)),
+        })
+    }
+
+    /// One replay, waited for; then the bad indices at the sync point
+    /// `check` (the CPU executor reports them from the call).
+    fn replay(
+        &self,
+        check: impl FnOnce() -> kvtier::Result<()>,
+    ) -> kvtier::Result<Option<kvtier::BadIndexReport>> {
+        match self {
+            Recorded::Graph { dev, stream, graph } => {
+                graph.launch(stream.stream())?;
+                dev.synchronize(stream.stream())?;
+                settle(Ok(()), check)
+            }
+            Recorded::Direct(call) => settle(call(Stream::null()), check),
+        }
+    }
+}
+
+fn gather(dut: &Executor, seed: u64) -> kvtier::Result<Verdict> {
+    let case = GatherCase::random(seed)?;
+    let under_test = case.load(dut)?;
+    let recorded = Recorded::record(dut, |s| case.call(&under_test, s))?;
     for replay in 0..REPLAYS {
-        case.topk = case.redraw(seed ^ (replay + 1) << 20);
+        // The replay's top-k, and the same case with it for the CPU.
+        let mut reference = case.clone();
+        reference.topk = case.redraw(seed ^ (replay + 1) << 20);
         // SAFETY: the last replay was waited for; nothing runs.
-        unsafe { on_gpu.topk.write(&case.topk)? };
-        graph.launch(stream.stream())?;
-        let report = after_replay(dev, stream.stream(), || on_gpu.check())?;
-        let got = case.snapshot(&on_gpu, report)?;
-        let cpu = case.load(&Executor::cpu())?;
-        let report = settle(case.call(&cpu, Stream::null()), || Ok(()))?;
-        let want = case.snapshot(&cpu, report)?;
+        unsafe { under_test.topk.write(&reference.topk)? };
+        let report = recorded.replay(|| under_test.check())?;
+        let got = case.snapshot(&under_test, report)?;
+        let cpu = reference.load(&Executor::cpu())?;
+        let report = settle(reference.call(&cpu, Stream::null()), || Ok(()))?;
+        let want = reference.snapshot(&cpu, report)?;
         if let v @ Verdict::Differ(_) = Snapshot::compare(&want, &got) {
             return Ok(v);
         }
@@ -69,64 +125,70 @@ fn gather(dev: &Arc<CudaDevice>, gpu: &Executor, seed: u64) -> kvtier::Result<Ve
     Ok(Verdict::Same { note: None })
 }
 
-fn swap_in(dev: &Arc<CudaDevice>, gpu: &Executor, seed: u64) -> kvtier::Result<Verdict> {
-    // A clean DSA case recording into the engine's scratch.
-    let mut case = SwapCase::random(Path::Dsa, seed & !1);
-    case.clear_plan();
+fn swap_in(
+    dut: &Executor,
+    seed: u64,
+    strategy: SwapInStrategy,
+    plan: bool,
+) -> kvtier::Result<Verdict> {
+    let mut case = SwapCase::random(Path::Dsa, seed);
+    // Every real row copies: no timing probe, no padding row count.
+    case.for_graph(plan);
     let cpu = Executor::cpu();
     let mut engines = Vec::new();
-    for exec in [&cpu, gpu] {
+    for exec in [&cpu, dut] {
         let mut e = SwapInEngine::new(exec.clone())?;
         e.reserve(case.batch() as u32, case.entries() as u32)?;
         engines.push(e);
     }
-    let (on_cpu, on_gpu) = (Loaded::new(&cpu, &case)?, Loaded::new(gpu, &case)?);
-    let stream = dev.create_stream()?;
-    let graph = CudaGraph::capture(dev, &stream, |s| engines[1].run(&on_gpu.args(&case), s))?;
+    let (on_cpu, under_test) = (Loaded::new(&cpu, &case)?, Loaded::new(dut, &case)?);
+    let recorded = Recorded::record(dut, |s| {
+        engines[1].run_with(&under_test.args(&case), strategy, s)
+    })?;
     for replay in 0..REPLAYS {
         // New queries against the state the earlier replays left.
         let topk = case.redraw_queries(seed ^ (replay + 1) << 20);
         // SAFETY: the last replay was waited for; nothing runs.
         unsafe {
-            on_gpu.topk.write(&topk)?;
+            under_test.topk.write(&topk)?;
             on_cpu.topk.write(&topk)?;
         }
-        graph.launch(stream.stream())?;
-        let report = after_replay(dev, stream.stream(), || engines[1].check())?;
-        let got = on_gpu.snapshot(report)?;
+        let report = recorded.replay(|| engines[1].check())?;
+        let got = under_test.snapshot(report)?;
         let report = settle(engines[0].run(&on_cpu.args(&case), Stream::null()), || {
             Ok(())
         })?;
         let want = on_cpu.snapshot(report)?;
-        if let v @ Verdict::Differ(_) = Snapshot::compare(&want, &got) {
-            return Ok(v);
+        if let Verdict::Differ(d) = Snapshot::compare(&want, &got) {
+            let plan = if plan { ", caller's miss plan" } else { "" };
+            return Ok(Verdict::Differ(format!("{strategy:?}{plan}: {d}")));
         }
     }
     Ok(Verdict::Same { note: None })
 }
 
-fn writeback(dev: &Arc<CudaDevice>, gpu: &Executor, seed: u64) -> kvtier::Result<Verdict> {
-    let case = WritebackCase::clean(seed)?;
+fn writeback(dut: &Executor, seed: u64, all_layers: bool) -> kvtier::Result<Verdict> {
+    let case = WritebackCase::random(seed, all_layers)?;
     let cpu = Executor::cpu();
-    let (on_cpu, on_gpu) = (case.load(&cpu)?, case.load(gpu)?);
-    let stream = dev.create_stream()?;
-    // The layer table the graph reads lives as long as the graph.
-    let kv = case.register(&on_gpu)?;
-    let graph = CudaGraph::capture(dev, &stream, |s| case.call(&on_gpu, kv.as_ref(), s))?;
+    let (on_cpu, under_test) = (case.load(&cpu)?, case.load(dut)?);
+    // The layer table the recorded call reads lives as long as the recording.
+    let kv = case.register(&under_test)?;
+    let recorded = Recorded::record(dut, |s| case.call(&under_test, kv.as_ref(), s))?;
     for replay in 0..REPLAYS {
-        // New source rows in the captured buffers.
+        // New source rows in the recorded call's buffers.
         let sources = case.sources(seed ^ (replay + 1) << 20);
-        for l in [&on_cpu, &on_gpu] {
+        for l in [&on_cpu, &under_test] {
             for (buf, bytes) in l.sources.iter().zip(&sources) {
                 // SAFETY: the last replay was waited for; nothing runs.
                 unsafe { buf.write(bytes)? };
             }
         }
-        graph.launch(stream.stream())?;
-        let report = after_replay(dev, stream.stream(), || on_gpu.check())?;
-        let got = case.snapshot(&on_gpu, report)?;
-        let kv = case.register(&on_cpu)?;
-        let report = settle(case.call(&on_cpu, kv.as_ref(), Stream::null()), || Ok(()))?;
+        let report = recorded.replay(|| under_test.check())?;
+        let got = case.snapshot(&under_test, report)?;
+        let cpu_kv = case.register(&on_cpu)?;
+        let report = settle(case.call(&on_cpu, cpu_kv.as_ref(), Stream::null()), || {
+            Ok(())
+        })?;
         let want = case.snapshot(&on_cpu, report)?;
         if let v @ Verdict::Differ(_) = Snapshot::compare(&want, &got) {
             return Ok(v);

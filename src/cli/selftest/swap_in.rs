@@ -361,9 +361,12 @@ impl SwapCase {
         self.req.len()
     }
 
-    /// Misses go to the engine's scratch, not to a caller's plan.
-    pub fn clear_plan(&mut self) {
-        self.plan_counts = None;
+    /// A case for the graph replays: every row real and copying, misses
+    /// recorded into a caller's plan or into the engine's scratch.
+    pub fn for_graph(&mut self, caller_plan: bool) {
+        self.skip_io = false;
+        self.num_real = None;
+        self.plan_counts = caller_plan.then(|| vec![0; self.batch()]);
     }
 
     /// New queries for every row, drawn from `seed` as a clean case's.

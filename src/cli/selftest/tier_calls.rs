@@ -147,7 +147,8 @@ impl LoadedGather {
 }
 
 impl GatherCase {
-    fn random(seed: u64) -> kvtier::Result<Self> {
+    /// A random case; odd seeds are hostile.
+    pub fn random(seed: u64) -> kvtier::Result<Self> {
         let mut rng = StdRng::seed_from_u64(seed);
         let hostile = seed % 2 == 1;
         let shape = PoolShape::random(&mut rng)?;
@@ -242,11 +243,6 @@ impl GatherCase {
         let report = settle(call, || l.fx.tier.check(Stream::null()))?;
         self.snapshot(&l, report)
     }
-
-    /// A clean case (every index valid) for the graph check.
-    pub fn clean(seed: u64) -> kvtier::Result<Self> {
-        Self::random(seed & !1)
-    }
 }
 
 /// A token of a sequence of `len` (-1, padding, when asked or when there is
@@ -334,7 +330,8 @@ impl LoadedWriteback {
 }
 
 impl WritebackCase {
-    fn random(seed: u64, all_layers: bool) -> kvtier::Result<Self> {
+    /// A random case; odd seeds are hostile.
+    pub fn random(seed: u64, all_layers: bool) -> kvtier::Result<Self> {
         let mut rng = StdRng::seed_from_u64(seed);
         let hostile = seed % 2 == 1;
         let shape = PoolShape::random(&mut rng)?;
@@ -466,11 +463,6 @@ impl WritebackCase {
         let report = settle(call, || l.fx.tier.check(Stream::null()))?;
         self.snapshot(&l, report)
     }
-
-    /// A clean case (every index valid) for the graph check.
-    pub fn clean(seed: u64) -> kvtier::Result<Self> {
-        Self::random(seed & !1, false)
-    }
 }
 
 /// Random writebacks of one layer, or of every layer at once.
@@ -510,7 +502,7 @@ mod tests {
         }
         assert!(hostile_refused >= 12, "{hostile_refused} of 15");
         // Redrawn queries stay valid.
-        let case = GatherCase::clean(4).unwrap();
+        let case = GatherCase::random(4).unwrap();
         let again = GatherCase {
             topk: case.redraw(9),
             ..case.clone()
