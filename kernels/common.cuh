@@ -249,4 +249,25 @@ __device__ __forceinline__ uint32_t global_warp() {
 }
 __device__ __forceinline__ uint32_t grid_warps() { return gridDim.x * blockDim.x / KVT_WARP; }
 
+// Programmatic dependent launch (sm_90 and later). The host may launch a
+// kernel with programmatic stream serialization, so that it is scheduled
+// while the kernel before it on the stream finishes (src/cuda/mod.rs,
+// CudaDevice::launch_dependent). Such a kernel calls grid_dependency_wait()
+// before it touches anything: the wait returns once the kernel before it has
+// completed and its memory operations are visible (at once for a kernel
+// launched the ordinary way). allow_dependents() lets the next kernel be
+// scheduled once every block of this one has called it or exited; it gives
+// no memory guarantee, the wait does. Before sm_90 both are nothing, and the
+// host launches the ordinary way.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 }  // namespace kvt

@@ -443,6 +443,9 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         }
     }
     if (tid == 0) st(plan_count + b, (int32_t)n_load);
+    // The copy kernel may be scheduled now (it waits for this grid to
+    // complete before reading the plan): its launch overlaps this block's tail.
+    allow_dependents();
     __syncthreads();
 
     // Outputs, duplicates taking their canonical entry's.
@@ -487,8 +490,9 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
 //          of range and (block 0 only, so each is counted once) a count
 //          outside [0, plan_capacity], and with KVT_SWAP_REPLAY a negative
 //          num_real_reqs.
-// Assumes: kvt_swap_in_plan ran on the same stream for the same params, or
-//          (KVT_SWAP_REPLAY) the plan is the caller's; plan rows of
+// Assumes: kvt_swap_in_plan ran on the same stream for the same params (on
+//          sm_90 this kernel is launched as its programmatic dependent and
+//          waits for it first), or (KVT_SWAP_REPLAY) the plan is the caller's; plan rows of
 //          plan_stride >= plan_capacity elements; dynamic shared memory of
 //          (batch + 1 + blockDim.x) words.
 // Mapping: each block computes the prefix sums of the counts (deterministic,
@@ -496,6 +500,9 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
 //          miss g, g + grid_warps, ... and find the row by binary search.
 extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_swap_in_copy(const kvt_swap_in_params p) {
     using namespace kvt;
+    // Launched as a dependent of the plan kernel on sm_90: nothing is read
+    // before the plan kernel has completed.
+    grid_dependency_wait();
     kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
     const uint32_t B = swap::real_rows(p, err, p.flags & KVT_SWAP_REPLAY);
     if (p.flags & KVT_SWAP_SKIP_IO) return;  // after the num_real_reqs check: a probe still validates

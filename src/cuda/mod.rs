@@ -56,6 +56,23 @@ pub fn probe_driver() -> DriverStatus {
     DriverStatus::Ready { version, devices }
 }
 
+/// (binary arch, PTX arch) of a loaded function's code, e.g. (90, 90).
+fn loaded_arch(f: sys::CUfunction) -> Result<(i32, i32)> {
+    let attr = |a| {
+        let mut v = 0;
+        // SAFETY: a loaded function of the current context; the out-pointer
+        // is valid.
+        unsafe { sys::cuFuncGetAttribute(&mut v, a, f) }
+            .result()
+            .call("cuFuncGetAttribute")
+            .map(|()| v)
+    };
+    Ok((
+        attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_BINARY_VERSION)?,
+        attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PTX_VERSION)?,
+    ))
+}
+
 /// Fails with [`Error::NoDriver`] unless the driver is usable and has a GPU.
 pub fn require_driver() -> Result<()> {
     match probe_driver() {
@@ -120,6 +137,10 @@ pub struct CudaDevice {
     name: String,
     compute_capability: (i32, i32),
     sm_count: u32,
+    /// Kernels may be launched as programmatic dependents: an sm_90 or
+    /// later GPU running code compiled for compute_90 or later (which holds
+    /// the kernels' `griddepcontrol.wait`).
+    dependent_launch: bool,
 }
 
 impl CudaDevice {
@@ -150,12 +171,14 @@ impl CudaDevice {
             )
             .call("cuDeviceGetAttribute")? as usize;
         let kernels = kernels::Kernels::load(smem_optin)?;
+        let (_, ptx) = loaded_arch(kernels.function(Kernel::SwapInCopy))?;
         Ok(Arc::new(CudaDevice {
             kernels,
             ctx,
             name,
             compute_capability,
             sm_count,
+            dependent_launch: compute_capability.0 >= 9 && ptx >= 90,
         }))
     }
 
@@ -167,6 +190,13 @@ impl CudaDevice {
     /// (major, minor) compute capability.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.compute_capability
+    }
+
+    /// Whether kernels that wait for their predecessor (the swap-in's copy
+    /// kernel) are launched as programmatic dependents, scheduled while the
+    /// kernel before them finishes (sm_90 and later).
+    pub fn dependent_launch(&self) -> bool {
+        self.dependent_launch
     }
 
     /// Streaming multiprocessors.
@@ -209,19 +239,7 @@ impl CudaDevice {
     /// the PTX at load time.
     pub fn loaded_kernel_arch(&self) -> Result<(i32, i32)> {
         self.bind()?;
-        let f = self.kernels.function(Kernel::Gather);
-        let attr = |a| {
-            let mut v = 0;
-            // SAFETY: a loaded function of this context; the out-pointer is valid.
-            unsafe { sys::cuFuncGetAttribute(&mut v, a, f) }
-                .result()
-                .call("cuFuncGetAttribute")
-                .map(|()| v)
-        };
-        Ok((
-            attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_BINARY_VERSION)?,
-            attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PTX_VERSION)?,
-        ))
+        loaded_arch(self.kernels.function(Kernel::Gather))
     }
 
     /// Makes the device's context current on the calling thread (engines call
@@ -377,6 +395,70 @@ impl CudaDevice {
             )
         }
         .call("cuLaunchKernel")
+    }
+}
+
+impl CudaDevice {
+    /// [`CudaDevice::launch`] as a programmatic dependent of the kernel
+    /// before it on `stream` (sm_90 and later: programmatic stream
+    /// serialization), so that it is scheduled while that kernel finishes
+    /// instead of after it; the kernel must begin with
+    /// `kvt::grid_dependency_wait()` (`kernels/common.cuh`), which holds it
+    /// until the previous kernel has completed and its writes are visible.
+    /// Before sm_90, with code compiled for an older arch (which lacks the
+    /// wait), or on the legacy default stream, an ordinary launch.
+    ///
+    /// # Safety
+    /// As for [`CudaDevice::launch`], and `kernel` waits as said above.
+    pub(crate) unsafe fn launch_dependent<P>(
+        &self,
+        kernel: Kernel,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        params: &P,
+        stream: Stream,
+    ) -> Result<()> {
+        // The legacy default stream keeps its implicit synchronisation with
+        // other streams: ordinary launches there.
+        if !self.dependent_launch || stream.raw().is_null() {
+            // SAFETY: per this function's contract.
+            return unsafe { self.launch(kernel, grid, block, smem, params, stream) };
+        }
+        self.bind()?;
+        // SAFETY: a zeroed union is a valid value; one field is set.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: stream.raw(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut args = [params as *const P as *mut c_void];
+        // SAFETY: per this function's contract; the config, its attribute
+        // and the parameter bytes are read before cuLaunchKernelEx returns.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.kernels.function(kernel),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .call("cuLaunchKernelEx")
     }
 }
 

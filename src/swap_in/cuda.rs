@@ -74,8 +74,9 @@ pub(super) unsafe fn launch(
     if p.flags & (KVT_SWAP_COPY_IN_PLAN | KVT_SWAP_SKIP_IO) == 0 {
         let grid = dev.grid_for_rows(Kernel::SwapInCopy, p.batch as u64 * p.entries as u64);
         let smem = copy_smem_bytes(p.batch) as u32;
-        // SAFETY: the plan kernel ran first on the same stream.
-        unsafe { dev.launch(Kernel::SwapInCopy, grid, BLOCK_THREADS, smem, p, stream)? };
+        // SAFETY: the plan kernel was enqueued just before on the same
+        // stream; the copy kernel waits for it (grid_dependency_wait).
+        unsafe { dev.launch_dependent(Kernel::SwapInCopy, grid, BLOCK_THREADS, smem, p, stream)? };
     }
     Ok(())
 }

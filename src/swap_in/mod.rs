@@ -92,8 +92,13 @@
 //! hits, slot assignment, outputs, state, and the row's miss plan) and
 //! `kvt_swap_in_copy` (every miss of the batch over one wide grid, so a step
 //! with few rows or few misses is not limited to one block's warps waiting
-//! on PCIe latency). [`SwapInStrategy::OneBlockPerRequest`] copies inside each
-//! row's block instead (SGLang's design, kept as a baseline). The copy kernel
+//! on PCIe latency). On sm_90 and later, on a stream other than the legacy
+//! default one, the copy kernel is launched as a programmatic dependent of
+//! the plan kernel: it is scheduled while the plan kernel finishes and waits
+//! for it on the device, so that the second launch's latency overlaps the
+//! plan kernel's tail (not yet measured on a GPU).
+//! [`SwapInStrategy::OneBlockPerRequest`] copies inside each row's block
+//! instead (SGLang's design, kept as a baseline). The copy kernel
 //! alone replays a caller's plan. The CPU executor (the `cpu` module) interprets the
 //! same parameters with the same semantics and the same error word.
 

@@ -259,6 +259,14 @@ fn describe(dut: &Executor) -> kvtier::Result<()> {
             dev.sm_count()
         );
         println!("loaded:    {}", loaded_code(dev)?);
+        println!(
+            "launches:  the swap-in's copy kernel {}",
+            if dev.dependent_launch() {
+                "as a programmatic dependent of the plan kernel (sm_90+)"
+            } else {
+                "after the plan kernel (an ordinary launch)"
+            }
+        );
     }
     Ok(())
 }
