@@ -4,6 +4,9 @@
 //! call:
 //!
 //! 1. kvtier's swap-in (plan per request, one copy over every miss);
+//!    on sm_90 also the same two kernels with the copy launched the
+//!    ordinary way, after the plan kernel, instead of as its programmatic
+//!    dependent (what the dependent launch gains);
 //! 2. the one-block-per-request design SGLang uses (same planning, each
 //!    request's copies inside its block; CUDA executor only), and SGLang's
 //!    own kernel (CUDA executor, when `KVTIER_SGLANG_KERNELS` names the
@@ -412,6 +415,25 @@ impl State {
                 Some(t)
             }
         };
+        // Where the copy kernel is a programmatic dependent of the plan
+        // kernel (sm_90), the same two kernels launched one after the other:
+        // what the dependent launch gains.
+        let ordinary = match exec {
+            Executor::Cuda(dev) if dev.dependent_launch() => {
+                dev.set_dependent_launch(false);
+                let timed = time_strategy(SwapInStrategy::PlanThenCopy);
+                dev.set_dependent_launch(true);
+                let (t, out_ordinary) = timed?;
+                if out_ordinary != out_kvtier {
+                    return Err(kvtier::Error::Pool(
+                        "benchmark self-check failed: the launch order changed the page table"
+                            .into(),
+                    ));
+                }
+                Some(t)
+            }
+            _ => None,
+        };
         // SGLang's own kernel from the same state, with the same page table
         // expected (kvtier's is SGLang's on valid input).
         let theirs = match sglang {
@@ -470,6 +492,14 @@ impl State {
             kv,
             false,
         )];
+        if let Some(t) = ordinary {
+            rows.push(row(
+                "",
+                "kvtier swap-in, copy launched after the plan (no PDL)",
+                t,
+                false,
+            ));
+        }
         if let Some(t) = one_block {
             rows.push(row("", "one block per request (SGLang's design)", t, false));
         }
