@@ -552,7 +552,17 @@ fn run_once(exec: &Executor, c: &SwapCase, strategy: SwapInStrategy) -> kvtier::
     let mut engine = SwapInEngine::new(exec.clone())?;
     engine.reserve(c.batch() as u32, c.entries() as u32)?;
     let m = Loaded::new(exec, c)?;
-    let call = engine.run_with(&m.args(c), strategy, Stream::null());
+    // On a stream of its own, as engines call it: there (sm_90) the copy
+    // kernel is the plan kernel's programmatic dependent.
+    let stream = match exec {
+        Executor::Cuda(dev) => Some(dev.create_stream()?),
+        Executor::Cpu => None,
+    };
+    let s = stream.as_ref().map_or(Stream::null(), |o| o.stream());
+    let call = engine.run_with(&m.args(c), strategy, s);
+    if let Some(o) = &stream {
+        o.synchronize()?;
+    }
     m.snapshot(settle(call, || engine.check())?)
 }
 
