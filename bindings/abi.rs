@@ -32,7 +32,7 @@ pub const KVT_SWAP_MAX_HOT: u32 = 16384;
 pub const KVT_SWAP_PLAN_THREADS: u32 = 512;
 pub const KVT_ITEM_MAX_SCALE_BYTES: u32 = 256;
 pub const KVT_SPEC_THREADS: u32 = 512;
-pub const KVT_SPEC_SMEM_BYTES: u32 = 32;
+pub const KVT_SPEC_SMEM_BYTES: u32 = 48;
 pub type kvt_addr = u64;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]

@@ -239,7 +239,7 @@ typedef struct kvt_swap_in_params {
 
 /* Threads per kvt_spec_swap_in block, and its dynamic shared memory. */
 #define KVT_SPEC_THREADS 512
-#define KVT_SPEC_SMEM_BYTES 32
+#define KVT_SPEC_SMEM_BYTES 48
 
 /*
  * The speculative swap-in (MTP/EAGLE verify) of one layer, a whole batch, on

@@ -28,7 +28,8 @@ struct Shared {
     uint32_t admitted;      // last-step misses claimed for admission
     uint32_t copies;        // plan entries written
     uint32_t degraded;      // the hash gave up an insertion
-    uint32_t pad;
+    uint32_t dup;           // the row check: an earlier row names the request
+    uint32_t bad_step;      // the row check: the first step whose length is bad (steps: none)
 };
 static_assert(sizeof(Shared) <= KVT_SPEC_SMEM_BYTES, "KVT_SPEC_SMEM_BYTES holds the block's scalars");
 
@@ -250,29 +251,41 @@ extern "C" __global__ void __launch_bounds__(KVT_SPEC_THREADS, 1) kvt_spec_swap_
         return;
     }
     // The row's request, checked once: a bad request, one an earlier row
-    // names, or a step length past the host table refuses the row.
+    // names, or a step length past the host table refuses the row (one
+    // report, in that order of precedence). The block's threads scan the
+    // earlier rows and the steps' lengths together: one memory latency, not
+    // one per earlier row.
+    const int64_t asked = load_index(p.req_pool_indices, b, req_i64);
+    const bool in_range = asked >= 0 && asked < (int64_t)p.num_requests;
     if (tid == 0) {
-        const int64_t rid = load_index(p.req_pool_indices, b, req_i64);
-        int64_t ok = rid;
-        if (rid < 0 || rid >= (int64_t)p.num_requests) {
-            report(err, KVT_ERR_SWAP_REQ, row_pos, rid);
+        sh.misses = sh.union_hits = sh.admitted = sh.copies = sh.degraded = 0;
+        sh.dup = 0;
+        sh.bad_step = S;
+    }
+    __syncthreads();
+    if (in_range) {
+        for (uint32_t e = tid; e < b; e += nthreads)
+            if (load_index(p.req_pool_indices, e, req_i64) == asked) atomicOr(&sh.dup, 1u);
+        for (uint32_t s = tid; s < S; s += nthreads) {
+            const int64_t n = load_index(p.seq_lens, (uint64_t)b * S + s, seq_i64);
+            if (n < 0 || n > (int64_t)p.max_tokens) atomicMin(&sh.bad_step, s);
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int64_t ok = asked;
+        if (!in_range) {
+            report(err, KVT_ERR_SWAP_REQ, row_pos, asked);
             ok = -1;
-        } else {
-            for (uint32_t e = 0; e < b && ok >= 0; ++e)
-                if (load_index(p.req_pool_indices, e, req_i64) == rid) {
-                    report(err, KVT_ERR_SWAP_DUP_REQ, row_pos, rid);
-                    ok = -1;
-                }
-            for (uint32_t s = 0; s < S && ok >= 0; ++s) {
-                const int64_t n = load_index(p.seq_lens, (uint64_t)b * S + s, seq_i64);
-                if (n < 0 || n > (int64_t)p.max_tokens) {
-                    report(err, KVT_ERR_SWAP_SEQ_LEN, row_pos, n);
-                    ok = -1;
-                }
-            }
+        } else if (sh.dup != 0) {
+            report(err, KVT_ERR_SWAP_DUP_REQ, row_pos, asked);
+            ok = -1;
+        } else if (sh.bad_step < S) {
+            report(err, KVT_ERR_SWAP_SEQ_LEN, row_pos,
+                   load_index(p.seq_lens, (uint64_t)b * S + sh.bad_step, seq_i64));
+            ok = -1;
         }
         sh.rid = ok;
-        sh.misses = sh.union_hits = sh.admitted = sh.copies = sh.degraded = 0;
     }
     __syncthreads();
     const int64_t rid = sh.rid;

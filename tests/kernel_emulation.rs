@@ -1089,7 +1089,16 @@ fn spec_kernel_drafts_padding_and_bad_input() {
     dup.req = vec![0, 2, 0]; // row 2 names row 0's request: refused
     let mut padded = call.clone();
     padded.num_real = [2];
-    spec_agrees(&case, &[call, dup, padded]);
+    // Bad step lengths: the first bad step of a row is the one reported
+    // (row 1: both steps bad, with different values), and a bad request
+    // takes precedence over its row's bad length (row 2).
+    let mut lengths = call.clone();
+    lengths.seq[2] = 7000;
+    lengths.seq[3] = -3;
+    lengths.seq[5] = 6001;
+    let mut both = lengths.clone();
+    both.req = vec![0, 1, 9];
+    spec_agrees(&case, &[call, dup, padded, lengths, both]);
 }
 
 #[test]

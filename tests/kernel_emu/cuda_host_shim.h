@@ -53,6 +53,11 @@ inline unsigned long long atomicMin(unsigned long long* a, unsigned long long v)
     *a = v < old ? v : old;
     return old;
 }
+inline unsigned atomicMin(unsigned* a, unsigned v) {
+    unsigned old = *a;
+    *a = v < old ? v : old;
+    return old;
+}
 inline int atomicMin(int* a, int v) {
     int old = *a;
     *a = v < old ? v : old;
