@@ -249,6 +249,29 @@ __device__ __forceinline__ uint32_t global_warp() {
 }
 __device__ __forceinline__ uint32_t grid_warps() { return gridDim.x * blockDim.x / KVT_WARP; }
 
+// Runs body(i, load(i)) for i = first, first + step, ... below count, with
+// the loads of U iterations issued before any of their bodies runs: a
+// thread's loop waits one memory latency per U iterations instead of one per
+// iteration. For loops whose bodies do not feed the loads of later
+// iterations (load(i) may read shared memory that body(i) alone writes).
+template <uint32_t U, class Load, class Body>
+__device__ __forceinline__ void batched(uint32_t first, uint32_t count, uint32_t step, Load load, Body body) {
+    using V = decltype(load(0u));
+    for (uint32_t base = first; base < count; base += U * step) {
+        V v[U] = {};
+#pragma unroll
+        for (uint32_t k = 0; k < U; ++k) {
+            const uint32_t i = base + k * step;
+            if (i < count) v[k] = load(i);
+        }
+#pragma unroll
+        for (uint32_t k = 0; k < U; ++k) {
+            const uint32_t i = base + k * step;
+            if (i < count) body(i, v[k]);
+        }
+    }
+}
+
 // Programmatic dependent launch (sm_90 and later). The host may launch a
 // kernel with programmatic stream serialization, so that it is scheduled
 // while the kernel before it on the stream finishes (src/cuda/mod.rs,

@@ -110,6 +110,12 @@ __device__ __forceinline__ uint32_t real_rows(const kvt_swap_in_params& p, kvt_e
     return real;
 }
 
+// An LRU slot's token and device row, loaded together.
+struct SlotRow {
+    int32_t token;
+    int32_t loc;
+};
+
 // What entry i of a row's query names: a token position, or -1 for padding.
 // With a block query (KVT_SWAP_QUERY_BLOCKS) entry i is token i % block_tokens
 // of the block in column i / block_tokens; a block id of -1 is padding, a
@@ -247,8 +253,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
 
     // What entry i names, refused entries reported: a token query's bad token
     // at its column, a block query's bad block once, at its column.
-    auto classify = [&](uint32_t i) -> int64_t {
-        const QueryEntry q = query_entry(p, topk, i);
+    auto classify = [&](uint32_t i, const QueryEntry& q) -> int64_t {
         if (q.bad) {
             if (!blocks)
                 report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, q.token);
@@ -275,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         for (uint32_t i = tid; i < E; i += nthreads) {
             int32_t o = -1;
             if (i < count) {
-                const int64_t t = classify(i);
+                const int64_t t = classify(i, query_entry(p, topk, i));
                 if (t >= 0) {
                     const int32_t loc = ld(bloc + t);
                     if (in_rows(loc, p.device_rows))
@@ -304,35 +309,43 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     if (tid == 0) s.scalars[0] = 0;
     __syncthreads();
 
+    // The loops below load with batched<kLoads>: a thread issues the global
+    // loads of several iterations before it uses any, so the row's long
+    // phases wait a few memory latencies each, not one per iteration.
+    constexpr uint32_t kLoads = 8;
+
     // Classify the entries; tokens of the LRU part go into the hash table (a
     // token's value is the lowest entry holding it, so duplicates resolve to
     // their first occurrence).
-    for (uint32_t i = tid; i < E; i += nthreads) {
-        const int64_t t = classify(i);
-        int32_t cls;
-        if (t == -1) {
-            cls = kPad;
-        } else if (t < 0) {
-            cls = kBad;
-        } else if (t == newest) {
-            cls = kNewest;
-        } else {
-            cls = kCand;
-            hash_insert(s, mask, (int32_t)t, (int32_t)i);
-        }
-        s.e_class[i] = cls;
-    }
+    batched<kLoads>(
+        tid, E, nthreads, [&](uint32_t i) { return query_entry(p, topk, i); },
+        [&](uint32_t i, const QueryEntry& q) {
+            const int64_t t = classify(i, q);
+            int32_t cls;
+            if (t == -1) {
+                cls = kPad;
+            } else if (t < 0) {
+                cls = kBad;
+            } else if (t == newest) {
+                cls = kNewest;
+            } else {
+                cls = kCand;
+                hash_insert(s, mask, (int32_t)t, (int32_t)i);
+            }
+            s.e_class[i] = cls;
+        });
     // Check that lru_slots is a permutation of [0, hot) while copying it.
-    for (uint32_t pos = tid; pos < H; pos += nthreads) {
-        const int16_t slot = ld(lru + pos);
-        bool ok = slot >= 0 && (uint32_t)slot < H;
-        if (ok) {
-            const uint32_t bit = 1u << (slot & 31);
-            ok = (atomicOr(&s.bitmap[slot >> 5], bit) & bit) == 0;
-        }
-        if (!ok) s.scalars[0] = 1;
-        s.lru_old[pos] = ok ? (uint16_t)slot : 0;
-    }
+    batched<kLoads>(
+        tid, H, nthreads, [&](uint32_t pos) { return ld(lru + pos); },
+        [&](uint32_t pos, int16_t slot) {
+            bool ok = slot >= 0 && (uint32_t)slot < H;
+            if (ok) {
+                const uint32_t bit = 1u << (slot & 31);
+                ok = (atomicOr(&s.bitmap[slot >> 5], bit) & bit) == 0;
+            }
+            if (!ok) s.scalars[0] = 1;
+            s.lru_old[pos] = ok ? (uint16_t)slot : 0;
+        });
     __syncthreads();
     if (s.scalars[0] != 0) {
         if (tid == 0) report(err, KVT_ERR_SWAP_LRU, row_pos, 0);
@@ -350,47 +363,66 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
             if (c != (int32_t)i) s.e_class[i] = c;
         }
     }
-    for (uint32_t pos = tid; pos < H; pos += nthreads) {
-        const uint16_t slot = s.lru_old[pos];
-        const int32_t token = ld(btok + slot);
-        const int32_t c = token >= 0 ? hash_find(s, mask, token) : -1;
-        if (c >= 0) {
-            s.lru_old[pos] = slot | kHit;
-            atomicMin(&s.e_val[c], (int32_t)pos);
-        } else {
-            const int32_t loc = ld(bloc + slot);
-            if (in_rows(loc, p.device_rows))
-                s.lru_old[pos] = slot | kUsable;
-            else
-                report(err, KVT_ERR_SWAP_SLOT_LOC, row_pos | slot, loc);
-        }
-    }
+    // A slot's token and device row are loaded together (the row is used
+    // only when the slot is not a hit; slot < hot, inside the request's rows).
+    batched<kLoads>(
+        tid, H, nthreads,
+        [&](uint32_t pos) {
+            const uint16_t slot = s.lru_old[pos];
+            return SlotRow{ld(btok + slot), ld(bloc + slot)};
+        },
+        [&](uint32_t pos, const SlotRow& r) {
+            const uint16_t slot = s.lru_old[pos];
+            const int32_t token = r.token;
+            const int32_t c = token >= 0 ? hash_find(s, mask, token) : -1;
+            if (c >= 0) {
+                s.lru_old[pos] = slot | kHit;
+                atomicMin(&s.e_val[c], (int32_t)pos);
+            } else {
+                const int32_t loc = r.loc;
+                if (in_rows(loc, p.device_rows))
+                    s.lru_old[pos] = slot | kUsable;
+                else
+                    report(err, KVT_ERR_SWAP_SLOT_LOC, row_pos | slot, loc);
+            }
+        });
     __syncthreads();
 
-    // Outputs of the newest token and of hits; host rows of the misses.
-    for (uint32_t i = tid; i < E; i += nthreads) {
-        const int32_t cls = s.e_class[i];
-        int32_t o = -1;
-        if (cls == kNewest || (cls == kCand && s.e_val[i] != kNone)) {
-            const uint32_t slot = cls == kNewest ? H : (s.lru_old[s.e_val[i]] & kSlotMask);
-            const int32_t loc = ld(bloc + slot);
-            if (in_rows(loc, p.device_rows))
-                o = loc;
-            else
-                report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, loc);
-        } else if (cls == kCand) {
-            const int64_t h = ld(hloc + query_entry(p, topk, i).token);
-            if (in_rows(h, p.host_rows)) {
-                s.e_class[i] = kMiss;
-                continue;
+    // Outputs of the newest token and of hits (their device rows); host rows
+    // of the misses.
+    auto hit_like = [&](int32_t cls, uint32_t i) {
+        return cls == kNewest || (cls == kCand && s.e_val[i] != kNone);
+    };
+    batched<kLoads>(
+        tid, E, nthreads,
+        [&](uint32_t i) -> int64_t {
+            const int32_t cls = s.e_class[i];
+            if (hit_like(cls, i)) {
+                const uint32_t slot = cls == kNewest ? H : (s.lru_old[s.e_val[i]] & kSlotMask);
+                return ld(bloc + slot);
             }
-            report(err, KVT_ERR_SWAP_HOST_LOC, row_pos | i, h);
-        }
-        if (cls < 0) {
-            s.e_class[i] = kDone;
-            s.e_val[i] = o;
-        }
-    }
+            return cls == kCand ? ld(hloc + query_entry(p, topk, i).token) : 0;
+        },
+        [&](uint32_t i, int64_t row) {
+            const int32_t cls = s.e_class[i];
+            int32_t o = -1;
+            if (hit_like(cls, i)) {
+                if (in_rows(row, p.device_rows))
+                    o = (int32_t)row;
+                else
+                    report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, row);
+            } else if (cls == kCand) {
+                if (in_rows(row, p.host_rows)) {
+                    s.e_class[i] = kMiss;
+                    return;
+                }
+                report(err, KVT_ERR_SWAP_HOST_LOC, row_pos | i, row);
+            }
+            if (cls < 0) {
+                s.e_class[i] = kDone;
+                s.e_val[i] = o;
+            }
+        });
 
     // Rank the LRU positions (contiguous chunks per thread keep LRU order):
     // hits, evictables, usable evictables.
