@@ -487,13 +487,12 @@ mod tests {
         snap.report.is_some()
     }
 
-    #[test]
-    fn gather_cases_are_clean_or_hostile_as_drawn() {
-        let cpu = Executor::cpu();
+    /// Even seeds (clean) refuse nothing; most odd ones (hostile) refuse
+    /// something.
+    fn clean_or_hostile(run: impl Fn(u64) -> Snapshot) {
         let mut hostile_refused = 0;
         for seed in 0..30 {
-            let case = GatherCase::random(seed).unwrap();
-            let snap = case.run(&cpu).unwrap();
+            let snap = run(seed);
             if seed % 2 == 0 {
                 assert!(!refused(&snap), "seed {seed}: {:?}", snap.report);
             } else {
@@ -501,6 +500,12 @@ mod tests {
             }
         }
         assert!(hostile_refused >= 12, "{hostile_refused} of 15");
+    }
+
+    #[test]
+    fn gather_cases_are_clean_or_hostile_as_drawn() {
+        let cpu = Executor::cpu();
+        clean_or_hostile(|seed| GatherCase::random(seed).unwrap().run(&cpu).unwrap());
         // Redrawn queries stay valid.
         let case = GatherCase::random(4).unwrap();
         let again = GatherCase {
@@ -514,17 +519,12 @@ mod tests {
     fn writeback_cases_are_clean_or_hostile_as_drawn() {
         let cpu = Executor::cpu();
         for all_layers in [false, true] {
-            let mut hostile_refused = 0;
-            for seed in 0..30 {
-                let case = WritebackCase::random(seed, all_layers).unwrap();
-                let snap = case.run(&cpu).unwrap();
-                if seed % 2 == 0 {
-                    assert!(!refused(&snap), "seed {seed}: {:?}", snap.report);
-                } else {
-                    hostile_refused += refused(&snap) as u32;
-                }
-            }
-            assert!(hostile_refused >= 12, "{hostile_refused} of 15");
+            clean_or_hostile(|seed| {
+                WritebackCase::random(seed, all_layers)
+                    .unwrap()
+                    .run(&cpu)
+                    .unwrap()
+            });
         }
     }
 }
