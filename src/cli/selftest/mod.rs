@@ -150,6 +150,13 @@ pub(crate) fn run_cases(
 }
 
 pub fn run(args: SelftestArgs) -> kvtier::Result<ExitCode> {
+    // A path that cannot be written must not cost the run.
+    if let Some(path) = &args.json {
+        std::fs::write(path, "").map_err(|e| kvtier::Error::InvalidArgument {
+            arg: "--json",
+            msg: format!("cannot write {}: {e}", path.display()),
+        })?;
+    }
     println!("kvtier {} selftest", env!("CARGO_PKG_VERSION"));
     let dut = if args.cpu {
         println!(
