@@ -411,9 +411,7 @@ impl CudaDevice {
         }
         .call("cuLaunchKernel")
     }
-}
 
-impl CudaDevice {
     /// [`CudaDevice::launch`] as a programmatic dependent of the kernel
     /// before it on `stream` (sm_90 and later: programmatic stream
     /// serialization), so that it is scheduled while that kernel finishes
