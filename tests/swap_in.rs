@@ -769,3 +769,35 @@ fn num_real_reqs_above_the_batch_makes_every_row_real() {
         "{r}"
     );
 }
+
+#[test]
+fn a_miss_plan_stride_past_the_address_space_is_refused() {
+    // Two rows at a stride of half the address space: the plan's byte span
+    // does not fit 64 bits, and the check says so instead of overflowing.
+    let engine = SwapInEngine::new(Executor::cpu()).unwrap();
+    let mut b = Bare::new();
+    let topk = [4, 2, 7, 4, 2, 7];
+    let (req, seq) = ([0i32, 0], [8i32, 8]);
+    let mut out = [0i32; 6];
+    let (mut src, mut dst, mut count) = ([0i64; 6], [0i32; 6], [0i32; 2]);
+    let mut args = b.args();
+    args.top_k_tokens = Buf::host(&topk);
+    args.req_pool_indices = IndexBuf::I32(Buf::host(&req));
+    args.seq_lens = IndexBuf::I32(Buf::host(&seq));
+    args.top_k_device_locs = BufMut::host(&mut out);
+    args.miss_plan = Some(MissPlan {
+        src: BufMut::host(&mut src),
+        dst: BufMut::host(&mut dst),
+        stride: usize::MAX / 2,
+        capacity: 3,
+        count: BufMut::host(&mut count),
+    });
+    match engine.run(&args, Stream::null()) {
+        Err(Error::InvalidArgument { arg, msg }) => {
+            assert_eq!(arg, "miss_src", "{msg}");
+            assert!(msg.contains("holds 6 elements"), "{msg}");
+        }
+        other => panic!("expected an argument error, got {other:?}"),
+    }
+    assert_eq!(count, [0, 0], "nothing ran");
+}

@@ -436,13 +436,6 @@ pub(crate) fn check(
     };
     let kv = items::check(&a.kv, want)?;
     ranges.push_kv(&a.kv, a.num_real_reqs.as_ref());
-    if let Some(m) = &a.miss_plan {
-        let rows = span(batch, m.stride, m.capacity) as u64;
-        ranges.push("miss_src", m.src.addr(), 8 * rows, true);
-        ranges.push("miss_dst", m.dst.addr(), 4 * rows, true);
-        ranges.push("miss_count", m.count.addr(), 4 * batch as u64, true);
-    }
-    ranges.check_disjoint()?;
     let (plan_src, plan_dst, plan_count, plan_stride) = match &a.miss_plan {
         Some(m) => {
             if m.capacity < e_us {
@@ -456,13 +449,14 @@ pub(crate) fn check(
             }
             check_stride("miss_plan stride", m.stride, m.capacity)?;
             let rows = span(batch, m.stride, m.capacity);
-            m.src.check("miss_src", want, rows)?;
-            m.dst.check("miss_dst", want, rows)?;
-            m.count.check("miss_count", want, batch)?;
+            ranges.checked("miss_src", &m.src, want, rows, true)?;
+            ranges.checked("miss_dst", &m.dst, want, rows, true)?;
+            ranges.checked("miss_count", &m.count, want, batch, true)?;
             (m.src.addr(), m.dst.addr(), m.count.addr(), m.stride as u64)
         }
         None => (t.plan_src, t.plan_dst, t.plan_count, t.max_top_k as u64),
     };
+    ranges.check_disjoint()?;
     let mut flags = 0;
     if a.skip_io {
         flags |= KVT_SWAP_SKIP_IO;

@@ -3,7 +3,7 @@
 //! their checks, and the kernel parameters (the copy kernel's, with
 //! `KVT_SWAP_REPLAY`).
 
-use super::args::check_stride;
+use super::args::{ByteRanges, check_stride};
 use super::items::{self, KvBuffers};
 use super::{MAX_BATCH, SwapInTarget, span};
 use crate::abi::{KVT_SWAP_REPLAY, KVT_SWAP_SKIP_IO, kvt_swap_in_params};
@@ -52,9 +52,10 @@ pub(super) fn check(t: &SwapInTarget, a: &PlannedCopyArgs<'_>) -> Result<kvt_swa
     check_stride("miss_src stride", a.stride, a.capacity)?;
     let want = t.location;
     let cells = span(rows, a.stride, a.capacity);
-    a.src.check("miss_src", want, cells)?;
-    a.dst.check("miss_dst", want, cells)?;
-    a.count.check("miss_count", want, rows)?;
+    let mut ranges = ByteRanges::new();
+    ranges.checked("miss_src", &a.src, want, cells, false)?;
+    ranges.checked("miss_dst", &a.dst, want, cells, false)?;
+    ranges.checked("miss_count", &a.count, want, rows, false)?;
     let num_real = match &a.num_real_reqs {
         Some(n) => {
             n.check("num_real_reqs", want, 1)?;
@@ -63,10 +64,6 @@ pub(super) fn check(t: &SwapInTarget, a: &PlannedCopyArgs<'_>) -> Result<kvt_swa
         None => 0,
     };
     let kv = items::check(&a.kv, want)?;
-    let mut ranges = super::args::ByteRanges::new();
-    ranges.push("miss_src", a.src.addr(), 8 * cells as u64, false);
-    ranges.push("miss_dst", a.dst.addr(), 4 * cells as u64, false);
-    ranges.push("miss_count", a.count.addr(), 4 * rows as u64, false);
     ranges.push_kv(&a.kv, a.num_real_reqs.as_ref());
     ranges.check_disjoint()?;
     let mut flags = KVT_SWAP_REPLAY;
