@@ -1,8 +1,9 @@
 //! The C ABI on random and hostile arguments (fixed seeds, a fixed number of
-//! cases): every call returns a status, nothing crashes. Buffers point into
+//! cases): every call returns a status, never an internal error (a panic
+//! caught at the boundary), and nothing crashes. Buffers point into
 //! real allocations at least as long as they claim (the header's contract);
-//! everything else is random: layouts, device strings, counts, strides,
-//! batch sizes, index values, null pointers.
+//! everything else is random: layouts, device strings, counts, strides (some
+//! past anything real), batch sizes, index values, null pointers.
 
 use std::ffi::{CString, c_char};
 use std::ptr::{null, null_mut};
@@ -10,6 +11,9 @@ use std::ptr::{null, null_mut};
 use kvtier::ffi::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+mod common;
+use common::spec::{SpecCall, SpecCase};
 
 fn device_string(rng: &mut StdRng, dir: &std::path::Path) -> CString {
     let s = match rng.random_range(0..12) {
@@ -51,13 +55,32 @@ fn layout(rng: &mut StdRng) -> KvtLayout {
     }
 }
 
-/// `good` for a shaped case; a small random value (often wrong) otherwise.
+/// `good` for a shaped case; otherwise a small random value (often wrong) or,
+/// one time in eight, one no buffer could span.
 fn shaped_or(shaped: bool, good: u64, rng: &mut StdRng) -> u64 {
     if shaped {
         good
+    } else if rng.random_bool(0.125) {
+        huge(rng)
     } else {
         rng.random_range(0..16)
     }
+}
+
+/// A count or stride past anything real: products with it overflow.
+fn huge(rng: &mut StdRng) -> u64 {
+    [1 << 40, 1 << 62, u64::MAX / 2, u64::MAX][rng.random_range(0..4)]
+}
+
+/// `s`, which must not be `KVT_INTERNAL_ERROR`: bad input is refused or
+/// reported, never a panic caught at the boundary.
+fn not_internal(s: KvtStatus) -> KvtStatus {
+    if s == KVT_INTERNAL_ERROR {
+        // SAFETY: the thread's last error, a NUL-terminated string.
+        let msg = unsafe { std::ffi::CStr::from_ptr(kvt_last_error()) };
+        panic!("a call panicked: {}", msg.to_string_lossy());
+    }
+    s
 }
 
 #[test]
@@ -102,13 +125,13 @@ fn pool_calls_return_a_status_on_any_input() {
         };
         let mut pool: *mut KvtPool = null_mut();
         // SAFETY: every pointer is null or valid for what it claims.
-        let s = unsafe {
+        let s = not_internal(unsafe {
             match rng.random_range(0..3) {
                 0 => kvt_pool_create(&l, devs, n, opts_ptr, &mut pool),
                 1 => kvt_pool_open(devs, n, opts_ptr, &mut pool),
                 _ => kvt_pool_open_or_create(&l, devs, n, opts_ptr, &mut pool),
             }
-        };
+        });
         assert_eq!(s == KVT_OK, !pool.is_null());
         let mut bytes = 0u64;
         let mut cap = KvtDeviceCapacity {
@@ -118,19 +141,19 @@ fn pool_calls_return_a_status_on_any_input() {
         };
         // SAFETY: as above.
         unsafe {
-            let _ = kvt_pool_device_bytes_for(&l, rng.random(), &mut bytes);
+            not_internal(kvt_pool_device_bytes_for(&l, rng.random(), &mut bytes));
             if let Some(d) = devices.first() {
-                let _ = kvt_device_capacity_get(d.as_ptr(), &mut cap);
+                not_internal(kvt_device_capacity_get(d.as_ptr(), &mut cap));
             }
             if !pool.is_null() {
                 let mut info: KvtPoolInfo = std::mem::zeroed();
-                let _ = kvt_pool_info_get(pool, &mut info);
+                not_internal(kvt_pool_info_get(pool, &mut info));
                 let mut region: *mut KvtRegion = null_mut();
-                if kvt_region_alloc(pool, rng.random(), &mut region) == KVT_OK {
+                if not_internal(kvt_region_alloc(pool, rng.random(), &mut region)) == KVT_OK {
                     let mut ri: KvtRegionInfo = std::mem::zeroed();
-                    let _ = kvt_region_info_get(region, &mut ri);
-                    let _ = kvt_region_publish(region);
-                    let _ = kvt_region_free(region);
+                    not_internal(kvt_region_info_get(region, &mut ri));
+                    not_internal(kvt_region_publish(region));
+                    not_internal(kvt_region_free(region));
                 }
                 kvt_pool_close(pool);
             }
@@ -265,10 +288,10 @@ fn swap_in_calls_return_a_status_on_any_input() {
                 k as u64,
             )
         } else {
-            let mut r = || rng.random_range(0..16u64);
+            let mut r = || shaped_or(false, 0, &mut rng);
             (r(), r(), r(), r(), r(), r())
         };
-        let a = KvtSwapInArgs {
+        let mut a = KvtSwapInArgs {
             top_k_tokens: b!(topk),
             top_k_stride: ts,
             device_buffer_tokens: b!(tokens),
@@ -313,9 +336,24 @@ fn swap_in_calls_return_a_status_on_any_input() {
             block_tokens: if shaped { 0 } else { rng.random_range(0..3) },
             skip_io: rng.random_range(0..2),
         };
+        if shaped && rng.random_bool(0.2) {
+            // One stride or count of an otherwise sound call past anything real.
+            let fields = [
+                &mut a.top_k_stride,
+                &mut a.tokens_stride,
+                &mut a.locs_stride,
+                &mut a.lru_stride,
+                &mut a.host_stride,
+                &mut a.out_stride,
+                &mut a.miss_stride,
+                &mut a.miss_capacity,
+            ];
+            let i = rng.random_range(0..fields.len());
+            *fields.into_iter().nth(i).unwrap() = huge(&mut rng);
+        }
         // SAFETY: every buffer points into an allocation at least as long
         // as it claims; the engine is live.
-        match unsafe { kvt_swap_in_run(engine, &a, 0, null_mut()) } {
+        match not_internal(unsafe { kvt_swap_in_run(engine, &a, 0, null_mut()) }) {
             KVT_OK => ran += 1,
             KVT_BAD_INDICES => reported += 1,
             _ => refused += 1,
@@ -338,7 +376,7 @@ fn swap_in_calls_return_a_status_on_any_input() {
             skip_io: 0,
         };
         // SAFETY: as above.
-        let _ = unsafe { kvt_swap_in_copy_planned(engine, &p, null_mut()) };
+        not_internal(unsafe { kvt_swap_in_copy_planned(engine, &p, null_mut()) });
     }
     eprintln!("{ran} ran, {reported} reported bad indices, {refused} refused");
     assert!(
@@ -347,4 +385,237 @@ fn swap_in_calls_return_a_status_on_any_input() {
     );
     // SAFETY: a live engine, not used afterwards.
     unsafe { kvt_swap_in_destroy(engine) };
+}
+
+/// The C arguments of `call` over `c` (what `SpecCase::args` is in Rust).
+fn spec_c_args(c: &mut SpecCase, call: &mut SpecCall) -> KvtSpecSwapInArgs {
+    fn b<T>(v: &mut [T]) -> KvtBuf {
+        KvtBuf {
+            ptr: v.as_mut_ptr() as *mut std::ffi::c_void,
+            len: v.len() as u64,
+        }
+    }
+    let empty = KvtBuf {
+        ptr: null_mut(),
+        len: 0,
+    };
+    let (slots, t) = ((c.hot + c.page) as u64, (c.steps * c.k) as u64);
+    let item = 8 * c.words as u32;
+    let bytes = |v: &mut Vec<u64>| KvtBuf {
+        ptr: v.as_mut_ptr() as *mut std::ffi::c_void,
+        len: 8 * v.len() as u64,
+    };
+    let (src, dst, count) = match call.plan.as_mut() {
+        Some((src, dst, count)) => (b(src), b(dst), b(count)),
+        None => (empty, empty, empty),
+    };
+    KvtSpecSwapInArgs {
+        top_k_tokens: b(&mut call.topk),
+        top_k_stride: t,
+        device_buffer_tokens: b(&mut c.tokens),
+        tokens_stride: slots,
+        device_buffer_locs: b(&mut c.locs),
+        locs_stride: slots,
+        host_cache_locs: b(&mut c.host_locs),
+        host_stride: c.seq_len as u64,
+        kv: KvtKvBuffers {
+            items: KvtItems {
+                rows_per_page: 1,
+                value_bytes: item,
+                scale_bytes: 0,
+                _reserved: 0,
+                page_bytes: item as u64,
+            },
+            host_cache: bytes(&mut c.host),
+            device_buffer: bytes(&mut c.device),
+            host_cache_v: empty,
+            device_buffer_v: empty,
+        },
+        top_k_device_locs: b(&mut call.out),
+        out_stride: t,
+        req_pool_indices: b(&mut call.req),
+        seq_lens: b(&mut call.seq),
+        num_real_reqs: b(&mut call.num_real),
+        miss_src: src,
+        miss_dst: dst,
+        miss_count: count,
+        miss_stride: t,
+        miss_capacity: t,
+        state: KvtSpecState {
+            cache_index: b(&mut c.cache_index),
+            index_rows: c.reqs as u64,
+            index_stride: 2 * c.hash_size as u64,
+            bank_stride: c.hash_size as u64,
+            hash_size: c.hash_size as u64,
+            cache_policy: b(&mut c.cache_policy),
+            policy_rows: c.reqs as u64 + 1,
+            policy_stride: c.hot as u64,
+            policy_width: c.hot as u64,
+            scratch_locs: b(&mut c.scratch_locs),
+            scratch_stride: c.scratch as u64,
+            scratch_capacity: c.scratch as u64,
+            scratch_state: b(&mut c.scratch_state),
+            state_rows: c.reqs as u64 + 1,
+            state_stride: c.state_width as u64,
+            state_width: c.state_width as u64,
+        },
+        req_pool_indices_type: KVT_INDEX_INT64,
+        seq_lens_type: KVT_INDEX_INT32,
+        max_tokens: c.seq_len as u32,
+        num_requests: c.reqs as u32,
+        num_steps: c.steps as u32,
+        num_top_k: c.k as u32,
+        hot_buffer_size: c.hot as u32,
+        page_size: c.page as u32,
+    }
+}
+
+#[test]
+fn spec_calls_return_a_status_on_any_input() {
+    let mut rng = StdRng::seed_from_u64(0x5bec);
+    let mut engine: *mut KvtSwapIn = null_mut();
+    // SAFETY: an out pointer to a local.
+    assert_eq!(
+        unsafe { kvt_swap_in_create(KVT_EXECUTOR_CPU, &mut engine) },
+        KVT_OK
+    );
+    let (reqs, hot, page, scratch, seq_len, steps, k) = (3, 1024, 8, 1024, 4096, 2, 1024);
+    let pristine = SpecCase::new(reqs, hot, page, scratch, seq_len, 1, steps, k);
+    let (mut ran, mut reported, mut refused) = (0, 0, 0);
+    for _ in 0..1000 {
+        let mut c = pristine.clone();
+        // Half the calls hostile in their values: tokens out of range, a few
+        // state cells rewritten.
+        let hostile = rng.random_bool(0.5);
+        let batch = rng.random_range(1..=2usize);
+        let tokens = if hostile {
+            -2..seq_len as i32 + 64
+        } else {
+            -1..seq_len as i32
+        };
+        let topk = (0..batch * steps * k)
+            .map(|_| rng.random_range(tokens.clone()))
+            .collect();
+        let mut call = SpecCall::new(topk, batch, steps, seq_len as i32, rng.random_bool(0.3));
+        for _ in 0..if hostile { rng.random_range(0..4) } else { 0 } {
+            let v = rng.random_range(-3..1 << 20);
+            match rng.random_range(0..6) {
+                0 => *pick(&mut c.cache_index, &mut rng) = (v as i64) << rng.random_range(0..33),
+                1 => *pick(&mut c.cache_policy, &mut rng) = v,
+                2 => *pick(&mut c.scratch_locs, &mut rng) = v,
+                3 => *pick(&mut c.scratch_state, &mut rng) = v,
+                4 => *pick(&mut c.locs, &mut rng) = v,
+                _ => *pick(&mut call.seq, &mut rng) = v,
+            }
+        }
+        let mut a = spec_c_args(&mut c, &mut call);
+        // Up to three fields of the call hostile: a count or stride (small,
+        // off by one, or past anything real), a buffer shorter than it
+        // should be or null.
+        for _ in 0..rng.random_range(0..=3) {
+            let st = &mut a.state;
+            let u64s = [
+                &mut a.top_k_stride,
+                &mut a.tokens_stride,
+                &mut a.locs_stride,
+                &mut a.host_stride,
+                &mut a.out_stride,
+                &mut a.miss_stride,
+                &mut a.miss_capacity,
+                &mut a.kv.items.page_bytes,
+                &mut st.index_rows,
+                &mut st.index_stride,
+                &mut st.bank_stride,
+                &mut st.hash_size,
+                &mut st.policy_rows,
+                &mut st.policy_stride,
+                &mut st.policy_width,
+                &mut st.scratch_stride,
+                &mut st.scratch_capacity,
+                &mut st.state_rows,
+                &mut st.state_stride,
+                &mut st.state_width,
+            ];
+            let u32s = [
+                &mut a.req_pool_indices_type,
+                &mut a.seq_lens_type,
+                &mut a.max_tokens,
+                &mut a.num_requests,
+                &mut a.num_steps,
+                &mut a.num_top_k,
+                &mut a.hot_buffer_size,
+                &mut a.page_size,
+                &mut a.kv.items.rows_per_page,
+                &mut a.kv.items.value_bytes,
+                &mut a.kv.items.scale_bytes,
+            ];
+            let bufs = [
+                &mut a.top_k_tokens,
+                &mut a.device_buffer_tokens,
+                &mut a.device_buffer_locs,
+                &mut a.host_cache_locs,
+                &mut a.kv.host_cache,
+                &mut a.kv.device_buffer,
+                &mut a.top_k_device_locs,
+                &mut a.req_pool_indices,
+                &mut a.seq_lens,
+                &mut a.num_real_reqs,
+                &mut a.miss_src,
+                &mut a.miss_dst,
+                &mut a.miss_count,
+                &mut st.cache_index,
+                &mut st.cache_policy,
+                &mut st.scratch_locs,
+                &mut st.scratch_state,
+            ];
+            match rng.random_range(0..3) {
+                0 => {
+                    let f = u64s.into_iter().nth(rng.random_range(0..20)).unwrap();
+                    *f = match rng.random_range(0..4) {
+                        0 => huge(&mut rng),
+                        1 => f.wrapping_add(1),
+                        2 => f.wrapping_sub(1),
+                        _ => rng.random_range(0..16),
+                    };
+                }
+                1 => {
+                    let f = u32s.into_iter().nth(rng.random_range(0..11)).unwrap();
+                    *f = match rng.random_range(0..4) {
+                        0 => u32::MAX >> rng.random_range(0..8),
+                        1 => f.wrapping_add(1),
+                        2 => f.wrapping_sub(1),
+                        _ => rng.random_range(0..16),
+                    };
+                }
+                _ => {
+                    // Never longer than the allocation behind it (the
+                    // header's contract): shorter, or null.
+                    let f = bufs.into_iter().nth(rng.random_range(0..17)).unwrap();
+                    if rng.random_bool(0.2) {
+                        f.ptr = null_mut();
+                    }
+                    f.len = rng.random_range(0..=f.len);
+                }
+            }
+        }
+        // SAFETY: every buffer points into an allocation at least as long
+        // as it claims; the engine is live.
+        match not_internal(unsafe { kvt_swap_in_run_spec(engine, &a, null_mut()) }) {
+            KVT_OK => ran += 1,
+            KVT_BAD_INDICES => reported += 1,
+            _ => refused += 1,
+        }
+    }
+    eprintln!("{ran} ran, {reported} reported bad indices, {refused} refused");
+    assert!(
+        ran > 0 && reported > 0 && refused > 0,
+        "{ran} ran, {reported} reported, {refused} refused"
+    );
+    // SAFETY: a live engine, not used afterwards.
+    unsafe { kvt_swap_in_destroy(engine) };
+}
+
+fn pick<'a, T>(v: &'a mut [T], rng: &mut StdRng) -> &'a mut T {
+    let i = rng.random_range(0..v.len());
+    &mut v[i]
 }
