@@ -90,19 +90,32 @@ impl<T: Copy + Default> ExecVec<T> {
     /// Nothing reads or writes the buffer meanwhile (no call is running).
     pub unsafe fn write(&self, data: &[T]) -> kvtier::Result<()> {
         assert_eq!(data.len(), self.len(), "a write of the whole buffer");
+        // SAFETY: per this function's contract.
+        unsafe { self.write_at(0, data) }
+    }
+
+    /// [`ExecVec::write`] of `data` from element `start` on.
+    ///
+    /// # Safety
+    /// As for [`ExecVec::write`].
+    pub unsafe fn write_at(&self, start: usize, data: &[T]) -> kvtier::Result<()> {
+        assert!(
+            start <= self.len() && data.len() <= self.len() - start,
+            "a write inside the buffer"
+        );
         match self {
             ExecVec::Host(v) => {
-                // SAFETY: per this function's contract; the length is checked.
-                unsafe { (*v.get()).copy_from_slice(data) };
+                // SAFETY: per this function's contract; the range is checked.
+                unsafe { (&mut *v.get())[start..][..data.len()].copy_from_slice(data) };
                 Ok(())
             }
             ExecVec::Device(d) => {
                 let dev = d.device();
-                // SAFETY: the buffer holds data.len() elements; the source is
+                // SAFETY: the range is inside the buffer; the source is
                 // pageable host memory, valid until the wait below.
                 unsafe {
                     dev.copy_host_to_device_async(
-                        d.device_ptr(),
+                        d.device_ptr() + (start * std::mem::size_of::<T>()) as u64,
                         data.as_ptr() as *const u8,
                         std::mem::size_of_val(data),
                         Stream::null(),

@@ -28,18 +28,19 @@ use kvtier::{
 };
 
 use super::sglang::SglangKernels;
-use super::{Bench, Clock, Measurement, Timing, invalid, named};
+use super::{Bench, Clock, Measurement, Timing, invalid, named, row_pattern};
 use crate::cli::transfer::{self, Dir, ExecVec};
 
-const SCENARIO: &str = "spec-swap-in";
+pub(super) const SCENARIO: &str = "spec-swap-in";
 const STEPS: [u32; 2] = [2, 4];
 /// SGLang's extra page (the verify tokens), as in its tests.
 const PAGE: u32 = 64;
 const KNUTH: u64 = 2_654_435_761;
 
 fn grid(b: &Bench) -> kvtier::Result<(Vec<u32>, Vec<u32>, u32)> {
+    use kvtier::swap_in::{SPEC_MAX_HOT, SPEC_MAX_OCCURRENCES, SPEC_MIN_TOP_K};
     let (k, hot) = (b.args.swap_k, b.args.hot[0]);
-    if k < kvtier::swap_in::SPEC_MIN_TOP_K || 4 * k > kvtier::swap_in::SPEC_MAX_OCCURRENCES {
+    if !(SPEC_MIN_TOP_K..=SPEC_MAX_OCCURRENCES / 4).contains(&k) {
         return Err(invalid(
             "--swap-k",
             format!(
@@ -47,8 +48,11 @@ fn grid(b: &Bench) -> kvtier::Result<(Vec<u32>, Vec<u32>, u32)> {
             ),
         ));
     }
-    if hot < k {
-        return Err(invalid("--hot", format!("{hot} is below K = {k}")));
+    if !(k..=SPEC_MAX_HOT).contains(&hot) {
+        return Err(invalid(
+            "--hot",
+            format!("{hot}: the speculative swap-in takes K = {k} to {SPEC_MAX_HOT}"),
+        ));
     }
     if let Some(&m) = b.args.misses.iter().find(|&&m| m > k) {
         return Err(invalid("--misses", format!("{m} exceeds K = {k}")));
@@ -364,19 +368,32 @@ impl State {
                 }
             })
         };
+        // Before each method, untimed: the device rows as they started and
+        // no output, so that the check after it sees what it wrote, not what
+        // the method before it left.
+        let unwritten = vec![-7i32; out.len()];
+        let spoil = || {
+            // SAFETY: no call is running; lengths are the buffers'.
+            unsafe {
+                device_buffer.write(&device)?;
+                out.write(&unwritten)
+            }
+        };
         let call = |s: Stream| engine.run_spec(&args()?, s);
+        spoil()?;
         let kv = b.time(&clock, Timing::Device, reset, call)?;
         engine.check()?;
-        self.verify(q, &out.to_vec()?, &device_buffer)?;
+        self.verify(q, &out.to_vec()?, &device_buffer.to_vec()?)?;
         // SGLang's kernels on the same parameters, from the same state.
         let theirs = match sglang {
             Some(k) => {
                 let p = engine.spec_params(&args()?)?;
+                spoil()?;
                 // SAFETY: parameters checked for this engine's device buffers,
                 // which live until after the timing.
                 let t = b.time(&clock, Timing::Device, reset, |s| unsafe { k.spec(&p, s) })?;
                 engine.check()?; // waits for the device
-                self.verify(q, &out.to_vec()?, &device_buffer)?;
+                self.verify(q, &out.to_vec()?, &device_buffer.to_vec()?)?;
                 Some(t)
             }
             None => None,
@@ -428,15 +445,18 @@ impl State {
         Ok(rows)
     }
 
-    /// Every output row of the last timed call holds its token's host bytes.
-    fn verify(&self, q: &Query, out: &[i32], device: &ExecVec<u8>) -> kvtier::Result<()> {
+    /// Every output row of the last timed call holds its token's host bytes
+    /// (`device`: the device buffer's bytes).
+    fn verify(&self, q: &Query, out: &[i32], device: &[u8]) -> kvtier::Result<()> {
         let t = (self.steps * self.k) as usize;
         let item = self.item as usize;
         for (i, (&tok, &row)) in q.topk.iter().zip(out).enumerate() {
             let req = i / t;
             let host_row = self.host_locs[req * self.context as usize + tok as usize] as usize;
-            let bytes = device.read(row.max(0) as usize * item, item)?;
-            if row < 0 || bytes.iter().any(|&x| x != row_pattern(host_row)) {
+            let bytes = usize::try_from(row)
+                .ok()
+                .and_then(|row| device.get(row * item..)?.get(..item));
+            if bytes.is_none_or(|b| b.iter().any(|&x| x != row_pattern(host_row))) {
                 return Err(kvtier::Error::Pool(format!(
                     "benchmark self-check failed: occurrence {i} (token {tok}) points at device row {row}, \
                      which does not hold the token"
@@ -445,9 +465,4 @@ impl State {
         }
         Ok(())
     }
-}
-
-/// The byte every byte of host row `row` holds.
-fn row_pattern(row: usize) -> u8 {
-    (row.wrapping_mul(2_654_435_761) >> 7) as u8
 }

@@ -35,7 +35,7 @@ use kvtier::{
 };
 
 use super::sglang::SglangKernels;
-use super::{Bench, Clock, Measurement, Timing, invalid, named};
+use super::{Bench, Clock, Measurement, Timing, invalid, named, row_pattern};
 use crate::cli::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "swap-in";
@@ -387,9 +387,24 @@ impl State {
                 transfer::copy_within(exec, lru.addr(), pristine_lru.addr(), 2 * self.lru.len(), s)
             }
         };
+        // Before each method, untimed: no output, and the rows the check
+        // reads holding other bytes, so that the check after it sees what it
+        // wrote, not what the method before it left.
+        let unwritten = vec![-7i32; out.len()];
+        let spoil = || -> kvtier::Result<()> {
+            // SAFETY: no call is running; lengths are the buffers'.
+            unsafe { out.write(&unwritten)? };
+            for &(src, dst) in [misses.first(), misses.last()].into_iter().flatten() {
+                let other = vec![!row_pattern(src as usize); item];
+                // SAFETY: as above; `dst` is a row of the device buffer.
+                unsafe { device_buffer.write_at(dst as usize * item, &other)? };
+            }
+            Ok(())
+        };
         let loc = exec.location();
         let time_strategy =
             |strategy: SwapInStrategy| -> kvtier::Result<((f64, f64, usize), Vec<i32>)> {
+                spoil()?;
                 let t = b.time(&clock, Timing::Device, reset, |s| {
                     // SAFETY: the buffers above live until after the timing.
                     let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
@@ -398,14 +413,15 @@ impl State {
                 self.tier.check(clock.stream())?;
                 Ok((t, out.to_vec()?))
             };
-        let (kv, out_kvtier) = time_strategy(SwapInStrategy::PlanThenCopy)?;
         let row_of = |r: usize| device_buffer.read(r * item, item);
+        let (kv, out_kvtier) = time_strategy(SwapInStrategy::PlanThenCopy)?;
         self.verify("the kvtier swap-in", &misses, row_of)?;
         // The CPU executor has one way; on a GPU, SGLang's design next to ours.
         let one_block = match exec {
             Executor::Cpu => None,
             Executor::Cuda(_) => {
                 let (t, out_baseline) = time_strategy(SwapInStrategy::OneBlockPerRequest)?;
+                self.verify("the kvtier swap-in, one block per request", &misses, row_of)?;
                 if out_kvtier != out_baseline {
                     return Err(kvtier::Error::Pool(
                         "benchmark self-check failed: the two designs gave different page tables"
@@ -424,6 +440,7 @@ impl State {
                 let timed = time_strategy(SwapInStrategy::PlanThenCopy);
                 dev.set_dependent_launch(true);
                 let (t, out_ordinary) = timed?;
+                self.verify("the kvtier swap-in, no PDL", &misses, row_of)?;
                 if out_ordinary != out_kvtier {
                     return Err(kvtier::Error::Pool(
                         "benchmark self-check failed: the launch order changed the page table"
@@ -444,20 +461,20 @@ impl State {
                 let mut a = unsafe { self.args(q, loc, addrs, host_cache, None) };
                 a.num_real_reqs = Some(num_real.buf());
                 let p = engine.swap_in_params(&a, SwapInStrategy::PlanThenCopy)?;
+                spoil()?;
                 // SAFETY: parameters checked for device buffers that live
                 // until after the timing.
                 let t = b.time(&clock, Timing::Device, reset, |s| unsafe {
                     k.swap_in(&p, s)
                 })?;
                 self.tier.check(clock.stream())?;
+                self.verify("SGLang's swap-in kernel", &misses, row_of)?;
                 if out.to_vec()? != out_kvtier {
-                    b.progress.suspend(|| {
-                        println!(
-                            "swap-in: SELF-CHECK FAILED at batch {}, {} misses: SGLang's kernel gave a \
-                             different page table from kvtier's",
-                            q.batch, q.misses
-                        )
-                    });
+                    return Err(kvtier::Error::Pool(
+                        "benchmark self-check failed: SGLang's kernel gave a different page table \
+                         from kvtier's"
+                            .into(),
+                    ));
                 }
                 Some(t)
             }
@@ -541,9 +558,4 @@ impl State {
         }
         Ok(())
     }
-}
-
-/// The byte every byte of host row `row` holds.
-fn row_pattern(row: usize) -> u8 {
-    (row.wrapping_mul(2_654_435_761) >> 7) as u8
 }
