@@ -624,7 +624,8 @@ unsafe fn index_buf<'a>(
     }
 }
 
-fn stride(v: u64, arg: &'static str) -> Result<usize> {
+/// A C count, stride or capacity as a `usize`.
+fn size(v: u64, arg: &'static str) -> Result<usize> {
     usize::try_from(v).map_err(|_| invalid(arg, "is larger than the address space"))
 }
 
@@ -677,10 +678,6 @@ unsafe fn kv_buffers<'a>(kv: &KvtKvBuffers, loc: Location) -> Result<KvBuffers<'
     }
 }
 
-fn capacity(v: u64, arg: &'static str) -> Result<usize> {
-    usize::try_from(v).map_err(|_| invalid(arg, "is larger than the address space"))
-}
-
 /// A caller's miss plan (all three buffers, or none).
 ///
 /// # Safety
@@ -697,8 +694,8 @@ unsafe fn miss_plan<'a>(
             // SAFETY: per this function's contract.
             src: unsafe { buf_mut(src, "miss_src", loc)? },
             dst: unsafe { buf_mut(dst, "miss_dst", loc)? },
-            stride: stride(miss_stride, "miss_stride")?,
-            capacity: capacity(miss_capacity, "miss_capacity")?,
+            stride: size(miss_stride, "miss_stride")?,
+            capacity: size(miss_capacity, "miss_capacity")?,
             count: unsafe { buf_mut(count, "miss_count", loc)? },
         })),
         _ => Err(invalid(
@@ -730,20 +727,20 @@ unsafe fn swap_in_args<'a>(a: &KvtSwapInArgs, loc: Location) -> Result<SwapInArg
     unsafe {
         Ok(SwapInArgs {
             top_k_tokens: buf(&a.top_k_tokens, "top_k_tokens", loc)?,
-            top_k_stride: stride(a.top_k_stride, "top_k_stride")?,
+            top_k_stride: size(a.top_k_stride, "top_k_stride")?,
             query,
             device_buffer_tokens: buf_mut(&a.device_buffer_tokens, "device_buffer_tokens", loc)?,
-            tokens_stride: stride(a.tokens_stride, "tokens_stride")?,
+            tokens_stride: size(a.tokens_stride, "tokens_stride")?,
             device_buffer_locs: buf(&a.device_buffer_locs, "device_buffer_locs", loc)?,
-            locs_stride: stride(a.locs_stride, "locs_stride")?,
+            locs_stride: size(a.locs_stride, "locs_stride")?,
             lru_slots: buf_mut(&a.lru_slots, "lru_slots", loc)?,
-            lru_stride: stride(a.lru_stride, "lru_stride")?,
+            lru_stride: size(a.lru_stride, "lru_stride")?,
             host_cache_locs: buf(&a.host_cache_locs, "host_cache_locs", loc)?,
-            host_stride: stride(a.host_stride, "host_stride")?,
+            host_stride: size(a.host_stride, "host_stride")?,
             max_tokens: a.max_tokens,
             kv: kv_buffers(&a.kv, loc)?,
             top_k_device_locs: buf_mut(&a.top_k_device_locs, "top_k_device_locs", loc)?,
-            out_stride: stride(a.out_stride, "out_stride")?,
+            out_stride: size(a.out_stride, "out_stride")?,
             req_pool_indices: index_buf(
                 &a.req_pool_indices,
                 a.req_pool_indices_type,
@@ -770,7 +767,6 @@ unsafe fn spec_swap_in_args<'a>(
     loc: Location,
 ) -> Result<SpecSwapInArgs<'a>> {
     let st = &a.state;
-    let size = |v: u64, arg: &'static str| stride(v, arg);
     // SAFETY: per this function's contract, for every buffer below.
     unsafe {
         let Some(num_real_reqs) = optional_buf(&a.num_real_reqs, "num_real_reqs", loc)? else {
@@ -781,19 +777,19 @@ unsafe fn spec_swap_in_args<'a>(
         };
         Ok(SpecSwapInArgs {
             top_k_tokens: buf(&a.top_k_tokens, "top_k_tokens", loc)?,
-            top_k_stride: stride(a.top_k_stride, "top_k_stride")?,
+            top_k_stride: size(a.top_k_stride, "top_k_stride")?,
             num_steps: a.num_steps,
             num_top_k: a.num_top_k,
             device_buffer_tokens: buf_mut(&a.device_buffer_tokens, "device_buffer_tokens", loc)?,
-            tokens_stride: stride(a.tokens_stride, "tokens_stride")?,
+            tokens_stride: size(a.tokens_stride, "tokens_stride")?,
             device_buffer_locs: buf_mut(&a.device_buffer_locs, "device_buffer_locs", loc)?,
-            locs_stride: stride(a.locs_stride, "locs_stride")?,
+            locs_stride: size(a.locs_stride, "locs_stride")?,
             host_cache_locs: buf(&a.host_cache_locs, "host_cache_locs", loc)?,
-            host_stride: stride(a.host_stride, "host_stride")?,
+            host_stride: size(a.host_stride, "host_stride")?,
             max_tokens: a.max_tokens,
             kv: kv_buffers(&a.kv, loc)?,
             top_k_device_locs: buf_mut(&a.top_k_device_locs, "top_k_device_locs", loc)?,
-            out_stride: stride(a.out_stride, "out_stride")?,
+            out_stride: size(a.out_stride, "out_stride")?,
             req_pool_indices: index_buf(
                 &a.req_pool_indices,
                 a.req_pool_indices_type,
@@ -847,8 +843,8 @@ unsafe fn planned_copy_args<'a>(
             src: buf(&a.miss_src, "miss_src", loc)?,
             dst: buf(&a.miss_dst, "miss_dst", loc)?,
             count: buf(&a.miss_count, "miss_count", loc)?,
-            stride: stride(a.miss_stride, "miss_stride")?,
-            capacity: capacity(a.miss_capacity, "miss_capacity")?,
+            stride: size(a.miss_stride, "miss_stride")?,
+            capacity: size(a.miss_capacity, "miss_capacity")?,
             num_real_reqs: optional_buf(&a.num_real_reqs, "num_real_reqs", loc)?,
             kv: kv_buffers(&a.kv, loc)?,
             skip_io: a.skip_io != 0,

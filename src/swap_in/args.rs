@@ -154,11 +154,40 @@ pub struct MissPlan<'a> {
     pub count: BufMut<'a, i32>,
 }
 
-fn positive(arg: &'static str, v: u32, max: u32) -> Result<()> {
-    if v == 0 || v > max {
-        return Err(invalid(arg, format!("{v} is outside 1..={max}")));
+pub(super) fn within(arg: &'static str, v: u32, lo: u32, hi: u32) -> Result<()> {
+    if v < lo || v > hi {
+        return Err(invalid(arg, format!("{v} is outside {lo}..={hi}")));
     }
     Ok(())
+}
+
+impl MissPlan<'_> {
+    /// Checks a plan for `batch` rows of up to `per_row` misses (one per
+    /// `what` of a row) where the executor writes it, and adds its bytes to
+    /// `ranges`.
+    pub(super) fn check(
+        &self,
+        ranges: &mut ByteRanges,
+        want: Location,
+        batch: usize,
+        per_row: usize,
+        what: &str,
+    ) -> Result<()> {
+        if self.capacity < per_row {
+            return Err(invalid(
+                "miss_src",
+                format!(
+                    "holds {} misses per row; a row can have {per_row} (one per {what})",
+                    self.capacity
+                ),
+            ));
+        }
+        check_stride("miss_plan stride", self.stride, self.capacity)?;
+        let rows = span(batch, self.stride, self.capacity);
+        ranges.checked("miss_src", &self.src, want, rows, true)?;
+        ranges.checked("miss_dst", &self.dst, want, rows, true)?;
+        ranges.checked("miss_count", &self.count, want, batch, true)
+    }
 }
 
 /// Checks the stride of a buffer of rows `width` elements wide.
@@ -258,8 +287,10 @@ impl ByteRanges {
         written: bool,
     ) -> Result<()> {
         buf.check_len(name, want, len)?;
-        // `len` fits the buffer now, so the product fits the address space.
-        self.push(name, buf.addr(), buf.element_bytes() * len as u64, written);
+        // `len` fits the buffer now, so the product fits the address space
+        // unless the buffer claims more than it could hold (a C caller's lie).
+        let bytes = buf.element_bytes().saturating_mul(len as u64);
+        self.push(name, buf.addr(), bytes, written);
         Ok(())
     }
 
@@ -323,8 +354,8 @@ pub(crate) fn check(
     let (k, hot) = (a.num_top_k, a.hot_buffer_size);
     let block_tokens = a.query.block_tokens();
     let batch = a.req_pool_indices.len();
-    positive("num_top_k", k, MAX_TOP_K)?;
-    positive("sparse_block_size", block_tokens, MAX_TOP_K)?;
+    within("num_top_k", k, 1, MAX_TOP_K)?;
+    within("sparse_block_size", block_tokens, 1, MAX_TOP_K)?;
     let entries = k as u64 * block_tokens as u64;
     if entries > MAX_TOP_K as u64 {
         return Err(invalid(
@@ -438,20 +469,7 @@ pub(crate) fn check(
     ranges.push_kv(&a.kv, a.num_real_reqs.as_ref());
     let (plan_src, plan_dst, plan_count, plan_stride) = match &a.miss_plan {
         Some(m) => {
-            if m.capacity < e_us {
-                return Err(invalid(
-                    "miss_src",
-                    format!(
-                        "holds {} misses per row; a row can have {entries} (one per entry)",
-                        m.capacity
-                    ),
-                ));
-            }
-            check_stride("miss_plan stride", m.stride, m.capacity)?;
-            let rows = span(batch, m.stride, m.capacity);
-            ranges.checked("miss_src", &m.src, want, rows, true)?;
-            ranges.checked("miss_dst", &m.dst, want, rows, true)?;
-            ranges.checked("miss_count", &m.count, want, batch, true)?;
+            m.check(&mut ranges, want, batch, e_us, "entry")?;
             (m.src.addr(), m.dst.addr(), m.count.addr(), m.stride as u64)
         }
         None => (t.plan_src, t.plan_dst, t.plan_count, t.max_top_k as u64),

@@ -82,7 +82,7 @@ mod cpu;
 
 pub(super) use cpu::run;
 
-use super::args::{ByteRanges, IndexBuf, MissPlan, Named, check_stride};
+use super::args::{ByteRanges, IndexBuf, MissPlan, Named, check_stride, within};
 use super::items::{self, KvBuffers};
 use super::{MAX_BATCH, span};
 use crate::abi::{KVT_SWAP_REQ_INDICES_I64, KVT_SWAP_SEQ_LENS_I64, kvt_spec_swap_in_params};
@@ -183,13 +183,6 @@ pub struct SpecSwapInArgs<'a> {
     pub page_size: u32,
     /// Record each row's copies here (SGLang's `miss_src`/`miss_dst`/`miss_count`).
     pub miss_plan: Option<MissPlan<'a>>,
-}
-
-fn within(arg: &'static str, v: u32, lo: u32, hi: u32) -> Result<()> {
-    if v < lo || v > hi {
-        return Err(invalid(arg, format!("{v} is outside {lo}..={hi}")));
-    }
-    Ok(())
 }
 
 fn at_least(arg: &'static str, what: &str, have: usize, need: usize) -> Result<()> {
@@ -384,20 +377,7 @@ pub(super) fn check(
     ranges.push_kv(&a.kv, Some(&a.num_real_reqs));
     let plan = match &a.miss_plan {
         Some(m) => {
-            if m.capacity < t {
-                return Err(invalid(
-                    "miss_src",
-                    format!(
-                        "holds {} misses per row; a row can have {t} (one per occurrence)",
-                        m.capacity
-                    ),
-                ));
-            }
-            check_stride("miss_plan stride", m.stride, m.capacity)?;
-            let rows = span(batch, m.stride, m.capacity);
-            ranges.checked("miss_src", &m.src, want, rows, true)?;
-            ranges.checked("miss_dst", &m.dst, want, rows, true)?;
-            ranges.checked("miss_count", &m.count, want, batch, true)?;
+            m.check(&mut ranges, want, batch, t, "occurrence")?;
             Some((m.src.addr(), m.dst.addr(), m.count.addr(), m.stride))
         }
         None => None,
