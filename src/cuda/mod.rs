@@ -141,9 +141,6 @@ pub struct CudaDevice {
     /// later GPU running code compiled for compute_90 or later (which holds
     /// the kernels' `griddepcontrol.wait`).
     dependent_launch: bool,
-    /// Off: ordinary launches even where dependent ones are possible (the
-    /// benchmark's comparison).
-    dependent_launch_on: std::sync::atomic::AtomicBool,
 }
 
 impl CudaDevice {
@@ -182,7 +179,6 @@ impl CudaDevice {
             compute_capability,
             sm_count,
             dependent_launch: compute_capability.0 >= 9 && ptx >= 90,
-            dependent_launch_on: std::sync::atomic::AtomicBool::new(true),
         }))
     }
 
@@ -201,17 +197,6 @@ impl CudaDevice {
     /// kernel before them finishes (sm_90 and later).
     pub fn dependent_launch(&self) -> bool {
         self.dependent_launch
-            && self
-                .dependent_launch_on
-                .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Turns dependent launches off (or back on where the GPU and the loaded
-    /// code allow them), for every later launch on this device: the
-    /// benchmark times the swap-in both ways.
-    pub fn set_dependent_launch(&self, on: bool) {
-        self.dependent_launch_on
-            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Streaming multiprocessors.

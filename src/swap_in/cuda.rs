@@ -42,7 +42,8 @@ fn fits(dev: &CudaDevice, smem: usize, what: impl FnOnce() -> String) -> Result<
 }
 
 /// Enqueues the swap-in on `stream`: the plan kernel, then (for the
-/// plan-then-copy strategy, unless `skip_io`) the copy kernel.
+/// plan-then-copy strategy, unless `skip_io`) the copy kernel, as its
+/// programmatic dependent where `dependent` and the device allow it.
 ///
 /// # Safety
 /// `p` must come from the argument checks for device buffers and plan
@@ -51,6 +52,7 @@ fn fits(dev: &CudaDevice, smem: usize, what: impl FnOnce() -> String) -> Result<
 pub(super) unsafe fn launch(
     dev: &CudaDevice,
     p: &kvt_swap_in_params,
+    dependent: bool,
     stream: Stream,
 ) -> Result<()> {
     if p.batch == 0 {
@@ -75,8 +77,15 @@ pub(super) unsafe fn launch(
         let grid = dev.grid_for_rows(Kernel::SwapInCopy, p.batch as u64 * p.entries as u64);
         let smem = copy_smem_bytes(p.batch) as u32;
         // SAFETY: the plan kernel was enqueued just before on the same
-        // stream; the copy kernel waits for it (grid_dependency_wait).
-        unsafe { dev.launch_dependent(Kernel::SwapInCopy, grid, BLOCK_THREADS, smem, p, stream)? };
+        // stream; the copy kernel waits for it (grid_dependency_wait), a
+        // no-op after an ordinary launch.
+        unsafe {
+            if dependent {
+                dev.launch_dependent(Kernel::SwapInCopy, grid, BLOCK_THREADS, smem, p, stream)?
+            } else {
+                dev.launch(Kernel::SwapInCopy, grid, BLOCK_THREADS, smem, p, stream)?
+            }
+        };
     }
     Ok(())
 }

@@ -145,6 +145,12 @@ pub enum SwapInStrategy {
     /// Plan and copy inside one block per request (SGLang's design): the
     /// baseline the benchmark compares against.
     OneBlockPerRequest,
+    /// [`SwapInStrategy::PlanThenCopy`] with the copy kernel launched in
+    /// stream order after the plan kernel, never as its programmatic
+    /// dependent: what the dependent launch gains (the benchmark compares
+    /// the two). The same as `PlanThenCopy` where dependent launches are
+    /// not made.
+    PlanThenCopyInOrder,
 }
 
 /// The plan scratch of the CUDA executor: a host row and a device row per
@@ -298,7 +304,10 @@ impl SwapInEngine {
             // SAFETY: `check` checked every buffer is device memory of the
             // right size; the scratch is this engine's and fits batch ×
             // entries (or the caller's plan was checked instead).
-            Executor::Cuda(dev) => unsafe { cuda::launch(dev, &p, stream) },
+            Executor::Cuda(dev) => unsafe {
+                let dependent = strategy == SwapInStrategy::PlanThenCopy;
+                cuda::launch(dev, &p, dependent, stream)
+            },
         }
     }
 

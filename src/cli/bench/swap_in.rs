@@ -436,10 +436,7 @@ impl State {
         // what the dependent launch gains.
         let ordinary = match exec {
             Executor::Cuda(dev) if dev.dependent_launch() => {
-                dev.set_dependent_launch(false);
-                let timed = time_strategy(SwapInStrategy::PlanThenCopy);
-                dev.set_dependent_launch(true);
-                let (t, out_ordinary) = timed?;
+                let (t, out_ordinary) = time_strategy(SwapInStrategy::PlanThenCopyInOrder)?;
                 self.verify("the kvtier swap-in, no PDL", &misses, row_of)?;
                 if out_ordinary != out_kvtier {
                     return Err(kvtier::Error::Pool(

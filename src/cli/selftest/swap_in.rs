@@ -567,11 +567,17 @@ fn run_once(exec: &Executor, c: &SwapCase, strategy: SwapInStrategy) -> kvtier::
 }
 
 /// The CPU executor's result, then the executor under test's with each of
-/// its strategies (the CUDA executor has two).
+/// its strategies (the CUDA executor has two, and on sm_90 the copy kernel
+/// launched in order as well as a dependent).
 fn agree(dut: &Executor, c: &SwapCase) -> kvtier::Result<Verdict> {
     let want = run_once(&Executor::cpu(), c, SwapInStrategy::PlanThenCopy)?;
     let strategies: &[SwapInStrategy] = match dut {
         Executor::Cpu => &[SwapInStrategy::PlanThenCopy],
+        Executor::Cuda(dev) if dev.dependent_launch() => &[
+            SwapInStrategy::PlanThenCopy,
+            SwapInStrategy::OneBlockPerRequest,
+            SwapInStrategy::PlanThenCopyInOrder,
+        ],
         Executor::Cuda(_) => &[
             SwapInStrategy::PlanThenCopy,
             SwapInStrategy::OneBlockPerRequest,
