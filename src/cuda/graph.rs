@@ -15,8 +15,20 @@ use crate::error::{DriverContext, Result, invalid};
 /// destroyed on drop.
 pub struct CudaGraph {
     dev: Arc<CudaDevice>,
-    graph: sys::CUgraph,
     exec: sys::CUgraphExec,
+}
+
+/// A captured graph, needed only until it is instantiated (the executable
+/// graph does not refer to it) and destroyed when dropped, on every path.
+struct CapturedGraph(sys::CUgraph);
+
+impl Drop for CapturedGraph {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: made by a capture, destroyed once.
+            let _ = unsafe { sys::cuGraphDestroy(self.0) };
+        }
+    }
 }
 
 // SAFETY: graph handles are driver objects usable from any thread (launches
@@ -51,49 +63,25 @@ impl CudaGraph {
         .call("cuStreamBeginCapture")?;
         // A panic in `record` is caught so that the capture still ends.
         let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| record(s)));
-        let mut graph: sys::CUgraph = ptr::null_mut();
+        let mut graph = CapturedGraph(ptr::null_mut());
         // Always ends the capture, so that a failed `record` leaves the
         // stream usable.
         // SAFETY: the stream is capturing; the out-pointer is valid.
-        let ended = unsafe { sys::cuStreamEndCapture(s.raw(), &mut graph) }
+        let ended = unsafe { sys::cuStreamEndCapture(s.raw(), &mut graph.0) }
             .result()
             .call("cuStreamEndCapture");
-        let destroy = |g: sys::CUgraph| {
-            if !g.is_null() {
-                // SAFETY: made by the capture above, destroyed once.
-                let _ = unsafe { sys::cuGraphDestroy(g) };
-            }
-        };
-        let recorded = match recorded {
-            Ok(r) => r,
-            Err(panic) => {
-                destroy(graph);
-                std::panic::resume_unwind(panic);
-            }
-        };
-        if let Err(e) = recorded {
-            destroy(graph);
-            return Err(e);
-        }
-        if let Err(e) = ended {
-            destroy(graph);
-            return Err(e);
-        }
-        if graph.is_null() {
+        recorded.unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        ended?;
+        if graph.0.is_null() {
             return Err(invalid("record", "the capture produced no graph"));
         }
         let mut exec: sys::CUgraphExec = ptr::null_mut();
         // SAFETY: `graph` is a valid graph; the out-pointer is valid.
-        let made = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph.0, 0) }
             .result()
-            .call("cuGraphInstantiateWithFlags");
-        if let Err(e) = made {
-            destroy(graph);
-            return Err(e);
-        }
+            .call("cuGraphInstantiateWithFlags")?;
         Ok(CudaGraph {
             dev: dev.clone(),
-            graph,
             exec,
         })
     }
@@ -114,10 +102,7 @@ impl Drop for CudaGraph {
         if self.dev.bind().is_ok() {
             // SAFETY: made by `capture`, destroyed once; a replay still
             // running keeps its resources until it completes (driver rule).
-            unsafe {
-                let _ = sys::cuGraphExecDestroy(self.exec);
-                let _ = sys::cuGraphDestroy(self.graph);
-            }
+            let _ = unsafe { sys::cuGraphExecDestroy(self.exec) };
         }
     }
 }
