@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stage 1, the most valuable: what the GPU is and what kvtier sees of it,
-# `kvtier selftest` (every kernel against the CPU executor, the per-layer
+# `kvtier selftest` (every kernel kvtier serves against the CPU executor, the per-layer
 # calls in a CUDA graph, the link; its table in selftest.log, one JSON line
 # per check in selftest.jsonl), then every GPU test (random and hostile
 # inputs, registration of every device kind, the bad-index poll), and the

@@ -28,8 +28,9 @@ enum Command {
     /// Create, inspect, check and destroy pools on memory devices.
     #[command(subcommand)]
     Pool(pool::PoolCommand),
-    /// On this machine's GPU: every kernel against the CPU executor on random
-    /// and hostile inputs, the per-layer calls in a CUDA graph, the link.
+    /// On this machine's GPU: every kernel kvtier serves against the CPU
+    /// executor on random and hostile inputs, the per-layer calls in a CUDA
+    /// graph, the link.
     /// Exit code 0: passed; 1: a check failed (or it could not run); 77: no
     /// usable GPU (nothing was checked).
     Selftest(selftest::SelftestArgs),
