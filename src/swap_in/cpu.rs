@@ -14,26 +14,48 @@ use crate::abi::{
 };
 use crate::error_word::ErrorWord;
 
-fn in_rows(row: i64, rows: u64) -> bool {
+/// Whether `row` is one of `rows` rows (the executors' bounds check of every
+/// row they follow).
+pub(super) fn in_rows(row: i64, rows: u64) -> bool {
     row >= 0 && (row as u64) < rows
 }
 
-/// Rows below `num_real_reqs[0]`, clamped to the batch (a value above it
-/// makes every row real), reporting a negative value when `report` is set.
+/// Element `i` of an int32 or int64 (`is_i64`) index array at `addr`.
 ///
 /// # Safety
-/// `p.num_real_reqs` is 0 or one readable int32.
-unsafe fn real_rows(p: &kvt_swap_in_params, err: &mut ErrorWord, report: bool) -> usize {
-    if p.num_real_reqs == 0 {
-        return p.batch as usize;
+/// `addr` holds at least `i + 1` elements of its type.
+pub(super) unsafe fn read_index((addr, is_i64): (u64, bool), i: usize) -> i64 {
+    // SAFETY: per this function's contract.
+    unsafe {
+        if is_i64 {
+            *(addr as *const i64).add(i)
+        } else {
+            *(addr as *const i32).add(i) as i64
+        }
+    }
+}
+
+/// Rows below `num_real_reqs[0]` (at `num_real_reqs`; 0: none given),
+/// clamped to the batch (a value above it makes every row real), reporting a
+/// negative value when `report` is set.
+///
+/// # Safety
+/// `num_real_reqs` is 0 or one readable int32.
+pub(super) unsafe fn real_rows(
+    num_real_reqs: u64,
+    batch: usize,
+    err: &mut ErrorWord,
+    report: bool,
+) -> usize {
+    if num_real_reqs == 0 {
+        return batch;
     }
     // SAFETY: per this function's contract.
-    let given = unsafe { *(p.num_real_reqs as *const i32) } as i64;
-    let real = given.clamp(0, p.batch as i64);
+    let given = unsafe { *(num_real_reqs as *const i32) } as i64;
     if report && given < 0 {
         err.report(KVT_ERR_SWAP_NUM_REAL, 0, given);
     }
-    real as usize
+    given.clamp(0, batch as i64) as usize
 }
 
 /// One swap-in.
@@ -79,16 +101,8 @@ pub(super) unsafe fn run(p: &kvt_swap_in_params) -> ErrorWord {
             ),
         )
     };
-    let index = |base: u64, row: usize, is_i64: bool| -> i64 {
-        // SAFETY: `row` < batch, the checked length of these arrays.
-        unsafe {
-            if is_i64 {
-                *(base as *const i64).add(row)
-            } else {
-                *(base as *const i32).add(row) as i64
-            }
-        }
-    };
+    // SAFETY: `row` < batch, the checked length of these arrays.
+    let index = |base: u64, row: usize, is_i64: bool| unsafe { read_index((base, is_i64), row) };
     let kind = if p.flags & KVT_SWAP_QUERY_BLOCKS != 0 {
         QueryKind::Blocks {
             block_tokens: p.block_tokens,
@@ -116,7 +130,7 @@ pub(super) unsafe fn run(p: &kvt_swap_in_params) -> ErrorWord {
         )
     });
     // SAFETY: num_real_reqs was checked to hold one element.
-    let num_real = unsafe { real_rows(p, &mut err, true) };
+    let num_real = unsafe { real_rows(p.num_real_reqs, p.batch as usize, &mut err, true) };
 
     for b in 0..batch {
         let position = (b as u32) << 16;
@@ -212,7 +226,7 @@ pub(super) unsafe fn replay(p: &kvt_swap_in_params) -> ErrorWord {
         return err; // nothing is launched for an empty plan
     }
     // SAFETY: num_real_reqs was checked to hold one element.
-    let num_real = unsafe { real_rows(p, &mut err, true) };
+    let num_real = unsafe { real_rows(p.num_real_reqs, p.batch as usize, &mut err, true) };
     if p.flags & KVT_SWAP_SKIP_IO != 0 {
         return err;
     }

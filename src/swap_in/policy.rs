@@ -12,6 +12,7 @@ use crate::abi::{
 use crate::error_word::ErrorWord;
 
 use super::QueryKind;
+use super::cpu::in_rows;
 
 /// One row's inputs and state.
 pub(super) struct Row<'r> {
@@ -49,10 +50,6 @@ enum Entry {
     Duplicate(usize),
     /// To be loaded from this host row.
     Miss { token: i32, host_row: i64 },
-}
-
-fn in_rows(row: i64, rows: u64) -> bool {
-    row >= 0 && (row as u64) < rows
 }
 
 impl Row<'_> {

@@ -6,12 +6,13 @@
 use std::slice::{from_raw_parts, from_raw_parts_mut};
 
 use crate::abi::{
-    KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_DUP_REQ, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_NUM_REAL,
-    KVT_ERR_SWAP_REQ, KVT_ERR_SWAP_SEQ_LEN, KVT_ERR_SWAP_SLOT_LOC, KVT_ERR_SWAP_TOKEN,
-    KVT_SWAP_REQ_INDICES_I64, KVT_SWAP_SEQ_LENS_I64, kvt_spec_swap_in_params,
+    KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_DUP_REQ, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_REQ,
+    KVT_ERR_SWAP_SEQ_LEN, KVT_ERR_SWAP_SLOT_LOC, KVT_ERR_SWAP_TOKEN, KVT_SWAP_REQ_INDICES_I64,
+    KVT_SWAP_SEQ_LENS_I64, kvt_spec_swap_in_params,
 };
 use crate::error_word::ErrorWord;
 use crate::layout::ItemLayout;
+use crate::swap_in::cpu::{in_rows, read_index, real_rows};
 use crate::swap_in::items::{self, copy_planes};
 use crate::swap_in::span;
 
@@ -394,22 +395,6 @@ impl Hot<'_> {
     }
 }
 
-fn read_index((addr, is_i64): (u64, bool), i: usize) -> i64 {
-    // SAFETY (callers): `addr` holds at least i + 1 elements of its type,
-    // as `check` established.
-    unsafe {
-        if is_i64 {
-            *(addr as *const i64).add(i)
-        } else {
-            *(addr as *const i32).add(i) as i64
-        }
-    }
-}
-
-fn in_rows(row: i64, rows: u64) -> bool {
-    row >= 0 && (row as u64) < rows
-}
-
 /// What one commit-round thread of SGLang's works on.
 #[derive(Clone, Copy, Default)]
 struct Admission {
@@ -439,11 +424,11 @@ pub(in crate::swap_in) unsafe fn run(p: &kvt_spec_swap_in_params) -> ErrorWord {
     if batch == 0 {
         return err;
     }
-    let given = unsafe { *(p.num_real_reqs as *const i32) } as i64;
-    if given < 0 {
-        err.report(KVT_ERR_SWAP_NUM_REAL, 0, given);
-    }
-    let num_real = given.clamp(0, batch as i64) as usize;
+    // SAFETY: num_real_reqs was checked to hold one element.
+    let num_real = unsafe { real_rows(p.num_real_reqs, batch, &mut err, true) };
+    // SAFETY: req_pool_indices holds batch elements and seq_lens batch ×
+    // steps, as `check` established; every index below is within them.
+    let index = |a: (u64, bool), i: usize| unsafe { read_index(a, i) };
     let clock = Clock::new(hot);
     let r = p.requests;
     // SAFETY: shapes checked, per this function's contract; the buffers are
@@ -484,19 +469,19 @@ pub(in crate::swap_in) unsafe fn run(p: &kvt_spec_swap_in_params) -> ErrorWord {
                 count[b] = 0;
             }
         };
-        let rid = read_index(p.req_pool_indices, b);
+        let rid = index(p.req_pool_indices, b);
         if rid < 0 || rid >= r as i64 {
             err.report(KVT_ERR_SWAP_REQ, position, rid);
             refuse(out_row, &mut plan);
             continue;
         }
-        if (0..b).any(|e| read_index(p.req_pool_indices, e) == rid) {
+        if (0..b).any(|e| index(p.req_pool_indices, e) == rid) {
             err.report(KVT_ERR_SWAP_DUP_REQ, position, rid);
             refuse(out_row, &mut plan);
             continue;
         }
         if let Some(bad) = (0..steps)
-            .map(|s| read_index(p.seq_lens, b * steps + s))
+            .map(|s| index(p.seq_lens, b * steps + s))
             .find(|&n| n < 0 || n > p.max_tokens)
         {
             err.report(KVT_ERR_SWAP_SEQ_LEN, position, bad);
@@ -573,7 +558,7 @@ pub(in crate::swap_in) unsafe fn run(p: &kvt_spec_swap_in_params) -> ErrorWord {
 
         // 1. Resolve every occurrence; copy each unique miss once into scratch.
         for (occ, &token) in tokens_row.iter().enumerate() {
-            let seq = read_index(p.seq_lens, b * steps + occ / k);
+            let seq = index(p.seq_lens, b * steps + occ / k);
             let col = position | occ as u32;
             out_row[occ] = -1;
             if token == -1 {
@@ -652,7 +637,7 @@ pub(in crate::swap_in) unsafe fn run(p: &kvt_spec_swap_in_params) -> ErrorWord {
                 h.refs.fill(0);
             }
             let last = (steps - 1) * k;
-            let seq = read_index(p.seq_lens, b * steps + steps - 1);
+            let seq = index(p.seq_lens, b * steps + steps - 1);
             let mut admitted = 0usize;
             for &token in &tokens_row[last..] {
                 if token < 0 || token as i64 >= seq {
