@@ -92,6 +92,25 @@ __device__ __forceinline__ void st(T* p, T v) {
 #endif
 }
 
+// Element i of an int32 or int64 (is_i64) index array: SGLang passes
+// req_pool_indices and seq_lens as either. I: the caller's index type (its
+// width is the address arithmetic's).
+template <class I>
+__device__ __forceinline__ int64_t load_index(kvt_addr base, I i, bool is_i64) {
+    return is_i64 ? ld(reinterpret_cast<const int64_t*>(base) + i)
+                  : (int64_t)ld(reinterpret_cast<const int32_t*>(base) + i);
+}
+
+// Whether row is one of `rows` rows: every row a kernel follows is checked.
+__device__ __forceinline__ bool in_rows(int64_t row, uint64_t rows) { return row >= 0 && (uint64_t)row < rows; }
+
+// The rows below num_real_reqs[0] = given (the rest are CUDA-graph padding):
+// a value above the batch makes every row real (a sub-batch of a larger
+// step, as SGLang reads it), a negative one none (the caller reports it).
+__device__ __forceinline__ uint32_t real_rows_of(int32_t given, uint32_t batch) {
+    return given < 0 ? 0u : ((uint32_t)given > batch ? batch : (uint32_t)given);
+}
+
 // Gather: loads from the host-mapped pool, stores into HBM with .cg, which
 // skips L1 and keeps the lines in L2, where the attention kernel that runs
 // next reads them.

@@ -33,13 +33,6 @@ struct Shared {
 };
 static_assert(sizeof(Shared) <= KVT_SPEC_SMEM_BYTES, "KVT_SPEC_SMEM_BYTES holds the block's scalars");
 
-__device__ __forceinline__ int64_t load_index(kvt_addr base, uint64_t i, bool is_i64) {
-    return is_i64 ? ld(reinterpret_cast<const int64_t*>(base) + i)
-                  : (int64_t)ld(reinterpret_cast<const int32_t*>(base) + i);
-}
-
-__device__ __forceinline__ bool in_rows(int64_t row, uint64_t rows) { return row >= 0 && (uint64_t)row < rows; }
-
 // Atomics on global state. The host emulation checks each address against
 // the memory the call may write, as it does plain accesses.
 __device__ __forceinline__ unsigned long long cas64(int64_t* p, int64_t expected, int64_t desired) {
@@ -244,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SPEC_THREADS, 1) kvt_spec_swap_
     // Padding rows: every output 0 (as SGLang writes them), a plan count of 0.
     const int32_t given = ld(reinterpret_cast<const int32_t*>(p.num_real_reqs));
     if (given < 0 && b == 0 && tid == 0) report(err, KVT_ERR_SWAP_NUM_REAL, 0, given);
-    const uint32_t real = given < 0 ? 0u : ((uint32_t)given > p.batch ? p.batch : (uint32_t)given);
+    const uint32_t real = real_rows_of(given, p.batch);
     if (b >= real) {
         for (uint32_t i = tid; i < T; i += nthreads) st(out + i, (int32_t)0);
         if (tid == 0 && p.plan_count != 0) st(plan_count + b, (int32_t)0);

@@ -90,21 +90,12 @@ __device__ __forceinline__ int32_t hash_find(const PlanSmem& s, uint32_t mask, i
     }
 }
 
-__device__ __forceinline__ int64_t load_index(kvt_addr base, uint32_t row, bool is_i64) {
-    return is_i64 ? ld(reinterpret_cast<const int64_t*>(base) + row)
-                  : (int64_t)ld(reinterpret_cast<const int32_t*>(base) + row);
-}
-
-__device__ __forceinline__ bool in_rows(int64_t row, uint64_t rows) { return row >= 0 && (uint64_t)row < rows; }
-
-// Rows at or past num_real_reqs[0] are CUDA-graph padding. A value above the
-// batch makes every row real (a sub-batch of a larger step, as SGLang reads
-// it); a negative one is reported by thread 0 of block 0 when `report_it` is
-// set, and taken as 0.
+// real_rows_of num_real_reqs (none given: every row); a negative value is
+// reported by thread 0 of block 0 when `report_it` is set.
 __device__ __forceinline__ uint32_t real_rows(const kvt_swap_in_params& p, kvt_error_word* err, bool report_it) {
     if (p.num_real_reqs == 0) return p.batch;
     const int32_t given = ld(reinterpret_cast<const int32_t*>(p.num_real_reqs));
-    const uint32_t real = given < 0 ? 0u : ((uint32_t)given > p.batch ? p.batch : (uint32_t)given);
+    const uint32_t real = real_rows_of(given, p.batch);
     if (report_it && given < 0 && blockIdx.x == 0 && threadIdx.x == 0)
         report(err, KVT_ERR_SWAP_NUM_REAL, 0, given);
     return real;
@@ -195,8 +186,8 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     // before the checks below decide what to do with them (each address is
     // inside its array whatever they find): one memory latency in front of
     // the checks instead of three in a row.
-    const int64_t rid = swap::load_index(p.req_pool_indices, b, p.flags & KVT_SWAP_REQ_INDICES_I64);
-    const int64_t seq = swap::load_index(p.seq_lens, b, p.flags & KVT_SWAP_SEQ_LENS_I64);
+    const int64_t rid = load_index(p.req_pool_indices, b, p.flags & KVT_SWAP_REQ_INDICES_I64);
+    const int64_t seq = load_index(p.seq_lens, b, p.flags & KVT_SWAP_SEQ_LENS_I64);
     const uint32_t real = real_rows(p, err, true);
 
     // Padding rows: every output -1; the state and the plan row stay as they
@@ -229,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         __syncthreads();
         const bool wide = p.flags & KVT_SWAP_REQ_INDICES_I64;
         for (uint32_t e = tid; e < b; e += nthreads)
-            if (swap::load_index(p.req_pool_indices, e, wide) == rid) atomicOr(named, 1u);
+            if (load_index(p.req_pool_indices, e, wide) == rid) atomicOr(named, 1u);
         __syncthreads();
         const bool duplicate = *named != 0;
         __syncthreads();
