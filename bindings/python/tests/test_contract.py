@@ -25,6 +25,7 @@ import ast
 import json
 import os
 import subprocess
+import textwrap
 import sys
 from pathlib import Path
 
@@ -240,3 +241,24 @@ def test_signature_comparison():
     assert "keyword" in compat.incompatibility([P("a", "keyword", None)], ours)
     assert "**kw" in compat.incompatibility([P("**kw", "var", None)], ours)
     assert "positional parameter 0" in compat.incompatibility([P("b", "positional", "1")], ours)
+
+
+def test_a_forwarded_splat_is_followed_only_into_the_speculative_entry_point():
+    """A function passing on its own `**kw`: into the speculative entry point
+    its keywords are taken from dicts of that name built elsewhere in the
+    module (SGLang 0.5.22+'s manager); into a served entry point the splat
+    stays unknown, so install() refuses it rather than trust a name match."""
+    source = textwrap.dedent(
+        f"""
+        def caller(x):
+            plan = dict(miss_src=1, miss_dst=2, miss_count=3)
+            forward(x, **plan)
+
+        def forward(x, **plan):
+            {compat.SPEC}(top_k_tokens=x, **plan)
+            load_cache_to_device_buffer_mla(top_k_tokens=x, **plan)
+        """
+    )
+    kw = compat.coordinator_keywords(source)
+    assert kw[compat.SPEC] == {"top_k_tokens", "miss_src", "miss_dst", "miss_count"}
+    assert kw["load_cache_to_device_buffer_mla"] == {"top_k_tokens", "**plan"}

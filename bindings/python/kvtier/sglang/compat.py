@@ -177,10 +177,11 @@ def coordinator_keywords(source: str) -> dict:
     """{entry point: keywords the coordinator passes it} from the
     coordinator's source, following `fn = a if c else b` aliases and `**kw`
     splats of dict literals built in the same function, or, for a splat of a
-    function's own `**kw` parameter (0.5.22+'s speculative manager passes on
-    its caller's miss plan that way), of dict literals of that name built in
-    the module's other functions; a splat it cannot follow is recorded as the
-    keyword `**name`."""
+    function's own `**kw` parameter into the speculative entry point (0.5.22+'s
+    speculative manager passes on its caller's miss plan that way), of dict
+    literals of that name built in the module's other functions; a splat it
+    cannot follow is recorded as the keyword `**name` (which refuses a served
+    entry point: a name match across functions is too loose to serve by)."""
     tree = ast.parse(source)
     functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     per_function: list = []
@@ -222,7 +223,7 @@ def coordinator_keywords(source: str) -> dict:
                     splat = k.value.id if isinstance(k.value, ast.Name) else None
                     if splat in dict_keys:
                         keywords |= dict_keys[splat]
-                    elif splat is not None and splat == own_kwargs and splat in module_dicts:
+                    elif splat is not None and splat == own_kwargs and splat in module_dicts and targets == {SPEC}:
                         keywords |= module_dicts[splat]
                     else:
                         keywords.add(f"**{splat or ast.unparse(k.value)}")
