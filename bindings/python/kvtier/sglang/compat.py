@@ -311,16 +311,22 @@ def check_entry_points(theirs: dict, coordinator_source: str | None) -> tuple:
     SGLang has to its parameter list."""
     ours = served_functions()
     keywords = coordinator_keywords(coordinator_source) if coordinator_source else {}
-    routes, problems = [], []
-    for name in ENTRY_POINTS:
-        if name not in theirs:
-            routes.append(Route(name, "absent", "not in this SGLang"))
-            continue
+
+    def mismatch(name: str) -> tuple:
+        """(kvtier's parameters, why SGLang's `name` cannot take kvtier's, or None)."""
         mine = params_of_function(ours[name])
         why = incompatibility(theirs[name], mine)
         unknown = sorted(keywords.get(name, set()) - {p.name for p in mine})
         if why is None and unknown:
             why = f"the coordinator passes {unknown}, which kvtier does not know"
+        return mine, why
+
+    routes, problems = [], []
+    for name in ENTRY_POINTS:
+        if name not in theirs:
+            routes.append(Route(name, "absent", "not in this SGLang"))
+            continue
+        mine, why = mismatch(name)
         if why:
             problems.append(f"{name}: {why}")
             routes.append(Route(name, "SGLang", why))
@@ -330,11 +336,7 @@ def check_entry_points(theirs: dict, coordinator_source: str | None) -> tuple:
             routes.append(Route(name, "kvtier", "takes every argument SGLang's takes, alike"))
     if SPEC in theirs:
         # Not served yet, so never a reason to refuse the rest.
-        mine = params_of_function(ours[SPEC])
-        why = incompatibility(theirs[SPEC], mine)
-        unknown = sorted(keywords.get(SPEC, set()) - {p.name for p in mine})
-        if why is None and unknown:
-            why = f"the coordinator passes {unknown}, which kvtier does not know"
+        _, why = mismatch(SPEC)
         routes.append(Route(SPEC, "SGLang", f"kvtier's speculative swap-in differs: {why}" if why else SPEC_LEFT))
     return routes, ("; ".join(problems) or None)
 
