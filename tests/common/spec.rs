@@ -37,6 +37,97 @@ pub struct SpecCase {
     pub scratch_state: Vec<i32>,
 }
 
+/// A case's and a call's arrays as one call reads and writes them.
+struct SpecBuffers<'a> {
+    host: Buf<'a, u8>,
+    device: BufMut<'a, u8>,
+    tokens: BufMut<'a, i32>,
+    locs: BufMut<'a, i32>,
+    host_locs: Buf<'a, i64>,
+    index: BufMut<'a, i64>,
+    policy: BufMut<'a, i32>,
+    scratch: BufMut<'a, i32>,
+    state: BufMut<'a, i32>,
+    topk: Buf<'a, i32>,
+    seq: Buf<'a, i32>,
+    req: Buf<'a, i64>,
+    num_real: Buf<'a, i32>,
+    out: BufMut<'a, i32>,
+    plan: Option<(BufMut<'a, i64>, BufMut<'a, i32>, BufMut<'a, i32>)>,
+}
+
+/// A case's sizes, apart from its arrays (so that a call's arguments can be
+/// built while the arrays are borrowed).
+#[derive(Clone, Copy)]
+struct SpecShape {
+    reqs: usize,
+    hot: usize,
+    page: usize,
+    scratch: usize,
+    seq_len: usize,
+    words: usize,
+    steps: usize,
+    k: usize,
+    hash_size: usize,
+    state_width: usize,
+}
+
+impl SpecShape {
+    /// The arguments of a call over `b`, the case's arrays wherever they
+    /// are (host vectors, or their copies on a GPU).
+    fn args(self, b: SpecBuffers<'_>) -> SpecSwapInArgs<'_> {
+        let (slots, t) = (self.hot + self.page, self.steps * self.k);
+        SpecSwapInArgs {
+            top_k_tokens: b.topk,
+            top_k_stride: t,
+            num_steps: self.steps as u32,
+            num_top_k: self.k as u32,
+            device_buffer_tokens: b.tokens,
+            tokens_stride: slots,
+            device_buffer_locs: b.locs,
+            locs_stride: slots,
+            host_cache_locs: b.host_locs,
+            host_stride: self.seq_len,
+            max_tokens: self.seq_len as u32,
+            kv: KvBuffers::linear((8 * self.words) as u32, b.host, b.device)
+                .expect("items of whole u64s"),
+            top_k_device_locs: b.out,
+            out_stride: t,
+            req_pool_indices: IndexBuf::I64(b.req),
+            seq_lens: IndexBuf::I32(b.seq),
+            num_real_reqs: b.num_real,
+            state: SpecState {
+                cache_index: b.index,
+                index_rows: self.reqs,
+                index_stride: 2 * self.hash_size,
+                bank_stride: self.hash_size,
+                hash_size: self.hash_size,
+                cache_policy: b.policy,
+                policy_rows: self.reqs + 1,
+                policy_stride: self.hot,
+                policy_width: self.hot,
+                scratch_locs: b.scratch,
+                scratch_stride: self.scratch,
+                scratch_capacity: self.scratch,
+                scratch_state: b.state,
+                state_rows: self.reqs + 1,
+                state_stride: self.state_width,
+                state_width: self.state_width,
+            },
+            num_requests: self.reqs as u32,
+            hot_buffer_size: self.hot as u32,
+            page_size: self.page as u32,
+            miss_plan: b.plan.map(|(src, dst, count)| MissPlan {
+                src,
+                dst,
+                stride: t,
+                capacity: t,
+                count,
+            }),
+        }
+    }
+}
+
 /// A call's per-row inputs and outputs.
 #[derive(Clone)]
 pub struct SpecCall {
@@ -138,65 +229,41 @@ impl SpecCase {
 
     /// The arguments of `call` over this case.
     pub fn args<'a>(&'a mut self, call: &'a mut SpecCall) -> SpecSwapInArgs<'a> {
-        let (slots, t) = (self.hot + self.page, self.steps * self.k);
-        let item = (8 * self.words) as u32;
-        let as_bytes = |v: &'a [u64]| {
-            // SAFETY: u64s viewed as bytes, same lifetime.
-            unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 8) }
-        };
-        let device = {
-            let d = &mut self.device;
-            // SAFETY: as above, mutably.
-            unsafe { std::slice::from_raw_parts_mut(d.as_mut_ptr() as *mut u8, d.len() * 8) }
-        };
-        let miss_plan = call.plan.as_mut().map(|(src, dst, count)| MissPlan {
-            src: BufMut::host(src),
-            dst: BufMut::host(dst),
-            stride: t,
-            capacity: t,
-            count: BufMut::host(count),
-        });
-        SpecSwapInArgs {
-            top_k_tokens: Buf::host(&call.topk),
-            top_k_stride: t,
-            num_steps: self.steps as u32,
-            num_top_k: self.k as u32,
-            device_buffer_tokens: BufMut::host(&mut self.tokens),
-            tokens_stride: slots,
-            device_buffer_locs: BufMut::host(&mut self.locs),
-            locs_stride: slots,
-            host_cache_locs: Buf::host(&self.host_locs),
-            host_stride: self.seq_len,
-            max_tokens: self.seq_len as u32,
-            kv: KvBuffers::linear(item, Buf::host(as_bytes(&self.host)), BufMut::host(device))
-                .expect("items of whole u64s"),
-            top_k_device_locs: BufMut::host(&mut call.out),
-            out_stride: t,
-            req_pool_indices: IndexBuf::I64(Buf::host(&call.req)),
-            seq_lens: IndexBuf::I32(Buf::host(&call.seq)),
-            num_real_reqs: Buf::host(&call.num_real),
-            state: SpecState {
-                cache_index: BufMut::host(&mut self.cache_index),
-                index_rows: self.reqs,
-                index_stride: 2 * self.hash_size,
-                bank_stride: self.hash_size,
-                hash_size: self.hash_size,
-                cache_policy: BufMut::host(&mut self.cache_policy),
-                policy_rows: self.reqs + 1,
-                policy_stride: self.hot,
-                policy_width: self.hot,
-                scratch_locs: BufMut::host(&mut self.scratch_locs),
-                scratch_stride: self.scratch,
-                scratch_capacity: self.scratch,
-                scratch_state: BufMut::host(&mut self.scratch_state),
-                state_rows: self.reqs + 1,
-                state_stride: self.state_width,
-                state_width: self.state_width,
-            },
-            num_requests: self.reqs as u32,
-            hot_buffer_size: self.hot as u32,
-            page_size: self.page as u32,
-            miss_plan,
+        let bytes = 8 * self.host.len();
+        let device_bytes = 8 * self.device.len();
+        self.shape().args(SpecBuffers {
+            host: Buf::host(super::swap::as_bytes(&self.host, bytes)),
+            device: BufMut::host(super::swap::as_bytes_mut(&mut self.device, device_bytes)),
+            tokens: BufMut::host(&mut self.tokens),
+            locs: BufMut::host(&mut self.locs),
+            host_locs: Buf::host(&self.host_locs),
+            index: BufMut::host(&mut self.cache_index),
+            policy: BufMut::host(&mut self.cache_policy),
+            scratch: BufMut::host(&mut self.scratch_locs),
+            state: BufMut::host(&mut self.scratch_state),
+            topk: Buf::host(&call.topk),
+            seq: Buf::host(&call.seq),
+            req: Buf::host(&call.req),
+            num_real: Buf::host(&call.num_real),
+            out: BufMut::host(&mut call.out),
+            plan: call.plan.as_mut().map(|(src, dst, count)| {
+                (BufMut::host(src), BufMut::host(dst), BufMut::host(count))
+            }),
+        })
+    }
+
+    fn shape(&self) -> SpecShape {
+        SpecShape {
+            reqs: self.reqs,
+            hot: self.hot,
+            page: self.page,
+            scratch: self.scratch,
+            seq_len: self.seq_len,
+            words: self.words,
+            steps: self.steps,
+            k: self.k,
+            hash_size: self.hash_size,
+            state_width: self.state_width,
         }
     }
 
@@ -236,7 +303,7 @@ impl SpecCase {
                 return Some(slot);
             }
         }
-        let degraded = self.scratch_state[3 * self.reqs + rid] as u32 & (1 << 31) != 0;
+        let degraded = self.degraded(rid);
         degraded
             .then(|| tokens.iter().position(|&x| x == token))
             .flatten()
@@ -429,7 +496,7 @@ impl SpecCase {
             panic!("a CUDA engine")
         };
         let dev = &dev;
-        let host_bytes: Vec<u8> = self.host.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let host_bytes = super::swap::as_bytes(&self.host, 8 * self.host.len()).to_vec();
         let (_pool, _region, host_base, _) = super::swap::planes_in_pool(dev, &[&host_bytes]);
         let up = |v: &[i32]| DeviceBuffer::from_host(dev, v).unwrap();
         let (mut tokens, mut locs) = (up(&self.tokens), up(&self.locs));
@@ -437,8 +504,8 @@ impl SpecCase {
         let mut state = up(&self.scratch_state);
         let mut index = DeviceBuffer::from_host(dev, &self.cache_index).unwrap();
         let host_locs = DeviceBuffer::from_host(dev, &self.host_locs).unwrap();
-        let device_bytes: Vec<u8> = self.device.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let mut device = DeviceBuffer::from_host(dev, &device_bytes).unwrap();
+        let device_bytes = super::swap::as_bytes(&self.device, 8 * self.device.len());
+        let mut device = DeviceBuffer::from_host(dev, device_bytes).unwrap();
         let (topk, seq) = (up(&call.topk), up(&call.seq));
         let req = DeviceBuffer::from_host(dev, &call.req).unwrap();
         let num_real = up(&call.num_real);
@@ -447,62 +514,27 @@ impl SpecCase {
             .plan
             .as_ref()
             .map(|(s, d, c)| (DeviceBuffer::from_host(dev, s).unwrap(), up(d), up(c)));
-        let t = self.steps * self.k;
-        let slots = self.hot + self.page;
         let res = {
-            let args = SpecSwapInArgs {
-                top_k_tokens: topk.as_buf(),
-                top_k_stride: t,
-                num_steps: self.steps as u32,
-                num_top_k: self.k as u32,
-                device_buffer_tokens: tokens.as_buf_mut(),
-                tokens_stride: slots,
-                device_buffer_locs: locs.as_buf_mut(),
-                locs_stride: slots,
-                host_cache_locs: host_locs.as_buf(),
-                host_stride: self.seq_len,
-                max_tokens: self.seq_len as u32,
+            let args = self.shape().args(SpecBuffers {
                 // SAFETY: the region is registered and mapped; it holds the host cache.
-                kv: KvBuffers::linear(
-                    (8 * self.words) as u32,
-                    unsafe { Buf::device(host_base, host_bytes.len()) },
-                    device.as_buf_mut(),
-                )
-                .unwrap(),
-                top_k_device_locs: out.as_buf_mut(),
-                out_stride: t,
-                req_pool_indices: IndexBuf::I64(req.as_buf()),
-                seq_lens: IndexBuf::I32(seq.as_buf()),
-                num_real_reqs: num_real.as_buf(),
-                state: SpecState {
-                    cache_index: index.as_buf_mut(),
-                    index_rows: self.reqs,
-                    index_stride: 2 * self.hash_size,
-                    bank_stride: self.hash_size,
-                    hash_size: self.hash_size,
-                    cache_policy: policy.as_buf_mut(),
-                    policy_rows: self.reqs + 1,
-                    policy_stride: self.hot,
-                    policy_width: self.hot,
-                    scratch_locs: scratch.as_buf_mut(),
-                    scratch_stride: self.scratch,
-                    scratch_capacity: self.scratch,
-                    scratch_state: state.as_buf_mut(),
-                    state_rows: self.reqs + 1,
-                    state_stride: self.state_width,
-                    state_width: self.state_width,
-                },
-                num_requests: self.reqs as u32,
-                hot_buffer_size: self.hot as u32,
-                page_size: self.page as u32,
-                miss_plan: plan.as_mut().map(|(s, d, c)| MissPlan {
-                    src: s.as_buf_mut(),
-                    dst: d.as_buf_mut(),
-                    stride: t,
-                    capacity: t,
-                    count: c.as_buf_mut(),
-                }),
-            };
+                host: unsafe { Buf::device(host_base, host_bytes.len()) },
+                device: device.as_buf_mut(),
+                tokens: tokens.as_buf_mut(),
+                locs: locs.as_buf_mut(),
+                host_locs: host_locs.as_buf(),
+                index: index.as_buf_mut(),
+                policy: policy.as_buf_mut(),
+                scratch: scratch.as_buf_mut(),
+                state: state.as_buf_mut(),
+                topk: topk.as_buf(),
+                seq: seq.as_buf(),
+                req: req.as_buf(),
+                num_real: num_real.as_buf(),
+                out: out.as_buf_mut(),
+                plan: plan
+                    .as_mut()
+                    .map(|(s, d, c)| (s.as_buf_mut(), d.as_buf_mut(), c.as_buf_mut())),
+            });
             engine.run_spec(&args, Stream::null()).unwrap();
             reported(&engine.check())
         };
@@ -512,10 +544,7 @@ impl SpecCase {
         self.scratch_locs = scratch.to_vec().unwrap();
         self.scratch_state = state.to_vec().unwrap();
         self.cache_index = index.to_vec().unwrap();
-        let bytes = device.to_vec().unwrap();
-        for (w, c) in self.device.iter_mut().zip(bytes.chunks(8)) {
-            *w = u64::from_le_bytes(c.try_into().unwrap());
-        }
+        self.device = super::swap::words(&device.to_vec().unwrap());
         call.out = out.to_vec().unwrap();
         if let (Some((s, d, c)), Some((hs, hd, hc))) = (&plan, &mut call.plan) {
             *hs = s.to_vec().unwrap();
