@@ -46,6 +46,11 @@ for prefix, parts in wanted.items():
 PY
 
 jit="$dir/src/sglang/kernels/jit"
+# Built already from these sources: nothing to do.
+if [[ -f "$out" && -z "$(find bench/sglang-kernels kernels/abi.h scripts/sglang-kernels.sh "$dir/wheels" -newer "$out" -print -quit)" ]]; then
+  echo "sglang-kernels: $out is up to date; set KVTIER_SGLANG_KERNELS=$PWD/$out for kvtier bench"
+  exit 0
+fi
 echo "sglang-kernels: compiling SGLang $sglang's HiSparse kernels for sm_90a (a few minutes)"
 flags=(-std=c++20 -O3 --expt-relaxed-constexpr -DSGL_CUDA_ARCH=900 -gencode arch=compute_90a,code=sm_90a
   -Xcompiler -fPIC -I "$jit/csrc" -I "$jit/include" -I "$dir/src/tvm_ffi/include" -I kernels)
@@ -56,7 +61,10 @@ for src in bench/sglang-kernels/*.cu; do
   "$nvcc" "${flags[@]}" -c "$src" -o "$obj" &
   objs+=("$obj") pids+=($!)
 done
-for pid in "${pids[@]}"; do wait "$pid"; done
+# every compile is waited for, so that none outlives a failed one
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+((failed == 0))
 "$nvcc" -shared --cudart static -L "$PWD/.tools/py/nvidia/cu13/lib" -o "$out" "${objs[@]}"
 strip --strip-unneeded "$out"
 echo "sglang-kernels: wrote $out ($(du -h "$out" | cut -f1)); set KVTIER_SGLANG_KERNELS=$PWD/$out for kvtier bench"
