@@ -346,7 +346,7 @@ fn every_device_kind_registers_and_serves_gathers() {
         unreachable!()
     };
     let layout = LayerFirstLayout::new(656, 2, 64).unwrap();
-    let dir = std::env::temp_dir().join(format!("kvtier-gpu-devices-{}", std::process::id()));
+    let dir = shm_dir("devices");
     std::fs::create_dir_all(&dir).unwrap();
     let mut pools: Vec<Vec<DeviceSpec>> = vec![
         vec!["anon:8MiB".parse().unwrap()],
@@ -405,6 +405,19 @@ fn every_device_kind_registers_and_serves_gathers() {
         }
     }
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A fresh folder on tmpfs for file pools: only memory-backed files can be
+/// pinned for the GPU (the temporary folder may be on a disk filesystem, as
+/// on the lent H100 machines, where registration is refused as it should be).
+fn shm_dir(what: &str) -> std::path::PathBuf {
+    let base = std::path::Path::new("/dev/shm");
+    let base = if base.is_dir() {
+        base.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    base.join(format!("kvtier-gpu-{what}-{}", std::process::id()))
 }
 
 /// The host cache an engine passes (e.g. a pinned torch tensor) is looked up
@@ -668,7 +681,7 @@ fn registration_by_two_processes_sharing_one_pool() {
     let Executor::Cuda(dev) = &gpu else {
         unreachable!()
     };
-    let dir = std::env::temp_dir().join(format!("kvtier-gpu-shared-{}", std::process::id()));
+    let dir = shm_dir("shared");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("pool");
     let layout = LayerFirstLayout::new(656, 2, 64).unwrap();

@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
-# Stage 3: the bench's whole grid on the GPU, with JSON lines and a plot;
-# the speculative swap-in also times SGLang's own kernels (the bundle's
-# build of them). Dry run: the quick grid on the CPU executor.
+# Stage 3: the bench on the GPU, swap-in first (the figure kvtier is judged
+# by): SGLang's own benchmark grid (512-byte items, batch 1/10/100, HOT
+# 4096/8192, 2 and 410 misses of K 2048) and the production rows (656-byte
+# fp8 DSA items, batch up to 256), each with SGLang's own kernel beside
+# kvtier's strategies; then the speculative swap-in beside SGLang's
+# speculative kernels, the gather (128K context) and the writeback against the
+# link. One JSON-lines file, log and plot per scenario; the bundle's font for
+# the plots (the GPU machines have none). Took about 4 minutes on an H100.
+# Dry run: the quick grid on the CPU executor.
 source "$(dirname "$0")/common.sh"
 export KVTIER_SGLANG_KERNELS="$bundle/lib/libkvt_sglang_kernels.so"
+kvtier=("$bundle/bin/kvtier" bench --plot-font "$bundle/fonts/DejaVuSans.ttf")
+bench() {  # bench NAME SECONDS ARGS...
+  local name=$1 secs=$2; shift 2
+  run "$name" "$secs" "${kvtier[@]}" "$@" --json "$logs/$name.jsonl" --plot "$logs/$name.png"
+}
 if [ "$dry" = 1 ]; then
-  run bench 120 "$bundle/bin/kvtier" bench --quick --json "$logs/bench.jsonl" --plot "$logs/bench.png"
+  bench bench-quick 120 --quick
 else
-  run bench 560 "$bundle/bin/kvtier" bench --full --json "$logs/bench.jsonl" --plot "$logs/bench.png"
+  bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 2
+  bench swap-in-production 120 --scenario swap-in --max-seconds 2
+  bench spec-swap-in 100 --scenario spec-swap-in --max-seconds 1
+  bench gather 150 --scenario gather --context 131072 --max-seconds 1
+  bench writeback 60 --scenario writeback --max-seconds 1
 fi

@@ -424,7 +424,8 @@ pub(crate) struct ErrorWordWatch {
     event: sys::CUevent,
     /// One pinned `ErrorWord` the copies land in.
     host: *mut crate::error_word::ErrorWord,
-    in_flight: bool,
+    /// The epoch the snapshot in flight was started in, if one is.
+    in_flight: Option<u64>,
 }
 
 // SAFETY: driver handles are thread-safe; `host` is only touched through
@@ -451,27 +452,42 @@ impl ErrorWordWatch {
             stream,
             event,
             host,
-            in_flight: false,
+            in_flight: None,
         })
     }
 
     /// The snapshot of `word` the previous poll started, once it has landed
     /// (None while it is in flight, and on the first poll); starts the next.
+    /// `epoch` counts the clears of the word (a `check`): a snapshot started
+    /// in an earlier epoch holds what the clear took away, so it is dropped
+    /// (a stale report would otherwise surface again after the check).
     pub(crate) fn poll(
         &mut self,
         word: &DeviceBuffer<crate::error_word::ErrorWord>,
+        epoch: u64,
     ) -> Result<Option<crate::error_word::ErrorWord>> {
         self.dev.bind()?;
         let mut landed = None;
-        if self.in_flight {
+        if let Some(started) = self.in_flight {
             // SAFETY: a live event, recorded after the copy.
             match unsafe { result::event::query(self.event) } {
                 Ok(()) => {
                     // SAFETY: the copy into `host` has completed.
-                    landed = Some(unsafe { self.host.read_volatile() });
-                    self.in_flight = false;
+                    let w = unsafe { self.host.read_volatile() };
+                    landed = (started == epoch).then_some(w);
+                    self.in_flight = None;
                 }
-                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => return Ok(None),
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY && started == epoch => {
+                    return Ok(None);
+                }
+                // A stale copy still in flight: wait for it (it is one word)
+                // before the next copy reuses its target.
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => {
+                    // SAFETY: a live stream of the watch's own.
+                    unsafe { result::stream::synchronize(self.stream.stream().raw()) }
+                        .call("cuStreamSynchronize")?;
+                    self.in_flight = None;
+                }
                 Err(e) => {
                     return Err(crate::error::Error::Driver {
                         call: "cuEventQuery",
@@ -488,7 +504,7 @@ impl ErrorWordWatch {
                 .call("cuMemcpyDtoHAsync")?;
             result::event::record(self.event, self.stream.stream().raw()).call("cuEventRecord")?;
         }
-        self.in_flight = true;
+        self.in_flight = Some(epoch);
         Ok(landed)
     }
 }

@@ -121,7 +121,7 @@ pub use spec::{
 };
 
 use crate::abi::{KVT_SWAP_MAX_HOT, KVT_SWAP_MAX_TOP_K};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::cuda::{DeviceBuffer, ErrorWordWatch, Stream, take_error_word};
 use crate::error::{Result, invalid};
@@ -193,6 +193,9 @@ pub struct SwapInEngine {
     /// made on first use, and the entry count the last poll reported.
     watch: Option<ErrorWordWatch>,
     polled_count: AtomicU32,
+    /// How many times a check has cleared the word: a poll drops a snapshot
+    /// taken before the latest clear.
+    clears: AtomicU64,
 }
 
 impl SwapInEngine {
@@ -213,6 +216,7 @@ impl SwapInEngine {
             retired: Vec::new(),
             watch: None,
             polled_count: AtomicU32::new(0),
+            clears: AtomicU64::new(0),
         })
     }
 
@@ -407,7 +411,7 @@ impl SwapInEngine {
             self.watch = Some(ErrorWordWatch::new(dev)?);
         }
         let watch = self.watch.as_mut().expect("made above");
-        let Some(word) = watch.poll(error)? else {
+        let Some(word) = watch.poll(error, self.clears.load(Ordering::Acquire))? else {
             return Ok(None);
         };
         let seen = self.polled_count.swap(word.0.count, Ordering::Relaxed);
@@ -426,6 +430,7 @@ impl SwapInEngine {
     /// Reads and clears the error word (waits for the whole context).
     pub(crate) fn take_word(&self) -> Result<ErrorWord> {
         self.polled_count.store(0, Ordering::Relaxed);
+        self.clears.fetch_add(1, Ordering::AcqRel);
         match (&self.exec, &self.error) {
             (Executor::Cuda(dev), Some(error)) => take_error_word(dev, error),
             _ => Ok(ErrorWord::clear()),

@@ -452,7 +452,10 @@ impl State {
         // expected (kvtier's is SGLang's on valid input).
         let theirs = match sglang {
             Some(k) => {
-                let engine = kvtier::SwapInEngine::new(exec.clone())?;
+                let mut engine = kvtier::SwapInEngine::new(exec.clone())?;
+                // Only for the checked parameters: SGLang's kernel uses none
+                // of the engine's plan scratch, but the check sizes it.
+                engine.reserve(q.batch, self.k)?;
                 let num_real = ExecVec::from_host(exec, &[q.batch as i32])?;
                 // SAFETY: the buffers above live until after the timing.
                 let mut a = unsafe { self.args(q, loc, addrs, host_cache, None) };
