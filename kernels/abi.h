@@ -136,6 +136,8 @@ typedef struct kvt_writeback_params {
 #define KVT_SWAP_SKIP_IO 8u         /* no KV bytes move (a timing probe): plan, outputs and state only */
 #define KVT_SWAP_QUERY_BLOCKS 16u   /* top_k_tokens holds block ids of block_tokens tokens each (MiniMax-M3) */
 #define KVT_SWAP_REPLAY 32u         /* kvt_swap_in_copy replays a caller's plan alone (no plan kernel ran) */
+#define KVT_SWAP_SKIP_INLINE 64u    /* kvt_swap_in_copy skips rows of at most KVT_SWAP_FEW_MISS_INLINE misses
+                                       (kvt_swap_in_few_miss_plan copied them) */
 
 /* Largest number of resolved top-k entries per row (top_k * block_tokens) and
  * largest hot buffer a swap-in accepts. */
@@ -143,6 +145,10 @@ typedef struct kvt_writeback_params {
 #define KVT_SWAP_MAX_HOT 16384
 /* Threads per kvt_swap_in_plan block. */
 #define KVT_SWAP_PLAN_THREADS 512
+/* Threads per kvt_swap_in_few_miss_plan block, and the most misses such a
+ * block copies itself (one per warp: one pass of its warps). */
+#define KVT_SWAP_FEW_MISS_THREADS 1024
+#define KVT_SWAP_FEW_MISS_INLINE 32
 /* Largest scale piece of an item layout: one 8-byte word per lane of a warp. */
 #define KVT_ITEM_MAX_SCALE_BYTES 256
 
@@ -194,7 +200,12 @@ typedef struct kvt_item_layout {
  * miss of rows below num_real_reqs, a warp per miss over one wide grid: host
  * row plan_src -> device row plan_dst of every plane. With KVT_SWAP_COPY_IN_PLAN
  * the plan kernel copies its own misses instead (the one-block-per-request
- * design, kept as a baseline); with KVT_SWAP_SKIP_IO nothing is copied. With
+ * design, kept as a baseline); with KVT_SWAP_SKIP_IO nothing is copied.
+ * kvt_swap_in_few_miss_plan is a second planner for the same contract (one
+ * block of KVT_SWAP_FEW_MISS_THREADS per row, warp votes instead of block
+ * scans): a row of at most KVT_SWAP_FEW_MISS_INLINE misses is copied by its
+ * own block, and the copy kernel that follows, with KVT_SWAP_SKIP_INLINE,
+ * moves only the other rows' misses. With
  * KVT_SWAP_REPLAY kvt_swap_in_copy runs alone on a caller's plan (SGLang's
  * copy_cache_planned_mla): only the plan, num_real_reqs, the KV planes and
  * the error word are read.

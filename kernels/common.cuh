@@ -136,8 +136,8 @@ struct DeviceToPool {
 // moves in 16-byte vectors with an 8-byte head and/or tail; otherwise (entry
 // sizes such as 584 put every other entry at 8 mod 16) the entry moves in
 // 8-byte pieces. All loads of a pass are issued before its stores so that many
-// requests are in flight on the link.
-template <class P>
+// requests are in flight on the link; a pass is U vectors per lane.
+template <class P, uint32_t U = KVT_UNROLL>
 __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, char* __restrict__ dst,
                                                 uint32_t bytes, uint32_t lane) {
     const uint32_t src_phase = (uint32_t)(uintptr_t)src & 15u;
@@ -152,15 +152,15 @@ __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, ch
         const uint4* s = reinterpret_cast<const uint4*>(src + head);
         uint4* d = reinterpret_cast<uint4*>(dst + head);
         const uint32_t n = body >> 4;
-        for (uint32_t base = 0; base < n; base += KVT_WARP * KVT_UNROLL) {
-            uint4 v[KVT_UNROLL];
+        for (uint32_t base = 0; base < n; base += KVT_WARP * U) {
+            uint4 v[U];
 #pragma unroll
-            for (uint32_t u = 0; u < KVT_UNROLL; ++u) {
+            for (uint32_t u = 0; u < U; ++u) {
                 const uint32_t i = base + u * KVT_WARP + lane;
                 if (i < n) v[u] = P::load16(s + i);
             }
 #pragma unroll
-            for (uint32_t u = 0; u < KVT_UNROLL; ++u) {
+            for (uint32_t u = 0; u < U; ++u) {
                 const uint32_t i = base + u * KVT_WARP + lane;
                 if (i < n) P::store16(d + i, v[u]);
             }
@@ -171,15 +171,15 @@ __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, ch
         const uint2* s = reinterpret_cast<const uint2*>(src);
         uint2* d = reinterpret_cast<uint2*>(dst);
         const uint32_t n = bytes >> 3;
-        for (uint32_t base = 0; base < n; base += KVT_WARP * KVT_UNROLL * 2) {
-            uint2 v[KVT_UNROLL * 2];
+        for (uint32_t base = 0; base < n; base += KVT_WARP * U * 2) {
+            uint2 v[U * 2];
 #pragma unroll
-            for (uint32_t u = 0; u < KVT_UNROLL * 2; ++u) {
+            for (uint32_t u = 0; u < U * 2; ++u) {
                 const uint32_t i = base + u * KVT_WARP + lane;
                 if (i < n) v[u] = P::load8(s + i);
             }
 #pragma unroll
-            for (uint32_t u = 0; u < KVT_UNROLL * 2; ++u) {
+            for (uint32_t u = 0; u < U * 2; ++u) {
                 const uint32_t i = base + u * KVT_WARP + lane;
                 if (i < n) P::store8(d + i, v[u]);
             }
@@ -193,7 +193,7 @@ __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, ch
 // piece and an optional scale piece of at most 256 bytes; each lane loads its
 // 8-byte word of the scale before the value moves and stores it after, so the
 // two pieces cost one round trip over the link, not two.
-template <class P>
+template <class P, uint32_t U = KVT_UNROLL>
 __device__ __forceinline__ void warp_copy_item(const kvt_item_layout& L, kvt_addr src_base, kvt_addr dst_base,
                                                uint64_t src_row, uint64_t dst_row, uint32_t lane) {
     const uint64_t mask = (1ull << L.page_shift) - 1;
@@ -204,7 +204,7 @@ __device__ __forceinline__ void warp_copy_item(const kvt_item_layout& L, kvt_add
     const bool has_scale_word = lane < (L.scale_bytes >> 3);
     uint2 scale = make_uint2(0, 0);
     if (has_scale_word) scale = P::load8(src + scale_run + src_in_page * L.scale_bytes + 8 * lane);
-    warp_copy_entry<P>(src + src_in_page * L.value_bytes, dst + dst_in_page * L.value_bytes, L.value_bytes, lane);
+    warp_copy_entry<P, U>(src + src_in_page * L.value_bytes, dst + dst_in_page * L.value_bytes, L.value_bytes, lane);
     if (has_scale_word) P::store8(dst + scale_run + dst_in_page * L.scale_bytes + 8 * lane, scale);
 }
 
@@ -289,6 +289,44 @@ __device__ __forceinline__ void batched(uint32_t first, uint32_t count, uint32_t
             if (i < count) body(i, v[k]);
         }
     }
+}
+
+// Warp votes and shuffles over all 32 lanes: every lane of the warp must
+// reach each call (loops around them run the same trip count on every lane;
+// the host emulation checks that the lanes meet).
+constexpr unsigned kFullWarp = 0xffffffffu;
+__device__ __forceinline__ uint32_t warp_ballot(bool pred) { return __ballot_sync(kFullWarp, pred); }
+// The lanes below `lane`, as a ballot mask: popc(mask & lanes_below(lane)) is
+// the lane's rank among the lanes whose bit is set.
+__device__ __forceinline__ uint32_t lanes_below(uint32_t lane) { return (1u << lane) - 1u; }
+// Inclusive prefix sum of v over the warp's lanes.
+__device__ __forceinline__ uint32_t warp_inclusive_sum(uint32_t v, uint32_t lane) {
+#pragma unroll
+    for (uint32_t d = 1; d < KVT_WARP; d <<= 1) {
+        const uint32_t n = __shfl_sync(kFullWarp, v, lane >= d ? lane - d : lane);
+        if (lane >= d) v += n;
+    }
+    return v;
+}
+// v of lane `src`.
+__device__ __forceinline__ uint32_t warp_read(uint32_t v, uint32_t src) { return __shfl_sync(kFullWarp, v, src); }
+
+// Exclusive prefix sum across the block, in thread order, of one count per
+// thread: returns the sum over lower threads and sets *total to the block's.
+// Warp shuffles and one barrier (the block-scan above takes two per round).
+// `scratch`: blockDim.x / 32 words of shared memory, not to be written again
+// before the next barrier. Every thread of the block must call it;
+// blockDim.x is a multiple of 32.
+__device__ __forceinline__ uint32_t block_exclusive_sum(uint32_t v, uint32_t* total, uint32_t* scratch) {
+    const uint32_t lane = threadIdx.x % KVT_WARP, warp = threadIdx.x / KVT_WARP;
+    const uint32_t warps = blockDim.x / KVT_WARP;
+    const uint32_t incl = warp_inclusive_sum(v, lane);
+    if (lane == KVT_WARP - 1) scratch[warp] = incl;
+    __syncthreads();
+    const uint32_t mine = lane < warps ? scratch[lane] : 0;
+    const uint32_t warps_incl = warp_inclusive_sum(mine, lane);
+    *total = warp_read(warps_incl, KVT_WARP - 1);
+    return warp_read(warps_incl - mine, warp) + incl - v;
 }
 
 // Programmatic dependent launch (sm_90 and later). The host may launch a

@@ -2,34 +2,10 @@
 // (SGLang HiSparse semantics), split into per-request planning and one wide
 // copy over every miss of the batch; the same copy kernel replays a caller's
 // miss plan on its own (SGLang's copy_cache_planned_mla).
-#include "common.cuh"
+#include "swap_in.cuh"
 
 namespace kvt {
 namespace swap {
-
-constexpr int32_t kEmptyKey = -1;      // hash key of an empty cell (inserted tokens are >= 0)
-constexpr int32_t kNone = 0x7fffffff;  // "nothing yet" for min-reductions
-// Per entry class; a value >= 0 marks a duplicate of that (canonical) entry.
-constexpr int32_t kPad = -1;     // padding (or a block token past the sequence): output -1
-constexpr int32_t kBad = -2;     // refused and reported: output -1
-constexpr int32_t kNewest = -3;  // the token being decoded: the reserved slot
-constexpr int32_t kCand = -4;    // a token of the LRU part, not yet resolved
-constexpr int32_t kMiss = -5;    // to be loaded into an evicted slot
-constexpr int32_t kDone = -6;    // output decided (in e_val)
-// lru_old entries: the slot in the low 14 bits, then two flags.
-constexpr uint16_t kSlotMask = 0x3fff;
-constexpr uint16_t kUsable = 0x4000;  // not a hit, and its device row is in range
-constexpr uint16_t kHit = 0x8000;
-
-// Open-addressing table size for E entries: a power of two >= 2E.
-__device__ __forceinline__ uint32_t hash_size(uint32_t entries) {
-    uint32_t n = 1;
-    while (n < 2 * entries) n <<= 1;
-    return n;
-}
-__device__ __forceinline__ uint32_t hash_of(int32_t key, uint32_t mask) {
-    return ((uint32_t)key * 2654435761u) & mask;
-}
 
 // The planning block's shared memory, carved from kvt_dynamic_smem. The
 // host computes the same size (plan_smem_bytes in src/swap_in/cuda.rs);
@@ -66,82 +42,6 @@ struct PlanSmem {
         usable_slot = lru_old + hot;
     }
 };
-
-__device__ __forceinline__ void hash_insert(const PlanSmem& s, uint32_t mask, int32_t token, int32_t index) {
-    uint32_t h = hash_of(token, mask);
-    while (true) {
-        const int32_t old = atomicCAS(&s.hash_keys[h], kEmptyKey, token);
-        if (old == kEmptyKey || old == token) {
-            atomicMin(&s.hash_vals[h], index);
-            return;
-        }
-        h = (h + 1) & mask;
-    }
-}
-
-// The lowest entry index holding `token`, or -1.
-__device__ __forceinline__ int32_t hash_find(const PlanSmem& s, uint32_t mask, int32_t token) {
-    uint32_t h = hash_of(token, mask);
-    while (true) {
-        const int32_t k = s.hash_keys[h];
-        if (k == token) return s.hash_vals[h];
-        if (k == kEmptyKey) return -1;
-        h = (h + 1) & mask;
-    }
-}
-
-// real_rows_of num_real_reqs (none given: every row); a negative value is
-// reported by thread 0 of block 0 when `report_it` is set.
-__device__ __forceinline__ uint32_t real_rows(const kvt_swap_in_params& p, kvt_error_word* err, bool report_it) {
-    if (p.num_real_reqs == 0) return p.batch;
-    const int32_t given = ld(reinterpret_cast<const int32_t*>(p.num_real_reqs));
-    const uint32_t real = real_rows_of(given, p.batch);
-    if (report_it && given < 0 && blockIdx.x == 0 && threadIdx.x == 0)
-        report(err, KVT_ERR_SWAP_NUM_REAL, 0, given);
-    return real;
-}
-
-// An LRU slot's token and device row, loaded together.
-struct SlotRow {
-    int32_t token;
-    int32_t loc;
-};
-
-// What entry i of a row's query names: a token position, or -1 for padding.
-// With a block query (KVT_SWAP_QUERY_BLOCKS) entry i is token i % block_tokens
-// of the block in column i / block_tokens; a block id of -1 is padding, a
-// lower one is refused (`bad`, reported once per column by the caller).
-struct QueryEntry {
-    int64_t token;
-    bool bad;
-};
-__device__ __forceinline__ QueryEntry query_entry(const kvt_swap_in_params& p, const int32_t* q, uint32_t i) {
-    if (!(p.flags & KVT_SWAP_QUERY_BLOCKS)) {
-        const int32_t t = ld(q + i);
-        return {t, t < -1};
-    }
-    const uint32_t column = i / p.block_tokens;
-    const int32_t block = ld(q + column);
-    if (block < 0) return {-1, block < -1};
-    return {(int64_t)block * p.block_tokens + (i - column * p.block_tokens), false};
-}
-
-// Copies host row `src` to device row `dst` of every KV plane with the calling
-// warp, after checking both rows (the plan already did; a replayed plan is the
-// caller's, so the copy stays safe on its own).
-__device__ __forceinline__ void copy_row(const kvt_swap_in_params& p, kvt_error_word* err, int64_t src, int64_t dst,
-                                         uint32_t position, uint32_t lane) {
-    if (!in_rows(src, p.host_rows) || !in_rows(dst, p.device_rows)) {
-        if (lane == 0)
-            report(err, in_rows(src, p.host_rows) ? KVT_ERR_SWAP_DEVICE_LOC : KVT_ERR_SWAP_HOST_LOC, position,
-                   in_rows(src, p.host_rows) ? dst : src);
-        return;
-    }
-    warp_copy_item<PoolToDevice>(p.items, p.host_cache[0], p.device_buffer[0], (uint64_t)src, (uint64_t)dst, lane);
-    if (p.host_cache[1] != 0)
-        warp_copy_item<PoolToDevice>(p.items, p.host_cache[1], p.device_buffer[1], (uint64_t)src, (uint64_t)dst,
-                                     lane);
-}
 
 }  // namespace swap
 }  // namespace kvt
@@ -242,26 +142,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     int16_t* lru = reinterpret_cast<int16_t*>(p.lru_slots) + (uint64_t)rid * p.lru_stride;
     const int64_t* hloc = reinterpret_cast<const int64_t*>(p.host_cache_locs) + (uint64_t)rid * p.host_stride;
 
-    // What entry i names, refused entries reported: a token query's bad token
-    // at its column, a block query's bad block once, at its column.
-    auto classify = [&](uint32_t i, const QueryEntry& q) -> int64_t {
-        if (q.bad) {
-            if (!blocks)
-                report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, q.token);
-            else if (i % p.block_tokens == 0)
-                report(err, KVT_ERR_SWAP_TOKEN, row_pos | (i / p.block_tokens), ld(topk + i / p.block_tokens));
-            return -2;
-        }
-        if (q.token >= seq) {
-            // A block may run past the sequence (its last block, or one the
-            // selector padded with): those entries are padding. A token query
-            // naming a position past the sequence is refused.
-            if (blocks) return -1;
-            report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, q.token);
-            return -2;
-        }
-        return q.token;
-    };
+    auto classify = [&](uint32_t i, const QueryEntry& q) { return swap::classify(p, err, topk, row_pos, seq, i, q); };
 
     // Short sequence: token t lives in slot t; no copies, no state change. A
     // token query resolves only its first min(seq_len, top_k) entries (the
@@ -288,13 +169,10 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
 
     // Long sequence.
     const PlanSmem s(E, H, nthreads);
-    const uint32_t mask = hash_size(E) - 1;
+    const TokenHash hash{s.hash_keys, s.hash_vals, hash_size(E) - 1};
     const int32_t newest = (int32_t)(seq - 1);
 
-    for (uint32_t i = tid; i <= mask; i += nthreads) {
-        s.hash_keys[i] = kEmptyKey;
-        s.hash_vals[i] = kNone;
-    }
+    hash.clear(tid, nthreads);
     for (uint32_t i = tid; i < E; i += nthreads) s.e_val[i] = kNone;
     for (uint32_t w = tid; w < (H + 31) / 32; w += nthreads) s.bitmap[w] = 0;
     if (tid == 0) s.scalars[0] = 0;
@@ -321,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
                 cls = kNewest;
             } else {
                 cls = kCand;
-                hash_insert(s, mask, (int32_t)t, (int32_t)i);
+                hash.insert((int32_t)t, (int32_t)i);
             }
             s.e_class[i] = cls;
         });
@@ -350,7 +228,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     // is in range.
     for (uint32_t i = tid; i < E; i += nthreads) {
         if (s.e_class[i] == kCand) {
-            const int32_t c = hash_find(s, mask, (int32_t)query_entry(p, topk, i).token);
+            const int32_t c = hash.find((int32_t)query_entry(p, topk, i).token);
             if (c != (int32_t)i) s.e_class[i] = c;
         }
     }
@@ -365,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         [&](uint32_t pos, const SlotRow& r) {
             const uint16_t slot = s.lru_old[pos];
             const int32_t token = r.token;
-            const int32_t c = token >= 0 ? hash_find(s, mask, token) : -1;
+            const int32_t c = token >= 0 ? hash.find(token) : -1;
             if (c >= 0) {
                 s.lru_old[pos] = slot | kHit;
                 atomicMin(&s.e_val[c], (int32_t)pos);
@@ -512,7 +390,9 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
 }
 
 // kvt_swap_in_copy — every planned miss of the rows below num_real_reqs, a
-// warp per miss over one grid (contract: kvt_swap_in_params in abi.h).
+// warp per miss over one grid (contract: kvt_swap_in_params in abi.h); with
+// KVT_SWAP_SKIP_INLINE only those of rows with more than
+// KVT_SWAP_FEW_MISS_INLINE misses (the few-miss planner copied the others).
 // Reads:   num_real_reqs, plan_count of those rows, their plan rows, host
 //          rows of every plane (host-mapped).
 // Writes:  device rows of every plane; the error word for a planned row out
@@ -523,7 +403,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
 //          sm_90 this kernel is launched as its programmatic dependent and
 //          waits for it first), or (KVT_SWAP_REPLAY) the plan is the caller's; plan rows of
 //          plan_stride >= plan_capacity elements; dynamic shared memory of
-//          (batch + 1 + blockDim.x) words.
+//          (batch + 1 + blockDim.x / 32) words.
 // Mapping: each block computes the prefix sums of the counts (deterministic,
 //          no atomics, nothing to reset between launches), then its warps take
 //          miss g, g + grid_warps, ... and find the row by binary search.
@@ -537,34 +417,37 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_swap_in_copy
     if (p.flags & KVT_SWAP_SKIP_IO) return;  // after the num_real_reqs check: a probe still validates
     const uint32_t tid = threadIdx.x, nthreads = blockDim.x, cap = p.plan_capacity;
     uint32_t* prefix = reinterpret_cast<uint32_t*>(kvt_dynamic_smem);  // [B + 1]
-    uint32_t* scan = prefix + B + 1;                                    // [nthreads]
+    uint32_t* scan = prefix + B + 1;                                    // [nthreads / 32]
     const int32_t* plan_count = reinterpret_cast<const int32_t*>(p.plan_count);
     // A count outside [0, cap] copies nothing (reported by block 0).
     auto count_of = [&](uint32_t r, bool report_it) -> uint32_t {
         const int32_t c = ld(plan_count + r);
-        if (c >= 0 && (uint32_t)c <= cap) return (uint32_t)c;
+        if (c >= 0 && (uint32_t)c <= cap) {
+            // The few-miss planner copied a row this small itself.
+            const bool copied = (p.flags & KVT_SWAP_SKIP_INLINE) && c <= KVT_SWAP_FEW_MISS_INLINE;
+            return copied ? 0u : (uint32_t)c;
+        }
         if (report_it && blockIdx.x == 0) report(err, KVT_ERR_SWAP_PLAN_COUNT, r << 16, c);
         return 0;
     };
 
     const uint32_t chunk = (B + nthreads - 1) / nthreads;
     const uint32_t lo = min(tid * chunk, B), hi = min(lo + chunk, B);
-    uint32_t sum[1] = {0};
-    for (uint32_t r = lo; r < hi; ++r) sum[0] += count_of(r, true);
-    uint32_t total[1];
-    block_exclusive_scan<1>(sum, total, scan);
+    uint32_t sum = 0;
+    for (uint32_t r = lo; r < hi; ++r) sum += count_of(r, true);
+    uint32_t total;
     {
-        uint32_t acc = sum[0];
+        uint32_t acc = block_exclusive_sum(sum, &total, scan);
         for (uint32_t r = lo; r < hi; ++r) {
             prefix[r] = acc;
             acc += count_of(r, false);
         }
     }
-    if (tid == 0) prefix[B] = total[0];
+    if (tid == 0) prefix[B] = total;
     __syncthreads();
 
     const uint32_t lane = tid % KVT_WARP;
-    for (uint32_t g = global_warp(); g < total[0]; g += grid_warps()) {
+    for (uint32_t g = global_warp(); g < total; g += grid_warps()) {
         uint32_t lo_r = 0, hi_r = B;  // the row r with prefix[r] <= g < prefix[r + 1]
         while (hi_r - lo_r > 1) {
             const uint32_t mid = (lo_r + hi_r) / 2;

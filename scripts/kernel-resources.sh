@@ -11,6 +11,7 @@ nvcc=${NVCC:-$PWD/.tools/py/nvidia/cu13/bin/nvcc}
 threads_of() {  # the kernel's block size (src/cuda/kernels.rs)
   case "$1" in
     kvt_swap_in_plan) grep -oP 'KVT_SWAP_PLAN_THREADS \K[0-9]+' kernels/abi.h ;;
+    kvt_swap_in_few_miss_plan) grep -oP 'KVT_SWAP_FEW_MISS_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_spec_swap_in) grep -oP 'KVT_SPEC_THREADS \K[0-9]+' kernels/abi.h ;;
     *) echo 256 ;;
   esac

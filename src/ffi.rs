@@ -49,6 +49,7 @@ pub const KVT_INDEX_INT32: u32 = 1;
 pub const KVT_INDEX_INT64: u32 = 2;
 pub const KVT_SWAP_IN_PLAN_THEN_COPY: u32 = 0;
 pub const KVT_SWAP_IN_ONE_BLOCK_PER_REQUEST: u32 = 1;
+pub const KVT_SWAP_IN_FEW_MISS: u32 = 2;
 
 /// `kvt_buf`: an address and a length in elements.
 #[repr(C)]
@@ -856,9 +857,10 @@ fn strategy(s: u32) -> Result<SwapInStrategy> {
     match s {
         KVT_SWAP_IN_PLAN_THEN_COPY => Ok(SwapInStrategy::PlanThenCopy),
         KVT_SWAP_IN_ONE_BLOCK_PER_REQUEST => Ok(SwapInStrategy::OneBlockPerRequest),
+        KVT_SWAP_IN_FEW_MISS => Ok(SwapInStrategy::FewMiss),
         other => Err(invalid(
             "strategy",
-            format!("{other} is not a KVT_SWAP_IN_* strategy (0 or 1)"),
+            format!("{other} is not a KVT_SWAP_IN_* strategy (0, 1 or 2)"),
         )),
     }
 }

@@ -256,6 +256,7 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor) {
         for strategy in [
             SwapInStrategy::PlanThenCopy,
             SwapInStrategy::OneBlockPerRequest,
+            SwapInStrategy::FewMiss,
         ] {
             let got = case.run_with(gpu, strategy, opts);
             assert!(

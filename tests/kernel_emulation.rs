@@ -37,16 +37,21 @@ struct Report {
     first_bad_address: u64,
     smem_overflow: u64,
     divergent_barrier: u64,
+    divergent_warp: u64,
+    barriers: u64,
+    warp_ops: u64,
 }
 
 impl Report {
     /// Every access in range and aligned, shared memory within bounds, every
-    /// barrier reached by the whole block.
+    /// barrier reached by the whole block, every warp operation by every
+    /// lane it names.
     fn clean(&self) -> bool {
         self.misaligned == 0
             && self.out_of_range == 0
             && self.smem_overflow == 0
             && self.divergent_barrier == 0
+            && self.divergent_warp == 0
     }
 }
 
@@ -706,9 +711,9 @@ fn range(addr: u64, bytes: usize) -> Range {
     }
 }
 
-/// Runs a swap-in case through the emulated plan kernel (and, for
-/// plan-then-copy, the copy kernel with `copy_grid` blocks), with the
-/// parameters the library builds for a real launch.
+/// Runs a swap-in case through the emulated plan kernel of `strategy` (and,
+/// but for one block per request, the copy kernel with `copy_grid` blocks),
+/// with the parameters the library builds for a real launch.
 fn emulate_swap(
     case: &SwapCase,
     strategy: SwapInStrategy,
@@ -761,12 +766,24 @@ fn emulate_swap(
     stores.extend(plan);
     let mut reports = Vec::new();
     if batch > 0 {
-        let smem = kvtier::swap_in::plan_smem_bytes(e as u32, case.hot as u32);
+        let (plan, threads, smem) = if strategy == SwapInStrategy::FewMiss {
+            (
+                &b"kvt_emu_swap_in_few_miss_plan"[..],
+                kvtier::abi::KVT_SWAP_FEW_MISS_THREADS,
+                kvtier::swap_in::few_miss_smem_bytes(e as u32, case.hot as u32),
+            )
+        } else {
+            (
+                &b"kvt_emu_swap_in_plan"[..],
+                kvtier::abi::KVT_SWAP_PLAN_THREADS,
+                kvtier::swap_in::plan_smem_bytes(e as u32, case.hot as u32),
+            )
+        };
         reports.push(unsafe {
-            swap_fn(b"kvt_emu_swap_in_plan")(
+            swap_fn(plan)(
                 &p,
                 batch as u32,
-                kvtier::abi::KVT_SWAP_PLAN_THREADS,
+                threads,
                 smem,
                 loads.as_ptr(),
                 loads.len(),
@@ -775,7 +792,7 @@ fn emulate_swap(
             )
         });
         // The host launches no copy kernel for a skip-IO swap-in.
-        if strategy == SwapInStrategy::PlanThenCopy && !opts.skip_io {
+        if strategy != SwapInStrategy::OneBlockPerRequest && !opts.skip_io {
             let smem = kvtier::swap_in::copy_smem_bytes(batch as u32);
             reports.push(unsafe {
                 swap_fn(b"kvt_emu_swap_in_copy")(
@@ -860,6 +877,9 @@ fn swap_agrees(case: &SwapCase) {
         (SwapInStrategy::PlanThenCopy, grids(rows)[2], record),
         (SwapInStrategy::OneBlockPerRequest, 0, probe),
         (SwapInStrategy::PlanThenCopy, 2, probe),
+        (SwapInStrategy::FewMiss, 1, plain),
+        (SwapInStrategy::FewMiss, grids(rows)[2], record),
+        (SwapInStrategy::FewMiss, 0, probe),
     ];
     for ((strategy, grid, opts), schedule) in runs.into_iter().zip(SCHEDULES.iter().cycle()) {
         let cpu = case.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
@@ -1132,4 +1152,116 @@ fn spec_kernel_takes_over_stale_hash_entries() {
         &case,
         &[spec_call(q.clone(), 1, 4, 16384), spec_call(q, 1, 4, 16384)],
     );
+}
+
+#[repr(C)]
+struct PlantedParams {
+    out: *mut u32,
+    variant: u32,
+}
+
+/// One block of `block` threads of a planted kernel over `out`.
+fn emulate_planted(variant: u32, block: u32, out: &mut [u32]) -> Report {
+    let p = PlantedParams {
+        out: out.as_mut_ptr(),
+        variant,
+    };
+    let mem = [range(out.as_ptr() as u64, 4 * out.len())];
+    type PlantedFn = unsafe extern "C" fn(
+        *const PlantedParams,
+        u32,
+        *const Range,
+        usize,
+        *const Range,
+        usize,
+    ) -> Report;
+    let f: libloading::Symbol<'static, PlantedFn> =
+        unsafe { emulator().get(b"kvt_emu_planted") }.unwrap();
+    unsafe { f(&p, block, mem.as_ptr(), 1, mem.as_ptr(), 1) }
+}
+
+/// The emulator judges warp-level code and ordering: shuffles exchange the
+/// values of the lanes they name (a shuffle reading the wrong lane gives
+/// wrong prefix sums), a full-warp vote that some lanes skip is reported, and
+/// under the shuffled schedules threads switch at global accesses, so an
+/// update two threads race on loses increments (one an atomic makes never
+/// does). Planted in tests/kernel_emu/planted.cu.
+#[test]
+fn the_emulator_catches_planted_lane_exchange_vote_and_race_bugs() {
+    let block = 256u32;
+    let want: Vec<u32> = (0..block).map(|t| (0..=t % 32).sum()).collect();
+    for schedule in SCHEDULES {
+        set_schedule(schedule);
+        let mut out = vec![0u32; block as usize];
+        let r = emulate_planted(0, block, &mut out);
+        assert!(
+            r.clean() && r.warp_ops == 5 * u64::from(block / 32),
+            "{r:?}"
+        );
+        assert_eq!(out, want, "correct shuffles, schedule {schedule}");
+        let r = emulate_planted(1, block, &mut out);
+        assert!(r.clean(), "{r:?}");
+        assert_ne!(
+            out, want,
+            "a shuffle reading the wrong lane, schedule {schedule}"
+        );
+        let r = emulate_planted(2, block, &mut out);
+        assert_eq!(
+            r.divergent_warp,
+            u64::from(block / 32),
+            "a skipped vote: {r:?}"
+        );
+        let mut counter = [0u32];
+        assert!(emulate_planted(4, block, &mut counter).clean());
+        assert_eq!(counter[0], block, "atomic increments, schedule {schedule}");
+    }
+    // The race shows under the shuffled schedules (threads switch between
+    // the load and the store), not under the fixed orders.
+    for (schedule, racy) in [(0, false), (1, false), (2, true), (3, true)] {
+        set_schedule(schedule);
+        let mut counter = [0u32];
+        assert!(emulate_planted(3, block, &mut counter).clean());
+        assert_eq!(
+            counter[0] < block,
+            racy,
+            "racing increments gave {} of {block}, schedule {schedule}",
+            counter[0]
+        );
+    }
+}
+
+/// Barriers and warp operations per planning block, for a row of K 2048
+/// over HOT 4096 with 2 and with 410 misses, for both planners (printed with
+/// --nocapture): the few-miss planner passes five barriers on a long row,
+/// the block-scan planner dozens.
+#[test]
+fn planners_barriers_per_block() {
+    for misses in [2usize, 410] {
+        let shape = SwapShape {
+            batch: Some(1),
+            short_share: 0.0,
+            ..SwapShape::tokens(4096, 2048, 656, 1, 4096 + 4096)
+        };
+        let mut case = SwapCase::shaped(misses as u64, shape, Some(misses));
+        case.num_real = None; // the row is real
+        let want = case.run_with(
+            &Executor::cpu(),
+            SwapInStrategy::PlanThenCopy,
+            SwapOptions::default(),
+        );
+        set_schedule(0);
+        for strategy in [SwapInStrategy::PlanThenCopy, SwapInStrategy::FewMiss] {
+            let (got, reports) = emulate_swap(&case, strategy, 4, SwapOptions::default());
+            assert!(got == want, "{strategy:?}, {misses} misses");
+            let plan = &reports[0];
+            assert!(plan.clean(), "{plan:?}");
+            println!(
+                "{strategy:?}, {misses} misses: {} barriers per block, {} warp operations",
+                plan.barriers, plan.warp_ops
+            );
+            if strategy == SwapInStrategy::FewMiss {
+                assert_eq!(plan.barriers, 5, "{misses} misses");
+            }
+        }
+    }
 }

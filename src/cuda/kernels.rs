@@ -114,9 +114,10 @@ pub enum Kernel {
     SwapInPlan = 2,
     SwapInCopy = 3,
     SpecSwapIn = 4,
+    SwapInFewMissPlan = 5,
 }
 
-const KERNELS: usize = 5;
+const KERNELS: usize = 6;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -125,6 +126,7 @@ impl Kernel {
         Kernel::SwapInPlan,
         Kernel::SwapInCopy,
         Kernel::SpecSwapIn,
+        Kernel::SwapInFewMissPlan,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -135,6 +137,7 @@ impl Kernel {
             Kernel::SwapInPlan => "kvt_swap_in_plan",
             Kernel::SwapInCopy => "kvt_swap_in_copy",
             Kernel::SpecSwapIn => "kvt_spec_swap_in",
+            Kernel::SwapInFewMissPlan => "kvt_swap_in_few_miss_plan",
         }
     }
 
@@ -143,13 +146,17 @@ impl Kernel {
         match self {
             Kernel::SwapInPlan => crate::abi::KVT_SWAP_PLAN_THREADS,
             Kernel::SpecSwapIn => crate::abi::KVT_SPEC_THREADS,
+            Kernel::SwapInFewMissPlan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
             _ => BLOCK_THREADS,
         }
     }
 
     /// Kernels that take more dynamic shared memory than the default 48 KiB.
     fn wants_large_smem(self) -> bool {
-        matches!(self, Kernel::SwapInPlan | Kernel::SwapInCopy)
+        matches!(
+            self,
+            Kernel::SwapInPlan | Kernel::SwapInCopy | Kernel::SwapInFewMissPlan
+        )
     }
 }
 

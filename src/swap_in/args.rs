@@ -6,7 +6,7 @@ use super::items::{self, KvBuffers};
 use super::{MAX_BATCH, MAX_HOT, MAX_TOP_K, SwapInStrategy, SwapInTarget, span};
 use crate::abi::{
     KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_QUERY_BLOCKS, KVT_SWAP_REQ_INDICES_I64, KVT_SWAP_SEQ_LENS_I64,
-    KVT_SWAP_SKIP_IO, kvt_swap_in_params,
+    KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO, kvt_swap_in_params,
 };
 use crate::error::{Result, invalid};
 use crate::mem::{Buf, BufMut, Location};
@@ -488,8 +488,10 @@ pub(crate) fn check(
     if matches!(a.query, QueryKind::Blocks { .. }) {
         flags |= KVT_SWAP_QUERY_BLOCKS;
     }
-    if strategy == SwapInStrategy::OneBlockPerRequest {
-        flags |= KVT_SWAP_COPY_IN_PLAN;
+    match strategy {
+        SwapInStrategy::OneBlockPerRequest => flags |= KVT_SWAP_COPY_IN_PLAN,
+        SwapInStrategy::FewMiss => flags |= KVT_SWAP_SKIP_INLINE,
+        SwapInStrategy::PlanThenCopy | SwapInStrategy::PlanThenCopyInOrder => {}
     }
     Ok(kvt_swap_in_params {
         top_k_tokens: a.top_k_tokens.addr(),

@@ -1,11 +1,13 @@
-//! The CUDA executor's launches: `kvt_swap_in_plan` then `kvt_swap_in_copy`
-//! for a swap-in, `kvt_swap_in_copy` alone for a plan replay,
+//! The CUDA executor's launches: `kvt_swap_in_plan` (or
+//! `kvt_swap_in_few_miss_plan`) then `kvt_swap_in_copy` for a swap-in,
+//! `kvt_swap_in_copy` alone for a plan replay,
 //! `kvt_spec_swap_in` for a speculative swap-in, on the caller's stream; and
 //! the shared memory each needs.
 
 use crate::abi::{
-    KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_PLAN_THREADS,
-    KVT_SWAP_SKIP_IO, kvt_spec_swap_in_params, kvt_swap_in_params,
+    KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_FEW_MISS_INLINE,
+    KVT_SWAP_FEW_MISS_THREADS, KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO,
+    kvt_spec_swap_in_params, kvt_swap_in_params,
 };
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
@@ -22,9 +24,21 @@ pub fn plan_smem_bytes(entries: u32, hot: u32) -> usize {
     words * 4 + 2 * (hot as usize + entries as usize)
 }
 
+/// Bytes of dynamic shared memory `kvt_swap_in_few_miss_plan` uses for rows
+/// of `entries` entries over `hot` slots (the carve-up of `Smem` in
+/// kernels/swap_in_few_miss.cu).
+pub fn few_miss_smem_bytes(entries: u32, hot: u32) -> usize {
+    let (e, h) = (entries as usize, hot as usize);
+    let hash = (4 * e).next_power_of_two();
+    let warps = (KVT_SWAP_FEW_MISS_THREADS / 32) as usize;
+    let inline = KVT_SWAP_FEW_MISS_INLINE as usize;
+    let words = inline + 4 * warps + 4 + 2 * hash + h + (h + 1) + 2 * e + h.div_ceil(32);
+    8 * inline + 4 * words + 2 * (h + e)
+}
+
 /// Bytes of dynamic shared memory `kvt_swap_in_copy` uses.
 pub fn copy_smem_bytes(batch: u32) -> usize {
-    4 * (batch as usize + 1 + BLOCK_THREADS as usize)
+    4 * (batch as usize + 1 + (BLOCK_THREADS / 32) as usize)
 }
 
 fn fits(dev: &CudaDevice, smem: usize, what: impl FnOnce() -> String) -> Result<()> {
@@ -41,8 +55,9 @@ fn fits(dev: &CudaDevice, smem: usize, what: impl FnOnce() -> String) -> Result<
     Ok(())
 }
 
-/// Enqueues the swap-in on `stream`: the plan kernel, then (for the
-/// plan-then-copy strategy, unless `skip_io`) the copy kernel, as its
+/// Enqueues the swap-in on `stream`: the plan kernel (the few-miss planner
+/// for `KVT_SWAP_SKIP_INLINE` where it fits), then, unless the plan kernel
+/// copies every row itself or `skip_io`, the copy kernel, as its
 /// programmatic dependent where `dependent` and the device allow it.
 ///
 /// # Safety
@@ -58,21 +73,39 @@ pub(super) unsafe fn launch(
     if p.batch == 0 {
         return Ok(());
     }
-    let smem = plan_smem_bytes(p.entries, p.hot);
+    // The few-miss planner where its state fits the GPU's shared memory,
+    // else the block-scan planner on the same parameters (same results) and
+    // a copy kernel that copies every row.
+    let few_miss_smem = few_miss_smem_bytes(p.entries, p.hot);
+    let few_miss = p.flags & KVT_SWAP_SKIP_INLINE != 0 && few_miss_smem <= dev.max_dynamic_smem();
+    let fallback;
+    let p = if p.flags & KVT_SWAP_SKIP_INLINE != 0 && !few_miss {
+        fallback = kvt_swap_in_params {
+            flags: p.flags & !KVT_SWAP_SKIP_INLINE,
+            ..*p
+        };
+        &fallback
+    } else {
+        p
+    };
+    let (kernel, threads, smem) = if few_miss {
+        (
+            Kernel::SwapInFewMissPlan,
+            KVT_SWAP_FEW_MISS_THREADS,
+            few_miss_smem,
+        )
+    } else {
+        (
+            Kernel::SwapInPlan,
+            KVT_SWAP_PLAN_THREADS,
+            plan_smem_bytes(p.entries, p.hot),
+        )
+    };
     fits(dev, smem.max(copy_smem_bytes(p.batch)), || {
         format!("{} entries with a hot buffer of {}", p.entries, p.hot)
     })?;
     // SAFETY: per this function's contract; grid = one block per row.
-    unsafe {
-        dev.launch(
-            Kernel::SwapInPlan,
-            p.batch,
-            KVT_SWAP_PLAN_THREADS,
-            smem as u32,
-            p,
-            stream,
-        )?
-    };
+    unsafe { dev.launch(kernel, p.batch, threads, smem as u32, p, stream)? };
     if p.flags & (KVT_SWAP_COPY_IN_PLAN | KVT_SWAP_SKIP_IO) == 0 {
         let grid = dev.grid_for_rows(Kernel::SwapInCopy, p.batch as u64 * p.entries as u64);
         let smem = copy_smem_bytes(p.batch) as u32;

@@ -111,7 +111,7 @@ mod replay;
 mod spec;
 
 pub use args::{IndexBuf, MissPlan, QueryKind, SwapInArgs};
-pub use cuda::{copy_smem_bytes, plan_smem_bytes};
+pub use cuda::{copy_smem_bytes, few_miss_smem_bytes, plan_smem_bytes};
 pub use items::{KvBuffers, KvPlane};
 pub use replay::PlannedCopyArgs;
 pub use spec::emulation_spec_params;
@@ -151,7 +151,20 @@ pub enum SwapInStrategy {
     /// the two). The same as `PlanThenCopy` where dependent launches are
     /// not made.
     PlanThenCopyInOrder,
+    /// For steps where most requests miss a handful of their top-k tokens
+    /// (steady-state decode): a planner of 1024 threads per request that
+    /// ranks with warp votes instead of block scans, and copies a request's
+    /// misses itself when they are at most [`FEW_MISS_INLINE`] (one per
+    /// warp); the copy kernel that follows moves only the other requests'.
+    /// Same outputs, state, plan and reports as `PlanThenCopy`. A shape whose
+    /// planning state does not fit the GPU's shared memory (top-k and hot
+    /// buffer far beyond SGLang's) runs `PlanThenCopy` instead.
+    FewMiss,
 }
+
+/// The most misses a [`SwapInStrategy::FewMiss`] planning block copies
+/// itself.
+pub const FEW_MISS_INLINE: u32 = crate::abi::KVT_SWAP_FEW_MISS_INLINE;
 
 /// The plan scratch of the CUDA executor: a host row and a device row per
 /// entry of each batch row, and a miss count per batch row.
@@ -309,7 +322,7 @@ impl SwapInEngine {
             // right size; the scratch is this engine's and fits batch ×
             // entries (or the caller's plan was checked instead).
             Executor::Cuda(dev) => unsafe {
-                let dependent = strategy == SwapInStrategy::PlanThenCopy;
+                let dependent = strategy != SwapInStrategy::PlanThenCopyInOrder;
                 cuda::launch(dev, &p, dependent, stream)
             },
         }

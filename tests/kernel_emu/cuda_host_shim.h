@@ -1,15 +1,17 @@
 // tests/kernel_emu/cuda_host_shim.h — just enough of CUDA for the kvtier
 // kernels to compile as host C++ (force-included by g++ before them). The
 // emulator (emulator.cpp) runs each thread of a block as a fiber on one host
-// thread and switches fibers only at __syncthreads() and at thread exit. That
-// is faithful for these kernels: they use no warp shuffles or votes, threads
-// of a block exchange data only through shared memory across barriers, every
-// destination byte has one writer, and shared counters (the error word, the
-// planning hash table, the speculative swap-in's miss table and CLOCK) change
-// only through atomics, which cannot interleave here. The speculative swap-in
-// takes unique-miss ordinals and victims in whatever order its threads come
-// (as SGLang's kernel does); the emulation runs several orders, the tests
-// check what must hold in every one.
+// thread. Fibers switch at __syncthreads() (and its voting forms), at warp
+// votes and shuffles, where the lanes of a warp meet and exchange values in
+// lock step as the hardware's do, and at thread exit; under the shuffled
+// schedules also, at random, at every global access and every atomic. So
+// an atomic is one indivisible step, as on the hardware, but atomics of
+// different threads interleave in many orders between barriers; a kernel
+// whose result depends on that order (the planning hash table's insertions,
+// the speculative swap-in's miss table and CLOCK, which SGLang's kernel
+// orders by thread timing too) is checked by the tests on what must hold in
+// every order. Plain shared-memory loads and stores are not switch points:
+// a race between two of them within one barrier interval is not detected.
 #pragma once
 
 #include <stddef.h>
@@ -20,6 +22,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __noinline__ __attribute__((noinline))
 
 struct dim3 {
     unsigned x, y, z;
@@ -37,53 +40,69 @@ struct alignas(16) uint4 {
 inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 
-// Fibers switch only at barriers: plain read-modify-writes are atomic.
+// A possible switch to another thread (shuffled schedules only): before
+// every atomic and every global access.
+extern "C" void kvt_emu_maybe_switch();
+#define KVT_EMU_ATOMIC_POINT kvt_emu_maybe_switch()
+
+// Atomics: a possible switch, then the read-modify-write, which no other
+// fiber can interrupt.
 inline unsigned atomicOr(unsigned* a, unsigned v) {
+    KVT_EMU_ATOMIC_POINT;
     unsigned old = *a;
     *a = old | v;
     return old;
 }
 inline unsigned atomicAdd(unsigned* a, unsigned v) {
+    KVT_EMU_ATOMIC_POINT;
     unsigned old = *a;
     *a = old + v;
     return old;
 }
 inline unsigned long long atomicMin(unsigned long long* a, unsigned long long v) {
+    KVT_EMU_ATOMIC_POINT;
     unsigned long long old = *a;
     *a = v < old ? v : old;
     return old;
 }
 inline unsigned atomicMin(unsigned* a, unsigned v) {
+    KVT_EMU_ATOMIC_POINT;
     unsigned old = *a;
     *a = v < old ? v : old;
     return old;
 }
 inline int atomicMin(int* a, int v) {
+    KVT_EMU_ATOMIC_POINT;
     int old = *a;
     *a = v < old ? v : old;
     return old;
 }
 inline int atomicCAS(int* a, int compare, int v) {
+    KVT_EMU_ATOMIC_POINT;
     int old = *a;
     if (old == compare) *a = v;
     return old;
 }
 inline int atomicExch(int* a, int v) {
+    KVT_EMU_ATOMIC_POINT;
     int old = *a;
     *a = v;
     return old;
 }
 inline int atomicOr(int* a, int v) {
+    KVT_EMU_ATOMIC_POINT;
     int old = *a;
     *a = old | v;
     return old;
 }
 inline unsigned long long atomicCAS(unsigned long long* a, unsigned long long compare, unsigned long long v) {
+    KVT_EMU_ATOMIC_POINT;
     unsigned long long old = *a;
     if (old == compare) *a = v;
     return old;
 }
 inline unsigned long long atomicExch(unsigned long long* a, unsigned long long v) {
+    KVT_EMU_ATOMIC_POINT;
     unsigned long long old = *a;
     *a = v;
     return old;
@@ -95,9 +114,36 @@ inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 extern "C" bool kvt_emu_atomic(void* p, unsigned bytes);
 
 // A block-wide barrier: the calling fiber waits until every live thread of
-// the block has reached one.
-extern "C" void kvt_emu_syncthreads();
-#define __syncthreads() kvt_emu_syncthreads()
+// the block has reached one; kind 1/2/3 returns the OR/AND/count of the
+// threads' predicates.
+extern "C" int kvt_emu_syncthreads(int kind, int pred);
+#define __syncthreads() ((void)kvt_emu_syncthreads(0, 0))
+#define __syncthreads_or(pred) kvt_emu_syncthreads(1, (pred))
+#define __syncthreads_and(pred) kvt_emu_syncthreads(2, (pred))
+#define __syncthreads_count(pred) kvt_emu_syncthreads(3, (pred))
+
+// Warp operations: every lane of `mask` meets at the call (the emulator
+// counts a warp operation some lane of the mask never reaches), then each
+// gets what the hardware gives it.
+#define KVT_EMU_SYNCWARP 0
+#define KVT_EMU_BALLOT 1
+#define KVT_EMU_ANY 2
+#define KVT_EMU_ALL 3
+#define KVT_EMU_SHFL 4
+extern "C" uint64_t kvt_emu_warp_op(int op, unsigned mask, uint64_t value, unsigned arg);
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+    return (unsigned)kvt_emu_warp_op(KVT_EMU_BALLOT, mask, pred != 0, 0);
+}
+inline int __any_sync(unsigned mask, int pred) { return (int)kvt_emu_warp_op(KVT_EMU_ANY, mask, pred != 0, 0); }
+inline int __all_sync(unsigned mask, int pred) { return (int)kvt_emu_warp_op(KVT_EMU_ALL, mask, pred != 0, 0); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)kvt_emu_warp_op(KVT_EMU_SYNCWARP, mask, 0, 0); }
+inline unsigned __shfl_sync(unsigned mask, unsigned v, int src) {
+    return (unsigned)kvt_emu_warp_op(KVT_EMU_SHFL, mask, v, (unsigned)src);
+}
+inline int __shfl_sync(unsigned mask, int v, int src) {
+    return (int)(unsigned)kvt_emu_warp_op(KVT_EMU_SHFL, mask, (unsigned)v, (unsigned)src);
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
 
 // The launch's dynamic shared memory (exactly the requested bytes, then a
 // guard the emulator checks after each block).

@@ -5,12 +5,15 @@
 #include <string.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "gather.cu"
 #include "spec_swap_in.cu"
 #include "swap_in.cu"
+#include "swap_in_few_miss.cu"
 #include "writeback.cu"
+#include "planted.cu"
 
 thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 thread_local unsigned char* kvt_emu_smem;
@@ -27,6 +30,9 @@ struct kvt_emu_report {
     uint64_t first_bad_address;    // the first misaligned or out-of-range address
     uint64_t smem_overflow;        // blocks that wrote past their dynamic shared memory
     uint64_t divergent_barrier;    // barriers some live threads of a block never reached
+    uint64_t divergent_warp;       // warp operations some lane of their mask never reached
+    uint64_t barriers;             // block barriers passed, summed over blocks
+    uint64_t warp_ops;             // warp votes and shuffles completed, summed over warps
 };
 
 // Per host thread: test threads emulate independent launches concurrently.
@@ -53,6 +59,7 @@ static bool check(const kvt_emu_range* r, size_t n, const void* p, unsigned byte
 }
 
 extern "C" void kvt_emu_load(const void* p, void* v, unsigned bytes) {
+    kvt_emu_maybe_switch();
     g_report.loads++;
     if (check(g_load_ranges, g_n_load, p, bytes)) {
         memcpy(v, p, bytes);
@@ -62,6 +69,7 @@ extern "C" void kvt_emu_load(const void* p, void* v, unsigned bytes) {
 }
 
 extern "C" void kvt_emu_store(void* p, const void* v, unsigned bytes) {
+    kvt_emu_maybe_switch();
     g_report.stores++;
     if (check(g_store_ranges, g_n_store, p, bytes)) memcpy(p, v, bytes);
 }
@@ -79,19 +87,31 @@ constexpr size_t kStack = 128 * 1024;
 constexpr size_t kSmemGuard = 4096;
 constexpr unsigned char kSmemFill = 0xA5;
 constexpr unsigned char kGuardFill = 0x5A;
+constexpr unsigned kWarp = 32;
+
+// Where a fiber stands between switches.
+enum class At { Ready, Barrier, WarpOp, Done };
 
 struct Fiber {
     ucontext_t ctx;
-    bool done = false;
-    bool waiting = false;
+    At at = At::Ready;
+    int vote = 0;        // its predicate at a voting barrier
+    int op = 0;          // the warp operation it waits in (kvt_emu_warp_op)
+    unsigned mask = 0;   // the lanes that operation names
+    uint64_t value = 0;  // its operand
+    unsigned arg = 0;    // a shuffle's source lane
+    uint64_t result = 0; // the barrier's or the operation's result for it
 };
 
 thread_local std::vector<Fiber>* g_fibers;
-// Order in which a round runs the block's live threads: 0 = ascending,
-// 1 = descending, anything else seeds a shuffle per round. A kernel that
-// misses a barrier reads data another thread has not written yet under some
+// Order in which a pass runs the block's ready threads: 0 = ascending,
+// 1 = descending, anything else seeds a shuffle per pass and, at every
+// global access and atomic, a switch to another thread with probability 1/4.
+// A kernel that misses a barrier, or whose atomics are not ordered the way it
+// assumes, then reads data another thread has not written yet under some
 // order; running each case under several orders exposes it.
 thread_local uint64_t g_schedule;
+thread_local uint64_t g_rng;
 thread_local ucontext_t g_scheduler;
 thread_local unsigned g_current;
 thread_local void (*g_run_thread)(const void*);
@@ -99,8 +119,22 @@ thread_local const void* g_params;
 
 void fiber_entry() {
     g_run_thread(g_params);
-    (*g_fibers)[g_current].done = true;
+    (*g_fibers)[g_current].at = At::Done;
     // returning resumes uc_link, the scheduler
+}
+
+uint64_t next_random() {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+// Gives the host thread back to the scheduler; the fiber resumes in a later
+// pass (Ready) or once its barrier or warp operation completes.
+void switch_out() {
+    Fiber& f = (*g_fibers)[g_current];
+    swapcontext(&f.ctx, &g_scheduler);
 }
 
 }  // namespace
@@ -109,8 +143,7 @@ void fiber_entry() {
 // getcontext returns twice in general, which the compiler must assume of
 // the caller's locals otherwise (it is only a template for makecontext here).
 __attribute__((noinline)) static void init_fiber(Fiber& f, char* stack) {
-    f.done = false;
-    f.waiting = false;
+    f = Fiber{};
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = stack;
     f.ctx.uc_stack.ss_size = kStack;
@@ -120,13 +153,94 @@ __attribute__((noinline)) static void init_fiber(Fiber& f, char* stack) {
 
 extern "C" void kvt_emu_set_schedule(uint64_t schedule) { g_schedule = schedule; }
 
-extern "C" void kvt_emu_syncthreads() {
-    Fiber& f = (*g_fibers)[g_current];
-    f.waiting = true;
-    swapcontext(&f.ctx, &g_scheduler);
+extern "C" void kvt_emu_maybe_switch() {
+    if (g_fibers != nullptr && g_schedule > 1 && next_random() % 4 == 0) switch_out();
 }
 
+// A block-wide barrier; `kind` 0 returns nothing, 1 the OR, 2 the AND and 3
+// the count of the waiting threads' predicates (__syncthreads_or/_and/_count).
+extern "C" int kvt_emu_syncthreads(int kind, int pred) {
+    Fiber& f = (*g_fibers)[g_current];
+    f.at = At::Barrier;
+    f.vote = pred != 0;
+    f.op = kind;
+    switch_out();
+    return (int)f.result;
+}
 
+// A warp operation: the calling lane waits until every lane of `mask` (of its
+// warp) has reached one, then gets its result as the hardware computes it.
+extern "C" uint64_t kvt_emu_warp_op(int op, unsigned mask, uint64_t value, unsigned arg) {
+    Fiber& f = (*g_fibers)[g_current];
+    f.at = At::WarpOp;
+    f.op = op;
+    f.mask = mask;
+    f.value = value;
+    f.arg = arg;
+    switch_out();
+    return f.result;
+}
+
+namespace {
+
+// Completes warp w's operation when every lane its mask names has reached
+// it (or, with `force`, with the lanes that have: the others ended or wait
+// elsewhere, which the hardware does not define; counted as divergent).
+// True when it released lanes.
+bool complete_warp_op(std::vector<Fiber>& fibers, unsigned w, bool force) {
+    const unsigned base = w * kWarp;
+    const unsigned lanes = (unsigned)std::min<size_t>(kWarp, fibers.size() - base);
+    unsigned first = kWarp;
+    for (unsigned l = 0; l < lanes; ++l)
+        if (fibers[base + l].at == At::WarpOp) {
+            first = l;
+            break;
+        }
+    if (first == kWarp) return false;
+    const Fiber& lead = fibers[base + first];
+    unsigned present = 0;
+    bool agree = true;
+    for (unsigned l = 0; l < lanes; ++l) {
+        const Fiber& f = fibers[base + l];
+        if (f.at != At::WarpOp) continue;
+        present |= 1u << l;
+        agree &= f.op == lead.op && f.mask == lead.mask;
+    }
+    const unsigned wanted = lead.mask & (lanes == kWarp ? ~0u : (1u << lanes) - 1);
+    const bool whole = agree && (present & wanted) == wanted && (present & ~wanted) == 0;
+    if (!whole && !force) return false;
+    if (!whole) g_report.divergent_warp++;
+    g_report.warp_ops++;
+    unsigned votes = 0;
+    for (unsigned l = 0; l < lanes; ++l)
+        if ((present >> l & 1) && fibers[base + l].value != 0) votes |= 1u << l;
+    for (unsigned l = 0; l < lanes; ++l) {
+        Fiber& f = fibers[base + l];
+        if (!(present >> l & 1)) continue;
+        switch (f.op) {
+            case KVT_EMU_BALLOT:
+                f.result = votes;
+                break;
+            case KVT_EMU_ANY:
+                f.result = votes != 0;
+                break;
+            case KVT_EMU_ALL:
+                f.result = votes == present;
+                break;
+            case KVT_EMU_SHFL: {
+                const unsigned src = f.arg % kWarp;
+                f.result = (present >> src & 1) ? fibers[base + src].value : f.value;
+                break;
+            }
+            default:  // KVT_EMU_SYNCWARP
+                f.result = 0;
+        }
+        f.at = At::Ready;
+    }
+    return true;
+}
+
+}  // namespace
 
 template <class Params, void (*Kernel)(Params)>
 static void call_kernel(const void* p) {
@@ -149,51 +263,69 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
     std::vector<unsigned char> smem(smem_bytes + kSmemGuard);
     std::vector<std::vector<char>> stacks(block, std::vector<char>(kStack));
     std::vector<Fiber> fibers(block);
-    g_fibers = &fibers;
     g_run_thread = call_kernel<Params, Kernel>;
     g_params = p;
     kvt_emu_smem = smem.data();
+    g_rng = g_schedule * 0x9E3779B97F4A7C15ull + 1;
 
-        std::vector<unsigned> order(block);
-    uint64_t rng = g_schedule * 0x9E3779B97F4A7C15ull + 1;
+    std::vector<unsigned> order(block);
     for (unsigned b = 0; b < grid; ++b) {
         blockIdx = dim3{b, 0, 0};
         memset(smem.data(), kSmemFill, smem_bytes);
         memset(smem.data() + smem_bytes, kGuardFill, kSmemGuard);
-                for (unsigned t = 0; t < block; ++t) init_fiber(fibers[t], stacks[t].data());
+        for (unsigned t = 0; t < block; ++t) init_fiber(fibers[t], stacks[t].data());
+        g_fibers = &fibers;
         while (true) {
-                        // Run every live thread up to its next barrier (or its end).
+            // One pass: every ready thread runs to its next switch.
             for (unsigned i = 0; i < block; ++i) order[i] = g_schedule == 1 ? block - 1 - i : i;
             if (g_schedule > 1) {
                 for (unsigned i = block - 1; i > 0; --i) {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    const unsigned j = (unsigned)(rng % (i + 1));
+                    const unsigned j = (unsigned)(next_random() % (i + 1));
                     const unsigned tmp = order[i];
                     order[i] = order[j];
                     order[j] = tmp;
                 }
             }
+            bool ran = false;
             for (unsigned i = 0; i < block; ++i) {
                 const unsigned t = order[i];
-                Fiber& f = fibers[t];
-                if (f.done || f.waiting) continue;
+                if (fibers[t].at != At::Ready) continue;
                 g_current = t;
                 threadIdx = dim3{t, 0, 0};
-                swapcontext(&g_scheduler, &f.ctx);
+                swapcontext(&g_scheduler, &fibers[t].ctx);
+                ran = true;
             }
-            unsigned done = 0, waiting = 0;
+            bool released = false;
+            for (unsigned w = 0; w * kWarp < block; ++w) released |= complete_warp_op(fibers, w, false);
+            if (ran || released) continue;
+            // Nobody can move: every live thread waits at a barrier or in a
+            // warp operation some lane of its mask will never reach.
+            unsigned done = 0, waiting = 0, count = 0;
+            bool stuck = false;
             for (const Fiber& f : fibers) {
-                done += f.done;
-                waiting += f.waiting;
+                done += f.at == At::Done;
+                stuck |= f.at == At::WarpOp;
+                if (f.at == At::Barrier) {
+                    waiting++;
+                    count += f.vote;
+                }
             }
             if (done == block) break;
+            if (stuck) {
+                for (unsigned w = 0; w * kWarp < block; ++w) complete_warp_op(fibers, w, true);
+                continue;
+            }
             // Some threads ended while others wait at a barrier: the kernel
             // left a barrier under a condition that was not block-uniform.
             if (done != 0) g_report.divergent_barrier++;
-            for (Fiber& f : fibers) f.waiting = false;
+            g_report.barriers++;
+            for (Fiber& f : fibers) {
+                if (f.at != At::Barrier) continue;
+                f.result = f.op == 1 ? count != 0 : f.op == 2 ? count == waiting : f.op == 3 ? count : 0;
+                f.at = At::Ready;
+            }
         }
+        g_fibers = nullptr;
         for (size_t i = 0; i < kSmemGuard; ++i) {
             if (smem[smem_bytes + i] != kGuardFill) {
                 g_report.smem_overflow++;
@@ -201,7 +333,6 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
             }
         }
     }
-    g_fibers = nullptr;
     return g_report;
 }
 
@@ -225,6 +356,14 @@ extern "C" kvt_emu_report kvt_emu_swap_in_plan(const kvt_swap_in_params* p, unsi
                                                      n_stores);
 }
 
+extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_plan(const kvt_swap_in_params* p, unsigned grid,
+                                                        unsigned block, size_t smem_bytes,
+                                                        const kvt_emu_range* loads, size_t n_loads,
+                                                        const kvt_emu_range* stores, size_t n_stores) {
+    return run<kvt_swap_in_params, kvt_swap_in_few_miss_plan>(p, grid, block, smem_bytes, loads, n_loads, stores,
+                                                              n_stores);
+}
+
 extern "C" kvt_emu_report kvt_emu_swap_in_copy(const kvt_swap_in_params* p, unsigned grid, unsigned block,
                                                size_t smem_bytes, const kvt_emu_range* loads, size_t n_loads,
                                                const kvt_emu_range* stores, size_t n_stores) {
@@ -237,4 +376,9 @@ extern "C" kvt_emu_report kvt_emu_spec_swap_in(const kvt_spec_swap_in_params* p,
                                                const kvt_emu_range* stores, size_t n_stores) {
     return run<kvt_spec_swap_in_params, kvt_spec_swap_in>(p, grid, block, smem_bytes, loads, n_loads, stores,
                                                           n_stores);
+}
+
+extern "C" kvt_emu_report kvt_emu_planted(const kvt_planted_params* p, unsigned block, const kvt_emu_range* loads,
+                                          size_t n_loads, const kvt_emu_range* stores, size_t n_stores) {
+    return run<kvt_planted_params, kvt_planted>(p, 1, block, 0, loads, n_loads, stores, n_stores);
 }

@@ -34,6 +34,7 @@ INDEX_INT32 = 1
 INDEX_INT64 = 2
 PLAN_THEN_COPY = 0
 ONE_BLOCK_PER_REQUEST = 1
+FEW_MISS = 2
 
 
 class KvtierError(Exception):

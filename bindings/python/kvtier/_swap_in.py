@@ -17,7 +17,11 @@ from pathlib import Path
 from . import _lib
 from ._lib import KvtierError, check, library
 
-STRATEGIES = {"plan_then_copy": _lib.PLAN_THEN_COPY, "one_block_per_request": _lib.ONE_BLOCK_PER_REQUEST}
+STRATEGIES = {
+    "plan_then_copy": _lib.PLAN_THEN_COPY,
+    "one_block_per_request": _lib.ONE_BLOCK_PER_REQUEST,
+    "few_miss": _lib.FEW_MISS,
+}
 
 # The library functions the native module calls (by address: one library in
 # the process, the one ctypes loaded).

@@ -3,8 +3,9 @@
 //! sequence). Per point, from the same state restored untimed before every
 //! call:
 //!
-//! 1. kvtier's swap-in (plan per request, one copy over every miss);
-//!    on sm_90 also the same two kernels with the copy launched the
+//! 1. kvtier's swap-in (plan per request, one copy over every miss); on a
+//!    GPU also the few-miss planner (SwapInStrategy::FewMiss); on sm_90
+//!    also the same two kernels with the copy launched the
 //!    ordinary way, after the plan kernel, instead of as its programmatic
 //!    dependent (what the dependent launch gains);
 //! 2. the one-block-per-request design SGLang uses (same planning, each
@@ -431,6 +432,21 @@ impl State {
                 Some(t)
             }
         };
+        // The few-miss planner (copies small rows itself) on a GPU.
+        let few_miss = match exec {
+            Executor::Cpu => None,
+            Executor::Cuda(_) => {
+                let (t, out_few) = time_strategy(SwapInStrategy::FewMiss)?;
+                self.verify("the kvtier swap-in, few-miss planner", &misses, row_of)?;
+                if out_few != out_kvtier {
+                    return Err(kvtier::Error::Pool(
+                        "benchmark self-check failed: the few-miss planner gave a different page table"
+                            .into(),
+                    ));
+                }
+                Some(t)
+            }
+        };
         // Where the copy kernel is a programmatic dependent of the plan
         // kernel (sm_90), the same two kernels launched one after the other:
         // what the dependent launch gains.
@@ -509,6 +525,9 @@ impl State {
             kv,
             false,
         )];
+        if let Some(t) = few_miss {
+            rows.push(row("", "kvtier swap-in, few-miss planner", t, false));
+        }
         if let Some(t) = ordinary {
             rows.push(row(
                 "",

@@ -32,7 +32,9 @@ pub(super) fn check(dut: &Executor, seed: u64) -> Row {
         for (strategy, plan) in [
             (SwapInStrategy::PlanThenCopy, false),
             (SwapInStrategy::OneBlockPerRequest, false),
+            (SwapInStrategy::FewMiss, false),
             (SwapInStrategy::PlanThenCopy, true),
+            (SwapInStrategy::FewMiss, true),
         ] {
             checks.push(("swap-in", swap_in(dut, clean, strategy, plan)?));
         }

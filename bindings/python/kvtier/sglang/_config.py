@@ -13,7 +13,7 @@ from .._lib import KvtierError
 # processes SGLang spawns, where the plugin or the launcher installs it.
 ENV = "KVTIER_SGLANG_CONFIG"
 
-STRATEGIES = ("plan_then_copy", "one_block_per_request")
+STRATEGIES = ("plan_then_copy", "one_block_per_request", "few_miss")
 BAD_INDICES = ("warn", "raise", "off")
 PLACEMENTS = ("round_robin", "nearest")
 
@@ -43,8 +43,10 @@ class KvtierConfig:
       ``load_cache_to_device_buffer_mla`` with kvtier's.
     - ``host_pool``: place the coordinator's host KV pool (layer-first) in the
       kvtier pool.
-    - ``strategy``: ``plan_then_copy`` (kvtier's) or ``one_block_per_request``
-      (SGLang's design, for comparison).
+    - ``strategy``: ``plan_then_copy`` (kvtier's block-scan planner and a
+      wide copy), ``few_miss`` (the warp-vote planner that copies a request's
+      few misses itself) or ``one_block_per_request`` (SGLang's design, for
+      comparison). Same results; they differ in speed only.
     - ``clients``: client slots of a shared pool kvtier creates (0: default).
     - ``region_layers``: under pipeline parallelism, the most model layers
       any stage holds: the stages share one pool whose regions are sized for

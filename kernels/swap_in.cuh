@@ -1,0 +1,156 @@
+// kernels/swap_in.cuh — what the swap-in planners (swap_in.cu,
+// swap_in_few_miss.cu) and the copy kernel share: the entry classes, the
+// planning hash table, reading a row's query, and the checked row copy.
+#pragma once
+
+#include "common.cuh"
+
+namespace kvt {
+namespace swap {
+
+constexpr int32_t kEmptyKey = -1;      // hash key of an empty cell (inserted tokens are >= 0)
+constexpr int32_t kNone = 0x7fffffff;  // "nothing yet" for min-reductions
+// Per entry class; a value >= 0 marks a duplicate of that (canonical) entry.
+constexpr int32_t kPad = -1;     // padding (or a block token past the sequence): output -1
+constexpr int32_t kBad = -2;     // refused and reported: output -1
+constexpr int32_t kNewest = -3;  // the token being decoded: the reserved slot
+constexpr int32_t kCand = -4;    // a token of the LRU part, not yet resolved
+constexpr int32_t kMiss = -5;    // to be loaded into an evicted slot
+constexpr int32_t kDone = -6;    // output decided (in e_val)
+// lru_old entries: the slot in the low 14 bits, then two flags.
+constexpr uint16_t kSlotMask = 0x3fff;
+constexpr uint16_t kUsable = 0x4000;  // not a hit, and its device row is in range
+constexpr uint16_t kHit = 0x8000;
+
+// Open-addressing table size for E entries: a power of two >= spread * E
+// (kvt_swap_in_plan: 2, at most half full; the few-miss planner: 4).
+__device__ __forceinline__ uint32_t hash_size(uint32_t entries, uint32_t spread = 2) {
+    uint32_t n = 1;
+    while (n < spread * entries) n <<= 1;
+    return n;
+}
+__device__ __forceinline__ uint32_t hash_of(int32_t key, uint32_t mask) {
+    return ((uint32_t)key * 2654435761u) & mask;
+}
+
+// The planning hash table (shared memory): token -> lowest entry index
+// holding it, open addressing over mask + 1 cells.
+struct TokenHash {
+    int32_t* keys;
+    int32_t* vals;
+    uint32_t mask;
+
+    __device__ __forceinline__ void clear(uint32_t tid, uint32_t nthreads) const {
+        for (uint32_t i = tid; i <= mask; i += nthreads) {
+            keys[i] = kEmptyKey;
+            vals[i] = kNone;
+        }
+    }
+    // True when another entry inserted the token first (a duplicate).
+    __device__ __forceinline__ bool insert(int32_t token, int32_t index) const {
+        uint32_t h = hash_of(token, mask);
+        while (true) {
+            const int32_t old = atomicCAS(&keys[h], kEmptyKey, token);
+            if (old == kEmptyKey || old == token) {
+                atomicMin(&vals[h], index);
+                return old == token;
+            }
+            h = (h + 1) & mask;
+        }
+    }
+    // The lowest entry index holding `token`, or -1.
+    __device__ __forceinline__ int32_t find(int32_t token) const {
+        uint32_t h = hash_of(token, mask);
+        while (true) {
+            const int32_t k = keys[h];
+            if (k == token) return vals[h];
+            if (k == kEmptyKey) return -1;
+            h = (h + 1) & mask;
+        }
+    }
+};
+
+// real_rows_of num_real_reqs (none given: every row); a negative value is
+// reported by thread 0 of block 0 when `report_it` is set.
+__device__ __forceinline__ uint32_t real_rows(const kvt_swap_in_params& p, kvt_error_word* err, bool report_it) {
+    if (p.num_real_reqs == 0) return p.batch;
+    const int32_t given = ld(reinterpret_cast<const int32_t*>(p.num_real_reqs));
+    const uint32_t real = real_rows_of(given, p.batch);
+    if (report_it && given < 0 && blockIdx.x == 0 && threadIdx.x == 0)
+        report(err, KVT_ERR_SWAP_NUM_REAL, 0, given);
+    return real;
+}
+
+// An LRU slot's token and device row, loaded together.
+struct SlotRow {
+    int32_t token;
+    int32_t loc;
+};
+
+// What entry i of a row's query names: a token position, or -1 for padding.
+// With a block query (KVT_SWAP_QUERY_BLOCKS) entry i is token i % block_tokens
+// of the block in column i / block_tokens; a block id of -1 is padding, a
+// lower one is refused (`bad`, reported once per column by the caller).
+struct QueryEntry {
+    int64_t token;
+    bool bad;
+};
+// Entry i of a token query.
+__device__ __forceinline__ QueryEntry token_entry(const int32_t* q, uint32_t i) {
+    const int32_t t = ld(q + i);
+    return {t, t < -1};
+}
+__device__ __forceinline__ QueryEntry query_entry(const kvt_swap_in_params& p, const int32_t* q, uint32_t i) {
+    if (!(p.flags & KVT_SWAP_QUERY_BLOCKS)) return token_entry(q, i);
+    const uint32_t column = i / p.block_tokens;
+    const int32_t block = ld(q + column);
+    if (block < 0) return {-1, block < -1};
+    return {(int64_t)block * p.block_tokens + (i - column * p.block_tokens), false};
+}
+
+// What entry i of a row's query resolves to once checked: its token, -1 for
+// padding, -2 for a refused entry (reported: a token query's bad token at
+// its column, a block query's bad block once, at its column). A block may
+// run past the sequence (its last block, or one the selector padded with):
+// those entries are padding; a token query naming a position past the
+// sequence is refused.
+__device__ __forceinline__ int64_t classify(const kvt_swap_in_params& p, kvt_error_word* err, const int32_t* topk,
+                                            uint32_t row_pos, int64_t seq, uint32_t i, const QueryEntry& q) {
+    const bool blocks = p.flags & KVT_SWAP_QUERY_BLOCKS;
+    if (q.bad) {
+        if (!blocks)
+            report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, q.token);
+        else if (i % p.block_tokens == 0)
+            report(err, KVT_ERR_SWAP_TOKEN, row_pos | (i / p.block_tokens), ld(topk + i / p.block_tokens));
+        return -2;
+    }
+    if (q.token >= seq) {
+        if (blocks) return -1;
+        report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, q.token);
+        return -2;
+    }
+    return q.token;
+}
+
+// Copies host row `src` to device row `dst` of every KV plane with the calling
+// warp, after checking both rows (the plan already did; a replayed plan is the
+// caller's, so the copy stays safe on its own). U: vectors per lane a pass
+// keeps in flight (warp_copy_entry).
+template <uint32_t U = KVT_UNROLL>
+__device__ __forceinline__ void copy_row(const kvt_swap_in_params& p, kvt_error_word* err, int64_t src, int64_t dst,
+                                         uint32_t position, uint32_t lane) {
+    if (!in_rows(src, p.host_rows) || !in_rows(dst, p.device_rows)) {
+        if (lane == 0)
+            report(err, in_rows(src, p.host_rows) ? KVT_ERR_SWAP_DEVICE_LOC : KVT_ERR_SWAP_HOST_LOC, position,
+                   in_rows(src, p.host_rows) ? dst : src);
+        return;
+    }
+    warp_copy_item<PoolToDevice, U>(p.items, p.host_cache[0], p.device_buffer[0], (uint64_t)src, (uint64_t)dst, lane);
+    if (p.host_cache[1] != 0)
+        warp_copy_item<PoolToDevice, U>(p.items, p.host_cache[1], p.device_buffer[1], (uint64_t)src, (uint64_t)dst,
+                                     lane);
+}
+
+}  // namespace swap
+}  // namespace kvt
+

@@ -1,0 +1,473 @@
+// kernels/swap_in_few_miss.cu — the few-miss swap-in planner: the contract
+// of kvt_swap_in_plan (abi.h; semantics in src/swap_in/mod.rs) planned with
+// warp votes by one block of KVT_SWAP_FEW_MISS_THREADS per row, and a row's
+// misses copied by its own block when they fit one pass of its warps.
+//
+// Why a second planner: measured on an H100 (bench/results/h100-2026-11-25),
+// kvt_swap_in_plan spends ~35 us planning one row of K 2048 over HOT 4096,
+// twice SGLang's whole kernel, in the decode step servers live in (a handful
+// of misses per request). ncu: one block of 16 warps issuing ~80k
+// instructions, one every 3.8 cycles per scheduler; 47 barriers. This one has
+// 32 warps of at most 64 registers, four barriers after the row's checks,
+// ranks with ballots and warp shuffles instead of block scans, loads the
+// slots' tokens and rows in slot order (coalesced) instead of through the LRU
+// permutation, and copies a few misses in the planning block, so the 2-miss
+// case pays no second kernel before its first host read.
+#include "swap_in.cuh"
+
+namespace kvt {
+namespace swap {
+namespace few {
+
+constexpr uint32_t kWarps = KVT_SWAP_FEW_MISS_THREADS / KVT_WARP;
+static_assert(kWarps == KVT_WARP, "a warp scans one total per warp of the block");
+// The hash table is at most a quarter full: every slot of the hot buffer is
+// looked up, most of them in vain, and a warp waits for its longest probe.
+constexpr uint32_t kHashSpread = 4;
+// Chunks of 32 entries a warp owns at most (entries <= KVT_SWAP_MAX_TOP_K):
+// a lane keeps its entries' miss state in registers across the phases.
+constexpr uint32_t kMaxEntryChunks = (KVT_SWAP_MAX_TOP_K / KVT_WARP + kWarps - 1) / kWarps;
+
+// The block's shared memory, carved from kvt_dynamic_smem; the host computes
+// the same size (few_miss_smem_bytes in src/swap_in/cuda.rs). 8-byte arrays
+// first, then 4-byte, then 2-byte. Each array's address is computed where it
+// is used, from the two sizes: a struct of thirteen pointers would hold
+// thirteen registers through the whole kernel.
+struct Smem {
+    uint32_t E, H, hs;
+
+    __device__ __forceinline__ Smem(uint32_t entries, uint32_t hot)
+        : E(entries), H(hot), hs(hash_size(entries, kHashSpread)) {}
+    __device__ __forceinline__ int32_t* words() const {
+        return reinterpret_cast<int32_t*>(kvt_dynamic_smem) + 2 * KVT_SWAP_FEW_MISS_INLINE;
+    }
+    // [INLINE] host row of miss m, for the block's own copy, and its device row
+    __device__ __forceinline__ int64_t* copy_src() const { return reinterpret_cast<int64_t*>(kvt_dynamic_smem); }
+    __device__ __forceinline__ int32_t* copy_dst() const { return words(); }
+    // [kWarps * 3] per warp: hits, evictables, usable evictables; [kWarps] misses
+    __device__ __forceinline__ uint32_t* slot_totals() const {
+        return reinterpret_cast<uint32_t*>(words() + KVT_SWAP_FEW_MISS_INLINE);
+    }
+    __device__ __forceinline__ uint32_t* miss_totals() const { return slot_totals() + 3 * kWarps; }
+    // [4]: [0] set when the query names a token twice
+    __device__ __forceinline__ int32_t* duplicates() const {
+        return reinterpret_cast<int32_t*>(miss_totals() + kWarps);
+    }
+    // [hs] each: the token hash table
+    __device__ __forceinline__ int32_t* hash_keys() const {
+        return words() + KVT_SWAP_FEW_MISS_INLINE + 4 * kWarps + 4;
+    }
+    __device__ __forceinline__ int32_t* hash_vals() const { return hash_keys() + hs; }
+    // [H] token per slot, in slot order; [H + 1] device row per slot, the
+    // reserved slot last (16-byte aligned, so are both when H % 4 == 0)
+    __device__ __forceinline__ int32_t* slot_tok() const { return hash_keys() + 2 * hs; }
+    __device__ __forceinline__ int32_t* slot_loc() const { return slot_tok() + H; }
+    // [E] the entry's token, or kPad / kBad / kNewest
+    __device__ __forceinline__ int32_t* e_tok() const { return slot_loc() + H + 1; }
+    // [E] lowest LRU position of a hit, then the output
+    __device__ __forceinline__ int32_t* e_val() const { return e_tok() + E; }
+    // [ceil(H / 32)] slots seen in lru_slots
+    __device__ __forceinline__ uint32_t* bitmap() const { return reinterpret_cast<uint32_t*>(e_val() + E); }
+    // [H] slot per LRU position, with kHit / kUsable; [E] the first E usable
+    // evictable slots, in LRU order
+    __device__ __forceinline__ uint16_t* lru_old() const {
+        return reinterpret_cast<uint16_t*>(bitmap() + (H + 31) / 32);
+    }
+    __device__ __forceinline__ uint16_t* usable_slot() const { return lru_old() + H; }
+};
+
+// Four slots' tokens or rows, as one 16-byte vector.
+struct SlotRow4 {
+    uint4 tokens, locs;
+};
+__device__ __forceinline__ bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+__device__ __forceinline__ const uint4* as_vec(const int32_t* p) { return reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ uint4* as_vec(int32_t* p) { return reinterpret_cast<uint4*>(p); }
+
+// The chunks of 32 items (one per lane) warp `warp` owns of `count`: a
+// contiguous run, so that ranks in item order are this warp's offset plus
+// its running count plus the lane's rank in the chunk's ballot. Every lane of
+// a warp gets the same run, so loops over it may vote.
+struct Chunks {
+    uint32_t first, end;
+    __device__ __forceinline__ Chunks(uint32_t count, uint32_t warp) {
+        const uint32_t chunks = (count + KVT_WARP - 1) / KVT_WARP;
+        const uint32_t per = (chunks + kWarps - 1) / kWarps;
+        first = min(warp * per, chunks);
+        end = min(first + per, chunks);
+    }
+};
+
+// Exclusive prefix (this warp's offset) and total over the block of one
+// per-warp count in shared memory (`stride` words between warps).
+struct WarpOffset {
+    uint32_t before, total;
+};
+__device__ __forceinline__ WarpOffset warp_offset(const uint32_t* totals, uint32_t stride, uint32_t warp,
+                                                  uint32_t lane) {
+    const uint32_t mine = totals[lane * stride];
+    const uint32_t incl = warp_inclusive_sum(mine, lane);
+    return {warp_read(incl - mine, warp), warp_read(incl, KVT_WARP - 1)};
+}
+
+}  // namespace few
+}  // namespace swap
+}  // namespace kvt
+
+// kvt_swap_in_few_miss_plan — one block of KVT_SWAP_FEW_MISS_THREADS per batch
+// row; the same contract, outputs, state, plan and error reports as
+// kvt_swap_in_plan.
+// Reads:   as kvt_swap_in_plan; the request's device_buffer_tokens (LRU
+//          slots) and device_buffer_locs are read whole, in slot order.
+// Writes:  as kvt_swap_in_plan; and unless KVT_SWAP_SKIP_IO, the device rows
+//          of a row's misses when it has at most KVT_SWAP_FEW_MISS_INLINE
+//          (the copy kernel launched after it with KVT_SWAP_SKIP_INLINE moves
+//          the others).
+// Assumes: blockDim.x == KVT_SWAP_FEW_MISS_THREADS, gridDim.x == batch,
+//          dynamic shared memory of few_miss_smem_bytes (src/swap_in/cuda.rs),
+//          the host-checked shapes (entries <= hot <= KVT_SWAP_MAX_HOT,
+//          buffers cover their rows).
+// Critical path of a 2-miss row (dependent device-memory accesses before
+// the first host read): the row's request and length; its slots, LRU order
+// and query (issued together); the misses' host rows; then the host read.
+// Three, where SGLang 0.5.23's kernel has four (request; LRU order and query;
+// the slots' tokens through the LRU order; the misses' host and device rows).
+extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
+    kvt_swap_in_few_miss_plan(const kvt_swap_in_params p) {
+    using namespace kvt;
+    using namespace kvt::swap;
+    using namespace kvt::swap::few;
+    const uint32_t b = blockIdx.x;
+    const uint32_t tid = threadIdx.x;
+    const uint32_t nthreads = blockDim.x;
+    const uint32_t warp = tid / KVT_WARP, lane = tid % KVT_WARP, below = lanes_below(lane);
+    const uint32_t E = p.entries;
+    const uint32_t H = p.hot;
+    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
+    int32_t* out = reinterpret_cast<int32_t*>(p.top_k_device_locs) + (uint64_t)b * p.out_stride;
+    int32_t* plan_count = reinterpret_cast<int32_t*>(p.plan_count);
+    int64_t* plan_src = reinterpret_cast<int64_t*>(p.plan_src) + (uint64_t)b * p.plan_stride;
+    int32_t* plan_dst = reinterpret_cast<int32_t*>(p.plan_dst) + (uint64_t)b * p.plan_stride;
+    const uint32_t row_pos = b << 16;
+    auto fill_out = [&]() {
+        for (uint32_t i = tid; i < E; i += nthreads) st(out + i, (int32_t)-1);
+    };
+
+    const int64_t rid = load_index(p.req_pool_indices, b, p.flags & KVT_SWAP_REQ_INDICES_I64);
+    const int64_t seq = load_index(p.seq_lens, b, p.flags & KVT_SWAP_SEQ_LENS_I64);
+    const uint32_t real = real_rows(p, err, true);
+    if (b >= real) {  // padding: outputs -1, state and plan row untouched
+        fill_out();
+        return;
+    }
+    auto refuse = [&]() {
+        fill_out();
+        if (tid == 0) st(plan_count + b, (int32_t)0);
+    };
+    if (rid < 0 || rid >= (int64_t)p.num_requests) {
+        if (tid == 0) report(err, KVT_ERR_SWAP_REQ, row_pos, rid);
+        refuse();
+        return;
+    }
+
+    const Smem s(E, H);
+    const TokenHash hash{s.hash_keys(), s.hash_vals(), s.hs - 1};
+    const bool long_row = seq > (int64_t)H && seq <= (int64_t)p.max_tokens;
+    // A request an earlier row names is that row's to change: this row is
+    // refused. The comparisons are voted on at the first barrier, which also
+    // orders the table clears before the inserts.
+    bool named = false;
+    {
+        const bool wide = p.flags & KVT_SWAP_REQ_INDICES_I64;
+        for (uint32_t e = tid; e < b; e += nthreads) named |= load_index(p.req_pool_indices, e, wide) == rid;
+    }
+    if (long_row) {
+        hash.clear(tid, nthreads);
+        for (uint32_t w = tid; w < (H + 31) / 32; w += nthreads) s.bitmap()[w] = 0;
+        if (tid == 0) s.duplicates()[0] = 0;
+    }
+    if (__syncthreads_or(named)) {
+        if (tid == 0) report(err, KVT_ERR_SWAP_DUP_REQ, row_pos, rid);
+        refuse();
+        return;
+    }
+    if (seq < 0 || seq > (int64_t)p.max_tokens) {
+        if (tid == 0) report(err, KVT_ERR_SWAP_SEQ_LEN, row_pos, seq);
+        refuse();
+        return;
+    }
+
+    const int32_t* topk = reinterpret_cast<const int32_t*>(p.top_k_tokens) + (uint64_t)b * p.top_k_stride;
+    int32_t* btok = reinterpret_cast<int32_t*>(p.device_buffer_tokens) + (uint64_t)rid * p.tokens_stride;
+    const int32_t* bloc = reinterpret_cast<const int32_t*>(p.device_buffer_locs) + (uint64_t)rid * p.locs_stride;
+    int16_t* lru = reinterpret_cast<int16_t*>(p.lru_slots) + (uint64_t)rid * p.lru_stride;
+    const int64_t* hloc = reinterpret_cast<const int64_t*>(p.host_cache_locs) + (uint64_t)rid * p.host_stride;
+
+    // Short sequence: token t lives in slot t; no copies, no state change.
+    if (!long_row) {
+        const bool blocks = p.flags & KVT_SWAP_QUERY_BLOCKS;
+        const uint32_t count = blocks || seq >= (int64_t)E ? E : (uint32_t)seq;
+        for (uint32_t i = tid; i < E; i += nthreads) {
+            int32_t o = -1;
+            if (i < count) {
+                const QueryEntry q = blocks ? query_entry(p, topk, i) : token_entry(topk, i);
+                const int64_t t = classify(p, err, topk, row_pos, seq, i, q);
+                if (t >= 0) {
+                    const int32_t loc = ld(bloc + t);
+                    if (in_rows(loc, p.device_rows))
+                        o = loc;
+                    else
+                        report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, loc);
+                }
+            }
+            st(out + i, o);
+        }
+        if (tid == 0) st(plan_count + b, (int32_t)0);
+        return;
+    }
+
+    // Long sequence. The row's slots (in slot order), LRU order and query are
+    // loaded together; tokens of the LRU part go into the hash table.
+    const int32_t newest = (int32_t)(seq - 1);
+    constexpr uint32_t kLoads = 4;
+    if (H % 4 == 0 && aligned16(btok) && aligned16(bloc)) {
+        // Four slots a load (SGLang's rows are 16-byte aligned): a quarter
+        // of the loads and of their address arithmetic (two in flight: HOT
+        // 8192 in one pass; four would spill).
+        batched<2>(
+            tid, H / 4, nthreads,
+            [&](uint32_t q) { return SlotRow4{ld(as_vec(btok) + q), ld(as_vec(bloc) + q)}; },
+            [&](uint32_t q, const SlotRow4& r) {
+                as_vec(s.slot_tok())[q] = r.tokens;
+                as_vec(s.slot_loc())[q] = r.locs;
+            });
+    } else {
+        batched<kLoads>(
+            tid, H, nthreads, [&](uint32_t slot) { return SlotRow{ld(btok + slot), ld(bloc + slot)}; },
+            [&](uint32_t slot, const SlotRow& r) {
+                s.slot_tok()[slot] = r.token;
+                s.slot_loc()[slot] = r.loc;
+            });
+    }
+    if (tid == 0) s.slot_loc()[H] = ld(bloc + H);
+    bool lru_bad = false;
+    batched<kLoads>(
+        tid, H, nthreads, [&](uint32_t pos) { return ld(lru + pos); },
+        [&](uint32_t pos, int16_t slot) {
+            bool ok = slot >= 0 && (uint32_t)slot < H;
+            if (ok) {
+                const uint32_t bit = 1u << (slot & 31);
+                ok = (atomicOr(&s.bitmap()[slot >> 5], bit) & bit) == 0;
+            }
+            lru_bad |= !ok;
+            s.lru_old()[pos] = ok ? (uint16_t)slot : 0;
+        });
+    {
+        auto insert = [&](uint32_t i, const QueryEntry& q) {
+            const int64_t t = classify(p, err, topk, row_pos, seq, i, q);
+            const int32_t tok = t == -1 ? kPad : t < 0 ? kBad : t == newest ? kNewest : (int32_t)t;
+            s.e_tok()[i] = tok;
+            s.e_val()[i] = kNone;
+            if (tok >= 0 && hash.insert(tok, (int32_t)i)) s.duplicates()[0] = 1;
+        };
+        // One loop per query kind: in a shared one the compiler computes a
+        // block query's division for every entry of a token query too.
+        if (p.flags & KVT_SWAP_QUERY_BLOCKS)
+            batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return query_entry(p, topk, i); }, insert);
+        else
+            batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return token_entry(topk, i); }, insert);
+    }
+    if (__syncthreads_or(lru_bad)) {  // lru_slots is not a permutation of [0, hot)
+        if (tid == 0) report(err, KVT_ERR_SWAP_LRU, row_pos, 0);
+        refuse();
+        return;
+    }
+
+    // Slots in LRU order: a slot whose token is in the query is a hit (the
+    // lowest LRU position wins for a token in two slots); the others are
+    // evictable, usable when their device row is in range.
+    const Chunks pc(H, warp);
+    {
+        uint32_t n_hit = 0, n_evict = 0, n_usable = 0;
+        for (uint32_t c = pc.first; c < pc.end; ++c) {
+            const uint32_t pos = c * KVT_WARP + lane;
+            bool hit = false, evict = false, usable = false;
+            if (pos < H) {
+                const uint16_t slot = s.lru_old()[pos];
+                const int32_t token = s.slot_tok()[slot];
+                const int32_t e = token >= 0 ? hash.find(token) : -1;
+                if (e >= 0) {
+                    hit = true;
+                    atomicMin(&s.e_val()[e], (int32_t)pos);
+                } else {
+                    evict = true;
+                    const int32_t loc = s.slot_loc()[slot];
+                    usable = in_rows(loc, p.device_rows);
+                    if (!usable) report(err, KVT_ERR_SWAP_SLOT_LOC, row_pos | slot, loc);
+                }
+                s.lru_old()[pos] = slot | (hit ? kHit : 0) | (usable ? kUsable : 0);
+            }
+            n_hit += __popc(warp_ballot(hit));
+            n_evict += __popc(warp_ballot(evict));
+            n_usable += __popc(warp_ballot(usable));
+        }
+        if (lane == 0) {
+            s.slot_totals()[warp * 3 + 0] = n_hit;
+            s.slot_totals()[warp * 3 + 1] = n_evict;
+            s.slot_totals()[warp * 3 + 2] = n_usable;
+        }
+    }
+    __syncthreads();
+    const WarpOffset hits = warp_offset(s.slot_totals() + 0, 3, warp, lane);
+    const WarpOffset evictables = warp_offset(s.slot_totals() + 1, 3, warp, lane);
+    const WarpOffset usables = warp_offset(s.slot_totals() + 2, 3, warp, lane);
+    {  // The first E usable evictables, in LRU order: the m-th miss takes the m-th.
+        uint32_t u = usables.before;
+        for (uint32_t c = pc.first; c < pc.end; ++c) {
+            const uint32_t pos = c * KVT_WARP + lane;
+            const uint16_t f = pos < H ? s.lru_old()[pos] : 0;
+            const bool usable = pos < H && (f & kUsable);
+            const uint32_t votes = warp_ballot(usable);
+            const uint32_t r = u + __popc(votes & below);
+            if (usable && r < E) s.usable_slot()[r] = f & kSlotMask;
+            u += __popc(votes);
+        }
+    }
+
+    // Entries: the newest token and hits output their device rows; the other
+    // tokens are misses when their host row is in range. A lane keeps its
+    // entries' misses (bit k of `miss_bits` for chunk first + k) and their
+    // host rows in registers; duplicates (`dup_bits`) take their canonical
+    // entry's output at the end.
+    const Chunks ec(E, warp);
+    // Which entries are the canonical (first) occurrence of their token needs
+    // a lookup only when some token occurs twice (hostile input).
+    const bool dups = s.duplicates()[0] != 0;
+    auto canonical = [&](int32_t tok, uint32_t i) { return !dups || hash.find(tok) == (int32_t)i; };
+    int64_t host_row[kMaxEntryChunks];
+    uint32_t miss_bits = 0, dup_bits = 0, n_miss = 0;
+#pragma unroll
+    for (uint32_t k = 0; k < kMaxEntryChunks; ++k) {  // the misses' host rows, loaded together
+        const uint32_t i = (ec.first + k) * KVT_WARP + lane;
+        host_row[k] = -1;
+        if (ec.first + k < ec.end && i < E) {
+            const int32_t tok = s.e_tok()[i];
+            if (tok >= 0 && s.e_val()[i] == kNone && canonical(tok, i)) host_row[k] = ld(hloc + tok);
+        }
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < kMaxEntryChunks; ++k) {
+        if (ec.first + k >= ec.end) break;  // warp-uniform
+        const uint32_t i = (ec.first + k) * KVT_WARP + lane;
+        bool miss = false;
+        if (i < E) {
+            const int32_t tok = s.e_tok()[i];
+            int32_t o = -1;
+            if (tok == kNewest) {
+                const int32_t loc = s.slot_loc()[H];
+                if (in_rows(loc, p.device_rows))
+                    o = loc;
+                else
+                    report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, loc);
+            } else if (tok >= 0 && !canonical(tok, i)) {
+                dup_bits |= 1u << k;
+            } else if (tok >= 0 && s.e_val()[i] != kNone) {
+                const int32_t loc = s.slot_loc()[s.lru_old()[s.e_val()[i]] & kSlotMask];
+                if (in_rows(loc, p.device_rows))
+                    o = loc;
+                else
+                    report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, loc);
+            } else if (tok >= 0) {
+                miss = in_rows(host_row[k], p.host_rows);
+                if (!miss) report(err, KVT_ERR_SWAP_HOST_LOC, row_pos | i, host_row[k]);
+            }
+            s.e_val()[i] = o;
+        }
+        miss_bits |= (uint32_t)miss << k;
+        n_miss += __popc(warp_ballot(miss));
+    }
+    if (lane == 0) s.miss_totals()[warp] = n_miss;
+    __syncthreads();
+    const WarpOffset misses = warp_offset(s.miss_totals(), 1, warp, lane);
+    const uint32_t n_load = min(misses.total, usables.total);
+    const bool copy_here = n_load <= KVT_SWAP_FEW_MISS_INLINE && !(p.flags & KVT_SWAP_SKIP_IO);
+
+    // The m-th miss (query order) takes the m-th usable evictable slot; the
+    // rest have no slot (reported). Outputs of all but duplicates.
+    {
+        uint32_t r = misses.before;
+#pragma unroll
+        for (uint32_t k = 0; k < kMaxEntryChunks; ++k) {
+            if (ec.first + k >= ec.end) break;  // warp-uniform
+            const uint32_t i = (ec.first + k) * KVT_WARP + lane;
+            const bool miss = (miss_bits >> k) & 1u;
+            const uint32_t votes = warp_ballot(miss);
+            const uint32_t m = r + __popc(votes & below);
+            r += __popc(votes);
+            if (i >= E || ((dup_bits >> k) & 1u)) continue;
+            int32_t o = s.e_val()[i];
+            if (miss) {
+                if (m < n_load) {
+                    const uint16_t slot = s.usable_slot()[m];
+                    o = s.slot_loc()[slot];
+                    st(btok + slot, s.e_tok()[i]);
+                    st(plan_src + m, host_row[k]);
+                    st(plan_dst + m, o);
+                    if (copy_here) {
+                        s.copy_src()[m] = host_row[k];
+                        s.copy_dst()[m] = o;
+                    }
+                } else {
+                    report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, -1);
+                }
+                s.e_val()[i] = o;
+            }
+            st(out + i, o);
+        }
+    }
+    if (tid == 0) st(plan_count + b, (int32_t)n_load);
+
+    // New LRU order: unused evictables (old order), the slots just loaded
+    // (miss order), the hits (old order).
+    {
+        uint32_t hit_r = hits.before, evict_r = evictables.before, usable_r = usables.before;
+        for (uint32_t c = pc.first; c < pc.end; ++c) {
+            const uint32_t pos = c * KVT_WARP + lane;
+            const bool valid = pos < H;
+            const uint16_t f = valid ? s.lru_old()[pos] : 0;
+            const bool hit = valid && (f & kHit), evict = valid && !hit, usable = valid && (f & kUsable);
+            const uint32_t vh = warp_ballot(hit), ve = warp_ballot(evict), vu = warp_ballot(usable);
+            const uint32_t hr = hit_r + __popc(vh & below), er = evict_r + __popc(ve & below),
+                           ur = usable_r + __popc(vu & below);
+            hit_r += __popc(vh);
+            evict_r += __popc(ve);
+            usable_r += __popc(vu);
+            if (!valid) continue;
+            uint32_t to;
+            if (hit)
+                to = evictables.total + hr;
+            else if (usable && ur < n_load)
+                to = evictables.total - n_load + ur;
+            else
+                to = er - min(ur, n_load);
+            st(lru + to, (int16_t)(f & kSlotMask));
+        }
+    }
+
+    __syncthreads();  // canonical outputs and the copy list, for other threads
+#pragma unroll
+    for (uint32_t k = 0; k < kMaxEntryChunks; ++k) {
+        if (!((dup_bits >> k) & 1u)) continue;
+        const uint32_t i = (ec.first + k) * KVT_WARP + lane;
+        st(out + i, s.e_val()[hash.find(s.e_tok()[i])]);
+    }
+    // The copy kernel follows unless no bytes move; it waits for this grid
+    // to complete before it reads the plan.
+    if (!(p.flags & KVT_SWAP_SKIP_IO)) allow_dependents();
+    // Two 16-byte vectors a lane in flight: a row of up to 1 KiB (656-byte DSA
+    // items, DeepSeek-V4's 576 + 8) in one pass over the link; three or four
+    // would spill at 64 registers.
+    if (copy_here)
+        for (uint32_t m = warp; m < n_load; m += kWarps)
+            copy_row<2>(p, err, s.copy_src()[m], s.copy_dst()[m], row_pos | m, lane);
+}
