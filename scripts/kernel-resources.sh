@@ -2,9 +2,12 @@
 # Prints what each kernel costs an SM, from ptxas (`nvcc --resource-usage`):
 # registers, spills, static shared memory, barriers, and the blocks per SM
 # its registers allow at its block size (sm_80 and sm_90: 64 K registers,
-# 2048 threads, 32 blocks per SM; registers allocated 256 per warp). CI runs
-# it, so a change in any of these shows in review. Needs nvcc (NVCC, or the
-# wheel in .tools/ that scripts/install-tools.sh puts there).
+# 2048 threads, 32 blocks per SM; registers allocated 256 per warp), and
+# its code size in SASS instructions (the cubin's .text.<kernel> section,
+# 16 bytes an instruction, read with readelf: the compiler wheels ship no
+# cuobjdump). CI runs it, so a change in any of these shows in review. Needs
+# nvcc (NVCC, or the wheel in .tools/ that scripts/install-tools.sh puts
+# there) and readelf.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nvcc=${NVCC:-$PWD/.tools/py/nvidia/cu13/bin/nvcc}
@@ -16,10 +19,24 @@ threads_of() {  # the kernel's block size (src/cuda/kernels.rs)
     *) echo 256 ;;
   esac
 }
-printf '%-18s %-6s %5s %7s %8s %9s %14s\n' kernel arch regs spills smem_B barriers blocks_per_SM
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# instructions NAME CUBIN: the size of .text.NAME over 16.
+instructions() {
+  readelf -SW "$2" 2>/dev/null | python3 -c '
+import re, sys
+for line in sys.stdin:
+    m = re.search(r"\]\s+\.text\.(\w+)\s+PROGBITS\s+[0-9a-f]+\s+[0-9a-f]+\s+([0-9a-f]+)", line)
+    if m and m.group(1) == sys.argv[1]:
+        print(int(m.group(2), 16) // 16)
+        break
+' "$1"
+}
+printf '%-26s %-6s %5s %7s %8s %9s %14s %7s\n' kernel arch regs spills smem_B barriers blocks_per_SM instrs
 for arch in 80 90; do
   for src in kernels/*.cu; do
-    "$nvcc" -cubin -arch=sm_$arch -O3 -std=c++17 -I kernels --resource-usage -o /dev/null "$src" 2>&1 |
+    cubin="$tmp/$(basename "$src" .cu).sm_$arch.cubin"
+    "$nvcc" -cubin -arch=sm_$arch -O3 -std=c++17 -I kernels --resource-usage -o "$cubin" "$src" 2>&1 |
       python3 -c '
 import re, sys
 name = None
@@ -43,8 +60,9 @@ for line in sys.stdin:
       by_threads=$(( 2048 / threads ))
       blocks=$(( by_regs < by_threads ? by_regs : by_threads ))
       blocks=$(( blocks < 32 ? blocks : 32 ))
-      printf '%-18s sm_%-3s %5s %7s %8s %9s %8s (x%s)\n' "$name" "$arch" "$regs" "$spill" "$smem" "$barriers" "$blocks" "$threads"
+      printf '%-26s sm_%-3s %5s %7s %8s %9s %8s (x%s) %7s\n' "$name" "$arch" "$regs" "$spill" "$smem" "$barriers" \
+        "$blocks" "$threads" "$(instructions "$name" "$cubin")"
     done
   done
 done
-echo "smem_B is static shared memory; kvt_swap_in_plan and kvt_swap_in_copy also take dynamic shared memory sized per call (src/swap_in/cuda.rs), kvt_spec_swap_in KVT_SPEC_SMEM_BYTES (kernels/abi.h)."
+echo "smem_B is static shared memory; kvt_swap_in_plan, kvt_swap_in_few_miss_plan and kvt_swap_in_copy also take dynamic shared memory sized per call (src/swap_in/cuda.rs), kvt_spec_swap_in KVT_SPEC_SMEM_BYTES (kernels/abi.h)."

@@ -346,14 +346,14 @@ impl Tier {
     }
 
     /// LRU device-buffer swap-in with page-table update for one layer and a
-    /// whole batch, SGLang HiSparse semantics (see [`crate::swap_in`]): plan per
-    /// request, then one copy over every miss of the batch. On the caller's
-    /// stream, no allocation, no host synchronisation; bad indices are refused
-    /// and reported (CPU: now; CUDA: at the next [`Tier::check`]). The plan
-    /// scratch belongs to the tier: swap-ins of one tier must run one after
-    /// the other (one stream, or ordered with events), as layers do.
+    /// whole batch, SGLang HiSparse semantics (see [`crate::swap_in`]), with
+    /// [`SwapInStrategy::DEFAULT`]. On the caller's stream, no allocation, no
+    /// host synchronisation; bad indices are refused and reported (CPU: now;
+    /// CUDA: at the next [`Tier::check`]). The plan scratch belongs to the
+    /// tier: swap-ins of one tier must run one after the other (one stream,
+    /// or ordered with events), as layers do.
     pub fn swap_in(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
-        self.swap_in_with(args, SwapInStrategy::PlanThenCopy, stream)
+        self.swap_in_with(args, SwapInStrategy::DEFAULT, stream)
     }
 
     /// [`Tier::swap_in`] with an explicit strategy for the CUDA executor (the

@@ -207,9 +207,12 @@ pub(crate) fn copy_to_device_async<T>(
 pub const REGISTER_FLAGS: u32 =
     sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
 
-/// The extra flag some CXL and DAX setups need: the range is I/O memory
-/// (e.g. a PCIe BAR) rather than system RAM. Add it to
-/// `PoolOptions::register_flags` for such devices.
+/// `CU_MEMHOSTREGISTER_IOMEMORY`: the range is I/O memory (a PCIe BAR mapped
+/// into the process) rather than system RAM. CXL memory, as a devdax device
+/// or a NUMA node, is system RAM with struct pages and needs no flag; with
+/// this one such a registration would likely fail or map it uncached
+/// (docs/registration.md). Add it to `PoolOptions::register_flags` only for
+/// a device that really is a BAR.
 pub const REGISTER_IOMEMORY: u32 = sys::CU_MEMHOSTREGISTER_IOMEMORY;
 
 /// Host memory registered with the driver (`cuMemHostRegister`) so that GPU

@@ -118,6 +118,15 @@ impl Stream {
     pub fn raw(&self) -> sys::CUstream {
         self.0
     }
+
+    /// Whether this is a default stream rather than one a caller created:
+    /// null or `CU_STREAM_LEGACY` (the legacy default stream, which
+    /// synchronises implicitly with the context's blocking streams) or
+    /// `CU_STREAM_PER_THREAD`. Launches there are ordinary ones, never
+    /// programmatic dependents.
+    pub fn is_default(&self) -> bool {
+        matches!(self.0 as usize, 0..=2)
+    }
 }
 
 impl Default for Stream {
@@ -419,7 +428,7 @@ impl CudaDevice {
     ) -> Result<()> {
         // The legacy default stream keeps its implicit synchronisation with
         // other streams: ordinary launches there.
-        if !self.dependent_launch() || stream.raw().is_null() {
+        if !self.dependent_launch() || stream.is_default() {
             // SAFETY: per this function's contract.
             return unsafe { self.launch(kernel, grid, block, smem, params, stream) };
         }
@@ -480,5 +489,26 @@ impl std::fmt::Debug for CudaDevice {
             .field("compute_capability", &self.compute_capability)
             .field("sm_count", &self.sm_count)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Stream;
+
+    #[test]
+    fn default_streams_are_told_from_created_ones() {
+        // SAFETY: the handles are only compared, never used.
+        let raw = |v: usize| unsafe { Stream::from_raw(v as super::sys::CUstream) };
+        for (handle, default) in [
+            (0, true),
+            (1, true),
+            (2, true),
+            (3, false),
+            (0x7f00_0000_1000, false),
+        ] {
+            assert_eq!(raw(handle).is_default(), default, "{handle:#x}");
+        }
+        assert!(Stream::null().is_default());
     }
 }

@@ -181,7 +181,7 @@ def swap_in(
     miss_count=None,
     skip_io: bool = False,
     stream=None,
-    strategy: str = "plan_then_copy",
+    strategy: str = "few_miss",
     block_tokens: int = 0,
     host_cache_v=None,
     device_buffer_v=None,

@@ -262,3 +262,15 @@ def test_a_forwarded_splat_is_followed_only_into_the_speculative_entry_point():
     kw = compat.coordinator_keywords(source)
     assert kw[compat.SPEC] == {"top_k_tokens", "miss_src", "miss_dst", "miss_count"}
     assert kw["load_cache_to_device_buffer_mla"] == {"top_k_tokens", "**plan"}
+
+
+def test_the_report_prints_the_measured_speed_under_the_route_it_concerns():
+    """Where kvtier serves the DSA swap-in, the report says how it measured
+    against SGLang's kernel, the regime where it is slower included; where
+    SGLang serves it, the figures are not kvtier's to print."""
+    served = compat.Route("load_cache_to_device_buffer_mla", "kvtier", "same signature as SGLang's").line()
+    assert served.splitlines()[1].strip() == compat.MEASURED["load_cache_to_device_buffer_mla"]
+    assert "slower at batch 256" in served
+    left = compat.Route("load_cache_to_device_buffer_mla", "SGLang", "platform is ROCm").line()
+    assert "\n" not in left
+    assert "\n" not in compat.Route("copy_cache_planned_mla", "kvtier", "same signature as SGLang's").line()

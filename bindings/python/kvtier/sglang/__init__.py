@@ -9,8 +9,8 @@
   miss plan) and :func:`load_blocks_to_device_buffer_mha` (MiniMax-M3's
   block-selected K and V). :func:`load_cache_to_device_buffer_spec_mla`
   (MTP/EAGLE verify, on SGLang's ``HiSparseSpecState``) is there too, but
-  its kernel has not run on a GPU yet, so :func:`install` leaves that path
-  to SGLang.
+  its kernel, exact on an H100, is slower there than SGLang's, so
+  :func:`install` leaves that path to SGLang.
 - :class:`KvtierHostTensorAllocator`: places SGLang's HiSparse host KV pools
   (``MLATokenToKVPoolHost``, ``DeepSeekV4PagedHostPool``,
   ``HiSparseMHATokenToKVPoolHost``) in a kvtier pool on CXL devices, per rank

@@ -43,10 +43,11 @@ class KvtierConfig:
       ``load_cache_to_device_buffer_mla`` with kvtier's.
     - ``host_pool``: place the coordinator's host KV pool (layer-first) in the
       kvtier pool.
-    - ``strategy``: ``plan_then_copy`` (kvtier's block-scan planner and a
-      wide copy), ``few_miss`` (the warp-vote planner that copies a request's
-      few misses itself) or ``one_block_per_request`` (SGLang's design, for
-      comparison). Same results; they differ in speed only.
+    - ``strategy``: ``few_miss`` (the default: the warp-vote planner that
+      copies a request's few misses itself; the fastest on an H100),
+      ``plan_then_copy`` (the block-scan planner and a wide copy) or
+      ``one_block_per_request`` (SGLang's design, for comparison). Same
+      results; they differ in speed only.
     - ``clients``: client slots of a shared pool kvtier creates (0: default).
     - ``region_layers``: under pipeline parallelism, the most model layers
       any stage holds: the stages share one pool whose regions are sized for
@@ -64,7 +65,7 @@ class KvtierConfig:
     ranks: int | None = None
     swap_in: bool = True
     host_pool: bool = True
-    strategy: str = "plan_then_copy"
+    strategy: str = "few_miss"
     placement: str = "round_robin"
     clients: int = 0
     region_layers: int | None = None

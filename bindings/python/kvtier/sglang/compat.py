@@ -37,11 +37,22 @@ CHECKED_VERSIONS = ("0.5.21", "0.5.22", "0.5.23")
 SPEC = "load_cache_to_device_buffer_spec_mla"
 # Why install() leaves the speculative swap-in to SGLang even where the
 # signatures match: kvtier replaces a kernel only where it is measured not
-# slower than SGLang's, and its speculative kernel has not run on a GPU yet.
+# slower than SGLang's, and on the first GPU measurement its speculative
+# kernel is slower at almost every point.
 SPEC_LEFT = (
-    "same signature as SGLang's, but kvtier's speculative kernel has run only under host emulation, not yet "
-    "on a GPU against SGLang's, so SGLang's kernel serves it"
+    "same signature as SGLang's, but kvtier's speculative kernel, exact on an H100, is slower than SGLang's "
+    "there (0.19-0.92x at 15 of 16 points of its grid, 2026-11-25), so SGLang's kernel serves it"
 )
+# What the single-step swap-in measured against SGLang 0.5.23's own kernel
+# (H100, 2026-11-25, the few-miss planner, kvtier's default), printed under
+# the route it concerns so that a user sees where kvtier is slower.
+MEASURED = {
+    "load_cache_to_device_buffer_mla": (
+        "with strategy few_miss (the default), measured on an H100 against SGLang 0.5.23's kernel: 0.94-2.2x its speed at batch 1-100 (HOT 4096 and "
+        "8192, 2 and 410 misses of K 2048), slower at batch 256 with 2 misses per request (0.75x at HOT 4096, "
+        "0.91x at 8192)"
+    ),
+}
 HOST_POOLS = ("MLATokenToKVPoolHost", "DeepSeekV4PagedHostPool", "HiSparseMHATokenToKVPoolHost")
 ENTRY_POINTS = (
     "load_cache_to_device_buffer_mla",
@@ -79,7 +90,9 @@ class Route:
     def line(self) -> str:
         use = USED_FOR.get(self.name, "")
         who = {"kvtier": "kvtier", "SGLang": "SGLang", "absent": "-"}[self.served_by]
-        return f"  {self.name:<38} {who:<7} {use + ': ' if use else ''}{self.why}"
+        line = f"  {self.name:<38} {who:<7} {use + ': ' if use else ''}{self.why}"
+        measured = MEASURED.get(self.name) if self.served_by == "kvtier" else None
+        return line + (f"\n  {'':<38} {'':<7} {measured}" if measured else "")
 
 
 @dataclass

@@ -34,7 +34,7 @@ from .bad_indices import maybe_poll
 
 def _strategy() -> str:
     cfg = current_config()
-    return cfg.strategy if cfg is not None else "plan_then_copy"
+    return cfg.strategy if cfg is not None else "few_miss"
 
 
 def _positive(value, arg: str) -> None:
@@ -220,9 +220,9 @@ def load_cache_to_device_buffer_spec_mla(
     columns, the extra page ``device_buffer_tokens``' columns past it, and an
     item ``host_cache``'s row stride in bytes. numpy arrays and CPU tensors
     run the CPU executor; CUDA tensors kvtier's kernel on the current torch
-    stream, which has run only under host emulation so far
-    (:func:`kvtier.sglang.install` leaves the path to SGLang's kernel until
-    it is measured on a GPU)."""
+    stream, exact on an H100 but slower there than SGLang's kernel
+    (:func:`kvtier.sglang.install` leaves the path to SGLang's; see the
+    install report)."""
     maybe_poll()
     shape = tuple(getattr(top_k_tokens, "shape", ()))
     if len(shape) != 3 or not 2 <= shape[1] <= 4:
