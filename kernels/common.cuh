@@ -344,8 +344,13 @@ __device__ __forceinline__ void grid_dependency_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// Call it only where kvtier's own dependent follows: a trigger lets any
+// programmatic successor on the stream start, and one of another library's
+// that skipped its wait would see this kernel's later writes half done.
 __device__ __forceinline__ void allow_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(KVT_HOST_EMULATION)
+    kvt_emu_allow_dependents();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }

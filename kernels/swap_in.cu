@@ -351,8 +351,10 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     }
     if (tid == 0) st(plan_count + b, (int32_t)n_load);
     // The copy kernel may be scheduled now (it waits for this grid to
-    // complete before reading the plan): its launch overlaps this block's tail.
-    allow_dependents();
+    // complete before reading the plan): its launch overlaps this block's
+    // tail. Only when it follows: with the copy in this kernel, or no bytes
+    // moving, nothing of kvtier's does.
+    if (!(p.flags & (KVT_SWAP_COPY_IN_PLAN | KVT_SWAP_SKIP_IO))) allow_dependents();
     __syncthreads();
 
     // Outputs, duplicates taking their canonical entry's.

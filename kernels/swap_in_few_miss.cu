@@ -127,11 +127,14 @@ __device__ __forceinline__ WarpOffset warp_offset(const uint32_t* totals, uint32
 //          dynamic shared memory of few_miss_smem_bytes (src/swap_in/cuda.rs),
 //          the host-checked shapes (entries <= hot <= KVT_SWAP_MAX_HOT,
 //          buffers cover their rows).
-// Critical path of a 2-miss row (dependent device-memory accesses before
-// the first host read): the row's request and length; its slots, LRU order
-// and query (issued together); the misses' host rows; then the host read.
-// Three, where SGLang 0.5.23's kernel has four (request; LRU order and query;
-// the slots' tokens through the LRU order; the misses' host and device rows).
+// Critical path of a 2-miss row, counted from the source's data dependences
+// (each access's address needs a value the one before loaded; shared memory
+// and barriers between them not counted): the row's request and length; its
+// slots, LRU order and query, issued together; the misses' host rows; then
+// the host read. Three device-memory accesses before the host read, where
+// SGLang 0.5.23's kernel has four (request; LRU order and query; the slots'
+// tokens through the LRU order; the misses' host and device rows). Not yet
+// traced in the SASS (the pinned compiler wheels have no disassembler).
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     kvt_swap_in_few_miss_plan(const kvt_swap_in_params p) {
     using namespace kvt;

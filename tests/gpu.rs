@@ -741,3 +741,45 @@ fn registration_by_two_processes_sharing_one_pool() {
     drop(pool);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A caller with a context of its own keeps it current: kvtier makes the
+/// device's primary context current for each call and puts the caller's
+/// back (it used to leave its own current).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_callers_context_is_current_again_after_each_call() {
+    use cudarc::driver::{result, sys};
+    let gpu = cuda();
+    let Executor::Cuda(dev) = &gpu else {
+        unreachable!()
+    };
+    let mut device = 0;
+    let mut mine: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: out-pointers to locals; the context is destroyed below.
+    unsafe {
+        assert_eq!(
+            sys::cuDeviceGet(&mut device, 0),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            sys::cuCtxCreate_v2(&mut mine, 0, device),
+            sys::CUresult::CUDA_SUCCESS
+        );
+    }
+    assert_eq!(
+        result::ctx::get_current().unwrap(),
+        Some(mine),
+        "cuCtxCreate makes it current"
+    );
+    let buf = DeviceBuffer::from_host(dev, &[1i32, 2, 3]).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), [1, 2, 3]);
+    dev.synchronize_all().unwrap();
+    drop(buf);
+    assert_eq!(
+        result::ctx::get_current().unwrap(),
+        Some(mine),
+        "after kvtier's calls"
+    );
+    // SAFETY: the context this test created, current on this thread.
+    unsafe { sys::cuCtxDestroy_v2(mine) };
+}

@@ -40,6 +40,7 @@ struct Report {
     divergent_warp: u64,
     barriers: u64,
     warp_ops: u64,
+    dependents_allowed: u64,
 }
 
 impl Report {
@@ -1263,5 +1264,47 @@ fn planners_barriers_per_block() {
                 assert_eq!(plan.barriers, 5, "{misses} misses");
             }
         }
+    }
+}
+
+/// A plan kernel lets a programmatic successor start (griddepcontrol.
+/// launch_dependents) only when kvtier's copy kernel follows it: never with
+/// one block per request (the block copies) or without I/O (no copy kernel
+/// is launched), where a successor of another library would otherwise be let
+/// in before the kernel's outputs and LRU writes.
+#[test]
+fn plan_kernels_let_a_successor_start_only_when_the_copy_kernel_follows() {
+    let shape = SwapShape {
+        batch: Some(2),
+        short_share: 0.0,
+        ..SwapShape::tokens(64, 16, 16, 2, 64 + 64)
+    };
+    let mut case = SwapCase::shaped(7, shape, Some(3));
+    case.num_real = None;
+    let probe = SwapOptions {
+        record_plan: true,
+        skip_io: true,
+    };
+    set_schedule(0);
+    for (strategy, opts, follows) in [
+        (SwapInStrategy::PlanThenCopy, SwapOptions::default(), true),
+        (SwapInStrategy::FewMiss, SwapOptions::default(), true),
+        (
+            SwapInStrategy::OneBlockPerRequest,
+            SwapOptions::default(),
+            false,
+        ),
+        (SwapInStrategy::PlanThenCopy, probe, false),
+        (SwapInStrategy::FewMiss, probe, false),
+    ] {
+        let (_, reports) = emulate_swap(&case, strategy, 2, opts);
+        let plan = &reports[0];
+        assert!(plan.clean(), "{plan:?}");
+        assert_eq!(
+            plan.dependents_allowed > 0,
+            follows,
+            "{strategy:?}, {opts:?}: {} threads triggered",
+            plan.dependents_allowed
+        );
     }
 }

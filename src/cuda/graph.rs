@@ -50,7 +50,7 @@ impl CudaGraph {
         stream: &OwnedStream,
         record: impl FnOnce(Stream) -> Result<()>,
     ) -> Result<Self> {
-        dev.bind()?;
+        let _bound = dev.bind()?;
         let s = stream.stream();
         // SAFETY: `s` is a live stream of this device (OwnedStream).
         unsafe {
@@ -88,7 +88,7 @@ impl CudaGraph {
 
     /// Enqueues one replay on `stream`.
     pub fn launch(&self, stream: Stream) -> Result<()> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: `exec` is an instantiated graph of this device; `stream` a
         // live stream of its context (Stream's contract).
         unsafe { sys::cuGraphLaunch(self.exec, stream.raw()) }
@@ -99,7 +99,7 @@ impl CudaGraph {
 
 impl Drop for CudaGraph {
     fn drop(&mut self) {
-        if self.dev.bind().is_ok() {
+        if let Ok(_bound) = self.dev.bind() {
             // SAFETY: made by `capture`, destroyed once; a replay still
             // running keeps its resources until it completes (driver rule).
             let _ = unsafe { sys::cuGraphExecDestroy(self.exec) };

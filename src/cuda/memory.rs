@@ -23,7 +23,7 @@ pub struct DeviceBuffer<T: Copy> {
 impl<T: Copy> DeviceBuffer<T> {
     /// `len` zeroed elements.
     pub fn zeroed(dev: &Arc<CudaDevice>, len: usize) -> Result<Self> {
-        dev.bind()?;
+        let _bound = dev.bind()?;
         let bytes = len * size_of::<T>();
         let ptr = if bytes == 0 {
             0
@@ -71,7 +71,7 @@ impl<T: Copy> DeviceBuffer<T> {
         if data.is_empty() {
             return Ok(());
         }
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: the allocation holds at least data.len() elements.
         unsafe { result::memcpy_htod_sync(self.ptr, data) }.call("cuMemcpyHtoD")?;
         result::ctx::synchronize().call("cuCtxSynchronize")
@@ -105,7 +105,7 @@ impl<T: Copy> DeviceBuffer<T> {
         );
         let mut v = Vec::with_capacity(len);
         if len > 0 {
-            self.dev.bind()?;
+            let _bound = self.dev.bind()?;
             result::ctx::synchronize().call("cuCtxSynchronize")?;
             // SAFETY: copies len elements from within the allocation into the
             // vector's capacity, then marks them initialised.
@@ -177,7 +177,10 @@ impl<T: Copy> DeviceBuffer<T> {
 
 impl<T: Copy> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        if self.ptr != 0 && self.dev.bind().is_ok() {
+        if self.ptr == 0 {
+            return;
+        }
+        if let Ok(_bound) = self.dev.bind() {
             // SAFETY: allocated by cuMemAlloc in this context; freed once.
             unsafe {
                 let _ = result::free_sync(self.ptr);
@@ -197,7 +200,7 @@ pub(crate) fn copy_to_device_async<T>(
     if data.is_empty() {
         return Ok(());
     }
-    dev.bind()?;
+    let _bound = dev.bind()?;
     // SAFETY: the caller passes a device range of at least size_of_val(data) bytes.
     unsafe { result::memcpy_htod_async(dst, data, stream.raw()) }.call("cuMemcpyHtoDAsync")
 }
@@ -242,7 +245,7 @@ impl HostRegistration {
         len: usize,
         flags: u32,
     ) -> Result<Self> {
-        dev.bind()?;
+        let _bound = dev.bind()?;
         // SAFETY: per this function's contract.
         unsafe { sys::cuMemHostRegister_v2(host as *mut c_void, len, flags) }
             .result()
@@ -279,7 +282,7 @@ impl HostRegistration {
 
 impl Drop for HostRegistration {
     fn drop(&mut self) {
-        if self.dev.bind().is_ok() {
+        if let Ok(_bound) = self.dev.bind() {
             // SAFETY: registered by `register` and not unregistered since.
             unsafe {
                 let _ = sys::cuMemHostUnregister(self.host);
@@ -300,7 +303,7 @@ unsafe impl Sync for OwnedStream {}
 
 impl OwnedStream {
     pub(crate) fn new(dev: Arc<CudaDevice>) -> Result<Self> {
-        dev.bind()?;
+        let _bound = dev.bind()?;
         let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
             .call("cuStreamCreate")?;
         Ok(OwnedStream { dev, raw })
@@ -320,7 +323,7 @@ impl OwnedStream {
 
 impl Drop for OwnedStream {
     fn drop(&mut self) {
-        if self.dev.bind().is_ok() {
+        if let Ok(_bound) = self.dev.bind() {
             // SAFETY: created by `new`, destroyed once.
             unsafe {
                 let _ = result::stream::synchronize(self.raw);
@@ -340,7 +343,7 @@ pub struct EventTimer {
 impl EventTimer {
     /// Two timing events on `dev`.
     pub fn new(dev: &Arc<CudaDevice>) -> Result<Self> {
-        dev.bind()?;
+        let _bound = dev.bind()?;
         let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
         let start = result::event::create(flags).call("cuEventCreate")?;
         let stop = result::event::create(flags).call("cuEventCreate")?;
@@ -353,21 +356,21 @@ impl EventTimer {
 
     /// Records the start event on `stream`.
     pub fn start(&self, stream: Stream) -> Result<()> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: live event and stream.
         unsafe { result::event::record(self.start, stream.raw()) }.call("cuEventRecord")
     }
 
     /// Records the stop event on `stream`.
     pub fn stop(&self, stream: Stream) -> Result<()> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: live event and stream.
         unsafe { result::event::record(self.stop, stream.raw()) }.call("cuEventRecord")
     }
 
     /// Waits for the stop event and returns the elapsed time in microseconds.
     pub fn elapsed_us(&self) -> Result<f64> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: both events were recorded.
         unsafe {
             result::event::synchronize(self.stop).call("cuEventSynchronize")?;
@@ -381,7 +384,7 @@ impl EventTimer {
 
 impl Drop for EventTimer {
     fn drop(&mut self) {
-        if self.dev.bind().is_ok() {
+        if let Ok(_bound) = self.dev.bind() {
             // SAFETY: created by `new`, destroyed once.
             unsafe {
                 let _ = result::event::destroy(self.start);
@@ -439,6 +442,7 @@ unsafe impl Sync for ErrorWordWatch {}
 impl ErrorWordWatch {
     pub(crate) fn new(dev: &Arc<CudaDevice>) -> Result<Self> {
         use crate::error_word::ErrorWord;
+        let _bound = dev.bind()?;
         let stream = OwnedStream::new(dev.clone())?;
         let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .call("cuEventCreate")?;
@@ -469,7 +473,7 @@ impl ErrorWordWatch {
         word: &DeviceBuffer<crate::error_word::ErrorWord>,
         epoch: u64,
     ) -> Result<Option<crate::error_word::ErrorWord>> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         let mut landed = None;
         if let Some(started) = self.in_flight {
             // SAFETY: a live event, recorded after the copy.
@@ -514,7 +518,7 @@ impl ErrorWordWatch {
 
 impl Drop for ErrorWordWatch {
     fn drop(&mut self) {
-        if self.dev.bind().is_ok() {
+        if let Ok(_bound) = self.dev.bind() {
             // SAFETY: the copy is waited for before its target is freed.
             unsafe {
                 let _ = result::stream::synchronize(self.stream.stream().raw());

@@ -129,6 +129,25 @@ impl Stream {
     }
 }
 
+/// The caller's context [`CudaDevice::bind`] replaced, made current again on
+/// drop.
+#[must_use = "the device's context is current only while this lives: keep it for the call"]
+pub(crate) struct Bound {
+    /// The caller's context to restore; None when there is none to restore
+    /// (the device's was current already, or no context was).
+    previous: Option<sys::CUcontext>,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous {
+            // SAFETY: the context that was current on this thread before the
+            // call, which its owner keeps alive.
+            let _ = unsafe { result::ctx::set_current(previous) };
+        }
+    }
+}
+
 impl Default for Stream {
     fn default() -> Self {
         Stream::null()
@@ -168,6 +187,14 @@ impl CudaDevice {
                 format!("GPU {ordinal} does not exist; this machine has {count}"),
             ));
         }
+        // cudarc makes the primary context current while it opens it, and
+        // the kernels load into it; a context of the caller's own is current
+        // again when this returns.
+        let _restore = Bound {
+            previous: result::ctx::get_current()
+                .call("cuCtxGetCurrent")?
+                .filter(|c| !c.is_null()),
+        };
         let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
         let name = ctx.name().call("cuDeviceGetName")?;
         let compute_capability = ctx.compute_capability().call("cuDeviceGetAttribute")?;
@@ -247,14 +274,26 @@ impl CudaDevice {
     /// A binary arch the fatbin has no SASS for means the driver compiled
     /// the PTX at load time.
     pub fn loaded_kernel_arch(&self) -> Result<(i32, i32)> {
-        self.bind()?;
+        let _bound = self.bind()?;
         loaded_arch(self.kernels.function(Kernel::Gather))
     }
 
     /// Makes the device's context current on the calling thread (engines call
     /// kvtier from threads that may have another context current).
-    pub(crate) fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().call("cuCtxSetCurrent")
+    /// Makes the device's context current on the calling thread for as long
+    /// as the returned guard lives. A context of the caller's own that was
+    /// current before is current again when it drops, so such a caller keeps
+    /// it; where none was, the device's stays current (later calls then
+    /// switch nothing, as with torch's primary context, which is this one).
+    pub(crate) fn bind(&self) -> Result<Bound> {
+        let current = result::ctx::get_current().call("cuCtxGetCurrent")?;
+        if current == Some(self.ctx.cu_ctx()) {
+            return Ok(Bound { previous: None });
+        }
+        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        Ok(Bound {
+            previous: current.filter(|c| !c.is_null()),
+        })
     }
 
     /// A new non-blocking stream.
@@ -264,14 +303,14 @@ impl CudaDevice {
 
     /// Waits for all work on `stream`.
     pub fn synchronize(&self, stream: Stream) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: `stream` is a live stream of this context (Stream's contract).
         unsafe { result::stream::synchronize(stream.raw()) }.call("cuStreamSynchronize")
     }
 
     /// Waits for all work in the device's context, on every stream.
     pub fn synchronize_all(&self) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         result::ctx::synchronize().call("cuCtxSynchronize")
     }
 
@@ -289,7 +328,7 @@ impl CudaDevice {
         bytes: usize,
         stream: Stream,
     ) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: per this function's contract.
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, stream.raw()) }
             .result()
@@ -310,7 +349,7 @@ impl CudaDevice {
         bytes: usize,
         stream: Stream,
     ) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: per this function's contract.
         unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, stream.raw()) }
             .result()
@@ -329,7 +368,7 @@ impl CudaDevice {
         bytes: usize,
         stream: Stream,
     ) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: per this function's contract.
         unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.raw()) }
             .call("cuMemcpyDtoDAsync")
@@ -340,7 +379,7 @@ impl CudaDevice {
     /// `cudaHostRegister`), e.g. a pinned torch tensor's `data_ptr()`.
     /// Memory that is not gets a clear error instead of a kernel fault.
     pub fn mapped_host_address(&self, host: u64) -> Result<u64> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut device = 0;
         // SAFETY: the driver only looks the address up.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) };
@@ -389,7 +428,7 @@ impl CudaDevice {
         params: &P,
         stream: Stream,
     ) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut args = [params as *const P as *mut c_void];
         // SAFETY: per this function's contract; cuLaunchKernel copies the
         // parameter bytes before returning.
@@ -432,7 +471,7 @@ impl CudaDevice {
             // SAFETY: per this function's contract.
             return unsafe { self.launch(kernel, grid, block, smem, params, stream) };
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: a zeroed union is a valid value; one field is set.
         let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
         value.programmaticStreamSerializationAllowed = 1;
@@ -471,7 +510,7 @@ impl CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
-        if self.bind().is_ok() {
+        if let Ok(_bound) = self.bind() {
             // SAFETY: the module was loaded in this context and nothing uses it
             // any more (every user holds an Arc<CudaDevice>).
             unsafe {

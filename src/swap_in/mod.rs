@@ -199,7 +199,13 @@ pub(crate) struct SwapInTarget {
 /// engines that keep their KV elsewhere (the SGLang shim) use one directly.
 ///
 /// Swap-ins of one engine must run one after the other (one stream, or
-/// ordered with events), as layers do: they share the scratch.
+/// ordered with events), as layers do: they share the scratch. SGLang
+/// 0.5.21-0.5.23 never has two in flight on one GPU: two-batch overlap steps
+/// its micro-batches on one stream, speculative decoding swaps in for the
+/// target model only, DeepSeek-V4's indexer stream forks from and joins the
+/// main stream every layer, and the shared-index replays on its prefetch
+/// stream read SGLang's own miss plan (not this scratch) and finish before
+/// the next anchor layer's swap-in (its events order them).
 pub struct SwapInEngine {
     exec: Executor,
     /// The CUDA executor's error word (the CPU executor reports at once).

@@ -155,3 +155,7 @@ extern thread_local unsigned char* kvt_emu_smem;
 // violation (and skip the access) otherwise.
 extern "C" void kvt_emu_load(const void* p, void* v, unsigned bytes);
 extern "C" void kvt_emu_store(void* p, const void* v, unsigned bytes);
+
+// griddepcontrol.launch_dependents: counted, so the tests see which launches
+// let a programmatic successor start.
+extern "C" void kvt_emu_allow_dependents();

@@ -33,6 +33,7 @@ struct kvt_emu_report {
     uint64_t divergent_warp;       // warp operations some lane of their mask never reached
     uint64_t barriers;             // block barriers passed, summed over blocks
     uint64_t warp_ops;             // warp votes and shuffles completed, summed over warps
+    uint64_t dependents_allowed;   // threads that let a programmatic successor start
 };
 
 // Per host thread: test threads emulate independent launches concurrently.
@@ -73,6 +74,8 @@ extern "C" void kvt_emu_store(void* p, const void* v, unsigned bytes) {
     g_report.stores++;
     if (check(g_store_ranges, g_n_store, p, bytes)) memcpy(p, v, bytes);
 }
+
+extern "C" void kvt_emu_allow_dependents() { g_report.dependents_allowed++; }
 
 extern "C" bool kvt_emu_atomic(void* p, unsigned bytes) {
     g_report.stores++;
