@@ -71,7 +71,6 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     const uint32_t nthreads = blockDim.x;
     const uint32_t E = p.entries;
     const uint32_t H = p.hot;
-    const bool blocks = p.flags & KVT_SWAP_QUERY_BLOCKS;
     kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
     int32_t* out = reinterpret_cast<int32_t*>(p.top_k_device_locs) + (uint64_t)b * p.out_stride;
     int32_t* plan_count = reinterpret_cast<int32_t*>(p.plan_count);
@@ -144,26 +143,8 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
 
     auto classify = [&](uint32_t i, const QueryEntry& q) { return swap::classify(p, err, topk, row_pos, seq, i, q); };
 
-    // Short sequence: token t lives in slot t; no copies, no state change. A
-    // token query resolves only its first min(seq_len, top_k) entries (the
-    // others are -1 whatever they hold); a block query resolves every entry.
     if (seq <= (int64_t)H) {
-        const uint32_t count = blocks || seq >= (int64_t)E ? E : (uint32_t)seq;
-        for (uint32_t i = tid; i < E; i += nthreads) {
-            int32_t o = -1;
-            if (i < count) {
-                const int64_t t = classify(i, query_entry(p, topk, i));
-                if (t >= 0) {
-                    const int32_t loc = ld(bloc + t);
-                    if (in_rows(loc, p.device_rows))
-                        o = loc;
-                    else
-                        report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, loc);
-                }
-            }
-            st(out + i, o);
-        }
-        if (tid == 0) st(plan_count + b, (int32_t)0);
+        short_row(p, err, topk, bloc, out, plan_count, b, seq, row_pos);
         return;
     }
 

@@ -132,6 +132,36 @@ __device__ __forceinline__ int64_t classify(const kvt_swap_in_params& p, kvt_err
     return q.token;
 }
 
+// A short sequence's row (seq_len <= hot): token t lives in slot t; no
+// copies, no state change, an empty plan row. A token query resolves only
+// its first min(seq_len, top_k) entries (the others are -1 whatever they
+// hold); a block query resolves every entry. Every thread of the block calls
+// it. A token query's loop is its own: in a shared one the compiler computes
+// a block query's division for every entry.
+__device__ __forceinline__ void short_row(const kvt_swap_in_params& p, kvt_error_word* err, const int32_t* topk,
+                                          const int32_t* bloc, int32_t* out, int32_t* plan_count, uint32_t b,
+                                          int64_t seq, uint32_t row_pos) {
+    const uint32_t E = p.entries;
+    const bool blocks = p.flags & KVT_SWAP_QUERY_BLOCKS;
+    const uint32_t count = blocks || seq >= (int64_t)E ? E : (uint32_t)seq;
+    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) {
+        int32_t o = -1;
+        if (i < count) {
+            const QueryEntry q = blocks ? query_entry(p, topk, i) : token_entry(topk, i);
+            const int64_t t = classify(p, err, topk, row_pos, seq, i, q);
+            if (t >= 0) {
+                const int32_t loc = ld(bloc + t);
+                if (in_rows(loc, p.device_rows))
+                    o = loc;
+                else
+                    report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, loc);
+            }
+        }
+        st(out + i, o);
+    }
+    if (threadIdx.x == 0) st(plan_count + b, (int32_t)0);
+}
+
 // Copies host row `src` to device row `dst` of every KV plane with the calling
 // warp, after checking both rows (the plan already did; a replayed plan is the
 // caller's, so the copy stays safe on its own). U: vectors per lane a pass

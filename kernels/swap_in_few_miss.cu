@@ -206,26 +206,8 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     int16_t* lru = reinterpret_cast<int16_t*>(p.lru_slots) + (uint64_t)rid * p.lru_stride;
     const int64_t* hloc = reinterpret_cast<const int64_t*>(p.host_cache_locs) + (uint64_t)rid * p.host_stride;
 
-    // Short sequence: token t lives in slot t; no copies, no state change.
     if (!long_row) {
-        const bool blocks = p.flags & KVT_SWAP_QUERY_BLOCKS;
-        const uint32_t count = blocks || seq >= (int64_t)E ? E : (uint32_t)seq;
-        for (uint32_t i = tid; i < E; i += nthreads) {
-            int32_t o = -1;
-            if (i < count) {
-                const QueryEntry q = blocks ? query_entry(p, topk, i) : token_entry(topk, i);
-                const int64_t t = classify(p, err, topk, row_pos, seq, i, q);
-                if (t >= 0) {
-                    const int32_t loc = ld(bloc + t);
-                    if (in_rows(loc, p.device_rows))
-                        o = loc;
-                    else
-                        report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, loc);
-                }
-            }
-            st(out + i, o);
-        }
-        if (tid == 0) st(plan_count + b, (int32_t)0);
+        short_row(p, err, topk, bloc, out, plan_count, b, seq, row_pos);
         return;
     }
 

@@ -417,50 +417,36 @@ impl State {
         let row_of = |r: usize| device_buffer.read(r * item, item);
         let (kv, out_kvtier) = time_strategy(SwapInStrategy::PlanThenCopy)?;
         self.verify("the kvtier swap-in", &misses, row_of)?;
-        // The CPU executor has one way; on a GPU, SGLang's design next to ours.
-        let one_block = match exec {
-            Executor::Cpu => None,
-            Executor::Cuda(_) => {
-                let (t, out_baseline) = time_strategy(SwapInStrategy::OneBlockPerRequest)?;
-                self.verify("the kvtier swap-in, one block per request", &misses, row_of)?;
-                if out_kvtier != out_baseline {
-                    return Err(kvtier::Error::Pool(
-                        "benchmark self-check failed: the two designs gave different page tables"
-                            .into(),
-                    ));
-                }
-                Some(t)
+        // Another strategy on the same state: its bytes checked and its page
+        // table the same as the first's.
+        let other = |strategy: SwapInStrategy, what: &str| -> kvtier::Result<(f64, f64, usize)> {
+            let (t, out_other) = time_strategy(strategy)?;
+            self.verify(&format!("the kvtier swap-in, {what}"), &misses, row_of)?;
+            if out_other != out_kvtier {
+                return Err(kvtier::Error::Pool(format!(
+                    "benchmark self-check failed: the kvtier swap-in, {what}, gave a different page table"
+                )));
             }
+            Ok(t)
         };
-        // The few-miss planner (copies small rows itself) on a GPU.
-        let few_miss = match exec {
-            Executor::Cpu => None,
-            Executor::Cuda(_) => {
-                let (t, out_few) = time_strategy(SwapInStrategy::FewMiss)?;
-                self.verify("the kvtier swap-in, few-miss planner", &misses, row_of)?;
-                if out_few != out_kvtier {
-                    return Err(kvtier::Error::Pool(
-                        "benchmark self-check failed: the few-miss planner gave a different page table"
-                            .into(),
-                    ));
-                }
-                Some(t)
-            }
+        // The CPU executor has one way; on a GPU, SGLang's design and the
+        // few-miss planner next to the first planner.
+        let (one_block, few_miss) = match exec {
+            Executor::Cpu => (None, None),
+            Executor::Cuda(_) => (
+                Some(other(
+                    SwapInStrategy::OneBlockPerRequest,
+                    "one block per request",
+                )?),
+                Some(other(SwapInStrategy::FewMiss, "few-miss planner")?),
+            ),
         };
         // Where the copy kernel is a programmatic dependent of the plan
         // kernel (sm_90), the same two kernels launched one after the other:
         // what the dependent launch gains.
         let ordinary = match exec {
             Executor::Cuda(dev) if dev.dependent_launch() => {
-                let (t, out_ordinary) = time_strategy(SwapInStrategy::PlanThenCopyInOrder)?;
-                self.verify("the kvtier swap-in, no PDL", &misses, row_of)?;
-                if out_ordinary != out_kvtier {
-                    return Err(kvtier::Error::Pool(
-                        "benchmark self-check failed: the launch order changed the page table"
-                            .into(),
-                    ));
-                }
-                Some(t)
+                Some(other(SwapInStrategy::PlanThenCopyInOrder, "no PDL")?)
             }
             _ => None,
         };
