@@ -71,15 +71,9 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     const uint32_t nthreads = blockDim.x;
     const uint32_t E = p.entries;
     const uint32_t H = p.hot;
-    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
-    int32_t* out = reinterpret_cast<int32_t*>(p.top_k_device_locs) + (uint64_t)b * p.out_stride;
-    int32_t* plan_count = reinterpret_cast<int32_t*>(p.plan_count);
-    int64_t* plan_src = reinterpret_cast<int64_t*>(p.plan_src) + (uint64_t)b * p.plan_stride;
-    int32_t* plan_dst = reinterpret_cast<int32_t*>(p.plan_dst) + (uint64_t)b * p.plan_stride;
-    const uint32_t row_pos = b << 16;
-    auto fill_out = [&]() {
-        for (uint32_t i = tid; i < E; i += nthreads) st(out + i, (int32_t)-1);
-    };
+    const PlanRow row(p, b);
+    kvt_error_word* err = row.err;
+    const uint32_t row_pos = row.pos;
 
     // The row's request and length, and num_real_reqs, are loaded together,
     // before the checks below decide what to do with them (each address is
@@ -94,19 +88,12 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     // kernel reads only rows below num_real_reqs). Block-uniform, so the
     // early returns below are safe.
     if (b >= real) {
-        fill_out();
+        row.pad();
         return;
     }
-    // A refused row (a bad request or length): every output -1, no misses, no
-    // state change.
-    auto refuse = [&]() {
-        fill_out();
-        if (tid == 0) st(plan_count + b, (int32_t)0);
-    };
 
     if (rid < 0 || rid >= (int64_t)p.num_requests) {
-        if (tid == 0) report(err, KVT_ERR_SWAP_REQ, row_pos, rid);
-        refuse();
+        row.refuse(KVT_ERR_SWAP_REQ, rid);
         return;
     }
     // A request an earlier row names: its state is that row's to change (two
@@ -124,27 +111,21 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         const bool duplicate = *named != 0;
         __syncthreads();
         if (duplicate) {
-            if (tid == 0) report(err, KVT_ERR_SWAP_DUP_REQ, row_pos, rid);
-            refuse();
+            row.refuse(KVT_ERR_SWAP_DUP_REQ, rid);
             return;
         }
     }
     if (seq < 0 || seq > (int64_t)p.max_tokens) {
-        if (tid == 0) report(err, KVT_ERR_SWAP_SEQ_LEN, row_pos, seq);
-        refuse();
+        row.refuse(KVT_ERR_SWAP_SEQ_LEN, seq);
         return;
     }
 
-    const int32_t* topk = reinterpret_cast<const int32_t*>(p.top_k_tokens) + (uint64_t)b * p.top_k_stride;
-    int32_t* btok = reinterpret_cast<int32_t*>(p.device_buffer_tokens) + (uint64_t)rid * p.tokens_stride;
-    const int32_t* bloc = reinterpret_cast<const int32_t*>(p.device_buffer_locs) + (uint64_t)rid * p.locs_stride;
-    int16_t* lru = reinterpret_cast<int16_t*>(p.lru_slots) + (uint64_t)rid * p.lru_stride;
-    const int64_t* hloc = reinterpret_cast<const int64_t*>(p.host_cache_locs) + (uint64_t)rid * p.host_stride;
+    const RequestRows rq(p, b, rid);
 
-    auto classify = [&](uint32_t i, const QueryEntry& q) { return swap::classify(p, err, topk, row_pos, seq, i, q); };
+    auto classify = [&](uint32_t i, const QueryEntry& q) { return swap::classify(p, err, rq.topk, row_pos, seq, i, q); };
 
     if (seq <= (int64_t)H) {
-        short_row(p, err, topk, bloc, out, plan_count, b, seq, row_pos);
+        short_row(p, row, rq, seq);
         return;
     }
 
@@ -168,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     // token's value is the lowest entry holding it, so duplicates resolve to
     // their first occurrence).
     batched<kLoads>(
-        tid, E, nthreads, [&](uint32_t i) { return query_entry(p, topk, i); },
+        tid, E, nthreads, [&](uint32_t i) { return query_entry(p, rq.topk, i); },
         [&](uint32_t i, const QueryEntry& q) {
             const int64_t t = classify(i, q);
             int32_t cls;
@@ -186,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         });
     // Check that lru_slots is a permutation of [0, hot) while copying it.
     batched<kLoads>(
-        tid, H, nthreads, [&](uint32_t pos) { return ld(lru + pos); },
+        tid, H, nthreads, [&](uint32_t pos) { return ld(rq.lru + pos); },
         [&](uint32_t pos, int16_t slot) {
             bool ok = slot >= 0 && (uint32_t)slot < H;
             if (ok) {
@@ -198,8 +179,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         });
     __syncthreads();
     if (s.scalars[0] != 0) {
-        if (tid == 0) report(err, KVT_ERR_SWAP_LRU, row_pos, 0);
-        refuse();
+        row.refuse(KVT_ERR_SWAP_LRU, 0);
         return;
     }
 
@@ -209,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     // is in range.
     for (uint32_t i = tid; i < E; i += nthreads) {
         if (s.e_class[i] == kCand) {
-            const int32_t c = hash.find((int32_t)query_entry(p, topk, i).token);
+            const int32_t c = hash.find((int32_t)query_entry(p, rq.topk, i).token);
             if (c != (int32_t)i) s.e_class[i] = c;
         }
     }
@@ -219,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         tid, H, nthreads,
         [&](uint32_t pos) {
             const uint16_t slot = s.lru_old[pos];
-            return SlotRow{ld(btok + slot), ld(bloc + slot)};
+            return SlotRow{ld(rq.btok + slot), ld(rq.bloc + slot)};
         },
         [&](uint32_t pos, const SlotRow& r) {
             const uint16_t slot = s.lru_old[pos];
@@ -249,9 +229,9 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
             const int32_t cls = s.e_class[i];
             if (hit_like(cls, i)) {
                 const uint32_t slot = cls == kNewest ? H : (s.lru_old[s.e_val[i]] & kSlotMask);
-                return ld(bloc + slot);
+                return ld(rq.bloc + slot);
             }
-            return cls == kCand ? ld(hloc + query_entry(p, topk, i).token) : 0;
+            return cls == kCand ? ld(rq.hloc + query_entry(p, rq.topk, i).token) : 0;
         },
         [&](uint32_t i, int64_t row) {
             const int32_t cls = s.e_class[i];
@@ -317,11 +297,11 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
             int32_t o = -1;
             if (m < n_load) {
                 const uint16_t slot = s.usable_slot[m];
-                const int32_t token = (int32_t)query_entry(p, topk, i).token;
-                o = ld(bloc + slot);
-                st(btok + slot, token);
-                st(plan_src + m, ld(hloc + token));
-                st(plan_dst + m, o);
+                const int32_t token = (int32_t)query_entry(p, rq.topk, i).token;
+                o = ld(rq.bloc + slot);
+                st(rq.btok + slot, token);
+                st(row.plan_src + m, ld(rq.hloc + token));
+                st(row.plan_dst + m, o);
             } else {
                 report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, -1);
             }
@@ -330,7 +310,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
             m++;
         }
     }
-    if (tid == 0) st(plan_count + b, (int32_t)n_load);
+    if (tid == 0) st(row.plan_count + b, (int32_t)n_load);
     // The copy kernel may be scheduled now (it waits for this grid to
     // complete before reading the plan): its launch overlaps this block's
     // tail. Only when it follows: with the copy in this kernel, or no bytes
@@ -341,7 +321,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     // Outputs, duplicates taking their canonical entry's.
     for (uint32_t i = tid; i < E; i += nthreads) {
         const int32_t cls = s.e_class[i];
-        st(out + i, cls >= 0 ? s.e_val[cls] : s.e_val[i]);
+        st(row.out + i, cls >= 0 ? s.e_val[cls] : s.e_val[i]);
     }
 
     // New LRU order: unused evictables (old order), the slots just loaded
@@ -359,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
                 if (f & kUsable) usable_r++;
                 evict_r++;
             }
-            st(lru + to, (int16_t)(f & kSlotMask));
+            st(rq.lru + to, (int16_t)(f & kSlotMask));
         }
     }
 
@@ -368,7 +348,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
         __syncthreads();  // the plan rows above were written by other threads
         const uint32_t lane = tid % KVT_WARP;
         for (uint32_t m = tid / KVT_WARP; m < n_load; m += nthreads / KVT_WARP)
-            copy_row(p, err, ld(plan_src + m), ld(plan_dst + m), row_pos | m, lane);
+            copy_row(p, err, ld(row.plan_src + m), ld(row.plan_dst + m), row_pos | m, lane);
     }
 }
 

@@ -1,6 +1,7 @@
 // kernels/swap_in.cuh — what the swap-in planners (swap_in.cu,
 // swap_in_few_miss.cu) and the copy kernel share: the entry classes, the
-// planning hash table, reading a row's query, and the checked row copy.
+// planning hash table, reading a row's query, a row's outputs and refusal,
+// a request's state rows, the short-sequence row, and the checked row copy.
 #pragma once
 
 #include "common.cuh"
@@ -132,34 +133,91 @@ __device__ __forceinline__ int64_t classify(const kvt_swap_in_params& p, kvt_err
     return q.token;
 }
 
+// What a planning block writes for batch row b besides its request's state
+// (the outputs and the row's plan), and what padding or refusing the row
+// writes; every thread of the block calls pad and refuse.
+struct PlanRow {
+    uint32_t b, entries;
+    uint32_t pos;  // error-word position of the row's column 0
+    kvt_error_word* err;
+    int32_t* out;
+    int32_t* plan_count;
+    int64_t* plan_src;
+    int32_t* plan_dst;
+
+    __device__ __forceinline__ PlanRow(const kvt_swap_in_params& p, uint32_t row)
+        : b(row),
+          entries(p.entries),
+          pos(row << 16),
+          err(reinterpret_cast<kvt_error_word*>(p.error)),
+          out(reinterpret_cast<int32_t*>(p.top_k_device_locs) + (uint64_t)row * p.out_stride),
+          plan_count(reinterpret_cast<int32_t*>(p.plan_count)),
+          plan_src(reinterpret_cast<int64_t*>(p.plan_src) + (uint64_t)row * p.plan_stride),
+          plan_dst(reinterpret_cast<int32_t*>(p.plan_dst) + (uint64_t)row * p.plan_stride) {}
+    // A padding row: every output -1; the state and the plan row stay as
+    // they were (SGLang leaves a padding row's miss_count alone too; the copy
+    // kernel reads only rows below num_real_reqs).
+    __device__ __forceinline__ void pad() const {
+        for (uint32_t i = threadIdx.x; i < entries; i += blockDim.x) st(out + i, (int32_t)-1);
+    }
+    // A refused row (a bad request or length, a broken LRU row): every output
+    // -1, no misses, no state change.
+    __device__ __forceinline__ void refuse() const {
+        pad();
+        if (threadIdx.x == 0) st(plan_count + b, (int32_t)0);
+    }
+    // refuse(), with the reason reported once, at the row's column 0.
+    __device__ __forceinline__ void refuse(uint32_t kind, int64_t value) const {
+        if (threadIdx.x == 0) report(err, kind, pos, value);
+        refuse();
+    }
+};
+
+// Request rid's state rows, and batch row b's query.
+struct RequestRows {
+    const int32_t* topk;
+    int32_t* btok;
+    const int32_t* bloc;
+    int16_t* lru;
+    const int64_t* hloc;
+
+    __device__ __forceinline__ RequestRows(const kvt_swap_in_params& p, uint32_t b, int64_t rid)
+        : topk(reinterpret_cast<const int32_t*>(p.top_k_tokens) + (uint64_t)b * p.top_k_stride),
+          btok(reinterpret_cast<int32_t*>(p.device_buffer_tokens) + (uint64_t)rid * p.tokens_stride),
+          bloc(reinterpret_cast<const int32_t*>(p.device_buffer_locs) + (uint64_t)rid * p.locs_stride),
+          lru(reinterpret_cast<int16_t*>(p.lru_slots) + (uint64_t)rid * p.lru_stride),
+          hloc(reinterpret_cast<const int64_t*>(p.host_cache_locs) + (uint64_t)rid * p.host_stride) {}
+};
+
 // A short sequence's row (seq_len <= hot): token t lives in slot t; no
 // copies, no state change, an empty plan row. A token query resolves only
 // its first min(seq_len, top_k) entries (the others are -1 whatever they
 // hold); a block query resolves every entry. Every thread of the block calls
 // it. A token query's loop is its own: in a shared one the compiler computes
 // a block query's division for every entry.
-__device__ __forceinline__ void short_row(const kvt_swap_in_params& p, kvt_error_word* err, const int32_t* topk,
-                                          const int32_t* bloc, int32_t* out, int32_t* plan_count, uint32_t b,
-                                          int64_t seq, uint32_t row_pos) {
+__device__ __forceinline__ void short_row(const kvt_swap_in_params& p, const PlanRow& row, const RequestRows& rq,
+                                          int64_t seq) {
     const uint32_t E = p.entries;
+    kvt_error_word* err = row.err;
+    const uint32_t row_pos = row.pos;
     const bool blocks = p.flags & KVT_SWAP_QUERY_BLOCKS;
     const uint32_t count = blocks || seq >= (int64_t)E ? E : (uint32_t)seq;
     for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) {
         int32_t o = -1;
         if (i < count) {
-            const QueryEntry q = blocks ? query_entry(p, topk, i) : token_entry(topk, i);
-            const int64_t t = classify(p, err, topk, row_pos, seq, i, q);
+            const QueryEntry q = blocks ? query_entry(p, rq.topk, i) : token_entry(rq.topk, i);
+            const int64_t t = classify(p, err, rq.topk, row_pos, seq, i, q);
             if (t >= 0) {
-                const int32_t loc = ld(bloc + t);
+                const int32_t loc = ld(rq.bloc + t);
                 if (in_rows(loc, p.device_rows))
                     o = loc;
                 else
                     report(err, KVT_ERR_SWAP_DEVICE_LOC, row_pos | i, loc);
             }
         }
-        st(out + i, o);
+        st(row.out + i, o);
     }
-    if (threadIdx.x == 0) st(plan_count + b, (int32_t)0);
+    if (threadIdx.x == 0) st(row.plan_count + row.b, (int32_t)0);
 }
 
 // Copies host row `src` to device row `dst` of every KV plane with the calling

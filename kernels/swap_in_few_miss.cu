@@ -146,30 +146,19 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     const uint32_t warp = tid / KVT_WARP, lane = tid % KVT_WARP, below = lanes_below(lane);
     const uint32_t E = p.entries;
     const uint32_t H = p.hot;
-    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
-    int32_t* out = reinterpret_cast<int32_t*>(p.top_k_device_locs) + (uint64_t)b * p.out_stride;
-    int32_t* plan_count = reinterpret_cast<int32_t*>(p.plan_count);
-    int64_t* plan_src = reinterpret_cast<int64_t*>(p.plan_src) + (uint64_t)b * p.plan_stride;
-    int32_t* plan_dst = reinterpret_cast<int32_t*>(p.plan_dst) + (uint64_t)b * p.plan_stride;
-    const uint32_t row_pos = b << 16;
-    auto fill_out = [&]() {
-        for (uint32_t i = tid; i < E; i += nthreads) st(out + i, (int32_t)-1);
-    };
+    const PlanRow row(p, b);
+    kvt_error_word* err = row.err;
+    const uint32_t row_pos = row.pos;
 
     const int64_t rid = load_index(p.req_pool_indices, b, p.flags & KVT_SWAP_REQ_INDICES_I64);
     const int64_t seq = load_index(p.seq_lens, b, p.flags & KVT_SWAP_SEQ_LENS_I64);
     const uint32_t real = real_rows(p, err, true);
     if (b >= real) {  // padding: outputs -1, state and plan row untouched
-        fill_out();
+        row.pad();
         return;
     }
-    auto refuse = [&]() {
-        fill_out();
-        if (tid == 0) st(plan_count + b, (int32_t)0);
-    };
     if (rid < 0 || rid >= (int64_t)p.num_requests) {
-        if (tid == 0) report(err, KVT_ERR_SWAP_REQ, row_pos, rid);
-        refuse();
+        row.refuse(KVT_ERR_SWAP_REQ, rid);
         return;
     }
 
@@ -190,24 +179,18 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
         if (tid == 0) s.duplicates()[0] = 0;
     }
     if (__syncthreads_or(named)) {
-        if (tid == 0) report(err, KVT_ERR_SWAP_DUP_REQ, row_pos, rid);
-        refuse();
+        row.refuse(KVT_ERR_SWAP_DUP_REQ, rid);
         return;
     }
     if (seq < 0 || seq > (int64_t)p.max_tokens) {
-        if (tid == 0) report(err, KVT_ERR_SWAP_SEQ_LEN, row_pos, seq);
-        refuse();
+        row.refuse(KVT_ERR_SWAP_SEQ_LEN, seq);
         return;
     }
 
-    const int32_t* topk = reinterpret_cast<const int32_t*>(p.top_k_tokens) + (uint64_t)b * p.top_k_stride;
-    int32_t* btok = reinterpret_cast<int32_t*>(p.device_buffer_tokens) + (uint64_t)rid * p.tokens_stride;
-    const int32_t* bloc = reinterpret_cast<const int32_t*>(p.device_buffer_locs) + (uint64_t)rid * p.locs_stride;
-    int16_t* lru = reinterpret_cast<int16_t*>(p.lru_slots) + (uint64_t)rid * p.lru_stride;
-    const int64_t* hloc = reinterpret_cast<const int64_t*>(p.host_cache_locs) + (uint64_t)rid * p.host_stride;
+    const RequestRows rq(p, b, rid);
 
     if (!long_row) {
-        short_row(p, err, topk, bloc, out, plan_count, b, seq, row_pos);
+        short_row(p, row, rq, seq);
         return;
     }
 
@@ -215,29 +198,29 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     // loaded together; tokens of the LRU part go into the hash table.
     const int32_t newest = (int32_t)(seq - 1);
     constexpr uint32_t kLoads = 4;
-    if (H % 4 == 0 && aligned16(btok) && aligned16(bloc)) {
+    if (H % 4 == 0 && aligned16(rq.btok) && aligned16(rq.bloc)) {
         // Four slots a load (SGLang's rows are 16-byte aligned): a quarter
         // of the loads and of their address arithmetic (two in flight: HOT
         // 8192 in one pass; four would spill).
         batched<2>(
             tid, H / 4, nthreads,
-            [&](uint32_t q) { return SlotRow4{ld(as_vec(btok) + q), ld(as_vec(bloc) + q)}; },
+            [&](uint32_t q) { return SlotRow4{ld(as_vec(rq.btok) + q), ld(as_vec(rq.bloc) + q)}; },
             [&](uint32_t q, const SlotRow4& r) {
                 as_vec(s.slot_tok())[q] = r.tokens;
                 as_vec(s.slot_loc())[q] = r.locs;
             });
     } else {
         batched<kLoads>(
-            tid, H, nthreads, [&](uint32_t slot) { return SlotRow{ld(btok + slot), ld(bloc + slot)}; },
+            tid, H, nthreads, [&](uint32_t slot) { return SlotRow{ld(rq.btok + slot), ld(rq.bloc + slot)}; },
             [&](uint32_t slot, const SlotRow& r) {
                 s.slot_tok()[slot] = r.token;
                 s.slot_loc()[slot] = r.loc;
             });
     }
-    if (tid == 0) s.slot_loc()[H] = ld(bloc + H);
+    if (tid == 0) s.slot_loc()[H] = ld(rq.bloc + H);
     bool lru_bad = false;
     batched<kLoads>(
-        tid, H, nthreads, [&](uint32_t pos) { return ld(lru + pos); },
+        tid, H, nthreads, [&](uint32_t pos) { return ld(rq.lru + pos); },
         [&](uint32_t pos, int16_t slot) {
             bool ok = slot >= 0 && (uint32_t)slot < H;
             if (ok) {
@@ -249,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
         });
     {
         auto insert = [&](uint32_t i, const QueryEntry& q) {
-            const int64_t t = classify(p, err, topk, row_pos, seq, i, q);
+            const int64_t t = classify(p, err, rq.topk, row_pos, seq, i, q);
             const int32_t tok = t == -1 ? kPad : t < 0 ? kBad : t == newest ? kNewest : (int32_t)t;
             s.e_tok()[i] = tok;
             s.e_val()[i] = kNone;
@@ -258,13 +241,12 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
         // One loop per query kind: in a shared one the compiler computes a
         // block query's division for every entry of a token query too.
         if (p.flags & KVT_SWAP_QUERY_BLOCKS)
-            batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return query_entry(p, topk, i); }, insert);
+            batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return query_entry(p, rq.topk, i); }, insert);
         else
-            batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return token_entry(topk, i); }, insert);
+            batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return token_entry(rq.topk, i); }, insert);
     }
     if (__syncthreads_or(lru_bad)) {  // lru_slots is not a permutation of [0, hot)
-        if (tid == 0) report(err, KVT_ERR_SWAP_LRU, row_pos, 0);
-        refuse();
+        row.refuse(KVT_ERR_SWAP_LRU, 0);
         return;
     }
 
@@ -337,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
         host_row[k] = -1;
         if (ec.first + k < ec.end && i < E) {
             const int32_t tok = s.e_tok()[i];
-            if (tok >= 0 && s.e_val()[i] == kNone && canonical(tok, i)) host_row[k] = ld(hloc + tok);
+            if (tok >= 0 && s.e_val()[i] == kNone && canonical(tok, i)) host_row[k] = ld(rq.hloc + tok);
         }
     }
 #pragma unroll
@@ -395,9 +377,9 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
                 if (m < n_load) {
                     const uint16_t slot = s.usable_slot()[m];
                     o = s.slot_loc()[slot];
-                    st(btok + slot, s.e_tok()[i]);
-                    st(plan_src + m, host_row[k]);
-                    st(plan_dst + m, o);
+                    st(rq.btok + slot, s.e_tok()[i]);
+                    st(row.plan_src + m, host_row[k]);
+                    st(row.plan_dst + m, o);
                     if (copy_here) {
                         s.copy_src()[m] = host_row[k];
                         s.copy_dst()[m] = o;
@@ -407,10 +389,10 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
                 }
                 s.e_val()[i] = o;
             }
-            st(out + i, o);
+            st(row.out + i, o);
         }
     }
-    if (tid == 0) st(plan_count + b, (int32_t)n_load);
+    if (tid == 0) st(row.plan_count + b, (int32_t)n_load);
 
     // New LRU order: unused evictables (old order), the slots just loaded
     // (miss order), the hits (old order).
@@ -435,7 +417,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
                 to = evictables.total - n_load + ur;
             else
                 to = er - min(ur, n_load);
-            st(lru + to, (int16_t)(f & kSlotMask));
+            st(rq.lru + to, (int16_t)(f & kSlotMask));
         }
     }
 
@@ -444,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     for (uint32_t k = 0; k < kMaxEntryChunks; ++k) {
         if (!((dup_bits >> k) & 1u)) continue;
         const uint32_t i = (ec.first + k) * KVT_WARP + lane;
-        st(out + i, s.e_val()[hash.find(s.e_tok()[i])]);
+        st(row.out + i, s.e_val()[hash.find(s.e_tok()[i])]);
     }
     // The copy kernel follows unless no bytes move; it waits for this grid
     // to complete before it reads the plan.

@@ -767,7 +767,9 @@ fn emulate_swap(
     stores.extend(plan);
     let mut reports = Vec::new();
     if batch > 0 {
-        let (plan, threads, smem) = if strategy == SwapInStrategy::FewMiss {
+        // The kernel the launch picks: the few-miss planner where the
+        // argument checks asked for it.
+        let (plan, threads, smem) = if p.flags & kvtier::abi::KVT_SWAP_SKIP_INLINE != 0 {
             (
                 &b"kvt_emu_swap_in_few_miss_plan"[..],
                 kvtier::abi::KVT_SWAP_FEW_MISS_THREADS,

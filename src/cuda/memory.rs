@@ -484,17 +484,8 @@ impl ErrorWordWatch {
                     landed = (started == epoch).then_some(w);
                     self.in_flight = None;
                 }
-                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY && started == epoch => {
-                    return Ok(None);
-                }
-                // A stale copy still in flight: wait for it (it is one word)
-                // before the next copy reuses its target.
-                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => {
-                    // SAFETY: a live stream of the watch's own.
-                    unsafe { result::stream::synchronize(self.stream.stream().raw()) }
-                        .call("cuStreamSynchronize")?;
-                    self.in_flight = None;
-                }
+                // Still in flight (a stale one is dropped once it lands).
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => return Ok(None),
                 Err(e) => {
                     return Err(crate::error::Error::Driver {
                         call: "cuEventQuery",

@@ -490,7 +490,12 @@ pub(crate) fn check(
     }
     match strategy {
         SwapInStrategy::OneBlockPerRequest => flags |= KVT_SWAP_COPY_IN_PLAN,
-        SwapInStrategy::FewMiss => flags |= KVT_SWAP_SKIP_INLINE,
+        // Where its state does not fit the GPU's shared memory, the
+        // block-scan planner runs the same parameters (same results).
+        SwapInStrategy::FewMiss if super::few_miss_smem_bytes(entries, hot) <= t.max_smem => {
+            flags |= KVT_SWAP_SKIP_INLINE
+        }
+        SwapInStrategy::FewMiss => {}
         SwapInStrategy::PlanThenCopy | SwapInStrategy::PlanThenCopyInOrder => {}
     }
     Ok(kvt_swap_in_params {

@@ -56,7 +56,7 @@ fn fits(dev: &CudaDevice, smem: usize, what: impl FnOnce() -> String) -> Result<
 }
 
 /// Enqueues the swap-in on `stream`: the plan kernel (the few-miss planner
-/// for `KVT_SWAP_SKIP_INLINE` where it fits), then, unless the plan kernel
+/// for `KVT_SWAP_SKIP_INLINE`), then, unless the plan kernel
 /// copies every row itself or `skip_io`, the copy kernel, as its
 /// programmatic dependent where `dependent` and the device allow it.
 ///
@@ -73,26 +73,13 @@ pub(super) unsafe fn launch(
     if p.batch == 0 {
         return Ok(());
     }
-    // The few-miss planner where its state fits the GPU's shared memory,
-    // else the block-scan planner on the same parameters (same results) and
-    // a copy kernel that copies every row.
-    let few_miss_smem = few_miss_smem_bytes(p.entries, p.hot);
-    let few_miss = p.flags & KVT_SWAP_SKIP_INLINE != 0 && few_miss_smem <= dev.max_dynamic_smem();
-    let fallback;
-    let p = if p.flags & KVT_SWAP_SKIP_INLINE != 0 && !few_miss {
-        fallback = kvt_swap_in_params {
-            flags: p.flags & !KVT_SWAP_SKIP_INLINE,
-            ..*p
-        };
-        &fallback
-    } else {
-        p
-    };
-    let (kernel, threads, smem) = if few_miss {
+    // The argument checks asked for the few-miss planner only where its
+    // state fits this GPU's shared memory.
+    let (kernel, threads, smem) = if p.flags & KVT_SWAP_SKIP_INLINE != 0 {
         (
             Kernel::SwapInFewMissPlan,
             KVT_SWAP_FEW_MISS_THREADS,
-            few_miss_smem,
+            few_miss_smem_bytes(p.entries, p.hot),
         )
     } else {
         (

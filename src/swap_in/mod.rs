@@ -192,6 +192,9 @@ pub(crate) struct SwapInTarget {
     pub plan_dst: u64,
     pub plan_count: u64,
     pub error: u64,
+    /// Dynamic shared memory a planning block may take: the few-miss planner
+    /// runs only where its state fits (unbounded off the GPU).
+    pub max_smem: usize,
 }
 
 /// Runs swap-ins and miss-plan replays on one executor: owns the plan
@@ -308,6 +311,10 @@ impl SwapInEngine {
             plan_dst,
             plan_count,
             error: self.error.as_ref().map_or(0, |e| e.device_ptr()),
+            max_smem: match &self.exec {
+                Executor::Cuda(dev) => dev.max_dynamic_smem(),
+                Executor::Cpu => usize::MAX,
+            },
         }
     }
 
@@ -522,6 +529,7 @@ pub fn emulation_params(
         plan_dst: scratch.dst,
         plan_count: scratch.count,
         error,
+        max_smem: usize::MAX,
     };
     args::check(&target, args, strategy)
 }
@@ -540,6 +548,7 @@ pub fn emulation_replay_params(
         plan_dst: 0,
         plan_count: 0,
         error,
+        max_smem: usize::MAX,
     };
     replay::check(&target, args)
 }
