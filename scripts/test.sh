@@ -4,11 +4,22 @@
 # bindings/abi.rs matches kernels/abi.h, builds the library with its kernels,
 # and runs every test that needs no GPU: the Rust tests, then the Python
 # package's tests (installed with pip into .tools/venv, on numpy, without
-# torch) and the contract test against SGLang's published source. The GPU
+# torch) and the contract test against SGLang's published source, then the
+# package's tests again with real torch and SGLang's own modules importable,
+# once per supported SGLang release (scripts/sglang-env.sh: cached outside
+# the clone, about 6 GB and 1.5-2 minutes the first time). The GPU
 # tests (tests/gpu.rs, and the CUDA half of bindings/python/tests/test_torch.py)
 # are skipped here; run them on a GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The tests that import SGLang's real modules, run against each supported
+# release (the newest runs every test of the package).
+SGLANG_TESTS=(
+  bindings/python/tests/test_real_sglang.py
+  bindings/python/tests/test_sglang_kernel_tests.py
+  bindings/python/tests/test_sglang_coordinator.py
+  bindings/python/tests/test_install.py
+)
 
 scripts/install-tools.sh
 export NVCC="${NVCC:-$PWD/.tools/py/nvidia/cu13/bin/nvcc}"
@@ -44,6 +55,24 @@ PYO3_PYTHON="$PWD/.tools/venv/bin/python" cargo build --release --locked -p kvti
   --force-reinstall ./bindings/python
 KVTIER_EXPECT_INSTALLED=1 KVTIER_SGLANG_TREES="$PWD/.tools/sglang" KVTIER_REQUIRE_SGLANG_SOURCE=1 \
   .tools/venv/bin/python -m pytest -q -p no:cacheprovider bindings/python/tests
+
+echo "== Python package with real torch, and SGLang's own modules per supported release (scripts/sglang-env.sh)"
+scripts/sglang-env.sh
+.tools/torch-venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+  --force-reinstall ./bindings/python
+for v in 0.5.23 0.5.22 0.5.21; do
+  if [ "$v" = 0.5.23 ]; then
+    # every test of the package, with real torch and SGLang importable
+    tests=(bindings/python/tests)
+  else
+    tests=("${SGLANG_TESTS[@]}")
+  fi
+  echo "-- real torch $(.tools/torch-venv/bin/python -c 'import torch; print(torch.__version__)'), SGLang $v"
+  KVTIER_REAL_SGLANG=$v PYTHONPATH="$PWD/.tools/sglang/$v" KVTIER_EXPECT_INSTALLED=1 \
+    KVTIER_SGLANG_TREES="$PWD/.tools/sglang" KVTIER_REQUIRE_SGLANG_SOURCE=1 \
+    .tools/torch-venv/bin/python -m pytest -q -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning \
+    "${tests[@]}"
+done
 
 echo "== kvtier info"
 cargo run --locked --quiet -- info

@@ -401,11 +401,19 @@ def fake_sglang(tmp_path, monkeypatch):
     modules forgotten afterwards."""
     import kvtier.sglang
 
+    # the real SGLang may be importable (and imported) here too: the fake
+    # shadows it, first on the path and with none of its modules loaded
+    kvtier.sglang.uninstall()
+    forget_sglang()
     root = tmp_path / "fake"
     write_fake_sglang(root)
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.delenv("KVTIER_SGLANG_CONFIG", raising=False)
     yield root
     kvtier.sglang.uninstall()
+    forget_sglang()
+
+
+def forget_sglang() -> None:
     for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
         del sys.modules[name]

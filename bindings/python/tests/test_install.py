@@ -242,10 +242,22 @@ def test_the_launcher_says_when_it_installs_nothing(fake_sglang, tmp_path):
     assert "parent swap-in from sglang.kernels.ops.kvcache.hisparse host pool MLATokenToKVPoolHost" in run.stdout
 
 
+# Hides an installed SGLang from a child process: a sitecustomize on its path
+# drops every path entry that holds an `sglang` package, so the child sees an
+# environment without SGLang, and the test holds where SGLang is installed.
+HIDE_SGLANG = """
+import os, sys
+sys.path[:] = [p for p in sys.path if not os.path.exists(os.path.join(p or ".", "sglang"))]
+"""
+
+
 def test_the_launcher_without_sglang_exits_non_zero(tmp_path):
     cfg = tmp_path / "kvtier.json"
     cfg.write_text("{}")
-    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE_SGLANG)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hide), str(PACKAGE_ROOT)]))
     env.pop(kvtier.sglang.ENV, None)
     run = subprocess.run([sys.executable, "-m", "kvtier.sglang", "--kvtier-config", str(cfg)], env=env,
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
@@ -270,3 +282,16 @@ def test_a_library_without_kernels_leaves_the_swap_in_to_sglang(fake_sglang, mon
     for name in SERVED:
         assert routes[name].served_by == "SGLang" and "no CUDA kernels" in routes[name].why, routes[name]
     assert routes["MLATokenToKVPoolHost"].served_by == "kvtier", "the host pool needs no kernels"
+
+
+def test_the_version_is_the_imported_packages_not_another_copys(fake_sglang, tmp_path, monkeypatch):
+    """Another SGLang's metadata later on the path (an installed release
+    behind a source tree, say) does not name the version of the one imported."""
+    other = tmp_path / "other"
+    (other / "sglang-9.9.9.dist-info").mkdir(parents=True)
+    (other / "sglang-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 9.9.9\n")
+    monkeypatch.syspath_prepend(str(other))
+    monkeypatch.syspath_prepend(str(fake_sglang))  # the fake package first, as an import finds it
+    assert compat.sglang_root() == fake_sglang
+    assert compat.sglang_version(fake_sglang) == "0.5.23"
+    assert kvtier.sglang.report(kvtier.sglang.KvtierConfig(devices=["anon"])).sglang_version == "0.5.23"

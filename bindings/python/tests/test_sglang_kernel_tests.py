@@ -1,5 +1,9 @@
-"""SGLang's own HiSparse kernel tests, re-expressed on kvtier's entry points
-(numpy arrays: the CPU executor): the scenarios of its repository's
+"""SGLang's own HiSparse kernel tests, re-expressed, each run twice: on
+kvtier's entry points with numpy arrays (the CPU executor), and, where
+SGLang's real modules import (the test command's real-torch runs, one per
+supported release), after install() through the names SGLang's tests import
+from `sglang.kernels.ops.kvcache.hisparse`, on torch CPU tensors. The
+scenarios are those of its repository's
 `test/registered/kernels/ops/kvcache/test_hisparse.py` and
 `test_hisparse_planned_copy.py` (the versions that go with SGLang
 0.5.21-0.5.23) that concern the paths kvtier serves, with the same inputs and
@@ -20,12 +24,69 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import kvtier.sglang
 from kvtier import KvtierError
-from kvtier.sglang import (
-    copy_cache_planned_mla,
-    load_cache_to_device_buffer_dsv4_mla,
-    load_cache_to_device_buffer_mla,
-)
+from real_sglang import VERSION, WHY_NOT, install_into_sglang, uninstall_sglang
+
+
+class Kvtier:
+    """kvtier's own entry points on numpy arrays (the CPU executor)."""
+
+    name = "kvtier"
+    load_cache_to_device_buffer_mla = staticmethod(kvtier.sglang.load_cache_to_device_buffer_mla)
+    load_cache_to_device_buffer_dsv4_mla = staticmethod(kvtier.sglang.load_cache_to_device_buffer_dsv4_mla)
+    copy_cache_planned_mla = staticmethod(kvtier.sglang.copy_cache_planned_mla)
+
+
+class SGLangNames:
+    """The names SGLang's tests import (`sglang.kernels.ops.kvcache.hisparse`)
+    after kvtier is installed into the real SGLang, called on torch CPU
+    tensors that share the tests' numpy arrays (so in-place updates show in
+    the arrays the assertions read). Each call checks that the name is still
+    the function the patched coordinator calls."""
+
+    name = "sglang"
+
+    def __init__(self, installed):
+        import torch
+
+        self.installed, self.torch = installed, torch
+
+    def __getattr__(self, name):
+        fn = getattr(self.installed.kernels, name)
+        assert fn is getattr(self.installed.coordinator, name), f"{name} is not what the coordinator calls"
+        assert fn.__module__.startswith("kvtier."), f"{name} is SGLang's own ({fn.__module__})"
+        tensor = self.torch.from_numpy
+
+        def call(**kw):
+            return fn(**{k: tensor(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()})
+
+        return call
+
+
+API = Kvtier()
+
+
+@pytest.fixture(scope="module")
+def sglang_names():
+    if VERSION is None:
+        pytest.skip(WHY_NOT)
+    mp = pytest.MonkeyPatch()
+    try:
+        yield SGLangNames(install_into_sglang(mp))
+    finally:
+        mp.undo()
+        uninstall_sglang()
+
+
+@pytest.fixture(autouse=True, params=["kvtier", "sglang"])
+def api(request):
+    """Every scenario twice: on kvtier's functions with numpy arrays, and on
+    the real SGLang's kernel-module names with torch tensors."""
+    global API
+    API = Kvtier() if request.param == "kvtier" else request.getfixturevalue("sglang_names")
+    yield API
+    API = Kvtier()
 
 DTYPE = np.float32
 KV_DIM = 8
@@ -76,7 +137,7 @@ def run(*, top_k_tokens, seq_len=None, seq_lens=None, seq_lens_dtype=np.int32, r
     if num_real_reqs is None:
         num_real_reqs = batch
     out = np.full_like(top_k_tokens, output_fill_value)
-    load_cache_to_device_buffer_mla(
+    API.load_cache_to_device_buffer_mla(
         top_k_tokens=top_k_tokens, top_k_device_locs=out, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
         item_size_bytes=ITEM, num_top_k=top_k_tokens.shape[1], hot_buffer_size=HOT, page_size=1, block_size=256,
         num_real_reqs=np.array([num_real_reqs], dtype=np.int32), **state,
@@ -153,9 +214,9 @@ def test_load_cache_to_device_buffer_miss_copy_is_byte_exact(kv_dim, miss_token)
     )
     if item % 8:
         with pytest.raises(KvtierError, match="item_size_bytes"):
-            load_cache_to_device_buffer_mla(**kwargs)
+            API.load_cache_to_device_buffer_mla(**kwargs)
         return
-    load_cache_to_device_buffer_mla(**kwargs)
+    API.load_cache_to_device_buffer_mla(**kwargs)
     assert kwargs["top_k_device_locs"].tolist() == [[0]]
     assert (device_buffer[0] == hc[miss_token]).all()
     for slot in range(1, HOT):
@@ -222,7 +283,7 @@ def test_dsv4_swap_in_reads_paged_host_layout():
     host_cache_locs = np.zeros((1, 8), dtype=np.int64)
     host_cache_locs[0, 3] = host_loc
     out = np.full((1, 1), -1, dtype=np.int32)
-    load_cache_to_device_buffer_dsv4_mla(
+    API.load_cache_to_device_buffer_dsv4_mla(
         top_k_tokens=np.array([[3]], dtype=np.int32),
         device_buffer_tokens=np.full((1, PADDED), -1, dtype=np.int32), host_cache_locs=host_cache_locs,
         device_buffer_locs=np.array([[swap_loc + i for i in range(5)]], dtype=np.int32), host_cache=hc,
@@ -243,7 +304,7 @@ def test_load_cache_to_device_buffer_dsv4_mla_miss_copy_layout():
         write_dsv4_token(hc, token, seed=token + 1)
     device_buffer = np.full((num_pages, DSV4_PAGE_BYTES), 0xFF, dtype=np.uint8)
     out = np.full((1, 1), -1, dtype=np.int32)
-    load_cache_to_device_buffer_dsv4_mla(
+    API.load_cache_to_device_buffer_dsv4_mla(
         top_k_tokens=np.array([[6]], dtype=np.int32), device_buffer_tokens=state["device_buffer_tokens"],
         host_cache_locs=state["host_cache_locs"], device_buffer_locs=state["device_buffer_locs"], host_cache=hc,
         device_buffer=device_buffer, top_k_device_locs=out, req_pool_indices=np.array([0], dtype=np.int64),
@@ -267,7 +328,7 @@ def test_load_cache_to_device_buffer_dsv4_fused_copy_multi_miss():
         write_dsv4_token(hc, loc, seed=loc + 1)
     device_buffer = np.full((2, DSV4_PAGE_BYTES), 0xFF, dtype=np.uint8)
     out = np.full((1, 4), -1, dtype=np.int32)
-    load_cache_to_device_buffer_dsv4_mla(
+    API.load_cache_to_device_buffer_dsv4_mla(
         top_k_tokens=np.array([miss_tokens], dtype=np.int32),
         device_buffer_tokens=np.array([[0, 1, 2, 3, -1]], dtype=np.int32),
         host_cache_locs=np.array([host_locs], dtype=np.int64),
@@ -292,7 +353,7 @@ def test_load_cache_to_device_buffer_large_lru_writeback():
     top_k_tokens = np.concatenate([np.arange(1000, 2000), np.arange(5000, 6048)]).astype(np.int32).reshape(1, -1)
     lru = np.arange(hot, dtype=np.int16).reshape(1, -1)
     out = np.full_like(top_k_tokens, -1)
-    load_cache_to_device_buffer_mla(
+    API.load_cache_to_device_buffer_mla(
         top_k_tokens=top_k_tokens, device_buffer_tokens=np.arange(hot, dtype=np.int32).reshape(1, -1),
         host_cache_locs=np.arange(seq_len, dtype=np.int64).reshape(1, -1),
         device_buffer_locs=np.arange(hot + 1, dtype=np.int32).reshape(1, -1),
@@ -334,7 +395,7 @@ def expected(host, src, dst, counts, num_real, item_bytes):
 
 
 def replay(host, dev, src, dst, cnt, real, item_bytes, skip_io=False):
-    copy_cache_planned_mla(miss_src=src, miss_dst=dst, miss_count=cnt, num_real_reqs=real, host_cache=host,
+    API.copy_cache_planned_mla(miss_src=src, miss_dst=dst, miss_count=cnt, num_real_reqs=real, host_cache=host,
                            device_buffer=dev, item_size_bytes=item_bytes, num_blocks=2, block_size=256,
                            skip_io=skip_io)
 

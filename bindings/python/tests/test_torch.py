@@ -94,6 +94,69 @@ def test_tensors_kvtier_cannot_address_are_refused():
         swap(**c.kwargs(top_k_tokens=c.topk.to("meta")))
 
 
+class ClaimsGpu(torch.Tensor):
+    """A CPU tensor that reports itself on GPU `ordinal` through every
+    attribute kvtier reads to place a call (is_cuda, is_cpu, device,
+    get_device): what a CPU cannot make for real, for the checks that refuse
+    a call mixing places before anything runs."""
+
+    @staticmethod
+    def __new__(cls, t, ordinal=0):
+        r = torch.Tensor._make_subclass(cls, t)
+        r.ordinal = ordinal
+        return r
+
+    @property
+    def is_cuda(self):
+        return True
+
+    @property
+    def is_cpu(self):
+        return False
+
+    @property
+    def device(self):
+        return torch.device("cuda", self.ordinal)
+
+    def get_device(self):
+        return self.ordinal
+
+
+def test_cpu_tensors_with_a_wrong_dtype_or_layout_are_refused():
+    c = to_torch(worked_example([4, 2, 7]))
+    with pytest.raises(KvtierError, match="`lru_slots`: is int32; it must be int16"):
+        swap(**c.kwargs(lru_slots=c.lru.to(torch.int32)))
+    strided = torch.zeros((8, 2 * ITEM), dtype=torch.uint8)[:, ::2]
+    with pytest.raises(KvtierError, match="`host_cache`: must be contiguous"):
+        swap(**c.kwargs(host_cache=strided))
+    assert c.out.tolist() == [[-7, -7, -7]] and c.lru.tolist() == [[0, 1, 2, 3]], "nothing ran"
+
+
+@pytest.mark.parametrize("where, expect", [
+    ({"top_k_tokens": 0},
+     "`device_buffer_tokens`: is on cpu; top_k_tokens is on cuda:0, and every tensor of a call must be on the "
+     "same GPU"),
+    ({"device_buffer_tokens": 1},
+     "`device_buffer_tokens`: is on cuda:1; top_k_tokens is on the CPU, so the call runs on the CPU executor"),
+    ({"top_k_tokens": 0, "device_buffer_tokens": 1},
+     "`device_buffer_tokens`: is on cuda:1; top_k_tokens is on cuda:0, and every tensor"),
+    # every tensor on GPU 0 but one index tensor: only the KV planes may stay in host memory
+    ({"*": 0, "host_cache_locs": None, "host_cache": None},
+     "`host_cache_locs`: is on cpu; top_k_tokens is on cuda:0, and every tensor"),
+], ids=["one-on-a-gpu", "one-on-another-gpu", "two-gpus", "index-on-the-host"])
+def test_a_call_mixing_places_is_refused_before_anything_runs(where, expect):
+    c = to_torch(worked_example([4, 2, 7]))
+    kw = {k: v for k, v in c.kwargs().items() if v is not None}
+    for name, v in list(kw.items()):
+        ordinal = where.get(name, where.get("*")) if isinstance(v, torch.Tensor) else None
+        if ordinal is not None:
+            kw[name] = ClaimsGpu(v, ordinal)
+    with pytest.raises(KvtierError) as e:
+        swap(**kw)
+    assert expect in str(e.value), str(e.value)
+    assert c.out.tolist() == [[-7, -7, -7]] and c.lru.tolist() == [[0, 1, 2, 3]], "nothing ran"
+
+
 @cuda
 def test_mixing_cpu_and_cuda_tensors_is_refused():
     c = to_torch(worked_example([4, 2, 7]), "cuda", pin_host_cache=True)

@@ -278,10 +278,14 @@ def sglang_root() -> Path | None:
 
 
 def sglang_version(root: Path) -> str | None:
+    """The version of the SGLang package under `root`: its distribution's
+    metadata there (not the first `sglang` distribution anywhere on the path,
+    which may belong to another copy), else its ``_version.py``."""
     try:
-        from importlib.metadata import version
+        from importlib.metadata import distributions
 
-        return version("sglang")
+        for dist in distributions(name="sglang", path=[str(root)]):
+            return dist.version
     except Exception:
         pass
     text = (root / "sglang/_version.py").read_text() if (root / "sglang/_version.py").exists() else ""
@@ -307,7 +311,15 @@ def platform() -> tuple:
     if xpu is not None and getattr(xpu, "is_available", lambda: False)():
         return "XPU", "XPU: kvtier's kernels are CUDA"
     cuda = getattr(torch.version, "cuda", None)
-    return (f"CUDA {cuda}" if cuda else "CPU only (torch without CUDA)"), None
+    if not cuda:
+        return "CPU only (torch without CUDA)", None
+    # a CUDA build of torch on a machine without a GPU (or with none visible)
+    # is not a CUDA platform: only CPU tensors, served by the CPU executor.
+    # is_available() counts devices without creating a context, so a process
+    # that forks later is unharmed.
+    if not torch.cuda.is_available():
+        return f"CPU only (torch built for CUDA {cuda}, no GPU visible)", None
+    return f"CUDA {cuda}", None
 
 
 # ---- the report ---------------------------------------------------------------
