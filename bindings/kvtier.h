@@ -120,6 +120,9 @@ typedef struct kvt_device_capacity {
                          * RDMA registration holds them (cudaHostRegister,
                          * ibv_reg_mr); 0: a file on a disk filesystem or
                          * FS-DAX, which Linux refuses to pin long-term */
+    uint64_t movable_bytes; /* "numa:" devices: bytes of the nodes' online memory
+                             * in ZONE_MOVABLE, whose pages a GPU or RDMA
+                             * registration migrates off the node (0 otherwise) */
 } kvt_device_capacity;
 
 /* Devices are strings in the CLI's syntax: "anon:SIZE", "file:PATH[:SIZE]",

@@ -98,6 +98,7 @@ pub struct KvtDeviceCapacity {
     pub bytes: u64,
     pub host_dram: u32,
     pub pinnable: u32,
+    pub movable_bytes: u64,
 }
 
 /// `kvt_region_info`.
@@ -964,6 +965,7 @@ pub unsafe extern "C" fn kvt_device_capacity_get(
             bytes: c.bytes,
             host_dram: u32::from(c.host_dram),
             pinnable: u32::from(c.pinnable),
+            movable_bytes: c.movable_bytes,
         };
         // SAFETY: the header's contract for `out`.
         unsafe { write_out(out, "out", info) }
@@ -1484,7 +1486,7 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         fields!(KvtPoolInfo, "kvt_pool_info": layout, num_devices, num_regions, free_regions,
         region_stride, uuid),
     );
-    v.extend(fields!(KvtDeviceCapacity, "kvt_device_capacity": bytes, host_dram, pinnable));
+    v.extend(fields!(KvtDeviceCapacity, "kvt_device_capacity": bytes, host_dram, pinnable, movable_bytes));
     v.extend(fields!(KvtRegionInfo, "kvt_region_info": index, device, host_addr, bytes));
     v.extend(
         fields!(KvtSwapInArgs, "kvt_swap_in_args": top_k_tokens, top_k_stride,

@@ -138,6 +138,7 @@ fn pool_calls_return_a_status_on_any_input() {
             bytes: 0,
             host_dram: 0,
             pinnable: 0,
+            movable_bytes: 0,
         };
         // SAFETY: as above.
         unsafe {

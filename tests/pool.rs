@@ -54,6 +54,12 @@ impl Drop for Dir {
     }
 }
 
+/// Writes a file only its user may read or write, as a pool file is.
+fn write_private(path: &std::path::Path, bytes: &[u8]) {
+    std::fs::write(path, bytes).unwrap();
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+}
+
 fn specs_arg(devices: &[DeviceSpec]) -> String {
     devices
         .iter()
@@ -706,8 +712,8 @@ fn pool_error(r: kvtier::Result<Arc<Pool>>) -> String {
 fn bad_devices_and_mismatched_pools_give_clear_errors() {
     let dir = Dir::new("errors");
     let devices = dir.devices(2, 4);
-    // no pool yet
-    std::fs::write(dir.0.join("dev0"), vec![0u8; 4 << 20]).unwrap();
+    // no pool yet (a file of this user's alone: one open to others is refused first)
+    write_private(&dir.0.join("dev0"), &vec![0u8; 4 << 20]);
     let err = pool_error(Pool::open(
         vec![DeviceSpec::File {
             path: dir.0.join("dev0"),
@@ -784,7 +790,7 @@ fn bad_devices_and_mismatched_pools_give_clear_errors() {
     let f = dir.0.join("dev0");
     let mut bytes = std::fs::read(&f).unwrap();
     bytes[8] = 99;
-    std::fs::write(dir.0.join("future"), &bytes).unwrap();
+    write_private(&dir.0.join("future"), &bytes);
     let err = pool_error(Pool::open(
         vec![DeviceSpec::File {
             path: dir.0.join("future"),
@@ -886,7 +892,7 @@ fn a_header_with_overlapping_regions_is_refused() {
         }
         // SAFETY: as above.
         unsafe { std::ptr::write_unaligned(bytes.as_mut_ptr() as *mut PoolHeader, h) };
-        std::fs::write(path, &bytes).unwrap();
+        write_private(path, &bytes);
         pool_error(Pool::open(devices.clone(), inspect()))
     };
     for stride in [1024u64, 4097] {
@@ -1168,4 +1174,429 @@ fn a_new_pool_is_refused_while_the_old_ones_holders_live() {
     assert!(err.contains("still mapped by processes attached"), "{err}");
     drop(holder);
     drop(Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap());
+}
+
+// ---- forks: a child acts through its parent's handle never ------------------
+
+/// Forks; the child runs `child` and exits with its code without returning
+/// into the test harness. Returns the child's exit code.
+fn in_forked_child(child: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child runs `child` and _exit()s; it never returns here.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(101);
+        // SAFETY: ends the child at once, running no other destructor.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    }
+}
+
+/// What a parent holds in a pool: `n` allocated regions, written and
+/// published.
+fn parent_with_regions(dir: &Dir, n: usize) -> (Vec<DeviceSpec>, Arc<Pool>, Vec<kvtier::Region>) {
+    let devices = dir.devices(1, 4);
+    let pool = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    let regions: Vec<_> = (0..n)
+        .map(|i| {
+            let r = pool.alloc_region().unwrap();
+            write_region(&pool, &r, &contents(i as u64 + 1, std::process::id()));
+            pool.publish(&r).unwrap();
+            r
+        })
+        .collect();
+    (devices, pool, regions)
+}
+
+/// The parent's regions are still its own, READY and intact, its slot live,
+/// and a new opener (which reclaims the dead) takes none of them.
+fn parent_intact(devices: &[DeviceSpec], pool: &Pool, regions: &[kvtier::Region]) {
+    let me = std::process::id();
+    let infos = pool.regions();
+    for r in regions {
+        let info = &infos[r.index() as usize];
+        assert_eq!(
+            info.state,
+            RegionState::Ready,
+            "region {} was freed: {info:?}",
+            r.index()
+        );
+        assert_eq!(info.owner.as_ref().map(|o| o.pid), Some(me), "{info:?}");
+        assert!(
+            intact(&read_region(pool, r)),
+            "region {} was overwritten",
+            r.index()
+        );
+    }
+    assert!(pool.check().dead_clients.is_empty(), "{:?}", pool.check());
+    let other = Pool::open(devices.to_vec(), PoolOptions::default()).unwrap();
+    let taken: Vec<_> = (0..other.free_regions())
+        .map(|_| other.alloc_region().unwrap())
+        .collect();
+    assert!(
+        taken
+            .iter()
+            .all(|t| regions.iter().all(|r| r.index() != t.index()))
+    );
+    for t in taken {
+        other.free_region(t).unwrap();
+    }
+}
+
+#[test]
+fn a_forked_child_that_exits_normally_frees_none_of_its_parents_regions() {
+    let dir = Dir::new("fork-exit");
+    let (devices, pool, regions) = parent_with_regions(&dir, 3);
+    let mut held = Some((pool, regions));
+    let code = in_forked_child(|| {
+        // a normal exit drops everything the child inherited: here the only
+        // handle to the pool, so the pool's own drop runs in the child
+        let (pool, regions) = held.take().unwrap();
+        assert_eq!(Arc::strong_count(&pool), 1);
+        drop(regions);
+        drop(pool);
+        0
+    });
+    assert_eq!(code, 0);
+    let (pool, regions) = held.unwrap();
+    parent_intact(&devices, &pool, &regions);
+    // and the parent's own clean exit still frees them
+    let total = pool.num_regions();
+    drop(pool);
+    let after = Pool::open(devices, inspect()).unwrap();
+    assert_eq!(after.free_regions(), total);
+}
+
+#[test]
+fn a_forked_child_cannot_act_through_its_parents_handle_but_may_open_its_own() {
+    let dir = Dir::new("fork-alloc");
+    let (devices, pool, regions) = parent_with_regions(&dir, 2);
+    let child_devices = devices.clone();
+    let code = in_forked_child(|| {
+        let refused = |what: &str, r: kvtier::Result<()>| match r {
+            Err(e) if e.to_string().contains("must open the pool itself") => 0,
+            other => {
+                eprintln!("{what} through the parent's handle: {other:?}");
+                1
+            }
+        };
+        let mut code = refused("alloc", pool.alloc_region().map(|_| ()));
+        code |= refused("publish", pool.publish(&regions[0]));
+        // a forged handle to the parent's region: free must be refused too
+        let forged: kvtier::Region = unsafe { std::ptr::read(&regions[1]) };
+        code |= refused("free", pool.free_region(forged));
+        // its own pool handle works, under its own identity
+        let own = Pool::open(child_devices.clone(), PoolOptions::default()).unwrap();
+        let r = own.alloc_region().unwrap();
+        let mine = own.regions()[r.index() as usize]
+            .owner
+            .as_ref()
+            .map(|o| o.pid);
+        code |= (mine != Some(std::process::id())) as i32;
+        own.free_region(r).unwrap();
+        code
+    });
+    assert_eq!(code, 0);
+    parent_intact(&devices, &pool, &regions);
+}
+
+#[test]
+fn a_killed_forked_child_leaves_its_parents_regions_alone() {
+    let dir = Dir::new("fork-kill");
+    let (devices, pool, regions) = parent_with_regions(&dir, 2);
+    // SAFETY: the child only sleeps until it is killed.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        loop {
+            // SAFETY: no preconditions.
+            unsafe { libc::pause() };
+        }
+    }
+    // SAFETY: signals and reaps the child just forked.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+    }
+    parent_intact(&devices, &pool, &regions);
+}
+
+#[test]
+fn a_numa_pools_pages_are_reported_where_they_are() {
+    let layout = layout();
+    let bytes = Pool::device_bytes_for(&layout, 8).unwrap();
+    let spec: DeviceSpec = format!("numa:0:{bytes}").parse().unwrap();
+    let pool = Pool::create_on(layout, vec![spec], PoolOptions::default()).unwrap();
+    let regions: Vec<_> = (0..8).map(|_| pool.alloc_region().unwrap()).collect();
+    for (i, r) in regions.iter().enumerate() {
+        write_region(&pool, r, &contents(i as u64, 1));
+    }
+    let r = pool.residency(0, 64).unwrap();
+    assert_eq!(r.sampled, 64);
+    let present: u32 = r.by_node.iter().map(|(_, c)| c).sum();
+    assert!(present > 0 && present + r.not_present == 64, "{r:?}");
+    assert!(
+        r.by_node.iter().all(|(node, _)| *node == 0),
+        "bound to node 0: {r:?}"
+    );
+    assert_eq!(pool.placement_problem(0).unwrap(), None);
+    assert!(pool.residency(1, 8).is_err(), "no device 1");
+    // a file device: its pages are somewhere, and it names no node to check
+    let dir = Dir::new("residency");
+    let file = Pool::create_on(layout, dir.devices(1, 4), PoolOptions::default()).unwrap();
+    let r = file.residency(0, 16).unwrap();
+    assert_eq!(r.sampled, 16);
+    assert_eq!(file.placement_problem(0).unwrap(), None);
+}
+
+// ---- other users' files, and two creates at once ---------------------------
+
+fn chown(path: &std::path::Path, uid: u32, gid: u32) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(
+        unsafe { libc::chown(c.as_ptr(), uid, gid) },
+        0,
+        "chown needs root"
+    );
+}
+
+fn chmod(path: &std::path::Path, mode: u32) {
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+}
+
+/// Runs `f` on a thread and fails the test if it takes longer than `secs`.
+fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(f()).unwrap());
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("still waiting after {secs} s"))
+}
+
+#[test]
+fn pool_files_of_other_users_or_open_to_others_are_refused() {
+    // SAFETY: no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test changes file owners: run it as root (CI does)"
+    );
+    let dir = Dir::new("trust");
+    let devices = dir.devices(1, 4);
+    let path = dir.0.join("dev0");
+    drop(Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap());
+    let open = |d: &Vec<DeviceSpec>| pool_error(Pool::open(d.clone(), PoolOptions::default()));
+    let open_or_create = |d: &Vec<DeviceSpec>| {
+        pool_error(Pool::open_or_create(
+            layout(),
+            d.clone(),
+            PoolOptions::default(),
+        ))
+    };
+    // a pool file any user may read or write: its KV is not private
+    for mode in [0o666, 0o644, 0o604] {
+        chmod(&path, mode);
+        for err in [open(&devices), open_or_create(&devices)] {
+            assert!(err.contains("is open to other users"), "{mode:o}: {err}");
+        }
+    }
+    chmod(&path, 0o600);
+    drop(Pool::open(devices.clone(), PoolOptions::default()).unwrap());
+    // another user's file, planted at the path
+    chown(&path, 65534, 65534);
+    for err in [open(&devices), open_or_create(&devices)] {
+        assert!(err.contains("belongs to user 65534"), "{err}");
+    }
+    // ... shared with this process's group: usable when the mode says so
+    // SAFETY: no preconditions.
+    let my_gid = unsafe { libc::getegid() };
+    chown(&path, 65534, my_gid);
+    assert!(
+        open(&devices).contains("belongs to user 65534"),
+        "mode 0600 shares nothing"
+    );
+    chmod(&path, 0o660);
+    drop(Pool::open(devices.clone(), PoolOptions::default()).unwrap());
+    // another user's file whose owner holds a lock on it: refused at once,
+    // not a wait for a lock it must never take
+    chown(&path, 65534, 65534);
+    let holder = std::fs::File::open(&path).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&holder), libc::LOCK_EX) },
+        0
+    );
+    let d = devices.clone();
+    let err = within(20, move || {
+        pool_error(Pool::create_on(layout(), d, PoolOptions::default()))
+    });
+    assert!(err.contains("belongs to user 65534"), "{err}");
+    let d = devices.clone();
+    let err = within(20, move || {
+        pool_error(Pool::open_or_create(layout(), d, PoolOptions::default()))
+    });
+    assert!(err.contains("belongs to user 65534"), "{err}");
+    drop(holder);
+    // modes that open the pool's files to other users are refused at create
+    for mode in [0o666, 0o644, 0o777, 0o4600] {
+        let options = PoolOptions {
+            file_mode: mode,
+            ..PoolOptions::default()
+        };
+        let err = pool_error(Pool::create_on(
+            layout(),
+            dir.devices(2, 4)[1..].to_vec(),
+            options,
+        ));
+        assert!(err.contains("user and group only"), "{mode:o}: {err}");
+        assert!(
+            !dir.0.join("dev1").exists(),
+            "a refused create makes no file"
+        );
+    }
+}
+
+#[test]
+fn the_losing_create_of_two_at_once_removes_nothing_of_the_winners() {
+    let dir = Dir::new("race");
+    for round in 0..1000 {
+        let devices = vec![DeviceSpec::file(dir.0.join(format!("p{round}")), 4 << 20)];
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let runs: Vec<_> = (0..2)
+            .map(|_| {
+                let (devices, barrier) = (devices.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    Pool::create_on(layout(), devices, PoolOptions::default())
+                })
+            })
+            .collect();
+        let results: Vec<_> = runs.into_iter().map(|t| t.join().unwrap()).collect();
+        let winners: Vec<&Arc<Pool>> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        let loser = results
+            .iter()
+            .find_map(|r| r.as_ref().err())
+            .unwrap()
+            .to_string();
+        assert!(
+            loser.contains("already holds a kvtier pool"),
+            "round {round}: {loser}"
+        );
+        // the winner's pool is the one at the path, whole
+        let at_path = Pool::open(devices.clone(), inspect()).unwrap_or_else(|e| {
+            panic!("round {round}: the winner's pool is gone from the path: {e}")
+        });
+        assert_eq!(at_path.uuid(), winners[0].uuid(), "round {round}");
+    }
+}
+
+// ---- reserve what is promised -----------------------------------------------
+
+/// A tmpfs of `mib` MiB mounted for the test (needs root), unmounted on drop.
+struct SmallTmpfs(PathBuf);
+
+impl SmallTmpfs {
+    fn mount(name: &str, mib: u64) -> SmallTmpfs {
+        // SAFETY: no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "this test mounts a tmpfs: run it as root (CI does)"
+        );
+        let dir = std::env::temp_dir().join(format!("kvtier-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = |s: &str| std::ffi::CString::new(s).unwrap();
+        let (src, target, fs, data) = (
+            c("tmpfs"),
+            c(dir.to_str().unwrap()),
+            c("tmpfs"),
+            c(&format!("size={mib}m,mode=0700")),
+        );
+        // SAFETY: valid C strings; data is tmpfs's option string.
+        let rc = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                fs.as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            )
+        };
+        assert_eq!(rc, 0, "mount: {}", std::io::Error::last_os_error());
+        SmallTmpfs(dir)
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let c = std::ffi::CString::new(self.0.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string naming the mount this test made.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_pool_larger_than_its_filesystem_is_a_clean_error_at_create() {
+    let fs = SmallTmpfs::mount("small", 8);
+    let file = |name: &str, mib: u64| vec![DeviceSpec::file(fs.0.join(name), mib << 20)];
+    // far too large: refused before anything is written, no file left
+    for mib in [64, 9] {
+        let err = pool_error(Pool::create_on(
+            layout(),
+            file("big", mib),
+            PoolOptions::default(),
+        ));
+        assert!(
+            err.contains("needs") && err.contains("free"),
+            "{mib} MiB: {err}"
+        );
+        assert!(!fs.0.join("big").exists(), "a failed create leaves no file");
+    }
+    // one that fits is allocated whole at create: the rest of the filesystem
+    // cannot hold a second like it, and the first is whole
+    let pool = Pool::create_on(layout(), file("a", 5), PoolOptions::default()).unwrap();
+    let err = pool_error(Pool::create_on(
+        layout(),
+        file("b", 5),
+        PoolOptions::default(),
+    ));
+    assert!(err.contains("needs") || err.contains("too little"), "{err}");
+    assert!(!fs.0.join("b").exists());
+    let regions: Vec<_> = (0..pool.num_regions())
+        .map(|_| pool.alloc_region().unwrap())
+        .collect();
+    for (i, r) in regions.iter().enumerate() {
+        write_region(&pool, r, &contents(i as u64, 7)); // would be SIGBUS on a sparse file
+    }
+    // the open_or_create path too
+    let err = pool_error(Pool::open_or_create(
+        layout(),
+        file("c", 16),
+        PoolOptions::default(),
+    ));
+    assert!(err.contains("needs"), "{err}");
+    assert!(!fs.0.join("c").exists());
+}
+
+#[test]
+fn a_numa_device_larger_than_its_node_is_refused() {
+    let err = pool_error(Pool::create_on(
+        layout(),
+        vec!["numa:0:512TiB".parse().unwrap()],
+        PoolOptions::default(),
+    ));
+    assert!(
+        err.contains("NUMA node 0 has") && err.contains("less than the 512.0 TiB asked for"),
+        "{err}"
+    );
 }

@@ -142,7 +142,11 @@ fn run_command(cmd: PoolCommand) -> kvtier::Result<()> {
                 file_mode: a.mode,
                 ..a.devices.options(false, false)
             };
-            let pool = Pool::create_on(layout, a.devices.specs()?, options)?;
+            let specs = a.devices.specs()?;
+            for warning in specs.iter().filter_map(|s| s.placement_warning()) {
+                eprintln!("warning: {warning}");
+            }
+            let pool = Pool::create_on(layout, specs, options)?;
             println!(
                 "created pool {} on {} device(s): {} regions of {} ({} B × {} layers × {} tokens)",
                 hex(&pool.uuid()),
@@ -241,6 +245,19 @@ fn print_status(pool: &Pool) {
             d.regions,
             d.free
         );
+    }
+    for i in 0..pool.devices().len() as u32 {
+        match pool.residency(i, 256) {
+            Ok(r) => println!(
+                "  {i:>2}  pages (of {} sampled): {}",
+                r.sampled,
+                r.describe()
+            ),
+            Err(e) => println!("  {i:>2}  pages: {e}"),
+        }
+        if let Ok(Some(problem)) = pool.placement_problem(i) {
+            println!("  {i:>2}  warning: {problem}");
+        }
     }
     let count = |s: RegionState| regions.iter().filter(|r| r.state == s).count();
     println!(

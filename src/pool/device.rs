@@ -154,9 +154,52 @@ pub struct DeviceCapacity {
     /// false for files on a disk filesystem or FS-DAX, whose writable shared
     /// pages need dirty tracking (Linux refuses such pins).
     pub pinnable: bool,
+    /// Of a `numa:` device's nodes, the bytes of online memory in
+    /// ZONE_MOVABLE (0 for other devices). A long-term pin (a GPU or RDMA
+    /// registration) first migrates movable pages out of that zone, which on
+    /// a CXL node onlined as movable means into another node's DRAM: the pool
+    /// would silently not be on CXL. Online such memory as normal memory, or
+    /// use the device through `dax:` (see [`DeviceSpec::placement_warning`]).
+    pub movable_bytes: u64,
 }
 
 impl DeviceSpec {
+    /// What would make the device not hold the pool where it says, or not
+    /// be usable by a GPU, found before it is mapped: a `numa:` node whose
+    /// memory is movable (registration migrates its pages off the node), a
+    /// file on a filesystem whose pages cannot be pinned (registration with
+    /// a GPU fails). None when nothing is in the way.
+    pub fn placement_warning(&self) -> Option<String> {
+        self.placement_warning_in(Path::new("/sys"))
+    }
+
+    fn placement_warning_in(&self, sysfs: &Path) -> Option<String> {
+        match self {
+            DeviceSpec::Numa { nodes, .. } => {
+                let movable: u64 = nodes.iter().map(|&n| numa_movable_bytes(sysfs, n)).sum();
+                (movable > 0).then(|| {
+                    format!(
+                        "{self}: {} of NUMA node {}'s online memory is in ZONE_MOVABLE; registering the pool \
+                         with a GPU (or an RDMA NIC) migrates those pages off the node first, into another \
+                         node's DRAM. Online the CXL memory as normal memory (daxctl online-memory \
+                         --no-movable), or use it as a dax: device",
+                        format_size(movable),
+                        node_list(nodes)
+                    )
+                })
+            }
+            DeviceSpec::File { path, .. } => match file_system_of(path) {
+                Ok(FileSystem::Disk) => Some(format!(
+                    "{self}: {} is on a filesystem whose pages cannot be pinned (a disk or FS-DAX), so \
+                     registering the pool with a GPU will fail; use tmpfs, hugetlbfs, dax: or numa:",
+                    path.display()
+                )),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     /// The device's capacity: the size the spec gives, else an existing
     /// file's length or a devdax device's size from sysfs.
     pub fn capacity(&self) -> Result<DeviceCapacity> {
@@ -186,10 +229,17 @@ impl DeviceSpec {
                 None => (dax_size(sysfs, path)?, FileSystem::Device),
             },
         };
+        let movable_bytes = match self {
+            DeviceSpec::Numa { nodes, .. } => {
+                nodes.iter().map(|&n| numa_movable_bytes(sysfs, n)).sum()
+            }
+            _ => 0,
+        };
         Ok(DeviceCapacity {
             bytes,
             host_dram: fs == FileSystem::Memory,
             pinnable: fs != FileSystem::Disk,
+            movable_bytes,
         })
     }
 }
@@ -202,15 +252,17 @@ pub fn device_capacity(spec: &str) -> Result<DeviceCapacity> {
 
 fn device_capacity_in(sysfs: &Path, spec: &str) -> Result<DeviceCapacity> {
     if let Some(nodes) = spec.strip_prefix("numa:").filter(|n| !n.contains(':')) {
-        let mut bytes = 0u64;
+        let (mut bytes, mut movable_bytes) = (0u64, 0u64);
         for node in parse_nodes(nodes)? {
             check_numa_node(sysfs, node)?;
             bytes = bytes.saturating_add(numa_free_bytes(sysfs, node)?);
+            movable_bytes = movable_bytes.saturating_add(numa_movable_bytes(sysfs, node));
         }
         return Ok(DeviceCapacity {
             bytes,
             host_dram: false,
             pinnable: true,
+            movable_bytes,
         });
     }
     spec.parse::<DeviceSpec>()?.capacity_in(sysfs)
@@ -244,16 +296,90 @@ fn node_list(nodes: &[u32]) -> String {
 
 /// The free memory of NUMA node `node`, from its `meminfo` in sysfs.
 pub(crate) fn numa_free_bytes(sysfs: &Path, node: u32) -> Result<u64> {
+    // "Node 2 MemFree:   123456 kB"
+    numa_meminfo(sysfs, node, "MemFree:")
+}
+
+/// A `numa:` device may not be larger than its nodes' memory: its pages
+/// are taken as they are first touched, and a node without them left kills
+/// the process that touches one, not the create.
+pub(crate) fn check_numa_size(
+    sysfs: &Path,
+    spec: &DeviceSpec,
+    nodes: &[u32],
+    bytes: u64,
+) -> Result<()> {
+    let mut total = 0u64;
+    for &node in nodes {
+        match numa_meminfo(sysfs, node, "MemTotal:") {
+            Ok(b) => total = total.saturating_add(b),
+            Err(_) => return Ok(()), // nothing known: the kernel decides
+        }
+    }
+    if bytes > total {
+        return Err(invalid(
+            "device",
+            format!(
+                "{spec}: NUMA node {} has {} of memory in all, less than the {} asked for",
+                node_list(nodes),
+                format_size_approx(total),
+                format_size_approx(bytes)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A size in the largest binary unit it reaches, to one decimal.
+fn format_size_approx(bytes: u64) -> String {
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes >= 1 << shift {
+            return format!("{:.1} {unit}", bytes as f64 / (1u64 << shift) as f64);
+        }
+    }
+    format!("{bytes} B")
+}
+
+/// A `Node N <key> <n> kB` line of node `node`'s meminfo, in bytes.
+fn numa_meminfo(sysfs: &Path, node: u32, key: &str) -> Result<u64> {
     let at = sysfs.join(format!("devices/system/node/node{node}/meminfo"));
     let text = std::fs::read_to_string(&at).map_err(io(format!("reading {}", at.display())))?;
-    // "Node 2 MemFree:   123456 kB"
     text.lines()
         .find_map(|line| {
-            let (_, rest) = line.split_once("MemFree:")?;
+            let (_, rest) = line.split_once(key)?;
             let kib: u64 = rest.trim().strip_suffix("kB")?.trim().parse().ok()?;
             kib.checked_mul(1024)
         })
-        .ok_or_else(|| Error::Pool(format!("{} has no MemFree line", at.display())))
+        .ok_or_else(|| Error::Pool(format!("{} has no {key} line", at.display())))
+}
+
+/// Bytes of NUMA node `node`'s online memory in ZONE_MOVABLE: its memory
+/// blocks (`nodeN/memoryM` in sysfs) whose state is online and whose zone
+/// (`valid_zones`, for an online block the zone it is in) is Movable, times
+/// the block size. 0 where sysfs says nothing (no memory hotplug).
+pub(crate) fn numa_movable_bytes(sysfs: &Path, node: u32) -> u64 {
+    let block = std::fs::read_to_string(sysfs.join("devices/system/memory/block_size_bytes"))
+        .ok()
+        .and_then(|t| u64::from_str_radix(t.trim().trim_start_matches("0x"), 16).ok())
+        .unwrap_or(0);
+    let Ok(dir) = std::fs::read_dir(sysfs.join(format!("devices/system/node/node{node}"))) else {
+        return 0;
+    };
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let movable_blocks = dir
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("memory"))
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter(|e| {
+            read(e.path().join("state")).trim() == "online"
+                && read(e.path().join("valid_zones")).split_whitespace().next() == Some("Movable")
+        })
+        .count() as u64;
+    movable_blocks.saturating_mul(block)
 }
 
 /// What holds a device's pages, as far as capacity and pinning go.
@@ -394,6 +520,7 @@ impl MappedDevice {
                 for &node in nodes {
                     check_numa_node(Path::new("/sys"), node)?;
                 }
+                check_numa_size(Path::new("/sys"), spec, nodes, *bytes)?;
                 let map = map_anon(*bytes)?;
                 bind_to_nodes(&map, nodes)?;
                 map
@@ -469,14 +596,36 @@ impl MappedDevice {
 /// switch create their pool beforehand instead.
 pub(crate) struct CreateLock {
     _file: std::fs::File,
+    /// Whether this lock's open made the file (O_EXCL): the only file of
+    /// the pool a failed create may remove.
+    pub(crate) created: bool,
 }
+
+/// How long a create waits for another process's create lock on the same
+/// device before saying so (a create formats the pool's tables and
+/// allocates its files: seconds for a large pool).
+pub(crate) const CREATE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl CreateLock {
     pub(crate) fn acquire(spec: &DeviceSpec, file_mode: u32) -> Result<CreateLock> {
+        CreateLock::acquire_within(spec, file_mode, CREATE_LOCK_WAIT)
+    }
+
+    /// [`CreateLock::acquire`], waiting at most `wait` for another holder.
+    /// The file is checked (a regular file of this user or group) before it
+    /// is locked, and after the lock is taken the path must still name the
+    /// file locked (a failed create of another process may have removed
+    /// it): otherwise the lock is taken again on what the path names now.
+    pub(crate) fn acquire_within(
+        spec: &DeviceSpec,
+        file_mode: u32,
+        wait: std::time::Duration,
+    ) -> Result<CreateLock> {
         use std::os::fd::AsRawFd;
-        use std::os::unix::fs::OpenOptionsExt;
-        let path = match spec {
-            DeviceSpec::File { path, .. } | DeviceSpec::Dax { path, .. } => path,
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let (path, is_file) = match spec {
+            DeviceSpec::File { path, .. } => (path, true),
+            DeviceSpec::Dax { path, .. } => (path, false),
             _ => {
                 return Err(invalid(
                     "device",
@@ -484,39 +633,153 @@ impl CreateLock {
                 ));
             }
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(matches!(spec, DeviceSpec::File { .. }))
-            .truncate(false)
-            .mode(file_mode)
-            .custom_flags(if matches!(spec, DeviceSpec::File { .. }) {
-                libc::O_NOFOLLOW | libc::O_CLOEXEC
-            } else {
-                libc::O_CLOEXEC
-            })
-            .open(path)
-            .map_err(|e| {
-                if matches!(spec, DeviceSpec::Dax { .. }) {
-                    opening_dax(path)(e)
+        let open = |create_new: bool| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(create_new)
+                .mode(file_mode)
+                .custom_flags(if is_file {
+                    libc::O_NOFOLLOW | libc::O_CLOEXEC
                 } else {
-                    opening_file(path)(e)
-                }
-            })?;
+                    libc::O_CLOEXEC
+                })
+                .open(path)
+        };
+        let failed = |e: std::io::Error| {
+            if is_file {
+                opening_file(path)(e)
+            } else {
+                opening_dax(path)(e)
+            }
+        };
+        let deadline = std::time::Instant::now() + wait;
         loop {
-            // SAFETY: flock on a descriptor this function owns.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(CreateLock { _file: file });
+            let (file, created) = match is_file.then(|| open(true)) {
+                Some(Ok(f)) => (f, true),
+                Some(Err(e)) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(failed(e));
+                }
+                _ => match open(false) {
+                    Ok(f) => (f, false),
+                    // removed between the two opens: try again
+                    Err(e) if is_file && e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(failed(e)),
+                },
+            };
+            let meta = file
+                .metadata()
+                .map_err(io(format!("reading {}", path.display())))?;
+            if is_file {
+                check_owner(path, &meta)?;
             }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(Error::Io {
-                    context: format!("locking {}", path.display()),
-                    source: e,
-                });
+            loop {
+                // SAFETY: flock on a descriptor this function owns.
+                if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                    break;
+                }
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EWOULDBLOCK) | Some(libc::EINTR) => {}
+                    _ => {
+                        return Err(Error::Io {
+                            context: format!("locking {}", path.display()),
+                            source: e,
+                        });
+                    }
+                }
+                if std::time::Instant::now() >= deadline {
+                    return Err(Error::Pool(format!(
+                        "another process has held the create lock on {} for {} s (a pool being created \
+                         there, or a process stuck while holding it); try again, or find it with `fuser {}`",
+                        path.display(),
+                        wait.as_secs(),
+                        path.display()
+                    )));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
             }
+            if is_file {
+                match std::fs::symlink_metadata(path) {
+                    Ok(now) if now.dev() == meta.dev() && now.ino() == meta.ino() => {}
+                    // the file locked was removed (or replaced) meanwhile
+                    _ => continue,
+                }
+            }
+            return Ok(CreateLock {
+                _file: file,
+                created,
+            });
         }
     }
+}
+
+/// Whether this process may trust pool file `path` (its fstat `meta`): a
+/// regular file owned by this process's user, or, when its mode gives its
+/// group access, of a group this process is in. Checked before the file is
+/// locked or mapped.
+pub(crate) fn check_owner(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if !meta.file_type().is_file() {
+        return Err(invalid(
+            "device",
+            format!(
+                "{} is not a regular file (file: devices are files on tmpfs or hugetlbfs)",
+                path.display()
+            ),
+        ));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() == me || (meta.mode() & 0o060 != 0 && in_my_groups(meta.gid())) {
+        return Ok(());
+    }
+    Err(invalid(
+        "device",
+        format!(
+            "{} belongs to user {} and group {}, not to this process's user {me} or one of its groups; kvtier \
+             uses only pool files of its own user, or of its group when their mode shares them with it",
+            path.display(),
+            meta.uid(),
+            meta.gid()
+        ),
+    ))
+}
+
+/// [`check_owner`], and the file is not open to other users: a pool holds
+/// every request's KV.
+pub(crate) fn check_trusted(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    check_owner(path, meta)?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o007 != 0 {
+        return Err(invalid(
+            "device",
+            format!(
+                "{} is open to other users (mode {mode:04o}), who could read or change every request's KV in \
+                 it; kvtier does not use it (chmod o-rwx it if it is yours, or make a new pool)",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether this process's effective or supplementary groups include `gid`.
+fn in_my_groups(gid: u32) -> bool {
+    // SAFETY: getegid has no preconditions.
+    if unsafe { libc::getegid() } == gid {
+        return true;
+    }
+    // SAFETY: a first call with size 0 returns the count.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    if n <= 0 {
+        return false;
+    }
+    let mut groups = vec![0 as libc::gid_t; n as usize];
+    // SAFETY: `groups` holds `n` entries.
+    let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
+    n > 0 && groups[..n as usize].contains(&gid)
 }
 
 /// The first 8 bytes of a shared device (its magic), or None for a file too
@@ -636,14 +899,8 @@ fn map_file(
     let meta = file
         .metadata()
         .map_err(io(format!("reading the size of {}", path.display())))?;
-    if !meta.file_type().is_file() {
-        return Err(invalid(
-            "device",
-            format!(
-                "{} is not a regular file (file: devices are files on tmpfs or hugetlbfs)",
-                path.display()
-            ),
-        ));
+    if mode == MapMode::Open {
+        check_trusted(path, &meta)?;
     }
     let len = meta.len();
     let bytes = match (mode, bytes) {
@@ -658,6 +915,9 @@ fn map_file(
             // one whose first bytes are zero, or a destroyed pool.
             // SAFETY: geteuid has no preconditions.
             let me = unsafe { libc::geteuid() };
+            if !meta.file_type().is_file() {
+                check_owner(path, &meta)?; // says what it is instead
+            }
             if meta.uid() != me {
                 return Err(invalid(
                     "device",
@@ -688,10 +948,7 @@ fn map_file(
             // exactly the mode asked for, whatever the umask
             file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(file_mode))
                 .map_err(io(format!("setting the mode of {}", path.display())))?;
-            if len < b {
-                file.set_len(b)
-                    .map_err(io(format!("growing {}", path.display())))?;
-            }
+            reserve(&file, path, &meta, b)?;
             b
         }
         (MapMode::Open, Some(b)) if b > len => {
@@ -709,6 +966,61 @@ fn map_file(
     };
     let map = map_shared(&file, path, bytes)?;
     Ok((map, file))
+}
+
+/// Makes `file` (at `path`, its fstat `meta`) hold `bytes`, every one of
+/// them allocated now: a sparse file on a filesystem too small for it would
+/// map, and then kill with SIGBUS the first process to touch a page the
+/// filesystem has no room for. Says so instead when the filesystem lacks the
+/// room. A filesystem that cannot allocate ahead (ramfs) only grows the file.
+fn reserve(file: &std::fs::File, path: &Path, meta: &std::fs::Metadata, bytes: u64) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let no_room = |free: Option<u64>| {
+        Error::Pool(format!(
+            "{} needs {} for the pool; the filesystem holding it has {} free{}",
+            path.display(),
+            format_size_approx(bytes),
+            free.map(format_size_approx)
+                .unwrap_or_else(|| "too little".into()),
+            " (a tmpfs's size is set when it is mounted: mount -o remount,size=...)"
+        ))
+    };
+    // SAFETY: statvfs is plain data, filled by fstatvfs on a valid descriptor.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) } == 0 && st.f_blocks > 0 {
+        let free = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
+        let allocated = meta.blocks().saturating_mul(512);
+        if bytes.saturating_sub(allocated) > free {
+            return Err(no_room(Some(free)));
+        }
+    }
+    let len =
+        libc::off_t::try_from(bytes).map_err(|_| invalid("device", "larger than a file can be"))?;
+    // SAFETY: fallocate on a descriptor this process owns (mode 0: allocate,
+    // growing the file's size as needed).
+    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => Err(no_room(None)),
+        Some(libc::EOPNOTSUPP) => {
+            if meta.len() < bytes {
+                file.set_len(bytes)
+                    .map_err(io(format!("growing {}", path.display())))?;
+            }
+            Ok(())
+        }
+        _ => Err(Error::Io {
+            context: format!(
+                "allocating {} for {}",
+                format_size_approx(bytes),
+                path.display()
+            ),
+            source: e,
+        }),
+    }
 }
 
 /// Maps `len` bytes of `file` (at `path`) shared, read-write.
@@ -938,6 +1250,120 @@ mod tests {
     }
 
     #[test]
+    fn the_create_lock_waits_a_bounded_time_and_says_for_whom() {
+        use std::os::fd::AsRawFd;
+        let dir = std::env::temp_dir().join(format!("kvtier-lockwait-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = DeviceSpec::file(dir.join("dev0"), 4 << 20);
+        let first = CreateLock::acquire(&spec, DEFAULT_FILE_MODE).unwrap();
+        assert!(first.created, "the first lock's open made the file");
+        let t = std::time::Instant::now();
+        let err = CreateLock::acquire_within(
+            &spec,
+            DEFAULT_FILE_MODE,
+            std::time::Duration::from_millis(300),
+        )
+        .err()
+        .expect("held by the first")
+        .to_string();
+        assert!(
+            err.contains("has held the create lock") && err.contains("dev0"),
+            "{err}"
+        );
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
+        drop(first);
+        let second = CreateLock::acquire(&spec, DEFAULT_FILE_MODE).unwrap();
+        assert!(!second.created, "the file was there");
+        drop(second);
+        // the file a waiter opened was removed before it got the lock: it
+        // locks the file the path names afterwards, not the unlinked one
+        let holder = std::fs::File::open(dir.join("dev0")).unwrap();
+        // SAFETY: flock on a descriptor this test owns.
+        assert_eq!(unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let s2 = spec.clone();
+        let waiter = std::thread::spawn(move || {
+            CreateLock::acquire(&s2, DEFAULT_FILE_MODE).map(|l| l.created)
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::fs::remove_file(dir.join("dev0")).unwrap();
+        drop(holder);
+        assert!(
+            waiter.join().unwrap().unwrap(),
+            "it made and locked a new file"
+        );
+        assert!(dir.join("dev0").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn movable_node_memory_is_found_and_warned_about() {
+        let root = std::env::temp_dir().join(format!("kvtier-movable-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let mem = root.join("devices/system/memory");
+        std::fs::create_dir_all(&mem).unwrap();
+        std::fs::write(mem.join("block_size_bytes"), "8000000\n").unwrap(); // 128 MiB
+        // node 1: CXL onlined movable (three blocks, one offline); node 2: normal
+        for (node, blocks) in [
+            (
+                1,
+                vec![
+                    (10, "online", "Movable"),
+                    (11, "online", "Movable"),
+                    (12, "offline", "Normal Movable"),
+                    (13, "online", "Movable"),
+                ],
+            ),
+            (2, vec![(20, "online", "Normal"), (21, "online", "Normal")]),
+        ] {
+            let dir = root.join(format!("devices/system/node/node{node}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(
+                dir.join("meminfo"),
+                format!("Node {node} MemFree:        1048576 kB\n"),
+            )
+            .unwrap();
+            for (m, state, zones) in blocks {
+                let b = mem.join(format!("memory{m}"));
+                std::fs::create_dir_all(&b).unwrap();
+                std::fs::write(b.join("state"), format!("{state}\n")).unwrap();
+                std::fs::write(b.join("valid_zones"), format!("{zones}\n")).unwrap();
+                std::os::unix::fs::symlink(&b, dir.join(format!("memory{m}"))).unwrap();
+            }
+        }
+        assert_eq!(numa_movable_bytes(&root, 1), 3 << 27);
+        assert_eq!(numa_movable_bytes(&root, 2), 0);
+        assert_eq!(
+            numa_movable_bytes(&root, 7),
+            0,
+            "no such node: nothing known"
+        );
+        let cap = |s: &str| device_capacity_in(&root, s).unwrap();
+        assert_eq!(cap("numa:1").movable_bytes, 3 << 27);
+        assert_eq!(cap("numa:1+2:1GiB").movable_bytes, 3 << 27);
+        assert_eq!(cap("numa:2").movable_bytes, 0);
+        let spec: DeviceSpec = "numa:1:1GiB".parse().unwrap();
+        let w = spec.placement_warning_in(&root).expect("a warning");
+        assert!(
+            w.contains("384MiB") && w.contains("ZONE_MOVABLE") && w.contains("--no-movable"),
+            "{w}"
+        );
+        let spec: DeviceSpec = "numa:2:1GiB".parse().unwrap();
+        assert_eq!(spec.placement_warning_in(&root), None);
+        assert_eq!(
+            "anon:1GiB"
+                .parse::<DeviceSpec>()
+                .unwrap()
+                .placement_warning_in(&root),
+            None
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
     fn capacity_comes_from_the_spec_the_file_sysfs_or_the_node() {
         let root = std::env::temp_dir().join(format!("kvtier-cap-{}", std::process::id()));
         let dax = root.join("bus/dax/devices/dax0.0");
@@ -955,6 +1381,7 @@ mod tests {
             bytes,
             host_dram: false,
             pinnable: true,
+            movable_bytes: 0,
         };
         assert_eq!(cap("dax:/dev/dax0.0").unwrap(), not_dram(1 << 40));
         assert_eq!(cap("dax:/dev/dax0.0:64GiB").unwrap(), not_dram(64 << 30));
@@ -971,6 +1398,7 @@ mod tests {
                 bytes: 1 << 30,
                 host_dram: true,
                 pinnable: true,
+                movable_bytes: 0,
             }
         );
         for bad in ["numa:3", "numa:x", "dax:/dev/dax7.0", "anon"] {
@@ -986,6 +1414,7 @@ mod tests {
                 bytes: 4096,
                 host_dram: fs == FileSystem::Memory,
                 pinnable: fs != FileSystem::Disk,
+                movable_bytes: 0,
             }
         );
         assert_eq!(

@@ -68,30 +68,49 @@ impl Pool {
         options: PoolOptions,
     ) -> Result<Arc<Pool>> {
         check_options(&devices, &options)?;
-        // Files this create makes are removed again if it fails.
-        let new_files: Vec<std::path::PathBuf> = devices
-            .iter()
-            .filter_map(|d| match d {
-                DeviceSpec::File { path, .. } if std::fs::symlink_metadata(path).is_err() => {
-                    Some(path.clone())
-                }
-                _ => None,
-            })
-            .collect();
-        let created = (|| {
-            // Two processes creating on the same shared devices at once: one
-            // wins, the other finds the pool and is refused.
-            let _lock = match devices[0].is_shared() {
-                true => Some(device::CreateLock::acquire(&devices[0], options.file_mode)?),
-                false => None,
-            };
-            Pool::create_locked(layout, devices, options)
-        })();
+        if !devices[0].is_shared() {
+            return Pool::create_locked(layout, devices, options);
+        }
+        // Two processes creating on the same shared devices at once: one
+        // wins, the other finds the pool and is refused.
+        let lock = device::CreateLock::acquire(&devices[0], options.file_mode)?;
+        Pool::create_under(lock, layout, devices, options)
+    }
+
+    /// Creates the pool holding `lock` (the create lock on the first
+    /// device). Which files a failure removes is decided here, under the
+    /// lock: the first device's file when the lock's open made it and no
+    /// other create has written it since, and the other devices' files that
+    /// did not exist yet; never a file another process made or formatted.
+    fn create_under(
+        lock: device::CreateLock,
+        layout: LayerFirstLayout,
+        devices: Vec<DeviceSpec>,
+        options: PoolOptions,
+    ) -> Result<Arc<Pool>> {
+        let file_path = |d: &DeviceSpec| match d {
+            DeviceSpec::File { path, .. } => Some(path.clone()),
+            _ => None,
+        };
+        let mut new_files: Vec<std::path::PathBuf> = Vec::new();
+        // Made by this lock's open, and untouched since: another create may
+        // have taken the lock first and formatted the file this one made.
+        if lock.created && device::peek_magic(&devices[0])?.is_none_or(|m| m == [0; 8]) {
+            new_files.extend(file_path(&devices[0]));
+        }
+        new_files.extend(
+            devices[1..]
+                .iter()
+                .filter_map(file_path)
+                .filter(|p| std::fs::symlink_metadata(p).is_err()),
+        );
+        let created = Pool::create_locked(layout, devices, options);
         if created.is_err() {
             for path in &new_files {
                 let _ = std::fs::remove_file(path);
             }
         }
+        drop(lock);
         created
     }
 
@@ -254,11 +273,11 @@ impl Pool {
         if !devices[0].is_shared() {
             return Pool::create_locked(layout, devices, options);
         }
-        let _lock = device::CreateLock::acquire(&devices[0], options.file_mode)?;
+        let lock = device::CreateLock::acquire(&devices[0], options.file_mode)?;
         if device::peek_magic(&devices[0])? == Some(POOL_MAGIC) {
             Pool::open_expecting(devices, layout, options)
         } else {
-            Pool::create_locked(layout, devices, options)
+            Pool::create_under(lock, layout, devices, options)
         }
     }
 
@@ -468,6 +487,7 @@ impl Pool {
             regions: unsafe { base.add(h.region_table_offset as usize) } as *const RegionEntry,
             clients: unsafe { base.add(h.client_table_offset as usize) } as *const ClientEntry,
             me: None,
+            opened_by: std::process::id(),
             lock: match devices.first().and_then(|d| d.map.file()) {
                 Some(f) => Some(identity::ClientLock::new(f)?),
                 None => None,
@@ -571,6 +591,16 @@ fn check_options(devices: &[DeviceSpec], o: &PoolOptions) -> Result<()> {
                 format!("host {host} of {hosts} hosts"),
             ));
         }
+    }
+    if o.file_mode & !0o770 != 0 {
+        return Err(invalid(
+            "mode",
+            format!(
+                "{:04o}: a pool's files are for their user and group only (0600, or 0660 for a group of \
+                 users); other users could read every request's KV",
+                o.file_mode
+            ),
+        ));
     }
     if o.ranks == 0 || o.rank >= o.ranks {
         return Err(invalid(

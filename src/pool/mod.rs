@@ -103,6 +103,11 @@ pub struct Pool {
     clients: *const ClientEntry,
     /// This process's client slot and its generation, when attached.
     me: Option<(u16, u32)>,
+    /// The process that opened the pool. A forked child inherits the handle
+    /// but not the identity: it frees, locks and allocates nothing through
+    /// it (see [`Pool::owner`]), and its drop leaves the parent's regions,
+    /// client slot and locks as they are.
+    opened_by: u32,
     /// This process's liveness locks on the first device (shared pools).
     lock: Option<identity::ClientLock>,
     placement: Mutex<RoundRobinPlacement>,
@@ -190,6 +195,32 @@ pub struct CheckReport {
     pub reclaimable_regions: u32,
 }
 
+/// Where a device's sampled pages are ([`Pool::residency`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Residency {
+    /// Pages asked about.
+    pub sampled: u32,
+    /// (NUMA node, pages on it), by node.
+    pub by_node: Vec<(u32, u32)>,
+    /// Pages not in memory (never touched).
+    pub not_present: u32,
+}
+
+impl Residency {
+    /// "node 0: 60, node 2: 4, not present: 192".
+    pub fn describe(&self) -> String {
+        let mut parts: Vec<String> = self
+            .by_node
+            .iter()
+            .map(|(n, c)| format!("node {n}: {c}"))
+            .collect();
+        if self.not_present > 0 {
+            parts.push(format!("not present: {}", self.not_present));
+        }
+        parts.join(", ")
+    }
+}
+
 /// What a reclaim freed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Reclaimed {
@@ -199,6 +230,25 @@ pub struct Reclaimed {
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        if self.forked() {
+            // A forked child's copy of the parent's handle: the regions, the
+            // client slot and the liveness lock (an OFD lock the child shares
+            // with the parent: unlocking it here would unlock the parent's)
+            // are the parent's. Only the child's mappings go, and its copy of
+            // the GPU registration is not unregistered (CUDA does not carry
+            // across fork).
+            for d in &self.devices {
+                if let Some(r) = d
+                    .registration
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                {
+                    std::mem::forget(r);
+                }
+            }
+            return;
+        }
         // A clean exit: free this client's regions and its slot.
         if let Some((client, generation)) = self.me {
             self.free_regions_of(client, generation);

@@ -8,9 +8,25 @@ use super::metadata::{PUBLISH, RegionControl};
 use super::*;
 
 impl Pool {
+    /// This process's client slot and generation: what every region it
+    /// allocates, publishes or frees is marked with. A forked child has none
+    /// through its parent's handle.
     pub(super) fn owner(&self) -> Result<(u16, u32)> {
+        if self.forked() {
+            return Err(Error::Pool(format!(
+                "this pool handle belongs to process {}, which opened the pool; process {} (a fork of it) \
+                 must open the pool itself to allocate, publish or free regions",
+                self.opened_by,
+                std::process::id()
+            )));
+        }
         self.me
             .ok_or_else(|| invalid("pool", "was opened for inspection only (attach = false)"))
+    }
+
+    /// Whether this process is a fork of the one that opened the pool.
+    pub(super) fn forked(&self) -> bool {
+        std::process::id() != self.opened_by
     }
 
     /// The control word of a region this process holds in `state`.

@@ -53,6 +53,94 @@ impl Pool {
             .collect()
     }
 
+    /// Where device `device`'s pages are: up to `samples` pages spread over
+    /// its mapping, asked of the kernel (`move_pages` without moving). Pages
+    /// never touched are counted as not present. Read after registering with
+    /// a GPU, this says whether the registration moved them (a `numa:`
+    /// device on movable memory: see [`Pool::placement_problem`]).
+    pub fn residency(&self, device: u32, samples: u32) -> Result<Residency> {
+        let d = self
+            .devices
+            .get(device as usize)
+            .ok_or_else(|| invalid("device", format!("{device} of {}", self.devices.len())))?;
+        let page = 4096usize;
+        let pages = d.map.len() / page;
+        let n = (samples as usize).clamp(1, pages.max(1));
+        let mut addrs: Vec<*mut libc::c_void> = (0..n)
+            // SAFETY: each offset is inside the mapping.
+            .map(|i| unsafe { d.map.ptr().add(i * pages / n * page) } as *mut libc::c_void)
+            .collect();
+        let mut status = vec![0i32; n];
+        // SAFETY: move_pages with a null node list only reports each page's
+        // node into `status`; both arrays hold `n` entries.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_move_pages,
+                0,
+                n as libc::c_ulong,
+                addrs.as_mut_ptr(),
+                std::ptr::null::<i32>(),
+                status.as_mut_ptr(),
+                0,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::Io {
+                context: format!(
+                    "asking where the pages of {} are (move_pages)",
+                    d.map.spec()
+                ),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        let mut r = Residency {
+            sampled: n as u32,
+            ..Residency::default()
+        };
+        for s in status {
+            if s >= 0 {
+                match r.by_node.iter_mut().find(|(node, _)| *node == s as u32) {
+                    Some((_, count)) => *count += 1,
+                    None => r.by_node.push((s as u32, 1)),
+                }
+            } else {
+                r.not_present += 1;
+            }
+        }
+        r.by_node.sort();
+        Ok(r)
+    }
+
+    /// For a `numa:` device, whether the sampled pages that are present sit
+    /// on other nodes than the device names (a registration migrated them
+    /// off movable memory), said as the problem; None when they are where
+    /// they belong, or for other devices.
+    pub fn placement_problem(&self, device: u32) -> Result<Option<String>> {
+        let d = self
+            .devices
+            .get(device as usize)
+            .ok_or_else(|| invalid("device", format!("{device} of {}", self.devices.len())))?;
+        let DeviceSpec::Numa { nodes, .. } = d.map.spec() else {
+            return Ok(None);
+        };
+        let r = self.residency(device, 256)?;
+        let elsewhere: u32 = r
+            .by_node
+            .iter()
+            .filter(|(n, _)| !nodes.contains(n))
+            .map(|(_, c)| c)
+            .sum();
+        Ok((elsewhere > 0).then(|| {
+            format!(
+                "{}: {elsewhere} of {} sampled pages are not on the device's node(s) ({}); the memory is \
+                 likely onlined as movable, and registering it with a GPU migrated them",
+                d.map.spec(),
+                r.sampled - r.not_present,
+                r.describe()
+            )
+        }))
+    }
+
     /// Every region's state and owner.
     pub fn regions(&self) -> Vec<RegionInfo> {
         (0..self.num_regions)

@@ -38,6 +38,7 @@ static void layout(void) {
     FIELD(kvt_device_capacity, bytes);
     FIELD(kvt_device_capacity, host_dram);
     FIELD(kvt_device_capacity, pinnable);
+    FIELD(kvt_device_capacity, movable_bytes);
     SIZE(kvt_region_info);
     FIELD(kvt_region_info, index);
     FIELD(kvt_region_info, device);

@@ -101,6 +101,7 @@ class DeviceCapacity(ctypes.Structure):
         ("bytes", ctypes.c_uint64),
         ("host_dram", ctypes.c_uint32),
         ("pinnable", ctypes.c_uint32),
+        ("movable_bytes", ctypes.c_uint64),
     ]
 
 

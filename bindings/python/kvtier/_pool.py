@@ -51,11 +51,14 @@ class DeviceCapacity(NamedTuple):
     devdax device, a NUMA node's memory or a file on another filesystem);
     and whether the kernel lets a GPU or RDMA registration pin them for as
     long as it holds them (`pinnable`: false for a file on a disk filesystem
-    or FS-DAX)."""
+    or FS-DAX); and `movable_bytes`, for ``numa:`` devices the bytes of the
+    nodes' online memory in ZONE_MOVABLE, whose pages a GPU or RDMA
+    registration migrates off the node (into another node's DRAM)."""
 
     bytes: int
     host_dram: bool
     pinnable: bool
+    movable_bytes: int = 0
 
 
 def device_capacity(device: str) -> DeviceCapacity:
@@ -66,7 +69,7 @@ def device_capacity(device: str) -> DeviceCapacity:
         raise KvtierError(f"invalid argument `device`: {device!r} is not a device string")
     out = _lib.DeviceCapacity()
     check(library().kvt_device_capacity_get(device.encode(), ctypes.byref(out)))
-    return DeviceCapacity(out.bytes, bool(out.host_dram), bool(out.pinnable))
+    return DeviceCapacity(out.bytes, bool(out.host_dram), bool(out.pinnable), out.movable_bytes)
 
 
 def _specs(devices: Sequence[str]):

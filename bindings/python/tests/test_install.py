@@ -295,3 +295,21 @@ def test_the_version_is_the_imported_packages_not_another_copys(fake_sglang, tmp
     assert compat.sglang_root() == fake_sglang
     assert compat.sglang_version(fake_sglang) == "0.5.23"
     assert kvtier.sglang.report(kvtier.sglang.KvtierConfig(devices=["anon"])).sglang_version == "0.5.23"
+
+
+def test_a_numa_device_onlined_as_movable_is_warned_about(fake_sglang, monkeypatch):
+    """CXL memory onlined as movable: registration with the GPU migrates the
+    pool's pages off the node; the report says so, and how to fix it."""
+    from kvtier import DeviceCapacity
+    from kvtier.sglang import capacity
+
+    caps = {"numa:1:4GiB": DeviceCapacity(4 << 30, False, True, 3 << 30),
+            "numa:2:4GiB": DeviceCapacity(4 << 30, False, True, 0)}
+    monkeypatch.setattr(capacity, "device_capacity", lambda d: caps[d])
+    rep = kvtier.sglang.report(kvtier.sglang.KvtierConfig(devices=["numa:1:4GiB", "numa:2:4GiB"]))
+    assert rep.installs and rep.served("MLATokenToKVPoolHost")
+    assert len(rep.warnings) == 1 and rep.warnings[0].startswith("numa:1:4GiB: 3.0 GiB"), rep.warnings
+    text = "\n".join(rep.lines())
+    assert "warning: numa:1:4GiB" in text and "ZONE_MOVABLE" in text and "--no-movable" in text, text
+    caps["numa:1:4GiB"] = DeviceCapacity(4 << 30, False, True, 0)
+    assert kvtier.sglang.report(kvtier.sglang.KvtierConfig(devices=["numa:1:4GiB"])).warnings == []

@@ -90,3 +90,57 @@ def test_config_is_checked():
         KvtierConfig(strategy="fast")
     with pytest.raises(KvtierError, match="rank 2 is not below"):
         KvtierConfig(rank=2, ranks=2)
+
+
+FORK_SCRIPT = '''
+import os, sys
+import numpy as np
+from kvtier import Layout, Pool, device_bytes_for
+
+layout = Layout(16, 2, 8)
+path = sys.argv[1]
+pool = Pool.create(layout, [f"file:{path}:{device_bytes_for(layout, 4)}"])
+regions = [pool.alloc_region(request=i) for i in range(2)]
+for i, r in enumerate(regions):
+    r.numpy()[:] = 10 + i
+    r.publish()
+pid = os.fork()
+if pid == 0:
+    # the child: allocating through the parent's pool is refused, then it
+    # exits normally, so interpreter shutdown finalizes the inherited objects
+    try:
+        pool.alloc_region()
+        print("child allocated through the parent's handle", flush=True)
+    except Exception as e:
+        print("child refused:", e, flush=True)
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0
+free = pool.info()["free_regions"]
+other = Pool.open([f"file:{path}"])
+taken = [other.alloc_region() for _ in range(other.info()["free_regions"])]
+intact = all((r.numpy() == 10 + i).all() for i, r in enumerate(regions))
+clash = {t.index for t in taken} & {r.index for r in regions}
+print(f"parent free={free} intact={intact} clash={sorted(clash)}", flush=True)
+'''
+
+
+def test_a_forked_child_leaves_its_parents_pool_alone(tmp_path):
+    """A child forked after the pool is open (as SGLang and torch start
+    workers) and exiting normally finalizes the Pool and Region objects it
+    inherited: that frees none of the parent's regions, and the child cannot
+    allocate through the parent's handle."""
+    import os
+    import subprocess
+    import sys
+
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
+    path = os.path.join(shm, f"kvtier-fork-{os.getpid()}")
+    try:
+        run = subprocess.run([sys.executable, "-c", FORK_SCRIPT, path], capture_output=True, text=True, timeout=60)
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "child refused:" in run.stdout and "must open the pool itself" in run.stdout, run.stdout
+    assert "parent free=2 intact=True clash=[]" in run.stdout, run.stdout

@@ -52,7 +52,8 @@ def install(config=None, hisparse_config=None) -> compat.Report:
     with _lock:
         _report = rep
         for line in rep.lines():
-            (logger.info if rep.installs else logger.warning)("%s", line)
+            warn = not rep.installs or line.startswith("  warning: ")
+            (logger.warning if warn else logger.info)("%s", line)
         if not rep.installs:
             return rep
         _config = cfg

@@ -106,6 +106,29 @@ def device_problem(devices: list) -> str | None:
     return None
 
 
+def device_warnings(devices: list) -> list:
+    """What may keep the host pool from being where `devices` say, served all
+    the same: a ``numa:`` device whose nodes' memory is (partly) in
+    ZONE_MOVABLE, whose pages SGLang's registration of the host pool with
+    the GPU migrates off the node, into another node's DRAM."""
+    out = []
+    for d in devices:
+        if not d.startswith("numa:"):
+            continue
+        try:
+            cap = device_capacity(d)
+        except KvtierError:
+            continue  # device_problem names it
+        if cap.movable_bytes:
+            out.append(
+                f"{d}: {cap.movable_bytes / 2**30:.1f} GiB of its nodes' memory is onlined as movable "
+                f"(ZONE_MOVABLE); SGLang's registration of the host pool with the GPU migrates those pages off "
+                f"the node, into DRAM. Online the CXL memory as normal memory (daxctl online-memory "
+                f"--no-movable), or give it as a dax: device"
+            )
+    return out
+
+
 @contextlib.contextmanager
 def booked_against(budget: RankBudget | None, pool_name: str):
     """Runs a host pool's construction with SGLang's host-memory check

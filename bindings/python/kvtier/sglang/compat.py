@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .._lib import library
 from .._swap_in import swap_in_limits
-from .capacity import device_problem
+from .capacity import device_problem, device_warnings
 
 COORDINATOR = "sglang.srt.managers.hisparse_coordinator"
 COORDINATOR_FILE = "sglang/srt/managers/hisparse_coordinator.py"
@@ -105,6 +105,7 @@ class Report:
     refusal: str | None = None
     routes: list = field(default_factory=list)
     config: object = None  # the KvtierConfig install() used
+    warnings: list = field(default_factory=list)  # served, but not as the user may expect
 
     def served(self, name: str) -> bool:
         return any(r.name == name and r.served_by == "kvtier" for r in self.routes)
@@ -118,7 +119,7 @@ class Report:
                  "served because its entry points match"
         )
         head = f"kvtier: installed into SGLang {self.sglang_version or '(version unknown)'} on {self.platform}{checked}"
-        return [head] + [r.line() for r in self.routes]
+        return [head] + [r.line() for r in self.routes] + [f"  warning: {w}" for w in self.warnings]
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -458,6 +459,8 @@ def report(config=None, hisparse_config=None) -> Report:
                     "scripts/bench.sh, or with NVCC set, to serve the swap-in"
                 )
     r.routes = routes + host_pool_routes(names, config)
+    if any(route.served_by == "kvtier" and route.name in HOST_POOLS for route in r.routes):
+        r.warnings = device_warnings(config.devices if config is not None else [])
     r.installs = True
     return r
 
