@@ -150,6 +150,20 @@ fn swap_in_arguments_are_checked() {
 
 #[test]
 fn bad_arguments_fail_plainly() {
+    // pool files for the create errors below (none is ever made)
+    let shm = if std::path::Path::new("/dev/shm").is_dir() {
+        "/dev/shm".into()
+    } else {
+        std::env::temp_dir()
+    };
+    let file = |name: &str, size: &str| {
+        format!(
+            "file:{}/kvtier-cli-bad-{}-{name}:{size}",
+            shm.display(),
+            std::process::id()
+        )
+    };
+    let (small, large, eight) = (file("a", "4MiB"), file("b", "2GiB"), file("c", "8MiB"));
     let (ok, _, err) = kvtier(&["bench", "--quick", "--k", "0"]);
     assert!(!ok);
     assert!(err.contains("--k"), "{err}");
@@ -163,15 +177,7 @@ fn bad_arguments_fail_plainly() {
     // segfault before)
     let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
         .args([
-            "pool",
-            "create",
-            "--device",
-            "anon:4MiB",
-            "--device",
-            "anon:2GiB",
-            "--layers",
-            "1",
-            "--tokens",
+            "pool", "create", "--device", &small, "--device", &large, "--layers", "1", "--tokens",
             "4",
         ])
         .output()
@@ -179,18 +185,16 @@ fn bad_arguments_fail_plainly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot hold the pool's tables"), "{err}");
+    for f in [&small, &large] {
+        let path = f.trim_start_matches("file:").rsplit_once(':').unwrap().0;
+        assert!(
+            !std::path::Path::new(path).exists(),
+            "a refused create leaves no file: {path}"
+        );
+    }
     // errors name the flags the user typed
     let (ok, _, err) = kvtier(&[
-        "pool",
-        "create",
-        "--device",
-        "anon:8MiB",
-        "--entry",
-        "650",
-        "--layers",
-        "1",
-        "--tokens",
-        "4",
+        "pool", "create", "--device", &eight, "--entry", "650", "--layers", "1", "--tokens", "4",
     ]);
     assert!(!ok && err.contains("`--entry`: 650"), "{err}");
     let (ok, _, err) = kvtier(&[
@@ -229,16 +233,7 @@ fn bad_arguments_fail_plainly() {
     assert!(!ok && err.contains("--plot-font"), "{err}");
     for mode in ["400", "999", "rw"] {
         let (ok, _, err) = kvtier(&[
-            "pool",
-            "create",
-            "--device",
-            "anon:8MiB",
-            "--layers",
-            "1",
-            "--tokens",
-            "4",
-            "--mode",
-            mode,
+            "pool", "create", "--device", &eight, "--layers", "1", "--tokens", "4", "--mode", mode,
         ]);
         assert!(!ok && err.contains("--mode"), "{mode}: {err}");
     }
@@ -410,4 +405,135 @@ fn selftest_says_when_there_is_no_gpu_and_dry_runs_on_the_cpu() {
     assert_eq!(lines.len(), 11, "{lines:?}");
     assert!(lines.iter().all(|l| l["result"] != "FAIL"), "{lines:?}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_operator_can_always_get_out() {
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-exits-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let dev = |n: &str| format!("file:{}/{n}", dir.display());
+    let create = |extra: &[&str], d: &str| {
+        kvtier(
+            &[
+                &[
+                    "pool",
+                    "create",
+                    "--device",
+                    &format!("{d}:4MiB"),
+                    "--layers",
+                    "2",
+                    "--tokens",
+                    "16",
+                ][..],
+                extra,
+            ]
+            .concat(),
+        )
+    };
+
+    // a pool shared by several hosts is destroyed with this host's index
+    let shared = dev("shared");
+    let (ok, _, err) = create(&["--hosts", "2", "--host", "0"], &shared);
+    assert!(ok, "{err}");
+    let (ok, _, err) = kvtier(&["pool", "destroy", "--device", &shared]);
+    assert!(!ok && err.contains("--hosts/--host"), "{err}");
+    let (ok, out, err) = kvtier(&[
+        "pool", "destroy", "--device", &shared, "--hosts", "2", "--host", "1",
+    ]);
+    assert!(ok && out.contains("destroyed"), "{err}");
+
+    // a pool that cannot be trusted: a corrupt header, then a shrunk device
+    for damage in ["header", "shrunk"] {
+        let d = dev(damage);
+        let path = dir.join(damage);
+        let (ok, _, err) = create(&[], &d);
+        assert!(ok, "{err}");
+        // a process attached before the damage still maps the pool
+        let spec: kvtier::DeviceSpec = d.parse().unwrap();
+        let holder = kvtier::Pool::open(vec![spec], kvtier::PoolOptions::default()).unwrap();
+        if damage == "header" {
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes[40] ^= 0xff; // inside the checksummed header
+            std::fs::write(&path, bytes).unwrap();
+        } else {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(1 << 20)
+                .unwrap();
+        }
+        let (ok, _, _) = kvtier(&["pool", "status", "--device", &d]);
+        assert!(!ok, "{damage}: status of a damaged pool");
+        let (ok, _, err2) = create(&[], &d);
+        assert!(!ok && err2.contains("destroy it first"), "{damage}: {err2}");
+        let (ok, _, err) = kvtier(&["pool", "destroy", "--device", &d]);
+        assert!(
+            !ok && err.contains("pool destroy --force` clears its headers"),
+            "{damage}: {err}"
+        );
+        // while a process still maps it, even force refuses
+        let (ok, _, err) = kvtier(&["pool", "destroy", "--force", "--device", &d]);
+        assert!(
+            !ok && err.contains("processes still map"),
+            "{damage}: {err}"
+        );
+        drop(holder);
+        let (ok, out, err) = kvtier(&["pool", "destroy", "--force", "--device", &d]);
+        assert!(
+            ok && out.contains("found: ") && out.contains("destroyed"),
+            "{damage}: {out}{err}"
+        );
+        let (ok, _, err) = create(&[], &d);
+        assert!(
+            ok,
+            "{damage}: a new pool after destroying the damaged one: {err}"
+        );
+        let _ = err;
+    }
+
+    // a file that holds no pool is never written by destroy --force
+    let other = dir.join("not-a-pool");
+    let precious: Vec<u8> = b"precious bytes, not a pool "
+        .iter()
+        .copied()
+        .cycle()
+        .take(64 << 10)
+        .collect();
+    std::fs::write(&other, &precious).unwrap();
+    std::fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let (ok, _, err) = kvtier(&[
+        "pool",
+        "destroy",
+        "--force",
+        "--device",
+        &format!("file:{}", other.display()),
+    ]);
+    assert!(!ok && err.contains("no kvtier pool"), "{err}");
+    assert_eq!(std::fs::read(&other).unwrap(), precious);
+
+    // anon: and numa: pools live in the process that makes them: every pool
+    // command says so instead of making one that vanishes or failing later
+    for cmd in [
+        &["create", "--layers", "2", "--tokens", "16"][..],
+        &["status"],
+        &["check"],
+        &["destroy", "--force"],
+    ] {
+        for d in ["anon:64MiB", "numa:0:64MiB"] {
+            let (ok, out, err) = kvtier(&[&["pool"][..], cmd, &["--device", d]].concat());
+            assert!(
+                !ok && err.contains("lives only inside the process that makes it"),
+                "{cmd:?} {d}: {out}{err}"
+            );
+            assert!(!out.contains("created pool"), "{out}");
+        }
+    }
+    let (_, out, _) = kvtier(&["pool", "status", "--help"]);
+    assert!(
+        out.contains("file:PATH") && out.contains("dax:PATH") && out.contains("anon: and numa:"),
+        "{out}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
 }

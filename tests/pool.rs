@@ -1590,8 +1590,10 @@ fn a_pool_larger_than_its_filesystem_is_a_clean_error_at_create() {
 
 #[test]
 fn a_numa_device_larger_than_its_node_is_refused() {
+    // 164 MB regions: a geometry that fits the size, so the node is what refuses
+    let big = LayerFirstLayout::new(656, 61, 4096).unwrap();
     let err = pool_error(Pool::create_on(
-        layout(),
+        big,
         vec!["numa:0:512TiB".parse().unwrap()],
         PoolOptions::default(),
     ));
@@ -1599,4 +1601,32 @@ fn a_numa_device_larger_than_its_node_is_refused() {
         err.contains("NUMA node 0 has") && err.contains("less than the 512.0 TiB asked for"),
         "{err}"
     );
+}
+
+#[test]
+fn a_new_pool_is_refused_on_any_device_a_live_holder_of_the_old_one_maps() {
+    let dir = Dir::new("recreate-any");
+    let devices = dir.devices(2, 4);
+    drop(Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap());
+    let holder = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
+    let _regions: Vec<_> = (0..holder.num_regions())
+        .map(|_| holder.alloc_region().unwrap())
+        .collect();
+    Pool::destroy(devices.clone(), true).unwrap();
+    let (a, b) = (devices[0].clone(), devices[1].clone());
+    // the old pool's devices in another order, or its second device alone
+    for new in [vec![b.clone(), a.clone()], vec![b.clone()], vec![a.clone()]] {
+        let err = pool_error(Pool::create_on(
+            layout(),
+            new.clone(),
+            PoolOptions::default(),
+        ));
+        assert!(
+            err.contains("still mapped by processes attached"),
+            "{new:?}: {err}"
+        );
+    }
+    drop(_regions);
+    drop(holder);
+    drop(Pool::create_on(layout(), vec![b, a], PoolOptions::default()).unwrap());
 }

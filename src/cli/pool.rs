@@ -15,14 +15,19 @@ pub enum PoolCommand {
     /// Verifies the header and the tables; reports (with --repair, reclaims)
     /// the regions of owners that died.
     Check(CheckArgs),
-    /// Invalidates the pool's headers (the bytes and files stay).
+    /// Invalidates the pool's headers (the bytes and files stay); with
+    /// --force, also a pool that cannot be trusted (a corrupt header, a
+    /// shrunk device), once no process holds it.
     Destroy(DestroyArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct DevicesArgs {
-    /// A device of the pool, in pool order: anon:SIZE, file:PATH[:SIZE],
-    /// numa:NODE[+NODE...]:SIZE or dax:PATH[:SIZE]. Repeat for each device.
+    /// A device of the pool, in pool order: file:PATH[:SIZE] or
+    /// dax:PATH[:SIZE] (the sizes only at create). Repeat for each device.
+    /// Pools on anon: and numa: memory live inside the process that makes
+    /// them (through kvtier's API or its SGLang shim), so these commands
+    /// neither make nor reach them.
     #[arg(long = "device", required = true)]
     devices: Vec<String>,
     /// For a pool shared by several hosts without hardware coherence: how
@@ -80,14 +85,34 @@ pub struct CheckArgs {
 pub struct DestroyArgs {
     #[command(flatten)]
     devices: DevicesArgs,
-    /// Destroy even while processes are attached.
+    /// Destroy even while processes are attached, or when the pool cannot
+    /// be trusted (then only while no process maps its devices).
     #[arg(long)]
     force: bool,
 }
 
 impl DevicesArgs {
-    fn specs(&self) -> kvtier::Result<Vec<DeviceSpec>> {
-        self.devices.iter().map(|d| d.parse()).collect()
+    /// The devices, each one a pool command can reach: a pool on `anon:` or
+    /// `numa:` memory lives in the process that made it (it would vanish as
+    /// `pool create` exits, and no other process can open it).
+    fn shared_specs(&self) -> kvtier::Result<Vec<DeviceSpec>> {
+        self.devices
+            .iter()
+            .map(|d| {
+                let spec: DeviceSpec = d.parse()?;
+                if !spec.is_shared() {
+                    return Err(kvtier::Error::InvalidArgument {
+                        arg: "--device",
+                        msg: format!(
+                            "{d}: a pool on anon: or numa: memory lives only inside the process that makes it \
+                             (an engine through kvtier's API or its SGLang shim), so `kvtier pool` commands \
+                             cannot create one that outlives them or reach one; they take file: and dax: devices"
+                        ),
+                    });
+                }
+                Ok(spec)
+            })
+            .collect()
     }
 
     fn options(&self, attach: bool, reclaim: bool) -> PoolOptions {
@@ -117,6 +142,7 @@ fn in_the_users_words(e: kvtier::Error) -> kvtier::Error {
         "tokens_per_region" => Some("--tokens"),
         "clients" => Some("--clients"),
         "rank" => Some("--rank"),
+        "mode" => Some("--mode"),
         _ => None,
     };
     match e {
@@ -142,7 +168,7 @@ fn run_command(cmd: PoolCommand) -> kvtier::Result<()> {
                 file_mode: a.mode,
                 ..a.devices.options(false, false)
             };
-            let specs = a.devices.specs()?;
+            let specs = a.devices.shared_specs()?;
             for warning in specs.iter().filter_map(|s| s.placement_warning()) {
                 eprintln!("warning: {warning}");
             }
@@ -160,12 +186,12 @@ fn run_command(cmd: PoolCommand) -> kvtier::Result<()> {
             Ok(())
         }
         PoolCommand::Status(a) => {
-            let pool = Pool::open(a.specs()?, a.options(false, false))?;
+            let pool = Pool::open(a.shared_specs()?, a.options(false, false))?;
             print_status(&pool);
             Ok(())
         }
         PoolCommand::Check(a) => {
-            let pool = Pool::open(a.devices.specs()?, a.devices.options(false, false))?;
+            let pool = Pool::open(a.devices.shared_specs()?, a.devices.options(false, false))?;
             let report = pool.check();
             println!("pool {}: header and device table valid", hex(&pool.uuid()));
             for p in &report.problems {
@@ -197,7 +223,11 @@ fn run_command(cmd: PoolCommand) -> kvtier::Result<()> {
             }
         }
         PoolCommand::Destroy(a) => {
-            Pool::destroy(a.devices.specs()?, a.force)?;
+            let coherence = a.devices.options(false, false).coherence;
+            if let Some(found) = Pool::destroy_with(a.devices.shared_specs()?, a.force, coherence)?
+            {
+                println!("found: {found}");
+            }
             println!("destroyed: the headers are cleared (the devices' bytes and files remain)");
             Ok(())
         }

@@ -140,10 +140,17 @@ impl Pool {
                     generation,
                 }
                 .encode();
+                #[cfg(test)]
+                tests::before_live(self, i);
                 if self.cas(&e.control, claiming, live, Ordering::AcqRel) {
                     return Ok((i as u16, generation));
                 }
-                // a reclaimer judged the half-claimed slot dead: take another
+                // a reclaimer judged the half-claimed slot dead: give its
+                // lock back (holding it would keep the slot from every
+                // claimer while this process lives) and take another
+                if let Some(l) = &self.lock {
+                    l.release(i);
+                }
             }
             if attempt == 0 {
                 self.reclaim_dead()?;
@@ -253,5 +260,69 @@ impl Pool {
             }
         }
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    /// What a test makes happen between a claim's lock and its last
+    /// compare-and-swap (a reclaimer at work, say).
+    type Hook = Box<dyn Fn(&Pool, u32)>;
+
+    thread_local! {
+        static BEFORE_LIVE: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn before_live(pool: &Pool, slot: u32) {
+        BEFORE_LIVE.with(|h| {
+            if let Some(f) = h.borrow().as_ref() {
+                f(pool, slot)
+            }
+        });
+    }
+
+    #[test]
+    fn a_claim_that_loses_its_slot_to_a_reclaimer_gives_the_slots_lock_back() {
+        let dir = std::env::temp_dir().join(format!("kvtier-halfclaim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let devices = vec![DeviceSpec::file(dir.join("dev0"), 4 << 20)];
+        let layout = LayerFirstLayout::new(64, 2, 16).unwrap();
+        drop(Pool::create_on(layout, devices.clone(), PoolOptions::default()).unwrap());
+        // the first slot a claim tries is taken from under it, as a
+        // reclaimer that judged it dead would (Claiming -> Reclaiming)
+        BEFORE_LIVE.with(|h| {
+            *h.borrow_mut() = Some(Box::new(|pool: &Pool, slot: u32| {
+                let e = pool.client_entry(slot);
+                let w = pool.load(&e.control);
+                let c = ClientControl::decode(w).unwrap();
+                if c.state == ClientState::Claiming && slot == 0 {
+                    let reclaiming = ClientControl {
+                        state: ClientState::Reclaiming,
+                        generation: c.generation,
+                    };
+                    assert!(pool.cas(&e.control, w, reclaiming.encode(), Ordering::AcqRel));
+                }
+            }))
+        });
+        let pool = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
+        BEFORE_LIVE.with(|h| *h.borrow_mut() = None);
+        assert_eq!(pool.me.map(|m| m.0), Some(1), "it took the next slot");
+        // seen from another open file: slot 1's lock is held, slot 0's not
+        let other = identity::ClientLock::new(pool.devices[0].map.file().unwrap()).unwrap();
+        let probe = std::fs::File::open(dir.join("dev0")).unwrap();
+        let probe = identity::ClientLock::new(&probe).unwrap();
+        drop(other);
+        assert_eq!(probe.held_by_another(1), Some(true));
+        assert_eq!(
+            probe.held_by_another(0),
+            Some(false),
+            "the lost slot's lock was kept"
+        );
+        drop(pool);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -933,8 +933,15 @@ fn map_file(
                 let n = std::os::unix::fs::FileExt::read_at(&file, &mut head, 0)
                     .map_err(io(format!("reading {}", path.display())))?;
                 let blank = head[..n].iter().all(|&x| x == 0);
-                if !blank && head != DESTROYED_MAGIC && head != *b"KVTIERPL" && head != *b"KVTIERDV"
-                {
+                if head == *b"KVTIERPL" || head == *b"KVTIERDV" {
+                    // refused before anything is written: a create must not
+                    // change a pool it cannot make (not even its length)
+                    return Err(Error::Pool(format!(
+                        "file:{} already holds a kvtier pool; destroy it first (kvtier pool destroy)",
+                        path.display()
+                    )));
+                }
+                if !blank && head != DESTROYED_MAGIC {
                     return Err(invalid(
                         "device",
                         format!(

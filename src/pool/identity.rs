@@ -83,6 +83,64 @@ pub(crate) struct ClientLock {
 /// Where slot `i`'s byte is.
 const LOCK_BASE: i64 = 1 << 62;
 
+/// The byte every attached client holds a shared (read) lock on, on every
+/// shared device it maps: a mark that the device is in use by a pool's
+/// live holder, whichever device of the pool it is.
+const HOLDER_BYTE: i64 = LOCK_BASE - 1;
+
+/// Marks `file` (a shared device this process maps as a pool's client) as
+/// in use, for as long as this open file description lives (the kernel
+/// drops the mark when the last descriptor of it closes: at exit, a crash).
+pub(crate) fn mark_holder(file: &fs::File) -> Result<()> {
+    ofd_lock(
+        file,
+        libc::F_OFD_SETLK,
+        libc::F_RDLCK as libc::c_short,
+        HOLDER_BYTE,
+        1,
+    )
+    .map(|_| ())
+    .map_err(|source| Error::Io {
+        context: "marking a pool device as in use".into(),
+        source,
+    })
+}
+
+/// Whether any live process holds `file` as a pool client: the holder mark
+/// ([`mark_holder`]) or a client slot's lock.
+pub(crate) fn in_use(file: &fs::File, slots: u32) -> bool {
+    let marked = ofd_lock(
+        file,
+        libc::F_OFD_GETLK,
+        libc::F_WRLCK as libc::c_short,
+        HOLDER_BYTE,
+        1,
+    )
+    .is_ok_and(|fl| fl.l_type != libc::F_UNLCK as libc::c_short);
+    marked || ClientLock::any_held(file, slots)
+}
+
+fn ofd_lock(
+    file: &fs::File,
+    cmd: libc::c_int,
+    kind: libc::c_short,
+    start: i64,
+    len: i64,
+) -> std::io::Result<libc::flock> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock is plain data; l_pid must be 0 for OFD locks.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = len;
+    // SAFETY: a valid descriptor and a flock it may read and write.
+    if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fl)
+}
+
 impl ClientLock {
     pub(crate) fn new(file: &fs::File) -> Result<Self> {
         use std::os::unix::fs::MetadataExt;

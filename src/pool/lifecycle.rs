@@ -127,19 +127,24 @@ impl Pool {
                 format!("{} is outside 1..={MAX_CLIENTS}", options.clients),
             ));
         }
+        // The geometry, from the sizes the devices are given, before any is
+        // mapped or allocated: a refused pool reserves nothing.
+        if let Ok(sizes) = devices
+            .iter()
+            .map(|d| d.capacity().map(|c| c.bytes))
+            .collect::<Result<Vec<u64>>>()
+        {
+            for (d, &size) in devices.iter().zip(&sizes) {
+                check_device_size(d, size)?;
+            }
+            metadata::plan_geometry(&layout, &sizes, options.clients)?;
+        }
         let maps: Vec<MappedDevice> = devices
             .iter()
             .map(|d| MappedDevice::map_with(d, MapMode::Create, options.file_mode))
             .collect::<Result<_>>()?;
         for m in &maps {
-            if (m.len() as u64) < metadata::DATA_ALIGN {
-                return Err(Error::Pool(format!(
-                    "{} is {} B; a pool device holds at least {} (its header, then regions)",
-                    m.spec(),
-                    m.len(),
-                    format_size(metadata::DATA_ALIGN)
-                )));
-            }
+            check_device_size(m.spec(), m.len() as u64)?;
             // SAFETY: the mapping holds at least DATA_ALIGN bytes.
             let magic = unsafe { std::ptr::read_volatile(m.ptr() as *const [u8; 8]) };
             if m.spec().is_shared() && (magic == POOL_MAGIC || magic == DEVICE_MAGIC) {
@@ -149,14 +154,19 @@ impl Pool {
                 )));
             }
         }
-        if let Some(f) = maps[0].file()
-            && identity::ClientLock::any_held(f, MAX_CLIENTS)
-        {
-            return Err(Error::Pool(format!(
-                "{} is still mapped by processes attached to the pool that was there; stop them before \
-                 creating a new pool on it",
-                maps[0].spec()
-            )));
+        // Any device, in any place of the new pool, that a live client of
+        // an old pool (destroyed with force) still maps: its bytes are that
+        // process's regions.
+        for m in &maps {
+            if let Some(f) = m.file()
+                && identity::in_use(f, MAX_CLIENTS)
+            {
+                return Err(Error::Pool(format!(
+                    "{} is still mapped by processes attached to the pool that was there; stop them before \
+                     creating a new pool on it",
+                    m.spec()
+                )));
+            }
         }
         let sizes: Vec<u64> = maps.iter().map(|m| m.len() as u64).collect();
         let g = metadata::plan_geometry(&layout, &sizes, options.clients)?;
@@ -320,15 +330,44 @@ impl Pool {
 
     /// Invalidates the pool on `devices`: marks every device header destroyed
     /// so that it no longer opens and a new pool may reuse the files (the
-    /// bytes stay). Refuses while
-    /// other live processes are attached, unless `force`.
+    /// bytes stay). Refuses while other live processes are attached, unless
+    /// `force`. For a pool shared by several hosts, see
+    /// [`Pool::destroy_with`].
     pub fn destroy(devices: Vec<DeviceSpec>, force: bool) -> Result<()> {
+        Pool::destroy_with(devices, force, Coherence::Coherent).map(|_| ())
+    }
+
+    /// [`Pool::destroy`] for a pool of `coherence` (several hosts: this
+    /// host's index among them). A pool that cannot be opened because it
+    /// cannot be trusted (a corrupt or overwritten header, a shrunk device, a
+    /// device table that does not match) is destroyed only with `force`, and
+    /// only while no process holds any of its devices: then the headers of
+    /// the devices that still carry a kvtier pool's magic are cleared, and
+    /// what was found is returned (Some), for the operator to read. A device
+    /// that holds no kvtier pool is never written.
+    pub fn destroy_with(
+        devices: Vec<DeviceSpec>,
+        force: bool,
+        coherence: Coherence,
+    ) -> Result<Option<String>> {
         let options = PoolOptions {
             attach: false,
             reclaim_dead: false,
+            coherence,
             ..PoolOptions::default()
         };
-        let pool = Pool::open(devices, options)?;
+        let pool = match Pool::open(devices.clone(), options) {
+            Ok(pool) => pool,
+            Err(Error::Pool(found)) if untrusted_pool(&devices) => {
+                if !force {
+                    return Err(Error::Pool(format!(
+                        "{found}; `kvtier pool destroy --force` clears its headers once no process holds it"
+                    )));
+                }
+                return wipe_untrusted(&devices, found).map(Some);
+            }
+            Err(e) => return Err(e),
+        };
         let live: Vec<u32> = pool
             .clients_info()
             .into_iter()
@@ -347,7 +386,7 @@ impl Pool {
             };
             pool.coherence.after_write(d.map.ptr(), 8);
         }
-        Ok(())
+        Ok(None)
     }
 
     pub(super) fn attach(maps: Vec<MappedDevice>, options: &PoolOptions) -> Result<Arc<Pool>> {
@@ -501,9 +540,63 @@ impl Pool {
         }
         if options.attach {
             pool.me = Some(pool.claim_client()?);
+            for d in &pool.devices {
+                if let Some(f) = d.map.file() {
+                    identity::mark_holder(f)?;
+                }
+            }
         }
         Ok(Arc::new(pool))
     }
+}
+
+/// A device of `bytes` can hold a pool's header (or a device header), then
+/// regions.
+fn check_device_size(spec: &DeviceSpec, bytes: u64) -> Result<()> {
+    if bytes < metadata::DATA_ALIGN {
+        return Err(Error::Pool(format!(
+            "{spec} is {bytes} B; a pool device holds at least {} (its header, then regions)",
+            format_size(metadata::DATA_ALIGN)
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the first device carries a kvtier pool's magic: an open that
+/// failed there found a pool it could not trust, not a device without one.
+fn untrusted_pool(devices: &[DeviceSpec]) -> bool {
+    devices[0].is_shared() && device::peek_magic(&devices[0]).ok().flatten() == Some(POOL_MAGIC)
+}
+
+/// Clears the headers of a pool that cannot be opened (`found` says why),
+/// once no live process holds any of its devices.
+fn wipe_untrusted(devices: &[DeviceSpec], found: String) -> Result<String> {
+    let maps: Vec<MappedDevice> = devices
+        .iter()
+        .map(|d| MappedDevice::map(d, MapMode::Open))
+        .collect::<Result<_>>()?;
+    for m in &maps {
+        if let Some(f) = m.file()
+            && identity::in_use(f, MAX_CLIENTS)
+        {
+            return Err(Error::Pool(format!(
+                "{found}; and processes still map {}: stop them before destroying the pool",
+                m.spec()
+            )));
+        }
+    }
+    for m in &maps {
+        if m.len() < 8 {
+            continue;
+        }
+        // SAFETY: the mapping holds at least 8 bytes.
+        let magic = unsafe { std::ptr::read_volatile(m.ptr() as *const [u8; 8]) };
+        if magic == POOL_MAGIC || magic == DEVICE_MAGIC {
+            // SAFETY: as above.
+            unsafe { std::ptr::write_volatile(m.ptr() as *mut [u8; 8], device::DESTROYED_MAGIC) };
+        }
+    }
+    Ok(found)
 }
 
 /// Whether a header's tables and device records describe a pool that fits

@@ -84,3 +84,24 @@ def test_a_view_of_a_regions_leading_bytes():
     assert r.numpy(np.int32, (2, 4, 16)).shape == (2, 4, 16)
     with pytest.raises(kvtier.KvtierError, match="needs 1024 B; the region holds 768 B"):
         r.numpy(np.int32, (4, 4, 16))
+
+
+def test_the_region_layers_slack_counts_against_the_ranks_share(fake_sglang, shared_file, monkeypatch):
+    """SGLang books the host pool against the rank's share of the kvtier
+    devices for its own layers; the region it gets holds region_layers
+    layers. A share that fits the pool but not its region is refused at
+    start-up with the slack named, not filled past."""
+    from kvtier.sglang import capacity
+
+    def share(bytes_):
+        return capacity.RankBudget(bytes_, shared_file, 1 << 30, 1, 1, 2)
+
+    config = {"devices": [shared_file], "region_layers": 4}
+    # 2 layers x 64 rows x 64 B = 8 KiB for SGLang; the region holds 4 layers: 16 KiB
+    monkeypatch.setattr(capacity, "rank_budget", lambda cfg, rank, ranks: share(12 << 10))
+    with pytest.raises(kvtier.KvtierError) as e:
+        stage(1, 2, config)
+    msg = str(e.value)
+    assert "region_layers slack" in msg and "regions of 4 layers for this stage's 2" in msg, msg
+    monkeypatch.setattr(capacity, "rank_budget", lambda cfg, rank, ranks: share(16 << 10))
+    assert stage(1, 2, config).allocator.regions[0].nbytes == 4 * 64 * 64

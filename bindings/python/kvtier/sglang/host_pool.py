@@ -92,9 +92,13 @@ class KvtierHostTensorAllocator:
     entry_bytes]`` buffer per layer (DeepSeek-V4's): the first call makes the
     region, each call returns the next layer."""
 
-    def __init__(self, config: KvtierConfig | None = None, layers: int | None = None):
+    def __init__(self, config: KvtierConfig | None = None, layers: int | None = None, budget=None):
         self.config = config or KvtierConfig()
         self.layers = layers
+        # the rank's share of the kvtier devices (capacity.RankBudget), which
+        # SGLang's own check booked the pool against without the region
+        # slack that region_layers adds: checked again here with it
+        self.budget = budget
         self.dtype = None
         self.dims = None
         self.pools = []
@@ -168,6 +172,16 @@ class KvtierHostTensorAllocator:
         else:
             layout = Layout(entry, planes * max(layers, self.config.region_layers or 0), rows)
             devices = self.config.devices
+            used = sum(r.nbytes for r in self.regions)
+            if self.budget is not None and used + layout.region_bytes() > self.budget.bytes:
+                slack = layout.region_bytes() - planes * layers * rows * entry
+                raise KvtierError(
+                    f"the host pool takes {layout.region_bytes() / 2**20:.1f} MiB in the kvtier pool "
+                    f"({slack / 2**20:.1f} MiB of it the region_layers slack: regions of "
+                    f"{layout.layers // planes} layers for this stage's {layers}), more than "
+                    f"{(self.budget.bytes - used) / 2**20:.1f} MiB left of {self.budget.describe()}: lower "
+                    f"host_to_device_ratio in --hisparse-config, or give the pool more devices"
+                )
             try:
                 pool = Pool.open_or_create(layout, devices, rank=rank, ranks=ranks, clients=self.config.clients)
             except KvtierError as e:
@@ -208,7 +222,8 @@ def host_pool_class(base: type, config: KvtierConfig) -> type:
                 return self.__dict__.get("_sglang_allocator")
             mine = self.__dict__.get("_kvtier_allocator")
             if mine is None:
-                mine = KvtierHostTensorAllocator(config, layers=getattr(self, "layer_num", None))
+                mine = KvtierHostTensorAllocator(config, layers=getattr(self, "layer_num", None),
+                                                 budget=self.__dict__.get("_kvtier_budget"))
                 self.__dict__["_kvtier_allocator"] = mine
             return mine
 
@@ -220,6 +235,7 @@ def host_pool_class(base: type, config: KvtierConfig) -> type:
             budget = None
             if _layout_argument(base, args, kwargs) == "layer_first":
                 budget = capacity.rank_budget(config, *detect_rank(config))
+            self.__dict__["_kvtier_budget"] = budget
             with capacity.booked_against(budget, base.__qualname__):
                 super().__init__(*args, **kwargs)
             mine = self.__dict__.get("_kvtier_allocator")
