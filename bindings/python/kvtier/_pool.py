@@ -4,7 +4,10 @@ nodes), shared files or anonymous memory, placed per rank round-robin."""
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
+import threading
+import weakref
 from typing import NamedTuple, Sequence
 
 from . import _lib
@@ -85,13 +88,115 @@ def _options(rank: int, ranks: int, clients: int) -> _lib.PoolOptions:
     return _lib.PoolOptions(as_int(rank, "rank"), as_int(ranks, "ranks"), as_int(clients, "clients"), 0)
 
 
-class Pool:
+class _Handle:
+    """A library handle shared by threads. ctypes releases the GIL for a
+    foreign call, so a call that checked the handle may still be inside the
+    library when another thread releases it: each call that passes the handle
+    counts itself in flight (:meth:`_call`: a lock held for a few
+    instructions, never across the call, so independent calls run
+    concurrently), and :meth:`_release` first refuses new calls, then waits
+    for those in flight to leave, then frees the handle."""
+
+    _GONE = "this handle was released"
+
+    def _init_handle(self, handle: ctypes.c_void_p) -> None:
+        self._handle = handle  # first: __del__ frees it even if __init__ fails later
+        self._open = True  # False once release began: calls are refused
+        self._calls = 0  # calls inside the library with the handle
+        self._lock = threading.Lock()
+        self._idle = None  # a Condition on _lock, made when _release must wait
+        _HANDLES.add(self)
+
+    def _call(self, fn, *args) -> None:
+        """``fn(handle, *args)``, counted in flight while it runs, its status
+        checked; a KvtierError once the handle is released (or being released)."""
+        lock = self._lock
+        with lock:
+            if not self._open:
+                raise KvtierError(self._GONE, "INVALID_ARGUMENT")
+            self._calls += 1
+            h = self._handle
+        try:
+            status = fn(h, *args)
+        finally:
+            with lock:
+                self._calls -= 1
+                if not self._calls and self._idle is not None:
+                    self._idle.notify_all()
+        check(status)
+
+    def _release(self, free) -> int:
+        """Refuses new calls, waits for those in flight, then ``free(handle)``
+        (under the lock, so a concurrent release returns once it is done);
+        returns its status, or OK when the handle was already released."""
+        with self._lock:
+            if not self._open:
+                # Another thread's release is under way (waiting for calls):
+                # return once it has freed the handle.
+                while self._handle:
+                    self._wait()
+                return _lib.OK
+            self._open = False
+            while self._calls:
+                self._wait()
+            h, self._handle = self._handle, ctypes.c_void_p()
+            try:
+                return free(h)
+            finally:
+                if self._idle is not None:
+                    self._idle.notify_all()
+
+    def _wait(self) -> None:
+        if self._idle is None:
+            self._idle = threading.Condition(self._lock)
+        self._idle.wait()
+
+    def _release_unreferenced(self, free) -> None:
+        """For __del__: no reference is left, so no call is in flight and no
+        other thread can be releasing it; never takes the lock or waits (it
+        may run at interpreter shutdown, or in a forked child)."""
+        h = getattr(self, "_handle", None)
+        if h:
+            self._open = False
+            self._handle = ctypes.c_void_p()
+            free(h)
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's other threads are gone: their calls in flight will
+        # never leave, and the lock may be held by one of them. A release they
+        # began is abandoned, its handle left unfreed in the child.
+        self._lock = threading.Lock()
+        self._idle = None
+        self._calls = 0
+        if not self._open:
+            self._handle = ctypes.c_void_p()
+
+
+_HANDLES: "weakref.WeakSet[_Handle]" = weakref.WeakSet()
+
+
+def _reset_handles_in_child() -> None:
+    for h in list(_HANDLES):
+        h._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_handles_in_child)
+
+
+class Pool(_Handle):
     """A kvtier pool; see :meth:`create`, :meth:`open`, :meth:`open_or_create`.
     Closing it (or dropping the last reference) frees the regions this process
-    still holds."""
+    still holds.
+
+    A Pool may be shared by threads: :meth:`close` waits for the other
+    threads' calls on it that are inside the library, and a call made after
+    it raises ``KvtierError("this Pool was closed")``."""
+
+    _GONE = "this Pool was closed"
 
     def __init__(self, handle: ctypes.c_void_p):
-        self._handle = handle
+        self._init_handle(handle)
 
     @classmethod
     def create(cls, layout, devices, rank: int = 0, ranks: int = 1, clients: int = 0) -> "Pool":
@@ -127,7 +232,7 @@ class Pool:
 
     def info(self) -> dict:
         i = _lib.PoolInfo()
-        check(library().kvt_pool_info_get(self._live(), ctypes.byref(i)))
+        self._call(library().kvt_pool_info_get, ctypes.byref(i))
         return {
             "layout": Layout(i.layout.entry_bytes, i.layout.layers, i.layout.tokens_per_region),
             "num_devices": i.num_devices,
@@ -143,23 +248,19 @@ class Pool:
 
     def alloc_region(self, request: int = 0) -> "Region":
         """A free region, placed per rank round-robin, owned by this process."""
+        request = as_int(request, "request", 0, 2**64 - 1)
         h = ctypes.c_void_p()
-        check(library().kvt_region_alloc(self._live(), as_int(request, "request", 0, 2**64 - 1), ctypes.byref(h)))
+        self._call(library().kvt_region_alloc, request, ctypes.byref(h))
         return Region(h, self)
 
-    def _live(self) -> ctypes.c_void_p:
-        if not self._handle:
-            raise KvtierError("this Pool was closed", "INVALID_ARGUMENT")
-        return self._handle
-
     def close(self) -> None:
-        if self._handle:
-            library().kvt_pool_close(self._handle)
-            self._handle = ctypes.c_void_p()
+        """Closes the pool, after the calls on it in flight in other threads
+        have returned; calls made after it raise. Closing twice is a no-op."""
+        self._release(library().kvt_pool_close)
 
     def __del__(self):
         try:
-            self.close()
+            self._release_unreferenced(library().kvt_pool_close)
         except Exception:
             pass
 
@@ -179,12 +280,19 @@ def _prefix_bytes(shape, itemsize: int, nbytes: int) -> int:
     return n
 
 
-class Region:
+class Region(_Handle):
     """One region of a pool: `layers` × `tokens_per_region` entries, layer-first,
-    at `host_addr` in this process."""
+    at `host_addr` in this process.
+
+    :meth:`free` waits for other threads' calls on the region that are inside
+    the library (:meth:`publish`); a call made after it raises
+    ``KvtierError("this Region was freed")``. Views of its bytes are the
+    caller's to stop using before freeing it."""
+
+    _GONE = "this Region was freed"
 
     def __init__(self, handle: ctypes.c_void_p, pool: Pool):
-        self._handle = handle
+        self._init_handle(handle)
         self.pool = pool  # keeps the pool open while the region is used
         info = _lib.RegionInfo()
         check(library().kvt_region_info_get(handle, ctypes.byref(info)))
@@ -194,8 +302,8 @@ class Region:
         self.nbytes = info.bytes
 
     def _bytes(self):
-        if not self._handle:
-            raise KvtierError("this Region was freed", "INVALID_ARGUMENT")
+        if not self._open:
+            raise KvtierError(self._GONE, "INVALID_ARGUMENT")
         buf = (ctypes.c_uint8 * self.nbytes).from_address(self.host_addr)
         buf._kvtier_region = self  # the memory lives as long as the region
         return buf
@@ -237,17 +345,17 @@ class Region:
         return t
 
     def publish(self) -> None:
-        check(library().kvt_region_publish(self._handle))
+        self._call(library().kvt_region_publish)
 
     def free(self) -> None:
-        """Returns the region to the pool (views of it must no longer be used)."""
-        if self._handle:
-            h, self._handle = self._handle, ctypes.c_void_p()
-            check(library().kvt_region_free(h))
+        """Returns the region to the pool (views of it must no longer be
+        used), after the calls on it in flight in other threads have
+        returned. Freeing twice is a no-op."""
+        check(self._release(library().kvt_region_free))
 
     def __del__(self):
         # Views of the region hold a reference to it, so by now none is left.
         try:
-            self.free()
+            self._release_unreferenced(library().kvt_region_free)
         except Exception:
             pass
