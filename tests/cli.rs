@@ -537,3 +537,43 @@ fn the_operator_can_always_get_out() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn create_warns_of_a_pool_file_that_a_gpu_cannot_register() {
+    // a file on a disk filesystem (the build directory's, when it is one)
+    // and one on tmpfs: only the first is warned about
+    let disk = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("kvtier-disk-{}", std::process::id()));
+    // tmpfs, ramfs and hugetlbfs pages can be pinned; any other filesystem's not
+    let pinnable_fs = |p: &std::path::Path| {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: statfs is plain data, filled for a valid path.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut st) }, 0);
+        [0x0102_1994_i64, 0x8584_58f6, 0x9584_58f6].contains(&(st.f_type as i64))
+    };
+    let dir_of = |p: &std::path::Path| p.parent().unwrap().to_path_buf();
+    for (path, expect_warning) in [
+        (disk.clone(), !pinnable_fs(&dir_of(&disk))),
+        (
+            std::path::PathBuf::from(format!("/dev/shm/kvtier-shm-{}", std::process::id())),
+            false,
+        ),
+    ] {
+        if !dir_of(&path).is_dir() {
+            continue;
+        }
+        let spec = format!("file:{}:4MiB", path.display());
+        let (ok, _, err) = kvtier(&[
+            "pool", "create", "--device", &spec, "--layers", "2", "--tokens", "16",
+        ]);
+        let _ = std::fs::remove_file(&path);
+        assert!(ok, "{err}");
+        assert_eq!(
+            err.contains("cannot be pinned"),
+            expect_warning,
+            "{}: {err}",
+            path.display()
+        );
+    }
+}
