@@ -32,6 +32,7 @@ pub mod ffi;
 pub mod gather;
 pub mod layout;
 pub mod mem;
+pub mod plan;
 pub mod pool;
 mod slots;
 pub mod swap_in;

@@ -577,3 +577,106 @@ fn create_warns_of_a_pool_file_that_a_gpu_cannot_register() {
         );
     }
 }
+
+#[test]
+fn plan_answers_in_json_a_table_and_a_plot() {
+    let args = [
+        "plan",
+        "--context",
+        "128K",
+        "--hbm-for-kv",
+        "40GiB",
+        "--dram-for-kv",
+        "1024GiB",
+    ];
+    let (ok, out, err) = kvtier(&[&args[..], &["--json"]].concat());
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    // by hand: 61 × 656 B on the host, 61 × 132 B of indexer keys in HBM;
+    // 1 TiB / (8 GPUs × 5,244,977,152 B) = 26 requests per GPU: host memory binds
+    assert_eq!(v["host_bytes_per_token"], 40016.0);
+    assert_eq!(v["hbm_bytes_per_token"], 8052.0);
+    assert_eq!(v["max_requests"], 208);
+    assert_eq!(v["limited_by"], "host_memory");
+    assert_eq!(
+        v["configurations"].as_array().unwrap().len(),
+        1,
+        "no CXL given"
+    );
+    // with CXL, HBM binds (35 per GPU)
+    let (ok, out, err) = kvtier(&[&args[..], &["--cxl", "512GiB@30", "--json"]].concat());
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        (v["max_requests"].as_u64(), v["limited_by"].as_str()),
+        (Some(280), Some("hbm"))
+    );
+    assert_eq!(
+        v["configurations"][1]["requests_per_gpu_allowed_by"]["cxl_bandwidth"],
+        68
+    );
+    // the table, and a plot
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let png = dir.join("plan.png");
+    let (ok, out, err) = kvtier(
+        &[
+            &args[..],
+            &["--cxl", "512GiB", "--plot", png.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("DRAM only") && out.contains("DRAM + CXL") && out.contains("limited by"),
+        "{out}"
+    );
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+    // a model file: DeepSeek-V4's C4 layers, four tokens an entry
+    let model = dir.join("model.json");
+    std::fs::write(
+        &model,
+        r#"{"name": "c4", "offloaded_layers": 21, "entry_bytes": 585, "tokens_per_entry": 4,
+            "indexer_layers": 21, "indexer_entry_bytes": 132, "top_k": 512, "hot_slots": 4096,
+            "page_entries": 64, "max_context": 1048576}"#,
+    )
+    .unwrap();
+    let (ok, out, err) = kvtier(&[
+        "plan",
+        "--model-file",
+        model.to_str().unwrap(),
+        "--context",
+        "1M",
+        "--hbm-for-kv",
+        "40GiB",
+        "--dram-for-kv",
+        "1024GiB",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["host_bytes_per_token"], 21.0 * 585.0 / 4.0);
+    assert_eq!(v["host_bytes_per_request"], 21.0 * 585.0 * 262144.0);
+    // bad input is named by its flag
+    for (bad, flag) in [
+        (&["--context", "0"][..], "--context"),
+        (&["--context", "200K"][..], "--context"),
+        (&["--context", "128K", "--tp", "3"][..], "--tp"),
+        (
+            &["--context", "128K", "--miss-rate", "2"][..],
+            "--miss-rate",
+        ),
+        (&["--context", "128K", "--cxl", "1GiB@fast"][..], "--cxl"),
+        (&["--context", "128K", "--model", "glm-5"][..], "--model"),
+    ] {
+        let (ok, _, err) = kvtier(
+            &[
+                &["plan", "--hbm-for-kv", "40GiB", "--dram-for-kv", "1TiB"][..],
+                bad,
+            ]
+            .concat(),
+        );
+        assert!(!ok && err.contains(flag), "{bad:?}: {err}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -2,6 +2,7 @@
 
 mod bench;
 mod info;
+mod plan;
 mod pool;
 mod selftest;
 mod transfer;
@@ -25,6 +26,10 @@ enum Command {
     /// The top-k fetch microbenchmark: gather, swap-in and writeback next to
     /// the link's limit and the baselines.
     Bench(Box<bench::BenchArgs>),
+    /// What a deployment holds: bytes per token on each tier, the requests a
+    /// node serves at once with DRAM only and with CXL, and which resource
+    /// runs out first.
+    Plan(Box<plan::PlanArgs>),
     /// Create, inspect, check and destroy pools on memory devices.
     #[command(subcommand)]
     Pool(pool::PoolCommand),
@@ -41,6 +46,7 @@ pub fn run(cli: Cli) -> kvtier::Result<ExitCode> {
     match cli.command {
         Command::Info => done(info::run()),
         Command::Bench(args) => done(bench::run(*args)),
+        Command::Plan(args) => done(plan::run(*args)),
         Command::Pool(cmd) => done(pool::run(cmd)),
         Command::Selftest(args) => selftest::run(args),
     }

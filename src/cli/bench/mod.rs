@@ -20,6 +20,7 @@
 mod gather;
 mod link;
 mod report;
+pub(crate) use report::{find_font, register_font};
 mod sglang;
 mod spec_swap_in;
 mod swap_in;

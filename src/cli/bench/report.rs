@@ -294,7 +294,7 @@ fn get(m: &Measurement, key: &str) -> Option<serde_json::Value> {
 
 /// A TrueType font for the plot: `--plot-font`, else a common one found
 /// under the system's font directories.
-pub(super) fn find_font(given: Option<&Path>) -> kvtier::Result<PathBuf> {
+pub(crate) fn find_font(given: Option<&Path>) -> kvtier::Result<PathBuf> {
     if let Some(p) = given {
         if !p.is_file() {
             return Err(kvtier::Error::InvalidArgument {
@@ -341,14 +341,9 @@ pub(super) fn find_font(given: Option<&Path>) -> kvtier::Result<PathBuf> {
         })
 }
 
-/// Latency and bandwidth against k or batch, one line per method, a row of
-/// two panels per slice of the grid (see [`panels`]); log-log axes.
-pub(super) fn plot(
-    path: &Path,
-    font: Option<&Path>,
-    env: &Environment,
-    all: &[Measurement],
-) -> kvtier::Result<()> {
+/// Registers `font` (or one found under /usr/share/fonts) as the plots'
+/// "sans-serif".
+pub(crate) fn register_font(font: Option<&Path>) -> kvtier::Result<()> {
     let font_path = find_font(font)?;
     let bytes = std::fs::read(&font_path).map_err(|source| kvtier::Error::Io {
         context: format!("reading the font {}", font_path.display()),
@@ -361,7 +356,18 @@ pub(super) fn plot(
             arg: "--plot-font",
             msg: format!("{} is not a TrueType font", font_path.display()),
         }
-    })?;
+    })
+}
+
+/// Latency and bandwidth against k or batch, one line per method, a row of
+/// two panels per slice of the grid (see [`panels`]); log-log axes.
+pub(super) fn plot(
+    path: &Path,
+    font: Option<&Path>,
+    env: &Environment,
+    all: &[Measurement],
+) -> kvtier::Result<()> {
+    register_font(font)?;
     let panels = panels(all);
     if panels.is_empty() {
         return Err(kvtier::Error::InvalidArgument {

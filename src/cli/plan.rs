@@ -1,0 +1,424 @@
+//! `kvtier plan`: what a deployment holds, per tier, and what binds.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use kvtier::plan::{Deployment, HostTier, ModelSpec, Plan, plan};
+use kvtier::pool::{human_size, parse_size};
+use serde_json::{Value, json};
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// A built-in model: deepseek-v3.2 (fp8 KV) or deepseek-v3.2-bf16.
+    #[arg(long, default_value = "deepseek-v3.2", conflicts_with = "model_file")]
+    model: String,
+    /// A model described in JSON instead: offloaded_layers, entry_bytes,
+    /// tokens_per_entry, indexer_layers, indexer_entry_bytes, top_k,
+    /// hot_slots, page_entries, max_context (see the README).
+    #[arg(long)]
+    model_file: Option<PathBuf>,
+    /// A context length in tokens (128K = 131072), with its share of the
+    /// requests after a colon (128K:0.25); repeat for a mix.
+    #[arg(long = "context", required = true)]
+    contexts: Vec<String>,
+    /// GPUs in the node.
+    #[arg(long, default_value_t = 8)]
+    gpus: u32,
+    /// Attention tensor parallelism: GPUs that each hold a copy of a
+    /// request's KV (MLA).
+    #[arg(long, default_value_t = 1)]
+    tp: u32,
+    /// HBM per GPU left for KV (HOT buffers and indexer keys) after the
+    /// weights and activations, e.g. 40GiB.
+    #[arg(long)]
+    hbm_for_kv: String,
+    /// The node's DRAM for KV, e.g. 1536GiB.
+    #[arg(long)]
+    dram_for_kv: String,
+    /// A CXL memory device of the node: SIZE, or SIZE@GBPS with its read
+    /// bandwidth in GB/s. Repeat for each.
+    #[arg(long)]
+    cxl: Vec<String>,
+    /// Host-to-GPU bandwidth per GPU, GB/s (55: measured host to device on
+    /// an H100 over PCIe 5, see the README).
+    #[arg(long, default_value_t = 55.0)]
+    link_gbps: f64,
+    /// An assumption: the share of each layer's top-k that misses the HOT
+    /// buffer per decode step.
+    #[arg(long, default_value_t = 0.02)]
+    miss_rate: f64,
+    /// An assumption: a decode step's time, in ms.
+    #[arg(long, default_value_t = 50.0)]
+    step_ms: f64,
+    /// An assumption: the share of a decode step the swap-ins may take.
+    #[arg(long, default_value_t = 0.2)]
+    link_budget: f64,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Draw requests per node against context length, per tier set (PNG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// A TrueType font for the plot's text (default: one under /usr/share/fonts).
+    #[arg(long)]
+    plot_font: Option<PathBuf>,
+}
+
+fn arg_err(arg: &'static str, msg: String) -> kvtier::Error {
+    kvtier::Error::InvalidArgument { arg, msg }
+}
+
+/// `131072`, `128K` (×1024) or `1M` (×1024²) tokens.
+fn parse_tokens(s: &str) -> kvtier::Result<u64> {
+    let (num, mult) = match s.trim().to_ascii_uppercase() {
+        t if t.ends_with('K') => (t.trim_end_matches('K').to_string(), 1u64 << 10),
+        t if t.ends_with('M') => (t.trim_end_matches('M').to_string(), 1 << 20),
+        t => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            arg_err(
+                "--context",
+                format!("{s:?} is not a token count such as 131072 or 128K"),
+            )
+        })
+}
+
+fn model(a: &PlanArgs) -> kvtier::Result<ModelSpec> {
+    let Some(path) = &a.model_file else {
+        return ModelSpec::preset(&a.model).map_err(|e| arg_err("--model", e.to_string()));
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| kvtier::Error::Io {
+        context: format!("reading {}", path.display()),
+        source,
+    })?;
+    let v: Value = serde_json::from_str(&text)
+        .map_err(|e| arg_err("--model-file", format!("{}: {e}", path.display())))?;
+    let field = |k: &str| {
+        v.get(k).and_then(Value::as_u64).ok_or_else(|| {
+            arg_err(
+                "--model-file",
+                format!("{}: `{k}` must be a non-negative integer", path.display()),
+            )
+        })
+    };
+    let small = |k: &str| {
+        field(k).and_then(|n| {
+            u32::try_from(n).map_err(|_| {
+                arg_err(
+                    "--model-file",
+                    format!("{}: `{k}` is too large", path.display()),
+                )
+            })
+        })
+    };
+    Ok(ModelSpec {
+        name: v
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("model")
+            .to_string(),
+        offloaded_layers: small("offloaded_layers")?,
+        entry_bytes: small("entry_bytes")?,
+        tokens_per_entry: small("tokens_per_entry")?,
+        indexer_layers: small("indexer_layers")?,
+        indexer_entry_bytes: small("indexer_entry_bytes")?,
+        top_k: small("top_k")?,
+        hot_slots: small("hot_slots")?,
+        page_entries: small("page_entries")?,
+        max_context: field("max_context")?,
+        source: v
+            .get("source")
+            .and_then(Value::as_str)
+            .unwrap_or("a model file")
+            .to_string(),
+    })
+}
+
+fn deployment(a: &PlanArgs, contexts: Vec<(u64, f64)>) -> kvtier::Result<Deployment> {
+    let size = |arg: &'static str, s: &str| parse_size(s).map_err(|e| arg_err(arg, e.to_string()));
+    let cxl = a
+        .cxl
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (bytes, gbps) = match c.split_once('@') {
+                Some((b, g)) => (
+                    size("--cxl", b)?,
+                    Some(
+                        g.parse::<f64>()
+                            .ok()
+                            .filter(|g| g.is_finite() && *g > 0.0)
+                            .ok_or_else(|| {
+                                arg_err("--cxl", format!("{c:?}: {g:?} is not a bandwidth in GB/s"))
+                            })?,
+                    ),
+                ),
+                None => (size("--cxl", c)?, None),
+            };
+            Ok(HostTier {
+                name: format!("cxl{i}"),
+                bytes,
+                gbps,
+            })
+        })
+        .collect::<kvtier::Result<Vec<_>>>()?;
+    Ok(Deployment {
+        contexts,
+        gpus: a.gpus,
+        tp: a.tp,
+        hbm_for_kv: size("--hbm-for-kv", &a.hbm_for_kv)?,
+        dram_for_kv: size("--dram-for-kv", &a.dram_for_kv)?,
+        cxl,
+        link_gbps: a.link_gbps,
+        miss_rate: a.miss_rate,
+        step_ms: a.step_ms,
+        link_budget: a.link_budget,
+    })
+}
+
+fn contexts(a: &PlanArgs) -> kvtier::Result<Vec<(u64, f64)>> {
+    a.contexts
+        .iter()
+        .map(|c| match c.split_once(':') {
+            Some((t, w)) => Ok((
+                parse_tokens(t)?,
+                w.parse::<f64>()
+                    .ok()
+                    .filter(|w| w.is_finite() && *w > 0.0)
+                    .ok_or_else(|| {
+                        arg_err("--context", format!("{c:?}: {w:?} is not a positive share"))
+                    })?,
+            )),
+            None => Ok((parse_tokens(c)?, 1.0)),
+        })
+        .collect()
+}
+
+pub fn run(a: PlanArgs) -> kvtier::Result<()> {
+    let m = model(&a)?;
+    let mix = contexts(&a)?;
+    let d = deployment(&a, mix)?;
+    if let Some(path) = &a.plot {
+        // checked before anything is printed
+        super::bench::find_font(a.plot_font.as_deref())?;
+        let _ = path;
+    }
+    let p = plan(&m, &d).map_err(in_the_users_words)?;
+    if a.json {
+        println!("{}", to_json(&p, &d));
+    } else {
+        print_table(&p, &d);
+    }
+    if let Some(path) = &a.plot {
+        draw(path, a.plot_font.as_deref(), &m, &d)?;
+    }
+    Ok(())
+}
+
+fn in_the_users_words(e: kvtier::Error) -> kvtier::Error {
+    match e {
+        kvtier::Error::InvalidArgument { arg, msg } => kvtier::Error::InvalidArgument {
+            arg: match arg {
+                "context" => "--context",
+                "tp" => "--tp",
+                "miss_rate" => "--miss-rate",
+                "link" => "--link-gbps/--step-ms/--link-budget",
+                "model" => "--model-file",
+                other => other,
+            },
+            msg,
+        },
+        other => other,
+    }
+}
+
+fn to_json(p: &Plan, d: &Deployment) -> Value {
+    let last = p.capacities.last().expect("DRAM only is always there");
+    let configs: Vec<Value> = p
+        .capacities
+        .iter()
+        .map(|c| {
+            let per_gpu: serde_json::Map<String, Value> = c
+                .per_gpu
+                .iter()
+                .map(|(l, n)| (l.name().to_string(), json!(n)))
+                .collect();
+            json!({
+                "tiers": c.tiers,
+                "host_bytes": c.host_bytes,
+                "max_requests": c.max_requests,
+                "limited_by": c.limited_by.name(),
+                "requests_per_gpu_allowed_by": per_gpu,
+                "link_bytes_per_step_per_gpu": c.link_bytes_per_step,
+                "link_share_of_step": c.link_share,
+            })
+        })
+        .collect();
+    json!({
+        "model": p.model.name,
+        "source": p.model.source,
+        "contexts": d.contexts.iter().map(|(t, w)| json!({"tokens": t, "share": w})).collect::<Vec<_>>(),
+        "host_bytes_per_token": p.host_bytes_per_token,
+        "hbm_bytes_per_token": p.hbm_bytes_per_token,
+        "hot_buffer_bytes_per_request": p.model.offloaded_layers as u64 * p.model.entry_bytes as u64
+            * (p.model.hot_slots as u64 + p.model.page_entries as u64),
+        "host_bytes_per_request": p.host_bytes_per_request,
+        "hbm_bytes_per_request": p.hbm_bytes_per_request,
+        "max_requests": last.max_requests,
+        "limited_by": last.limited_by.name(),
+        "configurations": configs,
+        "assumptions": {"miss_rate": d.miss_rate, "step_ms": d.step_ms, "link_budget": d.link_budget,
+                        "link_gbps": d.link_gbps},
+    })
+}
+
+fn print_table(p: &Plan, d: &Deployment) {
+    let m = &p.model;
+    println!("{} ({})", m.name, m.source);
+    let mix: Vec<String> = d
+        .contexts
+        .iter()
+        .map(|(t, w)| format!("{t} tokens × {w}"))
+        .collect();
+    println!(
+        "contexts: {}; {} GPUs, attention TP {}",
+        mix.join(", "),
+        d.gpus,
+        d.tp
+    );
+    println!(
+        "per token: host {} B, HBM {} B (indexer keys); per request: host {}, HBM {} (HOT buffer of {} slots included)",
+        p.host_bytes_per_token,
+        p.hbm_bytes_per_token,
+        human_size(p.host_bytes_per_request as u64),
+        human_size(p.hbm_bytes_per_request as u64),
+        m.hot_slots
+    );
+    println!(
+        "assumed: {}% of the top-k missing per layer and step, {} ms steps, swap-ins in {}% of a step, {} GB/s per GPU",
+        d.miss_rate * 100.0,
+        d.step_ms,
+        d.link_budget * 100.0,
+        d.link_gbps
+    );
+    println!(
+        "{:<11} {:>10} {:>9} {:>9} {:>9} {:>9}  {:>12}  limited by",
+        "host tiers", "host", "hbm", "host mem", "link", "cxl bw", "requests"
+    );
+    for c in &p.capacities {
+        let cell = |l: kvtier::plan::Limit| {
+            c.per_gpu
+                .iter()
+                .find(|(x, _)| *x == l)
+                .and_then(|(_, n)| *n)
+                .map_or("-".to_string(), |n| n.to_string())
+        };
+        use kvtier::plan::Limit::*;
+        println!(
+            "{:<11} {:>10} {:>9} {:>9} {:>9} {:>9}  {:>12}  {} (link {:.0}% of a step)",
+            c.tiers,
+            human_size(c.host_bytes),
+            cell(Hbm),
+            cell(HostMemory),
+            cell(Link),
+            cell(CxlBandwidth),
+            c.max_requests,
+            c.limited_by.name(),
+            c.link_share * 100.0
+        );
+    }
+    println!(
+        "(the four middle columns are requests per GPU each resource allows; requests are per node)"
+    );
+}
+
+/// Requests per node against context length (4K to the model's longest),
+/// one line per tier set.
+fn draw(
+    path: &std::path::Path,
+    font: Option<&std::path::Path>,
+    m: &ModelSpec,
+    d: &Deployment,
+) -> kvtier::Result<()> {
+    use plotters::prelude::*;
+    super::bench::register_font(font)?;
+    let mut lengths = Vec::new();
+    let mut t = 4096u64;
+    while t < m.max_context {
+        lengths.push(t);
+        t *= 2;
+    }
+    lengths.push(m.max_context);
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for &t in &lengths {
+        let p = plan(
+            m,
+            &Deployment {
+                contexts: vec![(t, 1.0)],
+                ..d.clone()
+            },
+        )?;
+        for c in &p.capacities {
+            let label = format!("{} ({})", c.tiers, human_size(c.host_bytes));
+            match series.iter_mut().find(|s| s.0 == label) {
+                Some(s) => s.1.push((t as f64, c.max_requests as f64)),
+                None => series.push((label, vec![(t as f64, c.max_requests as f64)])),
+            }
+        }
+    }
+    let err = |e: String| kvtier::Error::Io {
+        context: format!("drawing {}", path.display()),
+        source: std::io::Error::other(e),
+    };
+    let root = BitMapBackend::new(path, (1000, 620)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+    let ymax = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.1))
+        .fold(1.0, f64::max)
+        * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "kvtier plan — {}: requests per node ({} GPUs, TP {})",
+                m.name, d.gpus, d.tp
+            ),
+            ("sans-serif", 18),
+        )
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d((4096f64..m.max_context as f64).log_scale(), 0f64..ymax)
+        .map_err(|e| err(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc("context length (tokens)")
+        .y_desc("requests at once")
+        .x_label_formatter(&|v| format!("{}K", (*v as u64) >> 10))
+        .label_style(("sans-serif", 12))
+        .draw()
+        .map_err(|e| err(e.to_string()))?;
+    for (n, (label, pts)) in series.iter().enumerate() {
+        let color = Palette99::pick(n).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(|e| err(e.to_string()))?
+            .label(label.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .draw()
+        .map_err(|e| err(e.to_string()))?;
+    root.present().map_err(|e| err(e.to_string()))?;
+    Ok(())
+}

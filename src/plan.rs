@@ -1,0 +1,532 @@
+//! What a deployment can hold: the bytes a sparse-attention model keeps per
+//! token on each tier under SGLang's HiSparse, and, for a machine, how many
+//! requests fit and which resource runs out first (`kvtier plan`).
+//!
+//! Per request of `L` tokens, with `E = ceil(L / tokens_per_entry)` stored
+//! entries (one per token, one per four for DeepSeek-V4's compressed
+//! layers):
+//!
+//! - host (DRAM or CXL): `offloaded_layers × entry_bytes × E`, the whole KV;
+//! - HBM: the indexer's keys for the whole context,
+//!   `indexer_layers × indexer_entry_bytes × E`, plus the request's HOT
+//!   buffer, `offloaded_layers × entry_bytes × slots`, where `slots` is `E`
+//!   rounded up to a page for a request that fits the buffer, else the
+//!   buffer's `hot` slots and one page more for the newest tokens (SGLang's
+//!   `padded_buffer_size`);
+//! - the host link, per decode step: each request longer than its HOT
+//!   buffer misses `miss_rate × top_k` entries per offloaded layer, each
+//!   `entry_bytes` moved from the host.
+//!
+//! Every GPU holds the KV of its own requests; under attention tensor
+//! parallelism (`tp` > 1) each of a request's `tp` GPUs holds a full copy
+//! (MLA's KV is replicated across tensor-parallel ranks, and each rank's host
+//! pool is its own), so a node serves `gpus / tp` times the requests one GPU
+//! holds, and its host memory holds `gpus` copies of that GPU's set.
+//!
+//! Requests per GPU are then the least of: HBM for KV over HBM per request;
+//! the node's host memory over `gpus ×` host bytes per request; the link's
+//! bytes in `link_budget × step_ms` over the missed bytes per request per
+//! step; and, where CXL devices' bandwidth is given, their combined
+//! bandwidth (the share of the misses they serve is their share of the host
+//! bytes) in the same time over the node's missed bytes per request.
+
+use crate::error::{Result, invalid};
+
+/// A model as its KV lives under HiSparse.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSpec {
+    pub name: String,
+    /// Layers whose KV the host holds (for DeepSeek-V4: the compressed-by-4
+    /// layers; MiniMax-M3: its sparse layers).
+    pub offloaded_layers: u32,
+    /// Bytes of one stored KV entry of one layer, as SGLang's HiSparse host
+    /// pool stores it.
+    pub entry_bytes: u32,
+    /// Sequence tokens per stored entry (1; 4 for DeepSeek-V4's C4 layers).
+    pub tokens_per_entry: u32,
+    /// Layers with an indexer, and the bytes of its key per stored entry,
+    /// kept in HBM for the whole context.
+    pub indexer_layers: u32,
+    pub indexer_entry_bytes: u32,
+    /// Entries the indexer selects per layer and decode step.
+    pub top_k: u32,
+    /// HOT buffer slots per request (SGLang's default `device_buffer_size`:
+    /// twice the `top_k` of `--hisparse-config`, 2048 by default).
+    pub hot_slots: u32,
+    /// The device pool's page, in entries (the HOT buffer is padded by one).
+    pub page_entries: u32,
+    /// The longest context the model takes, in tokens.
+    pub max_context: u64,
+    /// Where the numbers come from.
+    pub source: String,
+}
+
+impl ModelSpec {
+    /// The built-in models: those whose every number could be read from a
+    /// primary source (the model's published configuration and SGLang's
+    /// storage layout). Others are described with a model file.
+    pub fn presets() -> Vec<ModelSpec> {
+        let dsa = |name: &str, entry: u32, dtype: &str| ModelSpec {
+            name: name.into(),
+            offloaded_layers: 61,
+            entry_bytes: entry,
+            tokens_per_entry: 1,
+            indexer_layers: 61,
+            indexer_entry_bytes: 132,
+            top_k: 2048,
+            hot_slots: 4096,
+            page_entries: 64,
+            max_context: 163_840,
+            source: format!(
+                "DeepSeek's inference/config_671B_v3.2.json (61 layers, kv_lora_rank 512, qk_rope_head_dim \
+                 64, index_head_dim 128, index_topk 2048) and inference/model.py (4096 × rope_factor 40 = \
+                 163840 tokens); SGLang 0.5.23's DSA layout ({dtype}: {entry} B per token and layer) and \
+                 index keys (128 fp8 + one 4 B scale = 132 B)"
+            ),
+        };
+        vec![
+            dsa(
+                "deepseek-v3.2",
+                656,
+                "fp8: 512 nope + 4 scales × 4 B + 64 rope × 2 B",
+            ),
+            dsa("deepseek-v3.2-bf16", 1152, "bf16: 576 × 2 B"),
+        ]
+    }
+
+    pub fn preset(name: &str) -> Result<ModelSpec> {
+        ModelSpec::presets()
+            .into_iter()
+            .find(|m| m.name == name)
+            .ok_or_else(|| {
+                invalid(
+                    "model",
+                    format!(
+                        "{name:?} is not a built-in model ({}); describe others with --model-file",
+                        ModelSpec::presets()
+                            .iter()
+                            .map(|m| m.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })
+    }
+
+    fn check(&self) -> Result<()> {
+        for (what, v) in [
+            ("offloaded_layers", self.offloaded_layers),
+            ("entry_bytes", self.entry_bytes),
+            ("tokens_per_entry", self.tokens_per_entry),
+            ("top_k", self.top_k),
+            ("hot_slots", self.hot_slots),
+            ("page_entries", self.page_entries),
+        ] {
+            if v == 0 {
+                return Err(invalid(
+                    "model",
+                    format!("{}: {what} must be positive", self.name),
+                ));
+            }
+        }
+        if self.top_k > self.hot_slots {
+            return Err(invalid(
+                "model",
+                format!(
+                    "{}: top_k {} exceeds the HOT buffer's {} slots",
+                    self.name, self.top_k, self.hot_slots
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Entries stored for `tokens` tokens.
+    pub fn entries(&self, tokens: u64) -> u64 {
+        tokens.div_ceil(self.tokens_per_entry as u64)
+    }
+
+    /// Host bytes per sequence token (all offloaded layers).
+    pub fn host_bytes_per_token(&self) -> f64 {
+        self.offloaded_layers as f64 * self.entry_bytes as f64 / self.tokens_per_entry as f64
+    }
+
+    /// HBM bytes per sequence token that grow with the context (the
+    /// indexer's keys).
+    pub fn hbm_bytes_per_token(&self) -> f64 {
+        self.indexer_layers as f64 * self.indexer_entry_bytes as f64 / self.tokens_per_entry as f64
+    }
+
+    /// HOT buffer slots a request of `tokens` tokens holds in HBM.
+    pub fn hot_slots_for(&self, tokens: u64) -> u64 {
+        let page = self.page_entries as u64;
+        self.entries(tokens)
+            .next_multiple_of(page)
+            .min(self.hot_slots as u64 + page)
+    }
+
+    /// Host bytes of one request of `tokens` tokens.
+    pub fn host_bytes(&self, tokens: u64) -> u64 {
+        self.offloaded_layers as u64 * self.entry_bytes as u64 * self.entries(tokens)
+    }
+
+    /// HBM bytes of one request of `tokens` tokens: its indexer keys and its
+    /// HOT buffer.
+    pub fn hbm_bytes(&self, tokens: u64) -> u64 {
+        self.indexer_layers as u64 * self.indexer_entry_bytes as u64 * self.entries(tokens)
+            + self.offloaded_layers as u64 * self.entry_bytes as u64 * self.hot_slots_for(tokens)
+    }
+
+    /// Bytes one request of `tokens` tokens moves over the host link per
+    /// decode step at `miss_rate` (none while it fits its HOT buffer).
+    pub fn miss_bytes_per_step(&self, tokens: u64, miss_rate: f64) -> f64 {
+        if self.entries(tokens) <= self.hot_slots as u64 {
+            return 0.0;
+        }
+        self.offloaded_layers as f64 * miss_rate * self.top_k as f64 * self.entry_bytes as f64
+    }
+}
+
+/// A host memory device of the node: capacity for KV, and (for CXL) the
+/// read bandwidth it offers, when known.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTier {
+    pub name: String,
+    pub bytes: u64,
+    pub gbps: Option<f64>,
+}
+
+/// The machine and how it is used.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Deployment {
+    /// Context lengths in tokens and their shares of the requests.
+    pub contexts: Vec<(u64, f64)>,
+    pub gpus: u32,
+    /// Attention tensor parallelism: GPUs holding a copy of each request's KV.
+    pub tp: u32,
+    /// HBM per GPU left for KV (HOT buffers and indexer keys) after weights
+    /// and activations.
+    pub hbm_for_kv: u64,
+    /// The node's DRAM for KV.
+    pub dram_for_kv: u64,
+    /// The node's CXL devices.
+    pub cxl: Vec<HostTier>,
+    /// Host-to-device bandwidth per GPU, GB/s.
+    pub link_gbps: f64,
+    /// Share of the top-k that misses the HOT buffer per layer and step.
+    pub miss_rate: f64,
+    /// A decode step's time, and the share of it the swap-ins may take.
+    pub step_ms: f64,
+    pub link_budget: f64,
+}
+
+/// What runs out first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    Hbm,
+    HostMemory,
+    Link,
+    CxlBandwidth,
+}
+
+impl Limit {
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::Hbm => "hbm",
+            Limit::HostMemory => "host_memory",
+            Limit::Link => "link",
+            Limit::CxlBandwidth => "cxl_bandwidth",
+        }
+    }
+}
+
+/// The answer for one set of host tiers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Capacity {
+    /// "DRAM only" or "DRAM + CXL".
+    pub tiers: String,
+    pub host_bytes: u64,
+    /// Requests per GPU each resource allows (None: not a limit here).
+    pub per_gpu: Vec<(Limit, Option<u64>)>,
+    /// Requests the node serves at once, and what binds.
+    pub max_requests: u64,
+    pub limited_by: Limit,
+    /// Per GPU at `max_requests`: bytes over the link per decode step, and
+    /// their time as a share of the step.
+    pub link_bytes_per_step: f64,
+    pub link_share: f64,
+}
+
+/// The answer for a deployment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub model: ModelSpec,
+    pub host_bytes_per_token: f64,
+    pub hbm_bytes_per_token: f64,
+    /// Averages over the context mix, per request.
+    pub host_bytes_per_request: f64,
+    pub hbm_bytes_per_request: f64,
+    /// Without CXL, then with it (when the node has any).
+    pub capacities: Vec<Capacity>,
+}
+
+impl Deployment {
+    fn check(&self, model: &ModelSpec) -> Result<()> {
+        if self.contexts.is_empty() {
+            return Err(invalid("context", "give at least one context length"));
+        }
+        for &(t, w) in &self.contexts {
+            if t == 0 || !(w.is_finite() && w > 0.0) {
+                return Err(invalid("context", format!("{t} tokens with weight {w}")));
+            }
+            if t > model.max_context {
+                return Err(invalid(
+                    "context",
+                    format!(
+                        "{t} tokens is past {}'s {} tokens",
+                        model.name, model.max_context
+                    ),
+                ));
+            }
+        }
+        if self.gpus == 0 || self.tp == 0 || !self.gpus.is_multiple_of(self.tp) {
+            return Err(invalid(
+                "tp",
+                format!("{} GPUs in groups of {}", self.gpus, self.tp),
+            ));
+        }
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !positive(self.link_gbps) || !positive(self.step_ms) || !positive(self.link_budget) {
+            return Err(invalid(
+                "link",
+                "link bandwidth, step time and link budget must be positive",
+            ));
+        }
+        if !(self.miss_rate.is_finite() && (0.0..=1.0).contains(&self.miss_rate)) {
+            return Err(invalid(
+                "miss_rate",
+                format!("{} is not in 0..=1", self.miss_rate),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How many requests `d` holds of `model`, per set of host tiers.
+pub fn plan(model: &ModelSpec, d: &Deployment) -> Result<Plan> {
+    model.check()?;
+    d.check(model)?;
+    let total: f64 = d.contexts.iter().map(|c| c.1).sum();
+    let avg = |f: &dyn Fn(u64) -> f64| {
+        d.contexts
+            .iter()
+            .map(|&(t, w)| f(t) * w / total)
+            .sum::<f64>()
+    };
+    let host = avg(&|t| model.host_bytes(t) as f64);
+    let hbm = avg(&|t| model.hbm_bytes(t) as f64);
+    let miss = avg(&|t| model.miss_bytes_per_step(t, d.miss_rate));
+    let window_s = d.step_ms / 1e3 * d.link_budget;
+    let fit = |budget: f64, per: f64| (per > 0.0).then(|| (budget / per).floor().max(0.0) as u64);
+    let groups = (d.gpus / d.tp) as u64;
+    let mut tiers = vec![("DRAM only".to_string(), d.dram_for_kv, Vec::new())];
+    if !d.cxl.is_empty() {
+        let bytes = d.dram_for_kv + d.cxl.iter().map(|c| c.bytes).sum::<u64>();
+        tiers.push(("DRAM + CXL".to_string(), bytes, d.cxl.clone()));
+    }
+    let capacities = tiers
+        .into_iter()
+        .map(|(name, host_bytes, cxl)| {
+            let mut per_gpu = vec![
+                (Limit::Hbm, fit(d.hbm_for_kv as f64, hbm)),
+                (
+                    Limit::HostMemory,
+                    fit(host_bytes as f64, d.gpus as f64 * host),
+                ),
+                (Limit::Link, fit(d.link_gbps * 1e9 * window_s, miss)),
+            ];
+            let cxl_bytes: u64 = cxl.iter().map(|c| c.bytes).sum();
+            if !cxl.is_empty() && cxl.iter().all(|c| c.gbps.is_some()) && host_bytes > 0 {
+                let gbps: f64 = cxl.iter().filter_map(|c| c.gbps).sum();
+                let share = cxl_bytes as f64 / host_bytes as f64;
+                per_gpu.push((
+                    Limit::CxlBandwidth,
+                    fit(gbps * 1e9 * window_s, d.gpus as f64 * miss * share),
+                ));
+            }
+            let (limited_by, per) = per_gpu
+                .iter()
+                .filter_map(|&(l, n)| n.map(|n| (l, n)))
+                .min_by_key(|&(_, n)| n)
+                .expect("HBM and host memory always limit");
+            let link_bytes = per as f64 * miss;
+            Capacity {
+                tiers: name,
+                host_bytes,
+                per_gpu,
+                max_requests: per * groups,
+                limited_by,
+                link_bytes_per_step: link_bytes,
+                link_share: link_bytes / (d.link_gbps * 1e9) / (d.step_ms / 1e3),
+            }
+        })
+        .collect();
+    Ok(Plan {
+        model: model.clone(),
+        host_bytes_per_token: model.host_bytes_per_token(),
+        hbm_bytes_per_token: model.hbm_bytes_per_token(),
+        host_bytes_per_request: host,
+        hbm_bytes_per_request: hbm,
+        capacities,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v32() -> ModelSpec {
+        ModelSpec::preset("deepseek-v3.2").unwrap()
+    }
+
+    fn node(contexts: Vec<(u64, f64)>) -> Deployment {
+        Deployment {
+            contexts,
+            gpus: 8,
+            tp: 1,
+            hbm_for_kv: 40 << 30,
+            dram_for_kv: 1 << 40,
+            cxl: vec![],
+            link_gbps: 55.0,
+            miss_rate: 0.02,
+            step_ms: 50.0,
+            link_budget: 0.2,
+        }
+    }
+
+    #[test]
+    fn the_preset_is_the_published_config_in_sglangs_layout() {
+        // DeepSeek's config_671B_v3.2.json: n_layers 61, kv_lora_rank 512,
+        // qk_rope_head_dim 64, index_head_dim 128, index_topk 2048
+        let (layers, kv_lora_rank, rope, index_head_dim, index_topk) = (61, 512, 64, 128, 2048);
+        let m = v32();
+        assert_eq!(m.offloaded_layers, layers);
+        // fp8 nope + one 4 B scale per 128 + bf16 rope
+        assert_eq!(
+            m.entry_bytes,
+            kv_lora_rank + kv_lora_rank / 128 * 4 + rope * 2
+        );
+        assert_eq!(
+            m.indexer_entry_bytes,
+            index_head_dim + index_head_dim / 128 * 4
+        );
+        assert_eq!(
+            (m.indexer_layers, m.top_k, m.hot_slots),
+            (layers, index_topk, 2 * 2048)
+        );
+        assert_eq!(m.max_context, 4096 * 40);
+        let bf16 = ModelSpec::preset("deepseek-v3.2-bf16").unwrap();
+        assert_eq!(bf16.entry_bytes, (kv_lora_rank + rope) * 2);
+        assert!(ModelSpec::preset("glm-5").is_err());
+    }
+
+    #[test]
+    fn bytes_per_token_and_request_by_hand() {
+        let m = v32();
+        assert_eq!(m.host_bytes_per_token(), 40_016.0); // 61 × 656
+        assert_eq!(m.hbm_bytes_per_token(), 8_052.0); // 61 × 132
+        let t = 131_072;
+        assert_eq!(m.host_bytes(t), 5_244_977_152); // 40016 × 131072: "~5.2 GB per 128K request"
+        // indexer 8052 × 131072 + HOT (4096 + 64) × 40016
+        assert_eq!(m.hbm_bytes(t), 1_055_391_744 + 166_466_560);
+        // a short request holds its own tokens, a page at a time
+        assert_eq!(m.hot_slots_for(100), 128);
+        assert_eq!(m.hbm_bytes(100), 8_052 * 100 + 40_016 * 128);
+        assert_eq!(
+            m.miss_bytes_per_step(1000, 0.5),
+            0.0,
+            "fits its HOT buffer: no misses"
+        );
+        // 61 layers × 2% of 2048 × 656 B
+        assert!((m.miss_bytes_per_step(t, 0.02) - 61.0 * 40.96 * 656.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_binding_resource_by_hand() {
+        let m = v32();
+        let t = 131_072;
+        // HBM: 40 GiB / 1,221,858,304 B = 35.15 -> 35 per GPU
+        // host: 1 TiB / (8 × 5,244,977,152) = 26.2 -> 26 per GPU: DRAM binds
+        let mut d = node(vec![(t, 1.0)]);
+        let p = plan(&m, &d).unwrap();
+        let dram = &p.capacities[0];
+        assert_eq!(dram.per_gpu[0], (Limit::Hbm, Some(35)));
+        assert_eq!(dram.per_gpu[1], (Limit::HostMemory, Some(26)));
+        // link: 55e9 × 0.01 s / 1,639,055.36 B = 335.6 -> 335
+        assert_eq!(dram.per_gpu[2], (Limit::Link, Some(335)));
+        assert_eq!(
+            (dram.max_requests, dram.limited_by),
+            (26 * 8, Limit::HostMemory)
+        );
+        // a CXL device of 512 GiB: 1.5 TiB / (8 × 5.24e9) = 39.3: HBM binds at 35
+        d.cxl = vec![HostTier {
+            name: "cxl0".into(),
+            bytes: 512 << 30,
+            gbps: Some(30.0),
+        }];
+        let p = plan(&m, &d).unwrap();
+        let both = &p.capacities[1];
+        assert_eq!(both.per_gpu[1], (Limit::HostMemory, Some(39)));
+        // CXL serves 1/3 of the misses: 30e9 × 0.01 / (8 × 1,639,055.36 / 3) = 68.6 -> 68
+        assert_eq!(both.per_gpu[3], (Limit::CxlBandwidth, Some(68)));
+        assert_eq!((both.max_requests, both.limited_by), (35 * 8, Limit::Hbm));
+        // tensor parallelism: a request on 2 GPUs, each with a copy
+        d.tp = 2;
+        assert_eq!(plan(&m, &d).unwrap().capacities[1].max_requests, 35 * 4);
+        // a high miss rate: the link binds
+        d.miss_rate = 0.5;
+        let p = plan(&m, &d).unwrap();
+        // DRAM only: 55e9 × 0.01 / (61 × 1024 × 656) = 13.4 -> 13, under HBM's 35 and host's 26
+        assert_eq!(p.capacities[0].limited_by, Limit::Link);
+        assert_eq!(p.capacities[0].per_gpu[2], (Limit::Link, Some(13)));
+        // with the CXL device serving a third of the misses at 30 GB/s:
+        // 30e9 × 0.01 / (8 × 40,976,384 / 3) = 2.7 -> 2
+        assert_eq!(p.capacities[1].limited_by, Limit::CxlBandwidth);
+        assert_eq!(p.capacities[1].max_requests, 2 * 4);
+    }
+
+    #[test]
+    fn a_mix_averages_per_request_and_short_requests_miss_nothing() {
+        let m = v32();
+        let d = node(vec![(4_000, 3.0), (131_072, 1.0)]);
+        let p = plan(&m, &d).unwrap();
+        let host = (3.0 * m.host_bytes(4_000) as f64 + m.host_bytes(131_072) as f64) / 4.0;
+        assert!((p.host_bytes_per_request - host).abs() < 1.0);
+        let link = p.capacities[0].per_gpu[2].1.unwrap();
+        // only a quarter of the requests miss
+        assert_eq!(
+            link,
+            (55e9 * 0.01 / (m.miss_bytes_per_step(131_072, 0.02) / 4.0)).floor() as u64
+        );
+    }
+
+    #[test]
+    fn bad_deployments_are_refused() {
+        let m = v32();
+        let mut d = node(vec![(200_000, 1.0)]);
+        assert!(
+            plan(&m, &d)
+                .unwrap_err()
+                .to_string()
+                .contains("past deepseek-v3.2's 163840")
+        );
+        d.contexts = vec![];
+        assert!(plan(&m, &d).is_err());
+        d = node(vec![(1000, 1.0)]);
+        d.tp = 3;
+        assert!(plan(&m, &d).is_err());
+        d.tp = 1;
+        d.miss_rate = 1.5;
+        assert!(plan(&m, &d).is_err());
+    }
+}
