@@ -680,3 +680,89 @@ fn plan_answers_in_json_a_table_and_a_plot() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn pool_status_json_counts_per_device_and_per_client() {
+    let dir = std::path::PathBuf::from(if std::path::Path::new("/dev/shm").is_dir() {
+        "/dev/shm"
+    } else {
+        "/tmp"
+    })
+    .join(format!("kvtier-cli-status-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (
+        format!("file:{}/a", dir.display()),
+        format!("file:{}/b", dir.display()),
+    );
+    let (ok, _, err) = kvtier(&[
+        "pool",
+        "create",
+        "--device",
+        &format!("{a}:4MiB"),
+        "--device",
+        &format!("{b}:4MiB"),
+        "--layers",
+        "2",
+        "--tokens",
+        "16",
+    ]);
+    assert!(ok, "{err}");
+    let specs: Vec<kvtier::DeviceSpec> = [&a, &b].iter().map(|d| d.parse().unwrap()).collect();
+    let opts = |rank| kvtier::PoolOptions {
+        rank,
+        ranks: 2,
+        ..kvtier::PoolOptions::default()
+    };
+    // rank 0 holds two regions on device 0 (one published), rank 1 one on device 1
+    let p0 = kvtier::Pool::open(specs.clone(), opts(0)).unwrap();
+    let p1 = kvtier::Pool::open(specs.clone(), opts(1)).unwrap();
+    let r = [
+        p0.alloc_region().unwrap(),
+        p0.alloc_region().unwrap(),
+        p1.alloc_region().unwrap(),
+    ];
+    p0.publish(&r[0]).unwrap();
+    assert_eq!((r[0].device(), r[1].device(), r[2].device()), (0, 0, 1));
+    let (ok, out, err) = kvtier(&["pool", "status", "--json", "--device", &a, "--device", &b]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["regions"]["allocated"], 2);
+    assert_eq!(v["regions"]["ready"], 1);
+    let dev = |i: usize, k: &str| v["devices"][i][k].as_u64().unwrap();
+    assert_eq!(
+        (
+            dev(0, "allocated"),
+            dev(0, "ready"),
+            dev(1, "allocated"),
+            dev(1, "ready")
+        ),
+        (1, 1, 1, 0)
+    );
+    assert_eq!(dev(0, "free") + 2, dev(0, "regions"));
+    assert!(
+        v["devices"][0]["residency"]["sampled_pages"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    let clients = v["clients"].as_array().unwrap();
+    let me = std::process::id() as u64;
+    assert_eq!(clients.len(), 2, "{clients:?}");
+    let held: Vec<(u64, u64)> = clients
+        .iter()
+        .map(|c| {
+            assert_eq!(
+                (c["pid"].as_u64(), c["liveness"].as_str()),
+                (Some(me), Some("alive"))
+            );
+            (
+                c["allocated"].as_u64().unwrap(),
+                c["ready"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(held.contains(&(1, 1)) && held.contains(&(1, 0)), "{held:?}");
+    drop((p0, p1)); // a clean exit frees their regions
+    std::fs::remove_dir_all(dir).unwrap();
+}

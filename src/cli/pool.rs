@@ -10,8 +10,9 @@ use kvtier::{DeviceSpec, EntryFormat, LayerFirstLayout, Pool};
 pub enum PoolCommand {
     /// Formats a new pool across the devices.
     Create(CreateArgs),
-    /// Devices, capacity, regions per state and per owner.
-    Status(DevicesArgs),
+    /// Devices, capacity, regions per state and per owner, where the
+    /// devices' pages are.
+    Status(StatusArgs),
     /// Verifies the header and the tables; reports (with --repair, reclaims)
     /// the regions of owners that died.
     Check(CheckArgs),
@@ -70,6 +71,16 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         ));
     }
     Ok(m)
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    devices: DevicesArgs,
+    /// Print one JSON object: occupancy per device and per client, and
+    /// where each device's pages are.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -186,8 +197,12 @@ fn run_command(cmd: PoolCommand) -> kvtier::Result<()> {
             Ok(())
         }
         PoolCommand::Status(a) => {
-            let pool = Pool::open(a.shared_specs()?, a.options(false, false))?;
-            print_status(&pool);
+            let pool = Pool::open(a.devices.shared_specs()?, a.devices.options(false, false))?;
+            if a.json {
+                println!("{}", status_json(&pool));
+            } else {
+                print_status(&pool);
+            }
             Ok(())
         }
         PoolCommand::Check(a) => {
@@ -236,6 +251,91 @@ fn run_command(cmd: PoolCommand) -> kvtier::Result<()> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What `pool status --json` prints: the geometry, occupancy per device and
+/// per client (its regions allocated and published), and each device's
+/// sampled pages by NUMA node.
+fn status_json(pool: &Pool) -> serde_json::Value {
+    use serde_json::json;
+    let l = pool.layout();
+    let regions = pool.regions();
+    let count = |d: Option<u32>, s: RegionState| {
+        regions
+            .iter()
+            .filter(|r| d.is_none_or(|d| r.device == d) && r.state == s)
+            .count()
+    };
+    let devices: Vec<serde_json::Value> = pool
+        .devices()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let i = i as u32;
+            let residency = pool.residency(i, 256).ok().map(|r| {
+                json!({
+                    "sampled_pages": r.sampled,
+                    "pages_by_node": r.by_node.iter().map(|(n, c)| (n.to_string(), json!(c)))
+                        .collect::<serde_json::Map<_, _>>(),
+                    "pages_not_present": r.not_present,
+                })
+            });
+            json!({
+                "index": i,
+                "spec": d.spec,
+                "bytes": d.bytes,
+                "regions": d.regions,
+                "free": count(Some(i), RegionState::Free),
+                "allocated": count(Some(i), RegionState::Allocated),
+                "ready": count(Some(i), RegionState::Ready),
+                "residency": residency,
+                "warning": pool.placement_problem(i).ok().flatten(),
+            })
+        })
+        .collect();
+    let mut owners: BTreeMap<(u16, u32), (Liveness, usize, usize)> = BTreeMap::new();
+    for r in &regions {
+        if let Some(o) = &r.owner {
+            let e = owners
+                .entry((o.client, o.pid))
+                .or_insert((o.liveness, 0, 0));
+            match r.state {
+                RegionState::Ready => e.2 += 1,
+                _ => e.1 += 1,
+            }
+        }
+    }
+    let liveness = |l: Liveness| match l {
+        Liveness::Alive => "alive",
+        Liveness::Dead => "dead",
+        Liveness::Unknown => "unknown",
+    };
+    let mut clients: Vec<serde_json::Value> = pool
+        .clients_info()
+        .into_iter()
+        .map(|(client, pid, live)| {
+            let (_, allocated, ready) = owners.remove(&(client, pid)).unwrap_or((live, 0, 0));
+            json!({"client": client, "pid": pid, "liveness": liveness(live), "allocated": allocated, "ready": ready})
+        })
+        .collect();
+    // owners no longer attached (dead, reclaimable)
+    clients.extend(owners.into_iter().map(|((client, pid), (live, allocated, ready))| {
+        json!({"client": client, "pid": pid, "liveness": liveness(live), "allocated": allocated, "ready": ready})
+    }));
+    json!({
+        "uuid": hex(&pool.uuid()),
+        "format_version": kvtier::pool::VERSION,
+        "layout": {"entry_bytes": l.entry_bytes(), "layers": l.layers(), "tokens_per_region": l.tokens_per_region()},
+        "region_stride": pool.region_stride(),
+        "regions": {
+            "total": regions.len(),
+            "free": count(None, RegionState::Free),
+            "allocated": count(None, RegionState::Allocated),
+            "ready": count(None, RegionState::Ready),
+        },
+        "devices": devices,
+        "clients": clients,
+    })
 }
 
 fn print_status(pool: &Pool) {
