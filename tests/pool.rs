@@ -730,6 +730,17 @@ fn bad_devices_and_mismatched_pools_give_clear_errors() {
         PoolOptions::default(),
     ));
     assert!(err.contains("missing"), "{err}");
+    // a new file without a size: said so, and no file left behind
+    let err = pool_error(Pool::create_on(
+        layout(),
+        vec![DeviceSpec::File {
+            path: dir.0.join("unsized"),
+            bytes: None,
+        }],
+        PoolOptions::default(),
+    ));
+    assert!(err.contains("needs a size"), "{err}");
+    assert!(!dir.0.join("unsized").exists());
     // too small
     let err = pool_error(Pool::create_on(
         layout(),

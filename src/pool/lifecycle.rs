@@ -129,10 +129,12 @@ impl Pool {
         }
         // The geometry, from the sizes the devices are given, before any is
         // mapped or allocated: a refused pool reserves nothing.
-        if let Ok(sizes) = devices
-            .iter()
-            .map(|d| d.capacity().map(|c| c.bytes))
-            .collect::<Result<Vec<u64>>>()
+        let sized = |d: &DeviceSpec| !matches!(d, DeviceSpec::File { bytes: None, .. });
+        if devices.iter().all(sized)
+            && let Ok(sizes) = devices
+                .iter()
+                .map(|d| d.capacity().map(|c| c.bytes))
+                .collect::<Result<Vec<u64>>>()
         {
             for (d, &size) in devices.iter().zip(&sizes) {
                 check_device_size(d, size)?;
