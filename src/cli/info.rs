@@ -75,6 +75,16 @@ pub fn run() -> kvtier::Result<()> {
             "  NUMA node {node}: {mem}, CPUs {}{cxl_hint}",
             if cpus.is_empty() { "none" } else { &cpus }
         );
+        let movable =
+            kvtier::pool::device_capacity(&format!("numa:{node}")).map_or(0, |c| c.movable_bytes);
+        if movable > 0 {
+            println!(
+                "    warning: {} of it is onlined as movable (ZONE_MOVABLE): a GPU registration of a pool there \
+                 migrates its pages to another node; online it as normal memory (daxctl online-memory \
+                 --no-movable) or use it as a dax: device",
+                kvtier::pool::human_size(movable)
+            );
+        }
     }
     let dax = dax_devices();
     if dax.is_empty() {
