@@ -26,6 +26,12 @@ pub fn run() -> kvtier::Result<()> {
                 })
                 .collect();
             println!("           embedded fatbin holds: {}", listed.join(", "));
+            if let Some(needed) = cuda::kernels::BUILD.driver_needed() {
+                println!(
+                    "           they need {}",
+                    cuda::kernels::describe_requirement(needed)
+                );
+            }
         }
         KernelBuild::NotBuilt { reason } => println!("kernels:   NOT BUILT: {reason}"),
     }
@@ -43,6 +49,9 @@ pub fn run() -> kvtier::Result<()> {
                 version / 1000,
                 (version % 1000) / 10
             );
+            if let Some(why) = cuda::kernels::driver_too_old(version, &cuda::kernels::BUILD) {
+                println!("           {why}");
+            }
             for ordinal in 0..devices as usize {
                 match kvtier::CudaDevice::open(ordinal) {
                     Ok(d) => {

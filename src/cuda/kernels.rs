@@ -29,6 +29,70 @@ pub enum KernelBuild {
     NotBuilt { reason: &'static str },
 }
 
+impl KernelBuild {
+    /// The CUDA version a driver must support to load these kernels, as
+    /// `cuDriverGetVersion` gives it (13000 for 13.0): the nvcc's major
+    /// version. Within a major version, CUDA's minor-version compatibility
+    /// lets a driver of that major release run SASS built by any of its
+    /// minors; PTX of a newer minor than the driver would not JIT, and the
+    /// fatbin carries SASS for every architecture it supports. None when
+    /// the kernels were not built or the version cannot be read.
+    pub fn driver_needed(&self) -> Option<i32> {
+        let KernelBuild::Built { nvcc_version, .. } = self else {
+            return None;
+        };
+        let major: i32 = nvcc_version
+            .trim_start_matches('V')
+            .split('.')
+            .next()?
+            .parse()
+            .ok()?;
+        Some(major * 1000)
+    }
+}
+
+/// The oldest NVIDIA driver branch whose CUDA version is at least `cuda`
+/// (as `cuDriverGetVersion` gives it), where known.
+pub fn driver_branch_for(cuda: i32) -> Option<u32> {
+    match cuda / 1000 {
+        13 => Some(580),
+        12 => Some(525),
+        11 => Some(450),
+        _ => None,
+    }
+}
+
+/// "CUDA 13.0 or newer (NVIDIA driver R580 or later)".
+pub fn describe_requirement(cuda: i32) -> String {
+    let branch = driver_branch_for(cuda)
+        .map_or(String::new(), |b| format!(" (NVIDIA driver R{b} or later)"));
+    format!(
+        "a driver for CUDA {}.{} or newer{branch}",
+        cuda / 1000,
+        (cuda % 1000) / 10
+    )
+}
+
+/// Why a driver that supports CUDA `driver` (as `cuDriverGetVersion` gives
+/// it) cannot load kernels of `build`, in one line; None when it can.
+pub fn driver_too_old(driver: i32, build: &KernelBuild) -> Option<String> {
+    let needed = build.driver_needed()?;
+    (driver < needed).then(|| {
+        let (nvcc_version, ptx) = match build {
+            KernelBuild::Built { nvcc_version, ptx, .. } => (*nvcc_version, *ptx),
+            KernelBuild::NotBuilt { .. } => ("", ""),
+        };
+        format!(
+            "this machine's CUDA driver supports CUDA {}.{}; kvtier's kernels were built by nvcc {nvcc_version} \
+             (SASS and {ptx} PTX) and need {}: update the driver, or use a kvtier built with an older CUDA \
+             compiler (the CPU executor works either way)",
+            driver / 1000,
+            (driver % 1000) / 10,
+            describe_requirement(needed)
+        )
+    })
+}
+
 #[cfg(kvtier_kernels)]
 static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kvtier.fatbin"));
 
@@ -184,6 +248,13 @@ impl Kernels {
     /// the device's opt-in limit of shared memory per block.
     pub(crate) fn load(smem_optin: usize) -> Result<Self> {
         let image = fatbin()?;
+        // Said in one line before cuModuleLoadData fails with a bare
+        // CUDA_ERROR_UNSUPPORTED_PTX_VERSION / NO_BINARY_FOR_GPU.
+        if let super::DriverStatus::Ready { version, .. } = super::probe_driver()
+            && let Some(why) = driver_too_old(version, &BUILD)
+        {
+            return Err(crate::error::Error::NoDriver(why));
+        }
         // cuModuleLoadData wants an aligned image; include_bytes! gives none.
         let mut aligned = vec![0u64; image.len().div_ceil(8)];
         // SAFETY: `aligned` holds at least image.len() bytes.
@@ -286,5 +357,40 @@ mod tests {
         let mut truncated = vec![0x50, 0xED, 0x55, 0xBA, 1, 0, 16, 0];
         truncated.extend_from_slice(&1000u64.to_le_bytes());
         assert!(fatbin_images(&truncated).is_err());
+    }
+
+    #[test]
+    fn a_driver_older_than_the_kernels_is_said_in_one_line() {
+        let built = |v: &'static str| KernelBuild::Built {
+            nvcc: "nvcc",
+            nvcc_version: v,
+            sass: &["sm_80", "sm_90", "sm_100"],
+            ptx: "compute_100",
+        };
+        let cuda13 = built("V13.0.88");
+        assert_eq!(cuda13.driver_needed(), Some(13000));
+        // a stubbed R570 driver (CUDA 12.8) against kernels built by nvcc 13.0
+        let why = driver_too_old(12080, &cuda13).expect("too old");
+        assert!(!why.contains('\n'), "{why}");
+        assert!(
+            why.contains("supports CUDA 12.8")
+                && why.contains("nvcc V13.0.88")
+                && why.contains("CUDA 13.0 or newer (NVIDIA driver R580 or later)"),
+            "{why}"
+        );
+        assert_eq!(driver_too_old(13000, &cuda13), None);
+        assert_eq!(driver_too_old(13020, &cuda13), None);
+        // kernels of a CUDA 12 compiler load on any CUDA 12 driver (minor-version compatibility)
+        let cuda12 = built("V12.9.86");
+        assert_eq!(driver_too_old(12000, &cuda12), None);
+        assert!(
+            driver_too_old(11080, &cuda12)
+                .unwrap()
+                .contains("R525 or later")
+        );
+        assert_eq!(
+            driver_too_old(0, &KernelBuild::NotBuilt { reason: "no nvcc" }),
+            None
+        );
     }
 }
