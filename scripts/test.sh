@@ -50,7 +50,7 @@ cargo run --release --locked --quiet -- selftest --cpu --cases 8 --json target/s
 
 echo "== Python package (bindings/python) with the release library"
 scripts/python-env.sh
-PYO3_PYTHON="$PWD/.tools/venv/bin/python" cargo build --release --locked -p kvtier --lib -p kvtier-python
+PYO3_PYTHON="$PWD/.tools/venv/bin/python" cargo build --release --locked -p kvtier --lib --bins -p kvtier-python
 .tools/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
   --force-reinstall ./bindings/python
 KVTIER_EXPECT_INSTALLED=1 KVTIER_SGLANG_TREES="$PWD/.tools/sglang" KVTIER_REQUIRE_SGLANG_SOURCE=1 \

@@ -1,8 +1,9 @@
-"""Bundles libkvtier.so and the extension module kvtier._native into the
-package: from KVTIER_LIB and KVTIER_NATIVE if set, else from the repository's
-target/release (run `cargo build --release --workspace` first). Without them
-the package still installs and finds both at run time through those
-variables or a checkout's target/release."""
+"""Bundles libkvtier.so, the extension module kvtier._native and the kvtier
+command's binary into the package: from KVTIER_LIB, KVTIER_NATIVE and
+KVTIER_BIN if set, else from the repository's target/release (run `cargo
+build --release --workspace` first). Without them the package still installs
+and finds them at run time through those variables or a checkout's
+target/release."""
 
 import os
 import shutil
@@ -20,7 +21,8 @@ class BuildWithLibrary(build_py):
         super().run()
         release = HERE.parents[1] / "target" / "release"
         for env, built, name in (("KVTIER_LIB", "libkvtier.so", "libkvtier.so"),
-                                 ("KVTIER_NATIVE", "lib_native.so", "_native.abi3.so")):
+                                 ("KVTIER_NATIVE", "lib_native.so", "_native.abi3.so"),
+                                 ("KVTIER_BIN", "kvtier", "bin/kvtier")):
             src = Path(os.environ.get(env) or release / built)
             dst = Path(self.build_lib) / "kvtier" / name
             if src.exists():

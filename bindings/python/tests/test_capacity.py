@@ -60,13 +60,14 @@ def test_a_pool_beyond_dram_fits_the_kvtier_pool(small_dram, cxl, caplog):
 
 def test_a_pool_beyond_the_ranks_share_is_refused_with_the_budget(small_dram):
     # numa:0 without a size: the node's free memory, shared by the 16 ranks;
-    # the pool asks for more than rank 3's share, so nothing is allocated
+    # the pool asks for twice rank 3's share (the node's free memory moves
+    # between this reading and the pool's own), so nothing is allocated
     config = {"devices": ["numa:0"], "rank": 3, "ranks": 16}
     share = rank_budget(KvtierConfig(**config), 3, 16)
     kvtier.sglang.install(config)
     coord = importlib.import_module(COORD)
     with pytest.raises(kvtier.KvtierError) as e:
-        coord.HiSparseCoordinator("mla", layers=4, rows=share.bytes // 4096 + 1, dim=1024)
+        coord.HiSparseCoordinator("mla", layers=4, rows=2 * (share.bytes // 4096) + 1, dim=1024)
     msg = str(e.value)
     assert "does not fit the kvtier pool" in msg and "Not enough host memory" in msg
     assert "for rank 3 of 16: numa:0 holds" in msg and "shared by 16 ranks" in msg

@@ -37,6 +37,32 @@ def test_the_installed_package_carries_the_library_and_the_plugin():
     assert plugins.get("kvtier") == "kvtier.sglang.plugin:register"
 
 
+@pytest.mark.skipif(os.environ.get("KVTIER_EXPECT_INSTALLED") != "1", reason="testing a source checkout")
+def test_the_installed_package_runs_the_kvtier_command(tmp_path):
+    """The kvtier command from the engine's environment: `python -m kvtier`
+    and the `kvtier` script the package installs, both the bundled binary."""
+    package = Path(kvtier.__file__).resolve().parent
+    assert os.access(package / "bin" / "kvtier", os.X_OK)
+    script = Path(sys.executable).parent / "kvtier"
+    for cmd in ([sys.executable, "-m", "kvtier", "info"], [str(script), "info"]):
+        env = {k: v for k, v in os.environ.items() if k != "KVTIER_BIN"}
+        run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert run.stdout.startswith(f"kvtier {kvtier.version()}") and "kernels:" in run.stdout, run.stdout
+    run = subprocess.run([sys.executable, "-m", "kvtier", "plan", "--context", "128K", "--hbm-for-kv", "40GiB",
+                          "--dram-for-kv", "1TiB", "--json"], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0 and '"limited_by"' in run.stdout, run.stdout + run.stderr
+
+
+def test_python_m_kvtier_without_a_binary_says_how_to_get_one(tmp_path, monkeypatch):
+    import kvtier.__main__ as cli
+
+    monkeypatch.setattr(cli, "binary", lambda: None)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["info"])
+    assert e.value.code == 2
+
+
 def test_a_missing_kvtier_lib_is_a_clear_error(tmp_path):
     package_root = str(Path(kvtier.__file__).resolve().parents[1])
     env = dict(os.environ, KVTIER_LIB=str(tmp_path / "nope.so"), PYTHONPATH=package_root)
