@@ -68,6 +68,15 @@ fn arg_err(arg: &'static str, msg: String) -> kvtier::Error {
     kvtier::Error::InvalidArgument { arg, msg }
 }
 
+/// `s` as a finite positive number, else an error naming `arg`, the text
+/// `whole` it came from and what it should be.
+fn positive(arg: &'static str, whole: &str, s: &str, what: &str) -> kvtier::Result<f64> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .ok_or_else(|| arg_err(arg, format!("{whole:?}: {s:?} is not {what}")))
+}
+
 /// `131072`, `128K` (×1024) or `1M` (×1024²) tokens.
 fn parse_tokens(s: &str) -> kvtier::Result<u64> {
     let (num, mult) = match s.trim().to_ascii_uppercase() {
@@ -148,14 +157,7 @@ fn deployment(a: &PlanArgs, contexts: Vec<(u64, f64)>) -> kvtier::Result<Deploym
             let (bytes, gbps) = match c.split_once('@') {
                 Some((b, g)) => (
                     size("--cxl", b)?,
-                    Some(
-                        g.parse::<f64>()
-                            .ok()
-                            .filter(|g| g.is_finite() && *g > 0.0)
-                            .ok_or_else(|| {
-                                arg_err("--cxl", format!("{c:?}: {g:?} is not a bandwidth in GB/s"))
-                            })?,
-                    ),
+                    Some(positive("--cxl", c, g, "a bandwidth in GB/s")?),
                 ),
                 None => (size("--cxl", c)?, None),
             };
@@ -186,12 +188,7 @@ fn contexts(a: &PlanArgs) -> kvtier::Result<Vec<(u64, f64)>> {
         .map(|c| match c.split_once(':') {
             Some((t, w)) => Ok((
                 parse_tokens(t)?,
-                w.parse::<f64>()
-                    .ok()
-                    .filter(|w| w.is_finite() && *w > 0.0)
-                    .ok_or_else(|| {
-                        arg_err("--context", format!("{c:?}: {w:?} is not a positive share"))
-                    })?,
+                positive("--context", c, w, "a positive share")?,
             )),
             None => Ok((parse_tokens(c)?, 1.0)),
         })

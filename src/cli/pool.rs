@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use clap::{Args, Subcommand};
-use kvtier::pool::{Coherence, Liveness, PoolOptions, RegionState, human_size};
+use kvtier::pool::{Coherence, Liveness, PoolOptions, RegionInfo, RegionState, human_size};
 use kvtier::{DeviceSpec, EntryFormat, LayerFirstLayout, Pool};
 
 #[derive(Debug, Subcommand)]
@@ -253,6 +253,24 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Each owner's (client, pid): its liveness and its regions allocated and
+/// published.
+fn owners_of(regions: &[RegionInfo]) -> BTreeMap<(u16, u32), (Liveness, usize, usize)> {
+    let mut owners = BTreeMap::new();
+    for r in regions {
+        if let Some(o) = &r.owner {
+            let e = owners
+                .entry((o.client, o.pid))
+                .or_insert((o.liveness, 0, 0));
+            match r.state {
+                RegionState::Ready => e.2 += 1,
+                _ => e.1 += 1,
+            }
+        }
+    }
+    owners
+}
+
 /// What `pool status --json` prints: the geometry, occupancy per device and
 /// per client (its regions allocated and published), and each device's
 /// sampled pages by NUMA node.
@@ -272,7 +290,8 @@ fn status_json(pool: &Pool) -> serde_json::Value {
         .enumerate()
         .map(|(i, d)| {
             let i = i as u32;
-            let residency = pool.residency(i, 256).ok().map(|r| {
+            let sample = pool.residency(i, 256).ok();
+            let residency = sample.as_ref().map(|r| {
                 json!({
                     "sampled_pages": r.sampled,
                     "pages_by_node": r.by_node.iter().map(|(n, c)| (n.to_string(), json!(c)))
@@ -289,22 +308,11 @@ fn status_json(pool: &Pool) -> serde_json::Value {
                 "allocated": count(Some(i), RegionState::Allocated),
                 "ready": count(Some(i), RegionState::Ready),
                 "residency": residency,
-                "warning": pool.placement_problem(i).ok().flatten(),
+                "warning": sample.and_then(|r| pool.placement_problem_of(i, &r).ok().flatten()),
             })
         })
         .collect();
-    let mut owners: BTreeMap<(u16, u32), (Liveness, usize, usize)> = BTreeMap::new();
-    for r in &regions {
-        if let Some(o) = &r.owner {
-            let e = owners
-                .entry((o.client, o.pid))
-                .or_insert((o.liveness, 0, 0));
-            match r.state {
-                RegionState::Ready => e.2 += 1,
-                _ => e.1 += 1,
-            }
-        }
-    }
+    let mut owners = owners_of(&regions);
     let liveness = |l: Liveness| match l {
         Liveness::Alive => "alive",
         Liveness::Dead => "dead",
@@ -378,15 +386,17 @@ fn print_status(pool: &Pool) {
     }
     for i in 0..pool.devices().len() as u32 {
         match pool.residency(i, 256) {
-            Ok(r) => println!(
-                "  {i:>2}  pages (of {} sampled): {}",
-                r.sampled,
-                r.describe()
-            ),
+            Ok(r) => {
+                println!(
+                    "  {i:>2}  pages (of {} sampled): {}",
+                    r.sampled,
+                    r.describe()
+                );
+                if let Ok(Some(problem)) = pool.placement_problem_of(i, &r) {
+                    println!("  {i:>2}  warning: {problem}");
+                }
+            }
             Err(e) => println!("  {i:>2}  pages: {e}"),
-        }
-        if let Ok(Some(problem)) = pool.placement_problem(i) {
-            println!("  {i:>2}  warning: {problem}");
         }
     }
     let count = |s: RegionState| regions.iter().filter(|r| r.state == s).count();
@@ -399,18 +409,7 @@ fn print_status(pool: &Pool) {
         human_size((regions.len() - count(RegionState::Free)) as u64 * pool.region_stride()),
         human_size(regions.len() as u64 * pool.region_stride()),
     );
-    let mut owners: BTreeMap<(u16, u32), (Liveness, usize, usize)> = BTreeMap::new();
-    for r in &regions {
-        if let Some(o) = &r.owner {
-            let e = owners
-                .entry((o.client, o.pid))
-                .or_insert((o.liveness, 0, 0));
-            match r.state {
-                RegionState::Ready => e.2 += 1,
-                _ => e.1 += 1,
-            }
-        }
-    }
+    let owners = owners_of(&regions);
     let attached = pool.clients_info();
     println!("clients attached: {}", attached.len());
     if !owners.is_empty() {

@@ -116,6 +116,14 @@ impl Pool {
     /// off movable memory), said as the problem; None when they are where
     /// they belong, or for other devices.
     pub fn placement_problem(&self, device: u32) -> Result<Option<String>> {
+        let r = self.residency(device, 256)?;
+        self.placement_problem_of(device, &r)
+    }
+
+    /// [`Pool::placement_problem`] from a sample already taken with
+    /// [`Pool::residency`] (a report that prints the sample too asks the
+    /// kernel once).
+    pub fn placement_problem_of(&self, device: u32, r: &Residency) -> Result<Option<String>> {
         let d = self
             .devices
             .get(device as usize)
@@ -123,7 +131,6 @@ impl Pool {
         let DeviceSpec::Numa { nodes, .. } = d.map.spec() else {
             return Ok(None);
         };
-        let r = self.residency(device, 256)?;
         let elsewhere: u32 = r
             .by_node
             .iter()

@@ -415,5 +415,6 @@ def fake_sglang(tmp_path, monkeypatch):
 
 
 def forget_sglang() -> None:
+    """Drops every sglang module from sys.modules (the next import is fresh)."""
     for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
         del sys.modules[name]

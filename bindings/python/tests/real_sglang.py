@@ -16,6 +16,7 @@ import sys
 import warnings
 
 import pytest
+from conftest import forget_sglang as forget  # noqa: F401 (the tests import it from here)
 
 REQUIRED = os.environ.get("KVTIER_REAL_SGLANG")  # the release the test command put on the path
 COORDINATOR = "sglang.srt.managers.hisparse_coordinator"
@@ -45,12 +46,6 @@ def _probe():
     if REQUIRED and __version__ != REQUIRED:
         raise RuntimeError(f"KVTIER_REAL_SGLANG={REQUIRED} but SGLang {__version__} is importable")
     return __version__, None
-
-
-def forget() -> None:
-    """Drops every sglang module from sys.modules (the next import is fresh)."""
-    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
-        del sys.modules[name]
 
 
 VERSION, WHY_NOT = _probe() if REQUIRED or importlib.util.find_spec("sglang") else (None, "needs SGLang importable")

@@ -92,6 +92,16 @@ def region_worker(regions, start):
     note(calls, refused)
 
 
+def refused_after(call, message, what):
+    """`call` must raise KvtierError(message) now that the object is gone."""
+    try:
+        call()
+        note(0, 0, AssertionError(f"{what} did not raise"))
+    except KvtierError as e:
+        if str(e) != message:
+            note(0, 0, e)
+
+
 def closer(close, start, delay=2e-4):
     start.wait()
     time.sleep(random.random() * delay)
@@ -110,12 +120,7 @@ def pool_round():
         t.start()
     for t in threads:
         t.join()
-    try:
-        pool.info()
-        note(0, 0, AssertionError("info() after close() did not raise"))
-    except KvtierError as e:
-        if str(e) != CLOSED:
-            note(0, 0, e)
+    refused_after(pool.info, CLOSED, "info() after close()")
 
 
 def region_round():
@@ -138,12 +143,7 @@ def region_round():
     for t in threads:
         t.join()
     for r in regions:
-        try:
-            r.publish()
-            note(0, 0, AssertionError("publish() after free() did not raise"))
-        except KvtierError as e:
-            if str(e) != FREED:
-                note(0, 0, e)
+        refused_after(r.publish, FREED, "publish() after free()")
 
 
 rounds = {"pool": pool_round, "region": region_round}[scenario]
