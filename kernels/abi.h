@@ -16,7 +16,22 @@
 #ifndef KVTIER_ABI_H
 #define KVTIER_ABI_H
 
+/* NVRTC has no C library headers; its fixed-width types are spelled out. */
+#ifdef __CUDACC_RTC__
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+typedef unsigned long long uintptr_t;
+#define INT32_MIN (-2147483647 - 1)
+#define INT32_MAX 2147483647
+#else
 #include <stdint.h>
+#endif
 
 /* Bumped whenever a struct below changes shape or meaning. */
 #define KVT_ABI_VERSION 2

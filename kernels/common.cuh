@@ -4,9 +4,7 @@
 // the device-side error word.
 #pragma once
 
-#include <stdint.h>
-
-#include "abi.h"
+#include "abi.h" // and the fixed-width integer types
 
 // Threads per block for every kvtier kernel; host launchers use the same value
 // (BLOCK_THREADS in src/cuda/kernels.rs).

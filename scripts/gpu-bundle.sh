@@ -15,7 +15,7 @@ out=gpu-bundle
 scripts/install-tools.sh
 scripts/python-env.sh >/dev/null
 scripts/sglang-kernels.sh >/dev/null
-export NVCC="${NVCC:-$root/.tools/py/nvidia/cu13/bin/nvcc}" KVTIER_REQUIRE_KERNELS=1
+export KVTIER_REQUIRE_KERNELS=1
 export PYO3_PYTHON="$root/.tools/venv/bin/python"
 cargo build --release --locked --workspace
 gpu_tests=$(cargo test --release --locked --test gpu --no-run --message-format=json 2>/dev/null |

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# Prints what each kernel costs an SM, from ptxas (`nvcc --resource-usage`):
+# Prints what each kernel costs an SM, read from the library's own build
+# (build.rs keeps ptxas's report and the cubins it packed into the fatbin):
 # registers, spills, static shared memory, barriers, and the blocks per SM
 # its registers allow at its block size (sm_80 and sm_90: 64 K registers,
 # 2048 threads, 32 blocks per SM; registers allocated 256 per warp), and
 # its code size in SASS instructions (the cubin's .text.<kernel> section,
 # 16 bytes an instruction, read with readelf: the compiler wheels ship no
 # cuobjdump). CI runs it, so a change in any of these shows in review. Needs
-# nvcc (NVCC, or the wheel in .tools/ that scripts/install-tools.sh puts
-# there) and readelf.
+# the kernels' compiler (scripts/install-tools.sh) and readelf.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-nvcc=${NVCC:-$PWD/.tools/py/nvidia/cu13/bin/nvcc}
+out_dir=$(KVTIER_REQUIRE_KERNELS=1 cargo build --release --locked -p kvtier --lib --message-format=json 2>/dev/null |
+  python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    # package ids read "path+file:///...#kvtier@0.1.0"
+    if m.get("reason") == "build-script-executed" and m["package_id"].rsplit("#", 1)[-1].startswith("kvtier@"):
+        print(m["out_dir"])')
+[ -f "$out_dir/ptxas.log" ] || { echo "kernel-resources: the library was built without its kernels' report (no $out_dir/ptxas.log)" >&2; exit 1; }
 threads_of() {  # the kernel's block size (src/cuda/kernels.rs)
   case "$1" in
     kvt_swap_in_plan) grep -oP 'KVT_SWAP_PLAN_THREADS \K[0-9]+' kernels/abi.h ;;
@@ -19,8 +26,6 @@ threads_of() {  # the kernel's block size (src/cuda/kernels.rs)
     *) echo 256 ;;
   esac
 }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 # instructions NAME CUBIN: the size of .text.NAME over 16.
 instructions() {
   readelf -SW "$2" 2>/dev/null | python3 -c '
@@ -34,16 +39,15 @@ for line in sys.stdin:
 }
 printf '%-26s %-6s %5s %7s %8s %9s %14s %7s\n' kernel arch regs spills smem_B barriers blocks_per_SM instrs
 for arch in 80 90; do
-  for src in kernels/*.cu; do
-    cubin="$tmp/$(basename "$src" .cu).sm_$arch.cubin"
-    "$nvcc" -cubin -arch=sm_$arch -O3 -std=c++17 -I kernels --resource-usage -o "$cubin" "$src" 2>&1 |
-      python3 -c '
+  cubin="$out_dir/kvtier.sm_$arch.cubin"
+  python3 -c '
 import re, sys
-name = None
-for line in sys.stdin:
-    m = re.search(r"Function properties for (\w+)", line)
+arch, name = sys.argv[1], None
+for line in open(sys.argv[2]):
+    m = re.search(r"Compiling entry function .(\w+). for .sm_(\d+).", line)
     if m:
-        name, spill, smem = m.group(1), 0, 0
+        name = m.group(1) if m.group(2) == arch else None
+        spill = 0
         continue
     m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
     if m and name:
@@ -52,17 +56,18 @@ for line in sys.stdin:
     if m and name:
         print(name, m.group(1), spill, m.group(3) or 0, m.group(2) or 0)
         name = None
-' | while read -r name regs spill smem barriers; do
-      threads=$(threads_of "$name")
-      warps=$(( (threads + 31) / 32 ))
-      per_warp=$(( (regs * 32 + 255) / 256 * 256 ))
-      by_regs=$(( 65536 / (per_warp * warps) ))
-      by_threads=$(( 2048 / threads ))
-      blocks=$(( by_regs < by_threads ? by_regs : by_threads ))
-      blocks=$(( blocks < 32 ? blocks : 32 ))
-      printf '%-26s sm_%-3s %5s %7s %8s %9s %8s (x%s) %7s\n' "$name" "$arch" "$regs" "$spill" "$smem" "$barriers" \
-        "$blocks" "$threads" "$(instructions "$name" "$cubin")"
-    done
+' "$arch" "$out_dir/ptxas.log" | sort | while read -r name regs spill smem barriers; do
+    threads=$(threads_of "$name")
+    warps=$(( (threads + 31) / 32 ))
+    per_warp=$(( (regs * 32 + 255) / 256 * 256 ))
+    by_regs=$(( 65536 / (per_warp * warps) ))
+    by_threads=$(( 2048 / threads ))
+    blocks=$(( by_regs < by_threads ? by_regs : by_threads ))
+    blocks=$(( blocks < 32 ? blocks : 32 ))
+    instrs=-
+    [ -f "$cubin" ] && instrs=$(instructions "$name" "$cubin")
+    printf '%-26s sm_%-3s %5s %7s %8s %9s %8s (x%s) %7s\n' "$name" "$arch" "$regs" "$spill" "$smem" "$barriers" \
+      "$blocks" "$threads" "$instrs"
   done
 done
 echo "smem_B is static shared memory; kvt_swap_in_plan, kvt_swap_in_few_miss_plan and kvt_swap_in_copy also take dynamic shared memory sized per call (src/swap_in/cuda.rs), kvt_spec_swap_in KVT_SPEC_SMEM_BYTES (kernels/abi.h)."

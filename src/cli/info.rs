@@ -7,12 +7,19 @@ pub fn run() -> kvtier::Result<()> {
 
     match cuda::kernels::BUILD {
         KernelBuild::Built {
-            nvcc,
-            nvcc_version,
+            compiler,
+            path,
             sass,
             ptx,
+            ..
         } => {
-            println!("kernels:   built by nvcc {nvcc_version} ({nvcc})");
+            // The compiler's path where it still exists here (a checkout's
+            // build); a wheel's was pip's temporary build environment.
+            if std::path::Path::new(path).exists() {
+                println!("kernels:   built by {compiler} ({path})");
+            } else {
+                println!("kernels:   built by {compiler}");
+            }
             println!(
                 "           SASS for {}, PTX fallback {ptx}",
                 sass.join(", ")
@@ -28,7 +35,13 @@ pub fn run() -> kvtier::Result<()> {
             println!("           embedded fatbin holds: {}", listed.join(", "));
             if let Some(needed) = cuda::kernels::BUILD.driver_needed() {
                 println!(
-                    "           they need {}",
+                    "           the SASS needs {}",
+                    cuda::kernels::describe_requirement(needed)
+                );
+            }
+            if let Some(needed) = cuda::kernels::BUILD.ptx_driver_needed() {
+                println!(
+                    "           a GPU with no SASS here runs the PTX, which needs {}",
                     cuda::kernels::describe_requirement(needed)
                 );
             }

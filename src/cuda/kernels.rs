@@ -14,52 +14,76 @@ include!(concat!(env!("OUT_DIR"), "/kernels_info.rs"));
 /// How this build of kvtier got its kernels.
 #[derive(Clone, Copy, Debug)]
 pub enum KernelBuild {
-    /// build.rs compiled `kernels/*.cu` with nvcc.
+    /// build.rs compiled `kernels/*.cu` into the embedded fatbin.
     Built {
-        /// The nvcc that compiled them.
-        nvcc: &'static str,
-        /// Its version, e.g. `V13.0.88`.
-        nvcc_version: &'static str,
+        /// The compiler and its CUDA version, e.g. `NVRTC 12.9` (the pinned
+        /// PyPI wheels, packed by nvFatbin) or `nvcc V13.0.88`.
+        compiler: &'static str,
+        /// The library or executable that compiled them.
+        path: &'static str,
+        /// The compiler's CUDA version as `cuDriverGetVersion` writes
+        /// versions (12090 for 12.9).
+        cuda: i32,
         /// Architectures with SASS in the fatbin.
         sass: &'static [&'static str],
         /// The virtual architecture of the PTX fallback.
         ptx: &'static str,
     },
-    /// build.rs found no nvcc; the reason says how to get one.
+    /// build.rs found no CUDA compiler; the reason says how to get one.
     NotBuilt { reason: &'static str },
 }
 
 impl KernelBuild {
-    /// The CUDA version a driver must support to load these kernels, as
-    /// `cuDriverGetVersion` gives it (13000 for 13.0): the nvcc's major
-    /// version. Within a major version, CUDA's minor-version compatibility
-    /// lets a driver of that major release run SASS built by any of its
-    /// minors; PTX of a newer minor than the driver would not JIT, and the
-    /// fatbin carries SASS for every architecture it supports. None when
-    /// the kernels were not built or the version cannot be read.
+    /// The CUDA version a driver must support to load the SASS (13000 for
+    /// 13.0): the compiler's major version. Within a major version, CUDA's
+    /// minor-version compatibility lets a driver of that major release run
+    /// SASS built by any of its minors. None when the kernels were not
+    /// built or the version cannot be read.
     pub fn driver_needed(&self) -> Option<i32> {
-        let KernelBuild::Built { nvcc_version, .. } = self else {
-            return None;
-        };
-        let major: i32 = nvcc_version
-            .trim_start_matches('V')
-            .split('.')
-            .next()?
-            .parse()
-            .ok()?;
-        Some(major * 1000)
+        match self {
+            KernelBuild::Built { cuda, .. } if *cuda >= 1000 => Some(cuda / 1000 * 1000),
+            _ => None,
+        }
+    }
+
+    /// The CUDA version a driver must support to compile the PTX fallback,
+    /// which a GPU without SASS in the fatbin runs: the compiler's own
+    /// version (a driver JIT-compiles no PTX newer than itself).
+    pub fn ptx_driver_needed(&self) -> Option<i32> {
+        match self {
+            KernelBuild::Built { cuda, .. } if *cuda >= 1000 => Some(*cuda),
+            _ => None,
+        }
     }
 }
 
 /// The oldest NVIDIA driver branch whose CUDA version is at least `cuda`
-/// (as `cuDriverGetVersion` gives it), where known.
+/// (as `cuDriverGetVersion` gives it), where known: the first branch of
+/// each CUDA release (NVIDIA's CUDA toolkit release notes).
 pub fn driver_branch_for(cuda: i32) -> Option<u32> {
-    match cuda / 1000 {
-        13 => Some(580),
-        12 => Some(525),
-        11 => Some(450),
-        _ => None,
+    const BRANCHES: [(i32, u32); 11] = [
+        (11080, 520),
+        (12000, 525),
+        (12010, 530),
+        (12020, 535),
+        (12030, 545),
+        (12040, 550),
+        (12050, 555),
+        (12060, 560),
+        (12080, 570),
+        (12090, 575),
+        (13000, 580),
+    ];
+    if cuda < 11000 {
+        return None;
     }
+    if cuda < 11080 {
+        return Some(450);
+    }
+    BRANCHES
+        .iter()
+        .find(|(version, _)| *version >= cuda)
+        .map(|(_, branch)| *branch)
 }
 
 /// "CUDA 13.0 or newer (NVIDIA driver R580 or later)".
@@ -78,12 +102,12 @@ pub fn describe_requirement(cuda: i32) -> String {
 pub fn driver_too_old(driver: i32, build: &KernelBuild) -> Option<String> {
     let needed = build.driver_needed()?;
     (driver < needed).then(|| {
-        let (nvcc_version, ptx) = match build {
-            KernelBuild::Built { nvcc_version, ptx, .. } => (*nvcc_version, *ptx),
+        let (compiler, ptx) = match build {
+            KernelBuild::Built { compiler, ptx, .. } => (*compiler, *ptx),
             KernelBuild::NotBuilt { .. } => ("", ""),
         };
         format!(
-            "this machine's CUDA driver supports CUDA {}.{}; kvtier's kernels were built by nvcc {nvcc_version} \
+            "this machine's CUDA driver supports CUDA {}.{}; kvtier's kernels were built by {compiler} \
              (SASS and {ptx} PTX) and need {}: update the driver, or use a kvtier built with an older CUDA \
              compiler (the CPU executor works either way)",
             driver / 1000,
@@ -361,13 +385,14 @@ mod tests {
 
     #[test]
     fn a_driver_older_than_the_kernels_is_said_in_one_line() {
-        let built = |v: &'static str| KernelBuild::Built {
-            nvcc: "nvcc",
-            nvcc_version: v,
+        let built = |compiler: &'static str, cuda: i32| KernelBuild::Built {
+            compiler,
+            path: "/x",
+            cuda,
             sass: &["sm_80", "sm_90", "sm_100"],
             ptx: "compute_100",
         };
-        let cuda13 = built("V13.0.88");
+        let cuda13 = built("nvcc V13.0.88", 13000);
         assert_eq!(cuda13.driver_needed(), Some(13000));
         // a stubbed R570 driver (CUDA 12.8) against kernels built by nvcc 13.0
         let why = driver_too_old(12080, &cuda13).expect("too old");
@@ -380,9 +405,24 @@ mod tests {
         );
         assert_eq!(driver_too_old(13000, &cuda13), None);
         assert_eq!(driver_too_old(13020, &cuda13), None);
-        // kernels of a CUDA 12 compiler load on any CUDA 12 driver (minor-version compatibility)
-        let cuda12 = built("V12.9.86");
+        // kernels of a CUDA 12 compiler load on any CUDA 12 driver (minor-version compatibility);
+        // their PTX, for GPUs without SASS here, needs the compiler's own version
+        let cuda12 = built("NVRTC 12.9", 12090);
+        assert_eq!(cuda12.driver_needed(), Some(12000));
+        assert_eq!(cuda12.ptx_driver_needed(), Some(12090));
+        assert_eq!(
+            describe_requirement(12090),
+            "a driver for CUDA 12.9 or newer (NVIDIA driver R575 or later)"
+        );
+        assert_eq!(driver_branch_for(12000), Some(525));
+        assert_eq!(driver_branch_for(12070), Some(570));
+        assert_eq!(driver_branch_for(13010), None);
         assert_eq!(driver_too_old(12000, &cuda12), None);
+        assert!(
+            driver_too_old(11080, &cuda12)
+                .unwrap()
+                .contains("built by NVRTC 12.9")
+        );
         assert!(
             driver_too_old(11080, &cuda12)
                 .unwrap()

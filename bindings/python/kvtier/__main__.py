@@ -26,9 +26,8 @@ def main(argv=None) -> None:
     exe = binary()
     if exe is None:
         print(
-            "kvtier: this package holds no kvtier binary (it was installed without one: build it with "
-            "`cargo build --release` in kvtier's repository before `pip install ./bindings/python`, or set "
-            "KVTIER_BIN)",
+            "kvtier: this package holds no kvtier binary (`pip install ./bindings/python` in kvtier's "
+            "repository builds the package with it; or set KVTIER_BIN)",
             file=sys.stderr,
         )
         raise SystemExit(2)

@@ -223,7 +223,8 @@ def _load() -> ctypes.CDLL:
             raise KvtierError(
                 "libkvtier.so was not found; looked in "
                 + ", ".join(str(p) for p in paths)
-                + ". Build it with `cargo build --release` in the repository, or set KVTIER_LIB to its path.",
+                + ". Install the package with `pip install ./bindings/python` in the repository (it builds the "
+                "library), or set KVTIER_LIB to its path.",
                 "NO_LIBRARY",
             )
         path = found[0]

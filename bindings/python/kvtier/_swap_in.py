@@ -49,8 +49,8 @@ def native():
             if not found:
                 raise KvtierError(
                     "kvtier's extension module was not found; looked in " + ", ".join(map(str, paths)) +
-                    ". Build it with `cargo build --release --workspace` in the repository, or set KVTIER_NATIVE "
-                    "to its path.",
+                    ". Install the package with `pip install ./bindings/python` in the repository (it builds the "
+                    "module), or set KVTIER_NATIVE to its path.",
                     "NO_LIBRARY",
                 )
             loader = importlib.machinery.ExtensionFileLoader("kvtier._native", str(found[0]))

@@ -252,10 +252,8 @@ pub fn run(args: SelftestArgs) -> kvtier::Result<ExitCode> {
 fn describe(dut: &Executor) -> kvtier::Result<()> {
     println!("driver:    {}", bench::driver_text());
     match cuda::kernels::BUILD {
-        KernelBuild::Built {
-            nvcc_version, sass, ..
-        } => println!(
-            "kernels:   built by nvcc {nvcc_version}, SASS for {}",
+        KernelBuild::Built { compiler, sass, .. } => println!(
+            "kernels:   built by {compiler}, SASS for {}",
             sass.join(", ")
         ),
         KernelBuild::NotBuilt { reason } => println!("kernels:   NOT BUILT: {reason}"),

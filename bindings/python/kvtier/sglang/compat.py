@@ -455,8 +455,9 @@ def report(config=None, hisparse_config=None) -> Report:
         for route in routes:
             if route.served_by == "kvtier":
                 route.served_by, route.why = "SGLang", (
-                    "this libkvtier.so has no CUDA kernels (it was built without nvcc); rebuild it with "
-                    "scripts/bench.sh, or with NVCC set, to serve the swap-in"
+                    "this libkvtier.so has no CUDA kernels (it was built without a CUDA compiler); "
+                    "reinstall the package with `pip install ./bindings/python`, whose build brings one, "
+                    "to serve the swap-in"
                 )
     r.routes = routes + host_pool_routes(names, config)
     if any(route.served_by == "kvtier" and route.name in HOST_POOLS for route in r.routes):
