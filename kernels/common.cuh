@@ -90,6 +90,30 @@ __device__ __forceinline__ void st(T* p, T v) {
 #endif
 }
 
+// Loads and stores of global words that other threads of the grid update
+// with atomics in the same launch, where a stale value is part of the design
+// (a CAS that follows decides). Volatile on the device, so each is one
+// strong access, never merged or cached in a register; in the host
+// emulation an atomic, so the race detector tells them from plain accesses.
+template <class T>
+__device__ __forceinline__ T ld_racy(const T* p) {
+#ifdef KVT_HOST_EMULATION
+    T v;
+    kvt_emu_load_atomic(p, &v, sizeof(T));
+    return v;
+#else
+    return *reinterpret_cast<const volatile T*>(p);
+#endif
+}
+template <class T>
+__device__ __forceinline__ void st_racy(T* p, T v) {
+#ifdef KVT_HOST_EMULATION
+    kvt_emu_store_atomic(p, &v, sizeof(T));
+#else
+    *reinterpret_cast<volatile T*>(p) = v;
+#endif
+}
+
 // Element i of an int32 or int64 (is_i64) index array: SGLang passes
 // req_pool_indices and seq_lens as either. I: the caller's index type (its
 // width is the address arithmetic's).

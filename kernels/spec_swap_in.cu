@@ -163,7 +163,7 @@ struct Request {
         int64_t current = entry(token, (int32_t)slot);
         for (int bank = 0; bank < 2; ++bank) {
             int64_t* c = bank == 0 ? bank0 + bank0_slot(token, hash_size) : bank1 + bank1_slot(token, hash_size);
-            const int64_t old = ld(c);
+            const int64_t old = ld_racy(c);
             // an empty cell, a deleted one, or a stale entry: take it; if
             // another thread changed it meanwhile, the kicks below carry on
             // whatever it put there
@@ -360,7 +360,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SPEC_THREADS, 1) kvt_spec_swap_
                     // result (not a second load, which may be stale) tells
                     // who took it.
                     uint32_t pos = union_slot(token, T);
-                    int64_t cell = ld(q.table(pos));
+                    int64_t cell = ld_racy(q.table(pos));
                     for (uint32_t attempt = 0; attempt < 2 * T; ++attempt) {
                         if ((uint32_t)((uint64_t)cell >> 32) != scratch_epoch) {
                             const int64_t seen =
@@ -380,7 +380,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SPEC_THREADS, 1) kvt_spec_swap_
                             break;
                         }
                         pos = pos + 1 == T ? 0 : pos + 1;
-                        cell = ld(q.table(pos));
+                        cell = ld_racy(q.table(pos));
                     }
                 }
             }
@@ -499,7 +499,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SPEC_THREADS, 1) kvt_spec_swap_
             const uint32_t begin = (cursor + m * kKnuth) % H;
             for (uint32_t a = 0; a < H && victim < 0; ++a) {
                 const uint32_t cand = (begin + a * kKnuth) % H;
-                const int32_t seen = ld(q.refs + cand);
+                const int32_t seen = ld_racy(q.refs + cand);
                 if (seen != epoch && cas32(q.refs + cand, seen, epoch) == seen) victim = (int32_t)cand;
             }
         }
@@ -512,7 +512,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SPEC_THREADS, 1) kvt_spec_swap_
             if (victim >= 0 && in_rows(old_loc, p.device_rows) && in_rows(new_loc, p.device_rows)) {
                 const int32_t old_token = ld(q.tokens + victim);
                 st(q.tokens + victim, token);
-                st(q.refs + victim, epoch);
+                st_racy(q.refs + victim, epoch);
                 if (rotate) {
                     st(q.locs + victim, new_loc);
                     st(q.scratch + m, old_loc);

@@ -87,14 +87,31 @@ type SwapFn = unsafe extern "C" fn(
 
 const BLOCK: u32 = kvtier::cuda::BLOCK_THREADS;
 
+/// Whether this process runs the emulator under the race detector: the
+/// emulator built with ThreadSanitizer, whose runtime the parent test
+/// preloaded (see `the_race_detector_catches_planted_races_and_the_kernels_have_none`).
+fn race_detector() -> bool {
+    std::env::var("KVT_EMU_RACES").is_ok_and(|v| v == "1")
+}
+
 /// Builds the emulated kernels once per test binary with the host C++
-/// compiler ($CXX, else c++), with UBSan aborting on undefined behaviour.
+/// compiler ($CXX, else c++), with UBSan aborting on undefined behaviour
+/// (or, under the race detector, with ThreadSanitizer instead).
 fn emulator() -> &'static libloading::Library {
     static LIB: OnceLock<libloading::Library> = OnceLock::new();
     LIB.get_or_init(|| {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("libkvt_emu_{}.so", std::process::id()));
+        let races = race_detector();
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "libkvt_emu{}_{}.so",
+            if races { "_races" } else { "" },
+            std::process::id()
+        ));
+        let sanitizer: &[&str] = if races {
+            &["-fsanitize=thread"]
+        } else {
+            &["-fsanitize=undefined", "-fno-sanitize-recover=all"]
+        };
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
         let status = Command::new(&cxx)
             .args([
@@ -107,11 +124,8 @@ fn emulator() -> &'static libloading::Library {
                 "-Wextra",
                 "-Werror",
             ])
-            .args([
-                "-Wno-unknown-pragmas",
-                "-fsanitize=undefined",
-                "-fno-sanitize-recover=all",
-            ])
+            .arg("-Wno-unknown-pragmas")
+            .args(sanitizer)
             .arg("-include")
             .arg(root.join("tests/kernel_emu/cuda_host_shim.h"))
             .arg("-I")
@@ -125,9 +139,39 @@ fn emulator() -> &'static libloading::Library {
             status.success(),
             "the kernels did not compile as host C++ under the emulation shim"
         );
-        // SAFETY: our own library; its initialisers only set up UBSan.
+        // SAFETY: our own library; its initialisers only set up its sanitizer.
         unsafe { libloading::Library::new(&out) }.unwrap()
     })
+}
+
+/// The random cases' seeds: all of `range`, or every twentieth under the race
+/// detector, which is ten to a hundred times slower and judges orderings
+/// (which accesses a barrier separates), not outputs, so fewer cases say as
+/// much.
+fn seeds(range: std::ops::Range<u64>) -> std::iter::StepBy<std::ops::Range<u64>> {
+    range.step_by(if race_detector() { 20 } else { 1 })
+}
+
+/// The schedules a case runs under: all four, or one shuffle under the race
+/// detector (which judges orderings whatever the order the threads ran in).
+fn schedules() -> &'static [u64] {
+    if race_detector() {
+        &SCHEDULES[2..3]
+    } else {
+        &SCHEDULES
+    }
+}
+
+/// The grids (see `grids`) a case runs on, each under its own schedule; under
+/// the race detector only the widest, shuffled: within a block, which is all
+/// it judges, the grid changes only how many rows a block takes.
+fn grid_schedules(rows: u64) -> Vec<(u32, u64)> {
+    let all: Vec<(u32, u64)> = grids(rows).into_iter().zip(SCHEDULES).collect();
+    if race_detector() {
+        vec![(all[2].0, 2)]
+    } else {
+        all
+    }
 }
 
 /// Thread orders every emulated launch runs under (see kvt_emu_set_schedule):
@@ -312,10 +356,7 @@ fn gather_agrees(case: &GatherCase) {
         cpu_out == model_out,
         "CPU executor differs from the model for {case:?}"
     );
-    for (grid, schedule) in grids(case.batch() as u64 * case.k as u64)
-        .into_iter()
-        .zip(SCHEDULES)
-    {
+    for (grid, schedule) in grid_schedules(case.batch() as u64 * case.k as u64) {
         set_schedule(schedule);
         let (out, err, report) = emulate_gather(case, grid);
         assert!(report.clean(), "bad accesses {report:?} for {case:?}");
@@ -402,7 +443,7 @@ fn writeback_agrees(case: &WritebackCase) {
         } else {
             1
         };
-    for (grid, schedule) in grids(rows).into_iter().zip(SCHEDULES) {
+    for (grid, schedule) in grid_schedules(rows) {
         set_schedule(schedule);
         let (pool, err, report) = emulate_writeback(case, grid);
         assert!(report.clean(), "bad accesses {report:?} for {case:?}");
@@ -430,24 +471,24 @@ const MEDIUM: Limits = Limits {
 
 #[test]
 fn gather_kernel_matches_the_cpu_executor() {
-    for seed in 0..120 {
+    for seed in seeds(0..120) {
         for h in [CLEAN, PADDED, HOSTILE] {
             gather_agrees(&GatherCase::random(seed, SMALL, h));
         }
     }
-    for seed in 500..520 {
+    for seed in seeds(500..520) {
         gather_agrees(&GatherCase::random(seed, MEDIUM, HOSTILE));
     }
 }
 
 #[test]
 fn writeback_kernel_matches_the_cpu_executor() {
-    for seed in 0..120 {
+    for seed in seeds(0..120) {
         for h in [CLEAN, PADDED, HOSTILE] {
             writeback_agrees(&WritebackCase::random(seed, SMALL, h, true));
         }
     }
-    for seed in 500..520 {
+    for seed in seeds(500..520) {
         writeback_agrees(&WritebackCase::random(seed, MEDIUM, HOSTILE, true));
     }
 }
@@ -547,7 +588,7 @@ impl ShiftedPool {
 
 #[test]
 fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
-    for seed in 0..60 {
+    for seed in seeds(0..60) {
         let mut case = GatherCase::random(seed, SMALL, HOSTILE);
         case.out_offset = 8;
         let pool = ShiftedPool::new(&case.setup, 8);
@@ -884,6 +925,13 @@ fn swap_agrees(case: &SwapCase) {
         (SwapInStrategy::FewMiss, grids(rows)[2], record),
         (SwapInStrategy::FewMiss, 0, probe),
     ];
+    // under the race detector, each kernel once: the plan and copy kernels
+    // recording, one block per request probing, the few-miss planner both ways
+    let runs: Vec<_> = if race_detector() {
+        [4, 5, 7, 9].map(|i| runs[i]).to_vec()
+    } else {
+        runs.to_vec()
+    };
     for ((strategy, grid, opts), schedule) in runs.into_iter().zip(SCHEDULES.iter().cycle()) {
         let cpu = case.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
         assert_eq!(
@@ -909,7 +957,7 @@ fn swap_agrees(case: &SwapCase) {
 #[test]
 fn swap_in_kernels_match_the_cpu_executor() {
     let mut duplicates = 0;
-    for seed in 0..40 {
+    for seed in seeds(0..40) {
         for h in [CLEAN, PADDED, HOSTILE] {
             let case = SwapCase::random(seed, SWAP_SMALL, h, None);
             let named_twice =
@@ -918,23 +966,31 @@ fn swap_in_kernels_match_the_cpu_executor() {
             swap_agrees(&case);
         }
     }
+    // (the race detector's few seeds need not draw one)
     assert!(
-        duplicates > 0,
+        duplicates > 0 || race_detector(),
         "the hostile cases include a request named twice in a batch"
     );
 }
 
 #[test]
 fn swap_in_kernels_on_bigger_hot_buffers() {
-    for (seed, misses) in [(1u64, 2usize), (2, 7), (3, 64), (4, 300)] {
+    let cases: &[(u64, usize)] = if race_detector() {
+        &[(2, 7), (4, 300)]
+    } else {
+        &[(1, 2), (2, 7), (3, 64), (4, 300)]
+    };
+    for &(seed, misses) in cases {
         swap_agrees(&SwapCase::random(seed, SWAP_MEDIUM, CLEAN, Some(misses)));
     }
-    swap_agrees(&SwapCase::random(5, SWAP_MEDIUM, HOSTILE, None));
+    if !race_detector() {
+        swap_agrees(&SwapCase::random(5, SWAP_MEDIUM, HOSTILE, None));
+    }
 }
 
 #[test]
 fn replay_kernel_matches_the_cpu_executor() {
-    for seed in 0..60 {
+    for seed in seeds(0..60) {
         for hostile in [false, true] {
             let case = ReplayCase::random(seed, hostile);
             let cpu = case.run_cpu();
@@ -944,7 +1000,7 @@ fn replay_kernel_matches_the_cpu_executor() {
                 "CPU executor differs from the model for {case:?}"
             );
             let cells = case.count.len() as u64 * case.capacity as u64;
-            for (grid, schedule) in grids(cells).into_iter().zip(SCHEDULES) {
+            for (grid, schedule) in grid_schedules(cells) {
                 set_schedule(schedule);
                 let (got, report) = emulate_replay(&case, grid);
                 assert!(
@@ -1038,7 +1094,7 @@ fn emulate_spec(case: &mut SpecCase, call: &mut SpecCall) -> (ErrorWord, Report)
 /// Checks the emulated kernel against the CPU executor under every schedule
 /// (see `common::spec::kernel_agrees`), with every access in range.
 fn spec_agrees(case: &SpecCase, calls: &[SpecCall]) {
-    for schedule in SCHEDULES {
+    for &schedule in schedules() {
         kernel_agrees(case, calls, &format!("schedule {schedule}"), |gpu, k| {
             set_schedule(schedule);
             let (err, report) = emulate_spec(gpu, k);
@@ -1231,6 +1287,165 @@ fn the_emulator_catches_planted_lane_exchange_vote_and_race_bugs() {
             counter[0]
         );
     }
+}
+
+/// Shared memory through the planted kernel (tests/kernel_emu/planted.cu):
+/// each thread writes its word, then reads its neighbour's, after a barrier
+/// (variant 5) or, within its warp, a __syncwarp (7), and gets the
+/// neighbour's value. The race detector's test runs one variant per child
+/// process, the racy ones too, through `KVT_EMU_PLANTED`.
+#[test]
+fn planted_shared_memory_orderings() {
+    let block = 256u32;
+    let variants: Vec<u32> = match std::env::var("KVT_EMU_PLANTED") {
+        Ok(v) => vec![v.parse().expect("KVT_EMU_PLANTED is a variant number")],
+        Err(_) => vec![5, 7],
+    };
+    for variant in variants {
+        let mut out = vec![0u32; block as usize];
+        let r = emulate_planted(variant, block, &mut out);
+        assert!(r.clean(), "variant {variant}: {r:?}");
+        let neighbour = |t: u32| {
+            match variant {
+                5 => (t + 1) % block,
+                7 => t - t % 32 + (t % 32 + 1) % 32,
+                _ => return None,
+            }
+            .into()
+        };
+        let want: Vec<Option<u32>> = (0..block)
+            .map(|t| neighbour(t).map(|n: u32| 3 * n + 1))
+            .collect();
+        if want.iter().all(Option::is_some) {
+            let got: Vec<Option<u32>> = out.iter().map(|&v| Some(v)).collect();
+            assert_eq!(got, want, "variant {variant}");
+        }
+    }
+}
+
+/// The tests `the_race_detector_...` runs under the race detector: every
+/// kernel, each strategy and path of the swap-in, on fewer random cases (see
+/// `seeds`). Not the production shape's or the memcheck's (shapes and bad
+/// addresses, not orderings; the production shape takes minutes under it).
+const RACE_CHECKED: [&str; 15] = [
+    "gather_kernel_matches_the_cpu_executor",
+    "writeback_kernel_matches_the_cpu_executor",
+    "entries_larger_than_one_pass",
+    "regions_at_8_mod_16_take_the_head_and_tail_paths",
+    "swap_in_kernels_match_the_cpu_executor",
+    "swap_in_kernels_on_bigger_hot_buffers",
+    "replay_kernel_matches_the_cpu_executor",
+    "spec_kernel_union_clock_and_its_second_call",
+    "spec_kernel_approximate_clock_and_misses_past_the_scratch",
+    "spec_kernel_drafts_padding_and_bad_input",
+    "spec_kernel_continues_on_the_cpu_executors_state",
+    "spec_kernel_does_not_trust_a_miss_table_of_its_own_epoch",
+    "spec_kernel_takes_over_stale_hash_entries",
+    "planners_barriers_per_block",
+    "plan_kernels_let_a_successor_start_only_when_the_copy_kernel_follows",
+];
+
+/// The race detector (tests/kernel_emu/emulator.cpp): the emulator built
+/// with ThreadSanitizer, each emulated thread one of its fibers, in a child
+/// process of this test binary with ThreadSanitizer's runtime preloaded (the
+/// Rust code is not instrumented, the emulated kernels are). Each planted
+/// race is reported: shared memory read with no barrier, or with only a vote
+/// between (votes order no memory), and a plain read-modify-write of global
+/// memory; their correctly ordered twins are not, and neither is any kernel
+/// under the tests `RACE_CHECKED` names. The speculative swap-in's loads and
+/// stores that race with its atomics by design are `ld_racy`/`st_racy`
+/// (kernels/common.cuh): atomics to the detector, strong accesses on the GPU.
+#[test]
+fn the_race_detector_catches_planted_races_and_the_kernels_have_none() {
+    if race_detector() {
+        return; // the child process runs the other tests
+    }
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let runtime = Command::new(&cxx)
+        .arg("-print-file-name=libtsan.so")
+        .output()
+        .expect("the host C++ compiler runs");
+    let runtime = PathBuf::from(String::from_utf8_lossy(&runtime.stdout).trim());
+    assert!(
+        runtime.is_absolute() && runtime.exists(),
+        "{cxx} has no ThreadSanitizer runtime (libtsan.so) for the race detector"
+    );
+    // The Rust side is not instrumented, so ThreadSanitizer misses its
+    // synchronisation (std's channels and locks use atomics it cannot see)
+    // and would report its own threads' hand-offs: races with a frame in this
+    // binary are suppressed. An emulated thread's stack never has one (each
+    // starts in the emulator's fiber entry), so a race between two emulated
+    // threads always shows.
+    let exe = std::env::current_exe().unwrap();
+    let suppressions = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tsan-suppressions-{}.txt", std::process::id()));
+    std::fs::write(
+        &suppressions,
+        format!("race:{}\n", exe.file_name().unwrap().to_string_lossy()),
+    )
+    .unwrap();
+    let options = format!(
+        "exitcode=66 halt_on_error=0 report_signal_unsafe=0 suppressions={}",
+        suppressions.display()
+    );
+    let child = |args: &[&str], planted: Option<u32>| {
+        let mut cmd = Command::new(&exe);
+        cmd.args(args)
+            .env("KVT_EMU_RACES", "1")
+            .env("LD_PRELOAD", &runtime)
+            .env("TSAN_OPTIONS", &options);
+        match planted {
+            Some(v) => cmd.env("KVT_EMU_PLANTED", v.to_string()),
+            None => cmd.env_remove("KVT_EMU_PLANTED"),
+        };
+        let out = cmd.output().expect("the test binary runs again");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let races = stderr
+            .matches("WARNING: ThreadSanitizer: data race")
+            .count();
+        (out.status.code(), races, stderr)
+    };
+    for (variant, racy) in [(5, false), (6, true), (7, false), (8, true)] {
+        let (code, races, stderr) = child(
+            &[
+                "--exact",
+                "planted_shared_memory_orderings",
+                "--test-threads=1",
+            ],
+            Some(variant),
+        );
+        if racy {
+            assert!(
+                code == Some(66) && races > 0 && stderr.contains("kvt_planted"),
+                "planted variant {variant}: a shared-memory race the detector missed (exit {code:?}):\n{stderr}"
+            );
+        } else {
+            assert!(
+                code == Some(0) && races == 0,
+                "planted variant {variant} is correctly ordered, yet (exit {code:?}):\n{stderr}"
+            );
+        }
+    }
+    // the planted global-memory race (variant 3) is one case of this test
+    let (code, races, stderr) = child(
+        &[
+            "--exact",
+            "the_emulator_catches_planted_lane_exchange_vote_and_race_bugs",
+        ],
+        None,
+    );
+    assert!(
+        code == Some(66) && races > 0 && stderr.contains("kvt_planted"),
+        "the planted global-memory race was missed (exit {code:?}):\n{stderr}"
+    );
+    // the kernels under the race detector
+    let mut args = RACE_CHECKED.to_vec();
+    args.extend(["--exact", "--test-threads=2"]);
+    let (code, races, stderr) = child(&args, None);
+    assert!(
+        code == Some(0) && races == 0,
+        "the race detector reports {races} race(s) in the kernels (exit {code:?}):\n{stderr}"
+    );
 }
 
 /// Barriers and warp operations per planning block, for a row of K 2048

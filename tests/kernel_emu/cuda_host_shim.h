@@ -10,8 +10,10 @@
 // whose result depends on that order (the planning hash table's insertions,
 // the speculative swap-in's miss table and CLOCK, which SGLang's kernel
 // orders by thread timing too) is checked by the tests on what must hold in
-// every order. Plain shared-memory loads and stores are not switch points:
-// a race between two of them within one barrier interval is not detected.
+// every order. Plain shared-memory loads and stores are not switch points;
+// races between them (and between plain global accesses) are found by the
+// race detector instead, the emulator built with ThreadSanitizer
+// (emulator.cpp), which judges orderings, not the order threads ran in.
 #pragma once
 
 #include <stddef.h>
@@ -46,72 +48,68 @@ extern "C" void kvt_emu_maybe_switch();
 #define KVT_EMU_ATOMIC_POINT kvt_emu_maybe_switch()
 
 // Atomics: a possible switch, then the read-modify-write, which no other
-// fiber can interrupt.
+// fiber can interrupt. They are __atomic builtins so that the race detector
+// (emulator.cpp) sees atomics, not plain accesses; relaxed, as CUDA's are.
+template <class T>
+inline T kvt_emu_fetch_min(T* a, T v) {
+    T old = __atomic_load_n(a, __ATOMIC_RELAXED);
+    while (v < old && !__atomic_compare_exchange_n(a, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
+template <class T>
+inline T kvt_emu_cas(T* a, T compare, T v) {
+    __atomic_compare_exchange_n(a, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return compare;  // the value found: `compare` when the swap happened
+}
 inline unsigned atomicOr(unsigned* a, unsigned v) {
     KVT_EMU_ATOMIC_POINT;
-    unsigned old = *a;
-    *a = old | v;
-    return old;
+    return __atomic_fetch_or(a, v, __ATOMIC_RELAXED);
 }
 inline unsigned atomicAdd(unsigned* a, unsigned v) {
     KVT_EMU_ATOMIC_POINT;
-    unsigned old = *a;
-    *a = old + v;
-    return old;
+    return __atomic_fetch_add(a, v, __ATOMIC_RELAXED);
 }
 inline unsigned long long atomicMin(unsigned long long* a, unsigned long long v) {
     KVT_EMU_ATOMIC_POINT;
-    unsigned long long old = *a;
-    *a = v < old ? v : old;
-    return old;
+    return kvt_emu_fetch_min(a, v);
 }
 inline unsigned atomicMin(unsigned* a, unsigned v) {
     KVT_EMU_ATOMIC_POINT;
-    unsigned old = *a;
-    *a = v < old ? v : old;
-    return old;
+    return kvt_emu_fetch_min(a, v);
 }
 inline int atomicMin(int* a, int v) {
     KVT_EMU_ATOMIC_POINT;
-    int old = *a;
-    *a = v < old ? v : old;
-    return old;
+    return kvt_emu_fetch_min(a, v);
 }
 inline int atomicCAS(int* a, int compare, int v) {
     KVT_EMU_ATOMIC_POINT;
-    int old = *a;
-    if (old == compare) *a = v;
-    return old;
+    return kvt_emu_cas(a, compare, v);
 }
 inline int atomicExch(int* a, int v) {
     KVT_EMU_ATOMIC_POINT;
-    int old = *a;
-    *a = v;
-    return old;
+    return __atomic_exchange_n(a, v, __ATOMIC_RELAXED);
 }
 inline int atomicOr(int* a, int v) {
     KVT_EMU_ATOMIC_POINT;
-    int old = *a;
-    *a = old | v;
-    return old;
+    return __atomic_fetch_or(a, v, __ATOMIC_RELAXED);
 }
 inline unsigned long long atomicCAS(unsigned long long* a, unsigned long long compare, unsigned long long v) {
     KVT_EMU_ATOMIC_POINT;
-    unsigned long long old = *a;
-    if (old == compare) *a = v;
-    return old;
+    return kvt_emu_cas(a, compare, v);
 }
 inline unsigned long long atomicExch(unsigned long long* a, unsigned long long v) {
     KVT_EMU_ATOMIC_POINT;
-    unsigned long long old = *a;
-    *a = v;
-    return old;
+    return __atomic_exchange_n(a, v, __ATOMIC_RELAXED);
 }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 
 // Atomics on global memory ask first: true when the bytes lie inside memory
 // the call may write (counted as out of range, and skipped, otherwise).
 extern "C" bool kvt_emu_atomic(void* p, unsigned bytes);
+// A checked load or store of 4 or 8 bytes as one relaxed atomic (ld_racy, st_racy).
+extern "C" void kvt_emu_load_atomic(const void* p, void* v, unsigned bytes);
+extern "C" void kvt_emu_store_atomic(void* p, const void* v, unsigned bytes);
 
 // A block-wide barrier: the calling fiber waits until every live thread of
 // the block has reached one; kind 1/2/3 returns the OR/AND/count of the

@@ -15,6 +15,64 @@
 #include "writeback.cu"
 #include "planted.cu"
 
+// ---- the race detector -----------------------------------------------------
+// Built with -fsanitize=thread (tests/kernel_emulation.rs, KVT_EMU_RACES=1),
+// each emulated thread is a ThreadSanitizer fiber. Switching between them
+// carries no ordering, so ThreadSanitizer sees two threads' accesses to one
+// address (shared or global memory), at least one a plain write, as a race
+// unless the CUDA rules order them: a block barrier orders everything before
+// it for everything after it (each arriving thread releases one sync object
+// per barrier, each leaving thread acquires it), __syncwarp does the same
+// for its lanes, and an atomic is an atomic (the shim's use __atomic
+// builtins). Votes and shuffles order no memory, as on the hardware. Blocks
+// are ordered one after another (the scheduler acquires every thread's end
+// and each thread of the next block acquires the scheduler's start), so
+// races between blocks are not looked for; launches are ordered the same
+// way. The emulator's own state (the report, the fibers' records, the
+// schedule's generator) is excluded from checking.
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
+namespace {
+struct Bookkeeping {
+    Bookkeeping() {
+        AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+        AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+    }
+    ~Bookkeeping() {
+        AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+        AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+    }
+};
+void* race_new_fiber() { return __tsan_create_fiber(0); }
+void race_free_fiber(void* f) { __tsan_destroy_fiber(f); }
+void* race_this_fiber() { return __tsan_get_current_fiber(); }
+// Not instrumented: ThreadSanitizer records function entries and exits per
+// fiber, and this function is entered on one fiber and left on another.
+__attribute__((no_sanitize_thread)) void race_enter(void* f) {
+    __tsan_switch_to_fiber(f, __tsan_switch_to_fiber_no_sync);
+}
+void race_release(void* sync) { __tsan_release(sync); }
+void race_acquire(void* sync) { __tsan_acquire(sync); }
+}  // namespace
+#else
+namespace {
+struct Bookkeeping {
+    Bookkeeping() {}
+    ~Bookkeeping() {}  // user-provided: a scope guard, not an unused variable
+};
+void* race_new_fiber() { return nullptr; }
+void race_free_fiber(void*) {}
+void* race_this_fiber() { return nullptr; }
+void race_enter(void*) {}
+void race_release(void*) {}
+void race_acquire(void*) {}
+}  // namespace
+#endif
+
 thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 thread_local unsigned char* kvt_emu_smem;
 
@@ -61,8 +119,14 @@ static bool check(const kvt_emu_range* r, size_t n, const void* p, unsigned byte
 
 extern "C" void kvt_emu_load(const void* p, void* v, unsigned bytes) {
     kvt_emu_maybe_switch();
-    g_report.loads++;
-    if (check(g_load_ranges, g_n_load, p, bytes)) {
+    bool ok;
+    {
+        Bookkeeping b;
+        g_report.loads++;
+        ok = check(g_load_ranges, g_n_load, p, bytes);
+    }
+    // the kernel's own access: the race detector checks it
+    if (ok) {
         memcpy(v, p, bytes);
     } else {
         memset(v, 0xEE, bytes);
@@ -71,13 +135,62 @@ extern "C" void kvt_emu_load(const void* p, void* v, unsigned bytes) {
 
 extern "C" void kvt_emu_store(void* p, const void* v, unsigned bytes) {
     kvt_emu_maybe_switch();
-    g_report.stores++;
-    if (check(g_store_ranges, g_n_store, p, bytes)) memcpy(p, v, bytes);
+    bool ok;
+    {
+        Bookkeeping b;
+        g_report.stores++;
+        ok = check(g_store_ranges, g_n_store, p, bytes);
+    }
+    if (ok) memcpy(p, v, bytes);
 }
 
-extern "C" void kvt_emu_allow_dependents() { g_report.dependents_allowed++; }
+// ld_racy and st_racy: checked like the plain ones, performed as relaxed
+// atomics (4 or 8 bytes: the kernels' words).
+extern "C" void kvt_emu_load_atomic(const void* p, void* v, unsigned bytes) {
+    kvt_emu_maybe_switch();
+    bool ok;
+    {
+        Bookkeeping b;
+        g_report.loads++;
+        ok = check(g_load_ranges, g_n_load, p, bytes) && (bytes == 4 || bytes == 8);
+    }
+    if (!ok) {
+        memset(v, 0xEE, bytes);
+    } else if (bytes == 4) {
+        const uint32_t x = __atomic_load_n(static_cast<const uint32_t*>(p), __ATOMIC_RELAXED);
+        memcpy(v, &x, 4);
+    } else {
+        const uint64_t x = __atomic_load_n(static_cast<const uint64_t*>(p), __ATOMIC_RELAXED);
+        memcpy(v, &x, 8);
+    }
+}
+
+extern "C" void kvt_emu_store_atomic(void* p, const void* v, unsigned bytes) {
+    kvt_emu_maybe_switch();
+    bool ok;
+    {
+        Bookkeeping b;
+        g_report.stores++;
+        ok = check(g_store_ranges, g_n_store, p, bytes) && (bytes == 4 || bytes == 8);
+    }
+    if (ok && bytes == 4) {
+        uint32_t x;
+        memcpy(&x, v, 4);
+        __atomic_store_n(static_cast<uint32_t*>(p), x, __ATOMIC_RELAXED);
+    } else if (ok) {
+        uint64_t x;
+        memcpy(&x, v, 8);
+        __atomic_store_n(static_cast<uint64_t*>(p), x, __ATOMIC_RELAXED);
+    }
+}
+
+extern "C" void kvt_emu_allow_dependents() {
+    Bookkeeping b;
+    g_report.dependents_allowed++;
+}
 
 extern "C" bool kvt_emu_atomic(void* p, unsigned bytes) {
+    Bookkeeping b;
     g_report.stores++;
     return check(g_store_ranges, g_n_store, p, bytes);
 }
@@ -104,9 +217,23 @@ struct Fiber {
     uint64_t value = 0;  // its operand
     unsigned arg = 0;    // a shuffle's source lane
     uint64_t result = 0; // the barrier's or the operation's result for it
+    void* race = nullptr; // its race-detector fiber
+};
+
+// The sync objects of the race detector: two per barrier kind, alternated by
+// generation (a thread cannot be two barriers ahead of another, so one
+// generation's releases never reach a thread still leaving the previous).
+struct RaceSync {
+    char block_start, block_end;
+    char barrier[2];
+    std::vector<char> warp;              // [warp][2]
+    unsigned barrier_gen = 0;
+    std::vector<unsigned> warp_gen;      // per warp
 };
 
 thread_local std::vector<Fiber>* g_fibers;
+thread_local RaceSync* g_race;
+thread_local void* g_scheduler_race;
 // Order in which a pass runs the block's ready threads: 0 = ascending,
 // 1 = descending, anything else seeds a shuffle per pass and, at every
 // global access and atomic, a switch to another thread with probability 1/4.
@@ -120,10 +247,21 @@ thread_local unsigned g_current;
 thread_local void (*g_run_thread)(const void*);
 thread_local const void* g_params;
 
+// Not instrumented either: it returns (to the scheduler) after switching to
+// the scheduler's fiber. The kernel it calls is.
+#if defined(__SANITIZE_THREAD__)
+__attribute__((no_sanitize_thread))
+#endif
 void fiber_entry() {
+    race_acquire(&g_race->block_start);
     g_run_thread(g_params);
-    (*g_fibers)[g_current].at = At::Done;
+    race_release(&g_race->block_end);
+    {
+        Bookkeeping b;
+        (*g_fibers)[g_current].at = At::Done;
+    }
     // returning resumes uc_link, the scheduler
+    race_enter(g_scheduler_race);
 }
 
 uint64_t next_random() {
@@ -137,6 +275,7 @@ uint64_t next_random() {
 // pass (Ready) or once its barrier or warp operation completes.
 void switch_out() {
     Fiber& f = (*g_fibers)[g_current];
+    race_enter(g_scheduler_race);
     swapcontext(&f.ctx, &g_scheduler);
 }
 
@@ -157,30 +296,41 @@ __attribute__((noinline)) static void init_fiber(Fiber& f, char* stack) {
 extern "C" void kvt_emu_set_schedule(uint64_t schedule) { g_schedule = schedule; }
 
 extern "C" void kvt_emu_maybe_switch() {
+    Bookkeeping b;
     if (g_fibers != nullptr && g_schedule > 1 && next_random() % 4 == 0) switch_out();
 }
 
 // A block-wide barrier; `kind` 0 returns nothing, 1 the OR, 2 the AND and 3
 // the count of the waiting threads' predicates (__syncthreads_or/_and/_count).
 extern "C" int kvt_emu_syncthreads(int kind, int pred) {
+    Bookkeeping b;
     Fiber& f = (*g_fibers)[g_current];
     f.at = At::Barrier;
     f.vote = pred != 0;
     f.op = kind;
+    void* sync = &g_race->barrier[g_race->barrier_gen & 1];
+    race_release(sync);
     switch_out();
+    race_acquire(sync);
     return (int)f.result;
 }
 
 // A warp operation: the calling lane waits until every lane of `mask` (of its
 // warp) has reached one, then gets its result as the hardware computes it.
 extern "C" uint64_t kvt_emu_warp_op(int op, unsigned mask, uint64_t value, unsigned arg) {
+    Bookkeeping b;
     Fiber& f = (*g_fibers)[g_current];
     f.at = At::WarpOp;
     f.op = op;
     f.mask = mask;
     f.value = value;
     f.arg = arg;
+    // only __syncwarp orders memory among its lanes
+    const unsigned w = g_current / kWarp;
+    void* sync = op == KVT_EMU_SYNCWARP ? &g_race->warp[2 * w + (g_race->warp_gen[w] & 1)] : nullptr;
+    if (sync) race_release(sync);
     switch_out();
+    if (sync) race_acquire(sync);
     return f.result;
 }
 
@@ -214,6 +364,7 @@ bool complete_warp_op(std::vector<Fiber>& fibers, unsigned w, bool force) {
     if (!whole && !force) return false;
     if (!whole) g_report.divergent_warp++;
     g_report.warp_ops++;
+    g_race->warp_gen[w]++;
     unsigned votes = 0;
     for (unsigned l = 0; l < lanes; ++l)
         if ((present >> l & 1) && fibers[base + l].value != 0) votes |= 1u << l;
@@ -259,6 +410,8 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
     g_n_load = n_loads;
     g_store_ranges = stores;
     g_n_store = n_stores;
+    // the scheduler's work is the emulator's, not the kernel's
+    Bookkeeping b;
     g_report = kvt_emu_report{};
     gridDim = dim3{grid, 1, 1};
     blockDim = dim3{block, 1, 1};
@@ -272,11 +425,21 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
     g_rng = g_schedule * 0x9E3779B97F4A7C15ull + 1;
 
     std::vector<unsigned> order(block);
+    const unsigned warps = (block + kWarp - 1) / kWarp;
+    g_scheduler_race = race_this_fiber();
     for (unsigned b = 0; b < grid; ++b) {
         blockIdx = dim3{b, 0, 0};
         memset(smem.data(), kSmemFill, smem_bytes);
         memset(smem.data() + smem_bytes, kGuardFill, kSmemGuard);
-        for (unsigned t = 0; t < block; ++t) init_fiber(fibers[t], stacks[t].data());
+        RaceSync race;
+        race.warp.assign(2 * warps, 0);
+        race.warp_gen.assign(warps, 0);
+        g_race = &race;
+        for (unsigned t = 0; t < block; ++t) {
+            init_fiber(fibers[t], stacks[t].data());
+            fibers[t].race = race_new_fiber();
+        }
+        race_release(&race.block_start);
         g_fibers = &fibers;
         while (true) {
             // One pass: every ready thread runs to its next switch.
@@ -295,6 +458,7 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
                 if (fibers[t].at != At::Ready) continue;
                 g_current = t;
                 threadIdx = dim3{t, 0, 0};
+                race_enter(fibers[t].race);
                 swapcontext(&g_scheduler, &fibers[t].ctx);
                 ran = true;
             }
@@ -322,6 +486,7 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
             // left a barrier under a condition that was not block-uniform.
             if (done != 0) g_report.divergent_barrier++;
             g_report.barriers++;
+            race.barrier_gen++;
             for (Fiber& f : fibers) {
                 if (f.at != At::Barrier) continue;
                 f.result = f.op == 1 ? count != 0 : f.op == 2 ? count == waiting : f.op == 3 ? count : 0;
@@ -329,6 +494,9 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
             }
         }
         g_fibers = nullptr;
+        race_acquire(&race.block_end);
+        for (Fiber& f : fibers) race_free_fiber(f.race);
+        g_race = nullptr;
         for (size_t i = 0; i < kSmemGuard; ++i) {
             if (smem[smem_bytes + i] != kGuardFill) {
                 g_report.smem_overflow++;
@@ -383,5 +551,7 @@ extern "C" kvt_emu_report kvt_emu_spec_swap_in(const kvt_spec_swap_in_params* p,
 
 extern "C" kvt_emu_report kvt_emu_planted(const kvt_planted_params* p, unsigned block, const kvt_emu_range* loads,
                                           size_t n_loads, const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_planted_params, kvt_planted>(p, 1, block, 0, loads, n_loads, stores, n_stores);
+    // one shared word per thread for the shared-memory variants
+    return run<kvt_planted_params, kvt_planted>(p, 1, block, block * sizeof(uint32_t), loads, n_loads, stores,
+                                                n_stores);
 }

@@ -1,6 +1,7 @@
 // tests/kernel_emu/planted.cu — small kernels with planted bugs of the kinds
 // the emulator must catch (warp exchanges with the wrong lanes, a warp vote
-// some lanes skip, an update two threads race on), beside correct versions.
+// some lanes skip, an update two threads race on, shared memory read before
+// the barrier or __syncwarp that would order it), beside correct versions.
 // Built into the emulator for tests/kernel_emulation.rs only.
 #include "common.cuh"
 
@@ -14,6 +15,12 @@ struct kvt_planted_params {
 #define KVT_PLANTED_SKIPPED_VOTE 2  // odd lanes skip a full-warp ballot
 #define KVT_PLANTED_RACE 3          // every thread adds 1 to out[0] with a plain load and store
 #define KVT_PLANTED_ATOMIC 4        // every thread adds 1 to out[0] atomically (correct)
+// Shared memory (blockDim.x words): each thread writes its word, then reads
+// its neighbour's (the next thread's, in its warp for the warp variants).
+#define KVT_PLANTED_SMEM_BARRIER 5  // ordered by __syncthreads (correct)
+#define KVT_PLANTED_SMEM_RACE 6     // no barrier: a race
+#define KVT_PLANTED_SMEM_SYNCWARP 7 // ordered by __syncwarp within the warp (correct)
+#define KVT_PLANTED_SMEM_BALLOT 8   // only a ballot between: votes order no memory, a race
 
 extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
     using namespace kvt;
@@ -40,6 +47,22 @@ extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
         case KVT_PLANTED_RACE: {
             const uint32_t x = ld(p.out);
             st(p.out, x + 1);
+            break;
+        }
+        case KVT_PLANTED_SMEM_BARRIER:
+        case KVT_PLANTED_SMEM_RACE:
+        case KVT_PLANTED_SMEM_SYNCWARP:
+        case KVT_PLANTED_SMEM_BALLOT: {
+            volatile uint32_t* words = reinterpret_cast<volatile uint32_t*>(kvt_dynamic_smem);
+            words[tid] = tid * 3 + 1;
+            uint32_t next = (tid + 1) % blockDim.x;
+            if (p.variant == KVT_PLANTED_SMEM_BARRIER) __syncthreads();
+            if (p.variant == KVT_PLANTED_SMEM_SYNCWARP || p.variant == KVT_PLANTED_SMEM_BALLOT) {
+                next = tid - lane + (lane + 1) % KVT_WARP;
+                if (p.variant == KVT_PLANTED_SMEM_SYNCWARP) __syncwarp();
+                else (void)warp_ballot(true);
+            }
+            st(p.out + tid, words[next]);
             break;
         }
         default:
