@@ -432,3 +432,19 @@ const _: () = {
     ["Offset of field: kvt_spec_swap_in_params::flags"]
         [::core::mem::offset_of!(kvt_spec_swap_in_params, flags) - 316usize];
 };
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct kvt_error_take_params {
+    pub word: kvt_addr,
+    pub out: kvt_addr,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of kvt_error_take_params"][::core::mem::size_of::<kvt_error_take_params>() - 16usize];
+    ["Alignment of kvt_error_take_params"]
+        [::core::mem::align_of::<kvt_error_take_params>() - 8usize];
+    ["Offset of field: kvt_error_take_params::word"]
+        [::core::mem::offset_of!(kvt_error_take_params, word) - 0usize];
+    ["Offset of field: kvt_error_take_params::out"]
+        [::core::mem::offset_of!(kvt_error_take_params, out) - 8usize];
+};

@@ -336,4 +336,17 @@ typedef struct kvt_spec_swap_in_params {
     uint32_t flags;                /* KVT_SWAP_SEQ_LENS_I64, KVT_SWAP_REQ_INDICES_I64 */
 } kvt_spec_swap_in_params;
 
+/*
+ * Taking the error word (kernel kvt_error_take, one block of 32 threads,
+ * lane 0 working): moves every field of *word into *out and leaves *word
+ * clear, field by field with atomic exchanges, so a report that kernels on
+ * other streams make meanwhile is never lost: each of its three updates
+ * (flags, count, first[kind]) lands either in *out or in *word, for the next
+ * take. Reads and writes nothing else.
+ */
+typedef struct kvt_error_take_params {
+    kvt_addr word;                 /* kvt_error_word*: taken and cleared */
+    kvt_addr out;                  /* kvt_error_word*: receives what was taken */
+} kvt_error_take_params;
+
 #endif /* KVTIER_ABI_H */

@@ -90,6 +90,17 @@ __device__ __forceinline__ void st(T* p, T v) {
 #endif
 }
 
+// Atomic exchange of a global word, checked by the host emulation like
+// every other global access (a refused one returns the new value and
+// changes nothing).
+template <class T>
+__device__ __forceinline__ T exchange(T* p, T v) {
+#ifdef KVT_HOST_EMULATION
+    if (!kvt_emu_atomic(p, sizeof(T))) return v;
+#endif
+    return atomicExch(p, v);
+}
+
 // Loads and stores of global words that other threads of the grid update
 // with atomics in the same launch, where a stale value is part of the design
 // (a CAS that follows decides). Volatile on the device, so each is one

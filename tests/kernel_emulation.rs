@@ -1221,11 +1221,13 @@ struct PlantedParams {
 
 /// One block of `block` threads of a planted kernel over `out`.
 fn emulate_planted(variant: u32, block: u32, out: &mut [u32]) -> Report {
-    let p = PlantedParams {
-        out: out.as_mut_ptr(),
-        variant,
-    };
-    let mem = [range(out.as_ptr() as u64, 4 * out.len())];
+    emulate_planted_at(variant, block, out.as_mut_ptr(), 4 * out.len())
+}
+
+/// The same over `bytes` at `out`, which the caller keeps alive.
+fn emulate_planted_at(variant: u32, block: u32, out: *mut u32, bytes: usize) -> Report {
+    let p = PlantedParams { out, variant };
+    let mem = [range(out as u64, bytes)];
     type PlantedFn = unsafe extern "C" fn(
         *const PlantedParams,
         u32,
@@ -1320,6 +1322,57 @@ fn planted_shared_memory_orderings() {
             let got: Vec<Option<u32>> = out.iter().map(|&v| Some(v)).collect();
             assert_eq!(got, want, "variant {variant}");
         }
+    }
+}
+
+/// Taking the error word while kernels report into it (R6): 255 threads
+/// each report four times (three kinds) while thread 0 takes the word once, under
+/// the shuffled schedules, which switch threads at every atomic and global
+/// access. With `kvt_error_take`'s exchanges (kernels/error_word.cu) every
+/// report is in what the take got or still in the word: counts add up to 1020,
+/// flags and first positions merge to what the CPU reference computes, and
+/// some schedule takes in the middle. The earlier read-then-reset loses
+/// reports under some schedule, which this test tells from the fixed one.
+#[test]
+fn a_report_racing_the_error_word_take_is_not_lost() {
+    use kvtier::abi::kvt_error_word;
+    let block = 256u32;
+    let reports = 4 * (block - 1);
+    let mut want = ErrorWord::clear();
+    for t in 1..block {
+        for i in 0..4 {
+            want.report((t + i) % 3, 4 * t + i, -i64::from(t));
+        }
+    }
+    for (variant, exchanges) in [(9u32, true), (10, false)] {
+        let (mut split, mut lost) = (false, false);
+        for schedule in 2..14 {
+            set_schedule(schedule);
+            let mut words = [ErrorWord::clear().0, ErrorWord::clear().0];
+            let bytes = 2 * std::mem::size_of::<kvt_error_word>();
+            let r = emulate_planted_at(variant, block, words.as_mut_ptr().cast(), bytes);
+            assert!(r.clean(), "{r:?}");
+            let (left, taken) = (ErrorWord(words[0]), ErrorWord(words[1]));
+            let mut merged = taken;
+            merged.merge(&left);
+            split |= taken.0.count > 0 && taken.0.count < reports;
+            if exchanges {
+                assert_eq!(
+                    merged, want,
+                    "schedule {schedule}: taken {taken:?} and left {left:?} lose reports"
+                );
+            } else {
+                lost |= merged.0.count < reports;
+            }
+        }
+        assert!(
+            split,
+            "variant {variant}: no schedule took the word mid-way"
+        );
+        assert_eq!(
+            lost, !exchanges,
+            "variant {variant}: the naive take should lose reports under some schedule, the exchanges never"
+        );
     }
 }
 

@@ -203,9 +203,10 @@ pub enum Kernel {
     SwapInCopy = 3,
     SpecSwapIn = 4,
     SwapInFewMissPlan = 5,
+    ErrorTake = 6,
 }
 
-const KERNELS: usize = 6;
+const KERNELS: usize = 7;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -215,6 +216,7 @@ impl Kernel {
         Kernel::SwapInCopy,
         Kernel::SpecSwapIn,
         Kernel::SwapInFewMissPlan,
+        Kernel::ErrorTake,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -226,6 +228,7 @@ impl Kernel {
             Kernel::SwapInCopy => "kvt_swap_in_copy",
             Kernel::SpecSwapIn => "kvt_spec_swap_in",
             Kernel::SwapInFewMissPlan => "kvt_swap_in_few_miss_plan",
+            Kernel::ErrorTake => "kvt_error_take",
         }
     }
 
@@ -235,6 +238,7 @@ impl Kernel {
             Kernel::SwapInPlan => crate::abi::KVT_SWAP_PLAN_THREADS,
             Kernel::SpecSwapIn => crate::abi::KVT_SPEC_THREADS,
             Kernel::SwapInFewMissPlan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
+            Kernel::ErrorTake => 32,
             _ => BLOCK_THREADS,
         }
     }

@@ -394,34 +394,46 @@ impl Drop for EventTimer {
     }
 }
 
-/// Reads a device error word and, when something was recorded, clears it and
-/// waits for the reset to land (so no later kernel on any stream reports into
-/// the old contents).
+/// Takes a device error word: waits for the whole context (so every kernel
+/// launched before the call has reported), then moves the word into a fresh
+/// one and clears it with `kvt_error_take`'s atomic exchanges, and reads
+/// what was taken. A report that a kernel launched meanwhile on another
+/// stream makes is not lost (an earlier read-then-reset could wipe it): each
+/// of its updates is in what this take returns or stays for the next.
 pub(crate) fn take_error_word(
     dev: &Arc<CudaDevice>,
     error: &DeviceBuffer<crate::error_word::ErrorWord>,
 ) -> Result<crate::error_word::ErrorWord> {
     use crate::error_word::ErrorWord;
-    // to_vec waits for the whole context, so work on every stream that may
-    // report into the word has finished.
-    let word = error.to_vec()?[0];
-    if !word.is_clear() {
-        copy_to_device_async(
-            dev,
-            error.device_ptr(),
-            &[ErrorWord::clear()],
+    dev.synchronize_all()?;
+    let taken = DeviceBuffer::from_host(dev, &[ErrorWord::clear()])?;
+    let params = crate::abi::kvt_error_take_params {
+        word: error.device_ptr(),
+        out: taken.device_ptr(),
+    };
+    // SAFETY: both addresses are live error words on this device until the
+    // read below, which waits for the launch.
+    unsafe {
+        dev.launch(
+            super::Kernel::ErrorTake,
+            1,
+            super::Kernel::ErrorTake.block_threads(),
+            0,
+            &params,
             Stream::null(),
-        )?;
-        dev.synchronize_all()?;
-    }
-    Ok(word)
+        )?
+    };
+    Ok(taken.to_vec()?[0])
 }
 
 /// A watch on a device error word that never waits: each [`poll`] returns
 /// the snapshot the previous poll started, if the copy has landed, and starts
 /// the next one, a copy into pinned host memory on a stream of its own. The
 /// word is only read (the kernels keep adding to it), so a snapshot may be
-/// a little behind but is never lost; `check` still reads and clears it.
+/// a little behind but is never lost; `check` still takes and clears it.
+/// The copy reads the fields while kernels may be updating them, so a
+/// snapshot's `count` may include a report whose `first` entry it misses
+/// (or the reverse); the next snapshot and `check` have both.
 ///
 /// [`poll`]: ErrorWordWatch::poll
 pub(crate) struct ErrorWordWatch {

@@ -90,6 +90,10 @@ inline int atomicExch(int* a, int v) {
     KVT_EMU_ATOMIC_POINT;
     return __atomic_exchange_n(a, v, __ATOMIC_RELAXED);
 }
+inline unsigned atomicExch(unsigned* a, unsigned v) {
+    KVT_EMU_ATOMIC_POINT;
+    return __atomic_exchange_n(a, v, __ATOMIC_RELAXED);
+}
 inline int atomicOr(int* a, int v) {
     KVT_EMU_ATOMIC_POINT;
     return __atomic_fetch_or(a, v, __ATOMIC_RELAXED);

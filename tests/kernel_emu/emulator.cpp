@@ -13,6 +13,7 @@
 #include "swap_in.cu"
 #include "swap_in_few_miss.cu"
 #include "writeback.cu"
+#include "error_word.cu"
 #include "planted.cu"
 
 // ---- the race detector -----------------------------------------------------

@@ -21,6 +21,11 @@ struct kvt_planted_params {
 #define KVT_PLANTED_SMEM_RACE 6     // no barrier: a race
 #define KVT_PLANTED_SMEM_SYNCWARP 7 // ordered by __syncwarp within the warp (correct)
 #define KVT_PLANTED_SMEM_BALLOT 8   // only a ballot between: votes order no memory, a race
+// The error word (out: two kvt_error_word, the word and what a take got):
+// every thread but 0 reports four times (kind (tid + i) % 3, position
+// 4 tid + i, value -tid) while thread 0 takes the word once, in between.
+#define KVT_PLANTED_TAKE 9          // with kvt_error_take's exchanges (correct)
+#define KVT_PLANTED_TAKE_NAIVE 10   // read, then reset with plain stores: loses reports
 
 extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
     using namespace kvt;
@@ -63,6 +68,24 @@ extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
                 else (void)warp_ballot(true);
             }
             st(p.out + tid, words[next]);
+            break;
+        }
+        case KVT_PLANTED_TAKE:
+        case KVT_PLANTED_TAKE_NAIVE: {
+            kvt_error_word* word = reinterpret_cast<kvt_error_word*>(p.out);
+            kvt_error_word* taken = word + 1;
+            if (tid != 0) {
+                for (uint32_t i = 0; i < 4; ++i) report(word, (tid + i) % 3, 4 * tid + i, -(int64_t)tid);
+            } else if (p.variant == KVT_PLANTED_TAKE) {
+                kvt_error_take(kvt_error_take_params{(kvt_addr)(uintptr_t)word, (kvt_addr)(uintptr_t)taken});
+            } else {
+                st(&taken->flags, ld(&word->flags));
+                st(&taken->count, ld(&word->count));
+                for (uint32_t k = 0; k < KVT_ERR_KINDS; ++k) st(&taken->first[k], ld(&word->first[k]));
+                st(&word->flags, 0u);
+                st(&word->count, 0u);
+                for (uint32_t k = 0; k < KVT_ERR_KINDS; ++k) st(&word->first[k], (uint64_t)KVT_ERR_FIRST_NONE);
+            }
             break;
         }
         default:
