@@ -7,8 +7,19 @@ from __future__ import annotations
 import sys
 import textwrap
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+# The repository around these tests, for the tests that check it (its README,
+# its C header, its pins) rather than the installed package; skipped where
+# the tests run from a copy outside it.
+REPOSITORY = Path(__file__).resolve().parents[3]
+needs_repository = pytest.mark.skipif(
+    not (REPOSITORY / "Cargo.toml").is_file() or not (REPOSITORY / "kernels").is_dir(),
+    reason="needs kvtier's repository around the tests",
+)
 
 ITEM = 16
 

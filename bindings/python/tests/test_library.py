@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import kvtier
+from conftest import needs_repository
 from kvtier import _lib
 
 REPO = Path(__file__).resolve().parents[3]
@@ -72,6 +73,7 @@ def test_a_missing_kvtier_lib_is_a_clear_error(tmp_path):
     assert "nope.so does not exist" in run.stdout
 
 
+@needs_repository
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 def test_ctypes_structs_match_the_c_header(tmp_path):
     """tests/ffi/abi_test.c prints the header's sizes and offsets; the ctypes

@@ -1,9 +1,11 @@
 """The README's Python example runs as written."""
 
 import re
-from pathlib import Path
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+from conftest import REPOSITORY, needs_repository
+
+README = REPOSITORY / "README.md"
+pytestmark = needs_repository
 
 
 def test_the_readme_python_example_runs():

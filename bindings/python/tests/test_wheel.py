@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import kvtier
-
-REPO = Path(__file__).resolve().parents[3]
+from conftest import REPOSITORY as REPO
+from conftest import needs_repository
 WHEEL = os.environ.get("KVTIER_WHEEL")
 needs_wheel = pytest.mark.skipif(not WHEEL, reason="KVTIER_WHEEL is not set (scripts/test.sh sets it)")
 
@@ -36,6 +36,7 @@ def payload(wheel: Path) -> set[str]:
     return {n for n in members(wheel) if not n.endswith(("/", "RECORD", "WHEEL"))}
 
 
+@needs_repository
 def test_the_kernel_compiler_pins_agree():
     """pyproject's build requirements and scripts/install-tools.sh pin the
     same NVRTC and nvFatbin, so a developer's build and the wheel compile the
