@@ -14,6 +14,30 @@ fn kvtier(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// A reader that goes away (`kvtier info | head -1`) ends the command quietly,
+/// by SIGPIPE as the shell's tools end, not with a panic and exit 101.
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .arg("info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before the first line
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {stderr}",
+        out.status
+    );
+}
+
 #[test]
 fn info_reports_kernels_and_driver() {
     let (ok, out, err) = kvtier(&["info"]);
