@@ -48,7 +48,7 @@ enum Backend {
     Cuda {
         dev: Arc<CudaDevice>,
         slots: DeviceBuffer<u64>,
-        error: DeviceBuffer<ErrorWord>,
+        error: crate::cuda::DeviceErrorWord,
     },
 }
 
@@ -107,7 +107,7 @@ impl Tier {
                     pool.register_all(dev)?;
                     DeviceBuffer::zeroed(dev, num_slots as usize)?
                 },
-                error: DeviceBuffer::from_host(dev, &[ErrorWord::clear()])?,
+                error: crate::cuda::DeviceErrorWord::new(dev)?,
             },
         };
         Ok(Tier {
@@ -382,7 +382,7 @@ impl Tier {
     pub fn check(&self, _stream: Stream) -> Result<()> {
         let mut word = match &self.backend {
             Backend::Cpu => ErrorWord::clear(),
-            Backend::Cuda { dev, error, .. } => crate::cuda::take_error_word(dev, error)?,
+            Backend::Cuda { error, .. } => error.take()?,
         };
         if let Some(engine) = &self.swap_in {
             word.merge(&engine.take_word()?);

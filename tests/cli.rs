@@ -14,6 +14,18 @@ fn kvtier(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// The pool on `devices` (device specs as the command line takes them),
+/// opened by rank `rank` of `ranks`.
+fn open_as_rank(devices: &[&String], rank: u32, ranks: u32) -> std::sync::Arc<kvtier::Pool> {
+    let specs: Vec<kvtier::DeviceSpec> = devices.iter().map(|d| d.parse().unwrap()).collect();
+    let opts = kvtier::PoolOptions {
+        rank,
+        ranks,
+        ..kvtier::PoolOptions::default()
+    };
+    kvtier::Pool::open(specs, opts).unwrap()
+}
+
 /// A reader that goes away (`kvtier info | head -1`) ends the command quietly,
 /// by SIGPIPE as the shell's tools end, not with a panic and exit 101.
 #[test]
@@ -292,14 +304,8 @@ fn pool_commands_create_inspect_check_and_destroy() {
     );
     {
         // two ranks of four hold regions: status names who reads from which device
-        let specs: Vec<kvtier::DeviceSpec> = [&a, &b].iter().map(|d| d.parse().unwrap()).collect();
-        let opts = |rank| kvtier::PoolOptions {
-            rank,
-            ranks: 4,
-            ..kvtier::PoolOptions::default()
-        };
-        let p1 = kvtier::Pool::open(specs.clone(), opts(1)).unwrap();
-        let p2 = kvtier::Pool::open(specs.clone(), opts(2)).unwrap();
+        let p1 = open_as_rank(&[&a, &b], 1, 4);
+        let p2 = open_as_rank(&[&a, &b], 2, 4);
         let _r1 = p1.alloc_region_for(1).unwrap();
         let _r2 = p2.alloc_region_for(2).unwrap();
         let (ok, out, err) = kvtier(&[&["pool", "status"][..], &devs].concat());
@@ -732,15 +738,9 @@ fn pool_status_json_counts_per_device_and_per_client() {
         "16",
     ]);
     assert!(ok, "{err}");
-    let specs: Vec<kvtier::DeviceSpec> = [&a, &b].iter().map(|d| d.parse().unwrap()).collect();
-    let opts = |rank| kvtier::PoolOptions {
-        rank,
-        ranks: 2,
-        ..kvtier::PoolOptions::default()
-    };
     // rank 0 holds two regions on device 0 (one published), rank 1 one on device 1
-    let p0 = kvtier::Pool::open(specs.clone(), opts(0)).unwrap();
-    let p1 = kvtier::Pool::open(specs.clone(), opts(1)).unwrap();
+    let p0 = open_as_rank(&[&a, &b], 0, 2);
+    let p1 = open_as_rank(&[&a, &b], 1, 2);
     let r = [
         p0.alloc_region().unwrap(),
         p0.alloc_region().unwrap(),

@@ -1163,14 +1163,19 @@ fn read_ready_never_returns_a_torn_region() {
     );
 }
 
+/// A new pool on `devices`, as another process would open it.
+fn created_then_opened(devices: &[DeviceSpec]) -> Arc<Pool> {
+    drop(Pool::create_on(layout(), devices.to_vec(), PoolOptions::default()).unwrap());
+    Pool::open(devices.to_vec(), PoolOptions::default()).unwrap()
+}
+
 /// A pool destroyed with force while processes are attached cannot be
 /// created anew under them (they would write into regions handed to others).
 #[test]
 fn a_new_pool_is_refused_while_the_old_ones_holders_live() {
     let dir = Dir::new("recreate");
     let devices = dir.devices(1, 4);
-    drop(Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap());
-    let holder = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
+    let holder = created_then_opened(&devices);
     let _r = holder.alloc_region().unwrap();
     let err = Pool::destroy(devices.clone(), false)
         .unwrap_err()
@@ -1618,8 +1623,7 @@ fn a_numa_device_larger_than_its_node_is_refused() {
 fn a_new_pool_is_refused_on_any_device_a_live_holder_of_the_old_one_maps() {
     let dir = Dir::new("recreate-any");
     let devices = dir.devices(2, 4);
-    drop(Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap());
-    let holder = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
+    let holder = created_then_opened(&devices);
     let _regions: Vec<_> = (0..holder.num_regions())
         .map(|_| holder.alloc_region().unwrap())
         .collect();

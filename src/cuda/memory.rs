@@ -394,36 +394,56 @@ impl Drop for EventTimer {
     }
 }
 
-/// Takes a device error word: waits for the whole context (so every kernel
-/// launched before the call has reported), then moves the word into a fresh
-/// one and clears it with `kvt_error_take`'s atomic exchanges, and reads
-/// what was taken. A report that a kernel launched meanwhile on another
-/// stream makes is not lost (an earlier read-then-reset could wipe it): each
-/// of its updates is in what this take returns or stays for the next.
-pub(crate) fn take_error_word(
-    dev: &Arc<CudaDevice>,
-    error: &DeviceBuffer<crate::error_word::ErrorWord>,
-) -> Result<crate::error_word::ErrorWord> {
-    use crate::error_word::ErrorWord;
-    dev.synchronize_all()?;
-    let taken = DeviceBuffer::from_host(dev, &[ErrorWord::clear()])?;
-    let params = crate::abi::kvt_error_take_params {
-        word: error.device_ptr(),
-        out: taken.device_ptr(),
-    };
-    // SAFETY: both addresses are live error words on this device until the
-    // read below, which waits for the launch.
-    unsafe {
-        dev.launch(
-            super::Kernel::ErrorTake,
-            1,
-            super::Kernel::ErrorTake.block_threads(),
-            0,
-            &params,
-            Stream::null(),
-        )?
-    };
-    Ok(taken.to_vec()?[0])
+/// The device-side error word the kernels report into, and beside it the
+/// word a take moves it into (so a take allocates nothing).
+pub(crate) struct DeviceErrorWord {
+    dev: Arc<CudaDevice>,
+    /// `[the word, what the last take moved out of it]`.
+    words: DeviceBuffer<crate::error_word::ErrorWord>,
+}
+
+impl DeviceErrorWord {
+    /// A clear word on `dev`.
+    pub(crate) fn new(dev: &Arc<CudaDevice>) -> Result<Self> {
+        use crate::error_word::ErrorWord;
+        Ok(DeviceErrorWord {
+            dev: dev.clone(),
+            words: DeviceBuffer::from_host(dev, &[ErrorWord::clear(), ErrorWord::clear()])?,
+        })
+    }
+
+    /// The word's device address, for the kernels' parameters.
+    pub(crate) fn device_ptr(&self) -> u64 {
+        self.words.device_ptr()
+    }
+
+    /// Takes the word: waits for the whole context (so every kernel launched
+    /// before the call has reported), then moves the word into its staging
+    /// twin and clears it with `kvt_error_take`'s atomic exchanges, and reads
+    /// what was taken. A report that a kernel launched meanwhile on another
+    /// stream makes is not lost (an earlier read-then-reset could wipe it):
+    /// each of its updates is in what this take returns or stays for the next.
+    pub(crate) fn take(&self) -> Result<crate::error_word::ErrorWord> {
+        self.dev.synchronize_all()?;
+        let params = crate::abi::kvt_error_take_params {
+            word: self.words.device_ptr(),
+            out: self.words.device_ptr()
+                + std::mem::size_of::<crate::error_word::ErrorWord>() as u64,
+        };
+        // SAFETY: both addresses are this buffer's two words, live until the
+        // read below, which waits for the launch.
+        unsafe {
+            self.dev.launch(
+                super::Kernel::ErrorTake,
+                1,
+                super::Kernel::ErrorTake.block_threads(),
+                0,
+                &params,
+                Stream::null(),
+            )?
+        };
+        Ok(self.words.read(1, 1)?[0])
+    }
 }
 
 /// A watch on a device error word that never waits: each [`poll`] returns
@@ -482,7 +502,7 @@ impl ErrorWordWatch {
     /// (a stale report would otherwise surface again after the check).
     pub(crate) fn poll(
         &mut self,
-        word: &DeviceBuffer<crate::error_word::ErrorWord>,
+        word: &DeviceErrorWord,
         epoch: u64,
     ) -> Result<Option<crate::error_word::ErrorWord>> {
         let _bound = self.dev.bind()?;

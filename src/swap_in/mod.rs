@@ -123,7 +123,7 @@ pub use spec::{
 use crate::abi::{KVT_SWAP_MAX_HOT, KVT_SWAP_MAX_TOP_K};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::cuda::{DeviceBuffer, ErrorWordWatch, Stream, take_error_word};
+use crate::cuda::{DeviceBuffer, DeviceErrorWord, ErrorWordWatch, Stream};
 use crate::error::{Result, invalid};
 use crate::error_word::{BadIndexReport, ErrorWord};
 use crate::executor::Executor;
@@ -212,7 +212,7 @@ pub(crate) struct SwapInTarget {
 pub struct SwapInEngine {
     exec: Executor,
     /// The CUDA executor's error word (the CPU executor reports at once).
-    error: Option<DeviceBuffer<ErrorWord>>,
+    error: Option<DeviceErrorWord>,
     max_batch: u32,
     max_top_k: u32,
     scratch: Option<PlanScratch>,
@@ -235,7 +235,7 @@ impl SwapInEngine {
     pub fn new(exec: Executor) -> Result<Self> {
         let error = match &exec {
             Executor::Cpu => None,
-            Executor::Cuda(dev) => Some(DeviceBuffer::from_host(dev, &[ErrorWord::clear()])?),
+            Executor::Cuda(dev) => Some(DeviceErrorWord::new(dev)?),
         };
         Ok(SwapInEngine {
             exec,
@@ -466,7 +466,7 @@ impl SwapInEngine {
         self.polled_count.store(0, Ordering::Relaxed);
         self.clears.fetch_add(1, Ordering::AcqRel);
         match (&self.exec, &self.error) {
-            (Executor::Cuda(dev), Some(error)) => take_error_word(dev, error),
+            (Executor::Cuda(_), Some(error)) => error.take(),
             _ => Ok(ErrorWord::clear()),
         }
     }

@@ -118,16 +118,24 @@ static bool check(const kvt_emu_range* r, size_t n, const void* p, unsigned byte
     return ok;
 }
 
-extern "C" void kvt_emu_load(const void* p, void* v, unsigned bytes) {
+// A possible switch, then the access counted and checked (the emulator's
+// bookkeeping, hidden from the race detector); true when it may be made.
+static bool admit_load(const void* p, unsigned bytes) {
     kvt_emu_maybe_switch();
-    bool ok;
-    {
-        Bookkeeping b;
-        g_report.loads++;
-        ok = check(g_load_ranges, g_n_load, p, bytes);
-    }
-    // the kernel's own access: the race detector checks it
-    if (ok) {
+    Bookkeeping b;
+    g_report.loads++;
+    return check(g_load_ranges, g_n_load, p, bytes);
+}
+static bool admit_store(const void* p, unsigned bytes) {
+    kvt_emu_maybe_switch();
+    Bookkeeping b;
+    g_report.stores++;
+    return check(g_store_ranges, g_n_store, p, bytes);
+}
+
+// The kernel's own accesses, which the race detector checks.
+extern "C" void kvt_emu_load(const void* p, void* v, unsigned bytes) {
+    if (admit_load(p, bytes)) {
         memcpy(v, p, bytes);
     } else {
         memset(v, 0xEE, bytes);
@@ -135,27 +143,13 @@ extern "C" void kvt_emu_load(const void* p, void* v, unsigned bytes) {
 }
 
 extern "C" void kvt_emu_store(void* p, const void* v, unsigned bytes) {
-    kvt_emu_maybe_switch();
-    bool ok;
-    {
-        Bookkeeping b;
-        g_report.stores++;
-        ok = check(g_store_ranges, g_n_store, p, bytes);
-    }
-    if (ok) memcpy(p, v, bytes);
+    if (admit_store(p, bytes)) memcpy(p, v, bytes);
 }
 
 // ld_racy and st_racy: checked like the plain ones, performed as relaxed
 // atomics (4 or 8 bytes: the kernels' words).
 extern "C" void kvt_emu_load_atomic(const void* p, void* v, unsigned bytes) {
-    kvt_emu_maybe_switch();
-    bool ok;
-    {
-        Bookkeeping b;
-        g_report.loads++;
-        ok = check(g_load_ranges, g_n_load, p, bytes) && (bytes == 4 || bytes == 8);
-    }
-    if (!ok) {
+    if (!admit_load(p, bytes) || (bytes != 4 && bytes != 8)) {
         memset(v, 0xEE, bytes);
     } else if (bytes == 4) {
         const uint32_t x = __atomic_load_n(static_cast<const uint32_t*>(p), __ATOMIC_RELAXED);
@@ -167,18 +161,12 @@ extern "C" void kvt_emu_load_atomic(const void* p, void* v, unsigned bytes) {
 }
 
 extern "C" void kvt_emu_store_atomic(void* p, const void* v, unsigned bytes) {
-    kvt_emu_maybe_switch();
-    bool ok;
-    {
-        Bookkeeping b;
-        g_report.stores++;
-        ok = check(g_store_ranges, g_n_store, p, bytes) && (bytes == 4 || bytes == 8);
-    }
-    if (ok && bytes == 4) {
+    if (!admit_store(p, bytes)) return;
+    if (bytes == 4) {
         uint32_t x;
         memcpy(&x, v, 4);
         __atomic_store_n(static_cast<uint32_t*>(p), x, __ATOMIC_RELAXED);
-    } else if (ok) {
+    } else if (bytes == 8) {
         uint64_t x;
         memcpy(&x, v, 8);
         __atomic_store_n(static_cast<uint64_t*>(p), x, __ATOMIC_RELAXED);
