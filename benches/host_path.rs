@@ -69,6 +69,7 @@ fn swap_in_overhead(c: &mut Criterion) {
     c.bench_function("swap_in_call_one_hit", |b| {
         b.iter(|| {
             let a = SwapInArgs {
+                layer: None,
                 top_k_tokens: Buf::host(&query),
                 top_k_stride: 1,
                 query: QueryKind::Tokens,

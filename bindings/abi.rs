@@ -199,6 +199,7 @@ pub struct kvt_swap_in_params {
     pub plan_dst: kvt_addr,
     pub plan_count: kvt_addr,
     pub error: kvt_addr,
+    pub counters: kvt_addr,
     pub items: kvt_item_layout,
     pub host_rows: u64,
     pub device_rows: u64,
@@ -218,11 +219,11 @@ pub struct kvt_swap_in_params {
     pub max_tokens: u32,
     pub plan_capacity: u32,
     pub flags: u32,
-    pub _reserved: u32,
+    pub miss_bytes: u32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of kvt_swap_in_params"][::core::mem::size_of::<kvt_swap_in_params>() - 272usize];
+    ["Size of kvt_swap_in_params"][::core::mem::size_of::<kvt_swap_in_params>() - 280usize];
     ["Alignment of kvt_swap_in_params"][::core::mem::align_of::<kvt_swap_in_params>() - 8usize];
     ["Offset of field: kvt_swap_in_params::top_k_tokens"]
         [::core::mem::offset_of!(kvt_swap_in_params, top_k_tokens) - 0usize];
@@ -254,46 +255,78 @@ const _: () = {
         [::core::mem::offset_of!(kvt_swap_in_params, plan_count) - 120usize];
     ["Offset of field: kvt_swap_in_params::error"]
         [::core::mem::offset_of!(kvt_swap_in_params, error) - 128usize];
+    ["Offset of field: kvt_swap_in_params::counters"]
+        [::core::mem::offset_of!(kvt_swap_in_params, counters) - 136usize];
     ["Offset of field: kvt_swap_in_params::items"]
-        [::core::mem::offset_of!(kvt_swap_in_params, items) - 136usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, items) - 144usize];
     ["Offset of field: kvt_swap_in_params::host_rows"]
-        [::core::mem::offset_of!(kvt_swap_in_params, host_rows) - 160usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, host_rows) - 168usize];
     ["Offset of field: kvt_swap_in_params::device_rows"]
-        [::core::mem::offset_of!(kvt_swap_in_params, device_rows) - 168usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, device_rows) - 176usize];
     ["Offset of field: kvt_swap_in_params::top_k_stride"]
-        [::core::mem::offset_of!(kvt_swap_in_params, top_k_stride) - 176usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, top_k_stride) - 184usize];
     ["Offset of field: kvt_swap_in_params::tokens_stride"]
-        [::core::mem::offset_of!(kvt_swap_in_params, tokens_stride) - 184usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, tokens_stride) - 192usize];
     ["Offset of field: kvt_swap_in_params::locs_stride"]
-        [::core::mem::offset_of!(kvt_swap_in_params, locs_stride) - 192usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, locs_stride) - 200usize];
     ["Offset of field: kvt_swap_in_params::lru_stride"]
-        [::core::mem::offset_of!(kvt_swap_in_params, lru_stride) - 200usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, lru_stride) - 208usize];
     ["Offset of field: kvt_swap_in_params::host_stride"]
-        [::core::mem::offset_of!(kvt_swap_in_params, host_stride) - 208usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, host_stride) - 216usize];
     ["Offset of field: kvt_swap_in_params::out_stride"]
-        [::core::mem::offset_of!(kvt_swap_in_params, out_stride) - 216usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, out_stride) - 224usize];
     ["Offset of field: kvt_swap_in_params::plan_stride"]
-        [::core::mem::offset_of!(kvt_swap_in_params, plan_stride) - 224usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, plan_stride) - 232usize];
     ["Offset of field: kvt_swap_in_params::batch"]
-        [::core::mem::offset_of!(kvt_swap_in_params, batch) - 232usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, batch) - 240usize];
     ["Offset of field: kvt_swap_in_params::top_k"]
-        [::core::mem::offset_of!(kvt_swap_in_params, top_k) - 236usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, top_k) - 244usize];
     ["Offset of field: kvt_swap_in_params::block_tokens"]
-        [::core::mem::offset_of!(kvt_swap_in_params, block_tokens) - 240usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, block_tokens) - 248usize];
     ["Offset of field: kvt_swap_in_params::entries"]
-        [::core::mem::offset_of!(kvt_swap_in_params, entries) - 244usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, entries) - 252usize];
     ["Offset of field: kvt_swap_in_params::hot"]
-        [::core::mem::offset_of!(kvt_swap_in_params, hot) - 248usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, hot) - 256usize];
     ["Offset of field: kvt_swap_in_params::num_requests"]
-        [::core::mem::offset_of!(kvt_swap_in_params, num_requests) - 252usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, num_requests) - 260usize];
     ["Offset of field: kvt_swap_in_params::max_tokens"]
-        [::core::mem::offset_of!(kvt_swap_in_params, max_tokens) - 256usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, max_tokens) - 264usize];
     ["Offset of field: kvt_swap_in_params::plan_capacity"]
-        [::core::mem::offset_of!(kvt_swap_in_params, plan_capacity) - 260usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, plan_capacity) - 268usize];
     ["Offset of field: kvt_swap_in_params::flags"]
-        [::core::mem::offset_of!(kvt_swap_in_params, flags) - 264usize];
-    ["Offset of field: kvt_swap_in_params::_reserved"]
-        [::core::mem::offset_of!(kvt_swap_in_params, _reserved) - 268usize];
+        [::core::mem::offset_of!(kvt_swap_in_params, flags) - 272usize];
+    ["Offset of field: kvt_swap_in_params::miss_bytes"]
+        [::core::mem::offset_of!(kvt_swap_in_params, miss_bytes) - 276usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct kvt_swap_counters {
+    pub calls: u64,
+    pub rows: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub bytes: u64,
+    pub bad: u64,
+    pub _reserved: [u64; 2usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of kvt_swap_counters"][::core::mem::size_of::<kvt_swap_counters>() - 64usize];
+    ["Alignment of kvt_swap_counters"][::core::mem::align_of::<kvt_swap_counters>() - 8usize];
+    ["Offset of field: kvt_swap_counters::calls"]
+        [::core::mem::offset_of!(kvt_swap_counters, calls) - 0usize];
+    ["Offset of field: kvt_swap_counters::rows"]
+        [::core::mem::offset_of!(kvt_swap_counters, rows) - 8usize];
+    ["Offset of field: kvt_swap_counters::hits"]
+        [::core::mem::offset_of!(kvt_swap_counters, hits) - 16usize];
+    ["Offset of field: kvt_swap_counters::misses"]
+        [::core::mem::offset_of!(kvt_swap_counters, misses) - 24usize];
+    ["Offset of field: kvt_swap_counters::bytes"]
+        [::core::mem::offset_of!(kvt_swap_counters, bytes) - 32usize];
+    ["Offset of field: kvt_swap_counters::bad"]
+        [::core::mem::offset_of!(kvt_swap_counters, bad) - 40usize];
+    ["Offset of field: kvt_swap_counters::_reserved"]
+        [::core::mem::offset_of!(kvt_swap_counters, _reserved) - 48usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]

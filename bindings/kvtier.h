@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes. */
-#define KVT_ABI_VERSION 3
+#define KVT_ABI_VERSION 4
 
 typedef int32_t kvt_status;
 #define KVT_OK 0
@@ -140,6 +140,11 @@ kvt_status kvt_pool_open_or_create(const kvt_layout *layout, const char *const *
 /* Bytes a single-device pool needs to hold `regions` regions of `layout`. */
 kvt_status kvt_pool_device_bytes_for(const kvt_layout *layout, uint32_t regions, uint64_t *out);
 kvt_status kvt_pool_info_get(const kvt_pool *pool, kvt_pool_info *out);
+/* Publishes this process's stats for readers of the pool (`kvtier pool status
+ * --json` shows them with the client): `json`, a NUL-terminated JSON object of
+ * at most 1 MiB, replaces what the process published before. Written to
+ * $KVTIER_RUN_DIR (default /dev/shm/kvtier)/<pool uuid>/<pid>.json. */
+kvt_status kvt_pool_publish_stats(const kvt_pool *pool, const char *json);
 /* The NUMA node GPU `ordinal` is attached to (from its PCI device in sysfs),
  * -1 where the machine does not say; KVT_NO_DRIVER without a GPU. */
 kvt_status kvt_cuda_numa_node(int32_t ordinal, int32_t *out);
@@ -223,6 +228,8 @@ typedef struct kvt_swap_in_args {
     uint32_t hot_buffer_size;
     uint32_t block_tokens;          /* 0: top_k_tokens holds tokens; else block ids of this many tokens */
     uint32_t skip_io;               /* nonzero: outputs, state and miss plan only, no KV bytes */
+    int32_t layer;                  /* the layer whose counters the call adds to (kvt_swap_in_enable_counters),
+                                     * -1: none; ignored by an engine that counts nothing */
 } kvt_swap_in_args;
 
 /* A recorded miss plan to replay (SGLang's copy_cache_planned_mla): rows below
@@ -335,6 +342,35 @@ kvt_status kvt_swap_in_check(const kvt_swap_in *engine);
  * copy runs on a stream of the engine's own. Once per step, not while a CUDA
  * graph is being captured. */
 kvt_status kvt_swap_in_poll(const kvt_swap_in *engine, uint32_t *new_entries);
+
+/* What one layer's swap-ins did since counting began (see the library's
+ * swap_in module): calls, rows below num_real_reqs, LRU slots hit and misses
+ * loaded by the long rows, the bytes those misses moved (none with skip_io),
+ * and the entries refused as bad indices. Speculative swap-ins and plan
+ * replays are not counted. */
+typedef struct kvt_swap_in_counters {
+    uint64_t calls;
+    uint64_t rows;
+    uint64_t hits;
+    uint64_t misses;
+    uint64_t bytes;
+    uint64_t bad_indices;
+} kvt_swap_in_counters;
+
+/* Starts counting the swap-ins of `layers` layers (1 to 4096), zeroed, on the
+ * engine's executor (the kernels add with atomics: no host sync); set-up work,
+ * not inside a CUDA graph capture. Again with at most as many layers: kept;
+ * with more: KVT_INVALID_ARGUMENT. */
+kvt_status kvt_swap_in_enable_counters(kvt_swap_in *engine, uint32_t layers);
+/* Every counted layer's counters into out[0 .. min(capacity, *layers)) and
+ * their number in *layers (0 while nothing is counted). wait != 0: once the
+ * swap-ins launched before the call have finished (the CUDA executor waits
+ * for the device). wait == 0: without waiting: as a copy the previous such
+ * call started found them, on a stream of the engine's own (*layers 0 on the
+ * first call and while it is in flight); once per step at most, not while a
+ * CUDA graph is being captured. `out` may be NULL when `capacity` is 0. */
+kvt_status kvt_swap_in_read_counters(const kvt_swap_in *engine, uint32_t wait, kvt_swap_in_counters *out,
+                                     uint32_t capacity, uint32_t *layers);
 void kvt_swap_in_destroy(kvt_swap_in *engine);
 
 /* ---- tier: the per-layer API over a pool --------------------------------- */

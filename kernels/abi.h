@@ -241,6 +241,7 @@ typedef struct kvt_swap_in_params {
     kvt_addr plan_dst;             /* int32_t[batch][plan_stride]: device row per miss */
     kvt_addr plan_count;           /* int32_t[batch]: misses per row */
     kvt_addr error;                /* kvt_error_word* */
+    kvt_addr counters;             /* kvt_swap_counters* of the call's layer, or 0 (nothing counted) */
     kvt_item_layout items;         /* the row layout of both ends of every plane */
     uint64_t host_rows;
     uint64_t device_rows;
@@ -260,8 +261,29 @@ typedef struct kvt_swap_in_params {
     uint32_t max_tokens;           /* valid columns of host_cache_locs */
     uint32_t plan_capacity;        /* misses a plan row holds (<= plan_stride); counts above it are refused */
     uint32_t flags;                /* KVT_SWAP_* */
-    uint32_t _reserved;
+    uint32_t miss_bytes;           /* bytes one miss moves, every plane (what `counters` adds per miss) */
 } kvt_swap_in_params;
+
+/*
+ * What the swap-ins of one layer did, accumulated on the device with atomics
+ * (no host sync) when kvt_swap_in_params.counters is set; a replay
+ * (KVT_SWAP_REPLAY) counts nothing. Per call: `calls` += 1 and `rows` += the
+ * rows below num_real_reqs (block 0). Per long row the planner resolves:
+ * `hits` += the LRU slots whose token the query names, `misses` += the misses
+ * loaded into evicted slots (the row's plan count), `bytes` += misses *
+ * miss_bytes unless KVT_SWAP_SKIP_IO. Short rows (seq_len <= hot) add
+ * neither: their tokens always live in the buffer. `bad` += one per entry the
+ * call reports in the error word (its `count`).
+ */
+typedef struct kvt_swap_counters {
+    uint64_t calls;
+    uint64_t rows;
+    uint64_t hits;
+    uint64_t misses;
+    uint64_t bytes;
+    uint64_t bad;
+    uint64_t _reserved[2];
+} kvt_swap_counters;
 
 /* Threads per kvt_spec_swap_in block, and its dynamic shared memory. */
 #define KVT_SPEC_THREADS 512

@@ -55,7 +55,8 @@ struct PlanSmem {
 // Writes:  top_k_device_locs (all `entries` columns of the row),
 //          device_buffer_tokens of the slots that receive misses, the
 //          request's lru_slots, the row's plan (plan_src/plan_dst; plan_count
-//          for every row below num_real_reqs), the error word; with
+//          for every row below num_real_reqs), the error word, the call's
+//          kvt_swap_counters when `counters` is set (atomics); with
 //          KVT_SWAP_COPY_IN_PLAN (and not KVT_SWAP_SKIP_IO) also the device
 //          rows of its misses.
 // Assumes: blockDim.x == KVT_SWAP_PLAN_THREADS, gridDim.x == batch, dynamic
@@ -72,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     const uint32_t E = p.entries;
     const uint32_t H = p.hot;
     const PlanRow row(p, b);
-    kvt_error_word* err = row.err;
+    const Reporter& err = row.err;
     const uint32_t row_pos = row.pos;
 
     // The row's request and length, and num_real_reqs, are loaded together,
@@ -82,6 +83,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
     const int64_t rid = load_index(p.req_pool_indices, b, p.flags & KVT_SWAP_REQ_INDICES_I64);
     const int64_t seq = load_index(p.seq_lens, b, p.flags & KVT_SWAP_SEQ_LENS_I64);
     const uint32_t real = real_rows(p, err, true);
+    count_call(p, real);
 
     // Padding rows: every output -1; the state and the plan row stay as they
     // were (SGLang leaves a padding row's miss_count alone too; the copy
@@ -310,7 +312,10 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
             m++;
         }
     }
-    if (tid == 0) st(row.plan_count + b, (int32_t)n_load);
+    if (tid == 0) {
+        st(row.plan_count + b, (int32_t)n_load);
+        count_row(p, totals[0], n_load);
+    }
     // The copy kernel may be scheduled now (it waits for this grid to
     // complete before reading the plan): its launch overlaps this block's
     // tail. Only when it follows: with the copy in this kernel, or no bytes
@@ -375,7 +380,7 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_swap_in_copy
     // Launched as a dependent of the plan kernel on sm_90: nothing is read
     // before the plan kernel has completed.
     grid_dependency_wait();
-    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
+    const swap::Reporter err(p);
     const uint32_t B = swap::real_rows(p, err, p.flags & KVT_SWAP_REPLAY);
     if (p.flags & KVT_SWAP_SKIP_IO) return;  // after the num_real_reqs check: a probe still validates
     const uint32_t tid = threadIdx.x, nthreads = blockDim.x, cap = p.plan_capacity;

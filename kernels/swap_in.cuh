@@ -71,9 +71,44 @@ struct TokenHash {
     }
 };
 
+// Where a swap-in reports a bad entry: the engine's error word and, when the
+// call is counted, its layer's `bad` counter (one per report, as the word's
+// count).
+struct Reporter {
+    kvt_error_word* word;
+    unsigned long long* bad;
+
+    __device__ __forceinline__ explicit Reporter(const kvt_swap_in_params& p)
+        : word(reinterpret_cast<kvt_error_word*>(p.error)),
+          bad(p.counters != 0 ? reinterpret_cast<unsigned long long*>(&reinterpret_cast<kvt_swap_counters*>(p.counters)->bad)
+                              : nullptr) {}
+};
+__device__ __forceinline__ void report(const Reporter& r, uint32_t kind, uint32_t position, int64_t value) {
+    kvt::report(r.word, kind, position, value);
+    if (r.bad != nullptr) atomicAdd(r.bad, 1ull);
+}
+
+// The call's own counts (block 0, thread 0 of a planner): one call, `real` rows.
+__device__ __forceinline__ void count_call(const kvt_swap_in_params& p, uint32_t real) {
+    if (p.counters == 0 || blockIdx.x != 0 || threadIdx.x != 0) return;
+    kvt_swap_counters* c = reinterpret_cast<kvt_swap_counters*>(p.counters);
+    atomicAdd(reinterpret_cast<unsigned long long*>(&c->calls), 1ull);
+    atomicAdd(reinterpret_cast<unsigned long long*>(&c->rows), (unsigned long long)real);
+}
+// A long row's counts (one thread of its planning block): the LRU slots it hit
+// and the misses it loads, with their bytes unless no bytes move.
+__device__ __forceinline__ void count_row(const kvt_swap_in_params& p, uint32_t hits, uint32_t loads) {
+    if (p.counters == 0) return;
+    kvt_swap_counters* c = reinterpret_cast<kvt_swap_counters*>(p.counters);
+    atomicAdd(reinterpret_cast<unsigned long long*>(&c->hits), (unsigned long long)hits);
+    atomicAdd(reinterpret_cast<unsigned long long*>(&c->misses), (unsigned long long)loads);
+    if (!(p.flags & KVT_SWAP_SKIP_IO))
+        atomicAdd(reinterpret_cast<unsigned long long*>(&c->bytes), (unsigned long long)loads * p.miss_bytes);
+}
+
 // real_rows_of num_real_reqs (none given: every row); a negative value is
 // reported by thread 0 of block 0 when `report_it` is set.
-__device__ __forceinline__ uint32_t real_rows(const kvt_swap_in_params& p, kvt_error_word* err, bool report_it) {
+__device__ __forceinline__ uint32_t real_rows(const kvt_swap_in_params& p, const Reporter& err, bool report_it) {
     if (p.num_real_reqs == 0) return p.batch;
     const int32_t given = ld(reinterpret_cast<const int32_t*>(p.num_real_reqs));
     const uint32_t real = real_rows_of(given, p.batch);
@@ -115,7 +150,7 @@ __device__ __forceinline__ QueryEntry query_entry(const kvt_swap_in_params& p, c
 // run past the sequence (its last block, or one the selector padded with):
 // those entries are padding; a token query naming a position past the
 // sequence is refused.
-__device__ __forceinline__ int64_t classify(const kvt_swap_in_params& p, kvt_error_word* err, const int32_t* topk,
+__device__ __forceinline__ int64_t classify(const kvt_swap_in_params& p, const Reporter& err, const int32_t* topk,
                                             uint32_t row_pos, int64_t seq, uint32_t i, const QueryEntry& q) {
     const bool blocks = p.flags & KVT_SWAP_QUERY_BLOCKS;
     if (q.bad) {
@@ -139,7 +174,7 @@ __device__ __forceinline__ int64_t classify(const kvt_swap_in_params& p, kvt_err
 struct PlanRow {
     uint32_t b, entries;
     uint32_t pos;  // error-word position of the row's column 0
-    kvt_error_word* err;
+    Reporter err;
     int32_t* out;
     int32_t* plan_count;
     int64_t* plan_src;
@@ -149,7 +184,7 @@ struct PlanRow {
         : b(row),
           entries(p.entries),
           pos(row << 16),
-          err(reinterpret_cast<kvt_error_word*>(p.error)),
+          err(p),
           out(reinterpret_cast<int32_t*>(p.top_k_device_locs) + (uint64_t)row * p.out_stride),
           plan_count(reinterpret_cast<int32_t*>(p.plan_count)),
           plan_src(reinterpret_cast<int64_t*>(p.plan_src) + (uint64_t)row * p.plan_stride),
@@ -198,7 +233,7 @@ struct RequestRows {
 __device__ __forceinline__ void short_row(const kvt_swap_in_params& p, const PlanRow& row, const RequestRows& rq,
                                           int64_t seq) {
     const uint32_t E = p.entries;
-    kvt_error_word* err = row.err;
+    const Reporter& err = row.err;
     const uint32_t row_pos = row.pos;
     const bool blocks = p.flags & KVT_SWAP_QUERY_BLOCKS;
     const uint32_t count = blocks || seq >= (int64_t)E ? E : (uint32_t)seq;
@@ -225,7 +260,7 @@ __device__ __forceinline__ void short_row(const kvt_swap_in_params& p, const Pla
 // caller's, so the copy stays safe on its own). U: vectors per lane a pass
 // keeps in flight (warp_copy_entry).
 template <uint32_t U = KVT_UNROLL>
-__device__ __forceinline__ void copy_row(const kvt_swap_in_params& p, kvt_error_word* err, int64_t src, int64_t dst,
+__device__ __forceinline__ void copy_row(const kvt_swap_in_params& p, const Reporter& err, int64_t src, int64_t dst,
                                          uint32_t position, uint32_t lane) {
     if (!in_rows(src, p.host_rows) || !in_rows(dst, p.device_rows)) {
         if (lane == 0)

@@ -147,12 +147,13 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     const uint32_t E = p.entries;
     const uint32_t H = p.hot;
     const PlanRow row(p, b);
-    kvt_error_word* err = row.err;
+    const Reporter& err = row.err;
     const uint32_t row_pos = row.pos;
 
     const int64_t rid = load_index(p.req_pool_indices, b, p.flags & KVT_SWAP_REQ_INDICES_I64);
     const int64_t seq = load_index(p.seq_lens, b, p.flags & KVT_SWAP_SEQ_LENS_I64);
     const uint32_t real = real_rows(p, err, true);
+    count_call(p, real);
     if (b >= real) {  // padding: outputs -1, state and plan row untouched
         row.pad();
         return;
@@ -392,7 +393,10 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
             st(row.out + i, o);
         }
     }
-    if (tid == 0) st(row.plan_count + b, (int32_t)n_load);
+    if (tid == 0) {
+        st(row.plan_count + b, (int32_t)n_load);
+        count_row(p, hits.total, n_load);
+    }
 
     // New LRU order: unused evictables (old order), the slots just loaded
     // (miss order), the hits (old order).

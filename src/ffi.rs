@@ -25,13 +25,13 @@ use crate::mem::{Buf, BufMut, Location};
 use crate::pool::{DEFAULT_CLIENTS, DeviceSpec, Pool, PoolOptions, Region};
 use crate::swap_in::{
     IndexBuf, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, QueryKind, SpecState, SpecSwapInArgs,
-    SwapInArgs, SwapInEngine, SwapInStrategy,
+    SwapInArgs, SwapInCounters, SwapInEngine, SwapInStrategy,
 };
 use crate::tier::Tier;
 use crate::writeback::WritebackItems;
 
 /// `KVT_ABI_VERSION` in the header.
-pub const KVT_ABI_VERSION: u32 = 3;
+pub const KVT_ABI_VERSION: u32 = 4;
 
 pub type KvtStatus = i32;
 pub const KVT_OK: KvtStatus = 0;
@@ -166,6 +166,32 @@ pub struct KvtSwapInArgs {
     pub hot_buffer_size: u32,
     pub block_tokens: u32,
     pub skip_io: u32,
+    pub layer: i32,
+}
+
+/// `kvt_swap_in_counters`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvtSwapInCounters {
+    pub calls: u64,
+    pub rows: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub bytes: u64,
+    pub bad_indices: u64,
+}
+
+impl From<&SwapInCounters> for KvtSwapInCounters {
+    fn from(c: &SwapInCounters) -> Self {
+        KvtSwapInCounters {
+            calls: c.calls,
+            rows: c.rows,
+            hits: c.hits,
+            misses: c.misses,
+            bytes: c.bytes,
+            bad_indices: c.bad_indices,
+        }
+    }
 }
 
 /// `kvt_spec_state`.
@@ -755,6 +781,11 @@ unsafe fn swap_in_args<'a>(a: &KvtSwapInArgs, loc: Location) -> Result<SwapInArg
             num_top_k: a.num_top_k,
             hot_buffer_size: a.hot_buffer_size,
             skip_io: a.skip_io != 0,
+            layer: match a.layer {
+                -1 => None,
+                l if l >= 0 => Some(l as u32),
+                l => return Err(invalid("layer", format!("{l} is neither -1 nor a layer"))),
+            },
             miss_plan,
         })
     }
@@ -997,6 +1028,28 @@ pub unsafe extern "C" fn kvt_pool_info_get(
             uuid: p.uuid(),
         };
         unsafe { write_out(out, "out", info) }
+    })
+}
+
+/// # Safety
+/// `pool` is null or a live `kvt_pool`; `json` is null or a NUL-terminated
+/// string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_pool_publish_stats(
+    pool: *const KvtPool,
+    json: *const c_char,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer.
+        let p = &unsafe { handle(pool, "pool")? }.pool;
+        if json.is_null() {
+            return Err(invalid("json", "is a null pointer"));
+        }
+        // SAFETY: a NUL-terminated string, per the header.
+        let text = unsafe { CStr::from_ptr(json) }
+            .to_str()
+            .map_err(|_| invalid("json", "is not UTF-8"))?;
+        p.publish_stats(text)
     })
 }
 
@@ -1273,6 +1326,55 @@ pub unsafe extern "C" fn kvt_swap_in_poll(
 }
 
 /// # Safety
+/// `engine` is null or a live `kvt_swap_in`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_enable_counters(
+    engine: *mut KvtSwapIn,
+    layers: u32,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        let e = unsafe { handle(engine, "engine")? };
+        lock(&e.engine).enable_counters(layers)
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_swap_in_read_counters` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_swap_in_read_counters(
+    engine: *const KvtSwapIn,
+    wait: u32,
+    out: *mut KvtSwapInCounters,
+    capacity: u32,
+    layers: *mut u32,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        let e = unsafe { handle(engine, "engine")? };
+        if layers.is_null() {
+            return Err(invalid("layers", "is a null pointer"));
+        }
+        if out.is_null() && capacity > 0 {
+            return Err(invalid("out", "is a null pointer with a capacity above 0"));
+        }
+        let mut engine = lock(&e.engine);
+        let counted = if wait != 0 {
+            engine.counters()?
+        } else {
+            engine.poll_counters()?
+        }
+        .unwrap_or_default();
+        for (i, c) in counted.iter().take(capacity as usize).enumerate() {
+            // SAFETY: `out` holds `capacity` elements, per the header.
+            unsafe { out.add(i).write(c.into()) };
+        }
+        // SAFETY: checked non-null; the header's contract.
+        unsafe { write_out(layers, "layers", counted.len() as u32) }
+    })
+}
+
+/// # Safety
 /// `engine` is null or a live `kvt_swap_in`; it must not be used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvt_swap_in_destroy(engine: *mut KvtSwapIn) {
@@ -1494,7 +1596,11 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         lru_stride, host_cache_locs, host_stride, kv, top_k_device_locs, out_stride,
         req_pool_indices, seq_lens, num_real_reqs, miss_src, miss_dst, miss_count, miss_stride,
         miss_capacity, req_pool_indices_type, seq_lens_type, max_tokens, num_requests, num_top_k,
-        hot_buffer_size, block_tokens, skip_io),
+        hot_buffer_size, block_tokens, skip_io, layer),
+    );
+    v.extend(
+        fields!(KvtSwapInCounters, "kvt_swap_in_counters": calls, rows, hits, misses, bytes,
+        bad_indices),
     );
     v.extend(
         fields!(KvtSpecState, "kvt_spec_state": cache_index, index_rows, index_stride,

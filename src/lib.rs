@@ -49,7 +49,7 @@ pub use mem::{Buf, BufMut, Location};
 pub use pool::{DeviceSpec, Pool, PoolOptions, Region};
 pub use swap_in::{
     IndexBuf, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, QueryKind, SpecState, SpecSwapInArgs,
-    SwapInArgs, SwapInEngine, SwapInStrategy,
+    SwapInArgs, SwapInCounters, SwapInEngine, SwapInStrategy,
 };
 pub use tier::{KvLayers, Tier};
 pub use writeback::WritebackItems;

@@ -345,6 +345,32 @@ impl Tier {
         engine.reserve(max_batch, max_top_k)
     }
 
+    /// Counts the swap-ins of every layer of the tier's layout from now on
+    /// (see [`SwapInEngine::enable_counters`]); after [`Tier::enable_swap_in`].
+    /// Each swap-in adds to the layer its [`SwapInArgs::layer`] names.
+    pub fn enable_swap_in_counters(&mut self) -> Result<()> {
+        let layers = self.layout().layers();
+        self.swap_in
+            .as_mut()
+            .ok_or_else(|| {
+                invalid(
+                    "swap_in",
+                    "call Tier::enable_swap_in(max_batch, max_top_k) before enabling its counters",
+                )
+            })?
+            .enable_counters(layers)
+    }
+
+    /// Each layer's swap-in counters once the swap-ins launched before the
+    /// call have finished (the CUDA executor waits for the device); None
+    /// while nothing is counted.
+    pub fn swap_in_counters(&self) -> Result<Option<Vec<crate::swap_in::SwapInCounters>>> {
+        match &self.swap_in {
+            Some(engine) => engine.counters(),
+            None => Ok(None),
+        }
+    }
+
     /// LRU device-buffer swap-in with page-table update for one layer and a
     /// whole batch, SGLang HiSparse semantics (see [`crate::swap_in`]), with
     /// [`SwapInStrategy::DEFAULT`]. On the caller's stream, no allocation, no

@@ -787,6 +787,51 @@ fn pool_status_json_counts_per_device_and_per_client() {
         })
         .collect();
     assert!(held.contains(&(1, 1)) && held.contains(&(1, 0)), "{held:?}");
+    assert!(
+        clients.iter().all(|c| c.get("published").is_none()),
+        "nothing published yet"
+    );
+
+    // What this process publishes (its swap-in counters, say) shows with its
+    // client entries; a file that is not what a client writes is reported.
+    let run = dir.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let status = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+            .args(["pool", "status", "--json", "--device", &a, "--device", &b])
+            .env("KVTIER_RUN_DIR", &run)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["clients"].as_array().unwrap().clone()
+    };
+    // (written as a client writes it: <run dir>/<pool uuid>/<pid>.json; the
+    // library's own writer is tested in src/pool/stats.rs)
+    let uuid: String = p0.uuid().iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::create_dir_all(run.join(&uuid)).unwrap();
+    let published = run.join(&uuid).join(format!("{me}.json"));
+    let stats = serde_json::json!({"totals": {"cuda:0": {"hits": 7, "misses": 3}}});
+    std::fs::write(&published, stats.to_string()).unwrap();
+    for c in status() {
+        assert_eq!(c["published"], stats, "{c}");
+        assert!(c["published_age_s"].as_f64().unwrap() < 60.0, "{c}");
+    }
+    std::fs::write(&published, "{truncated").unwrap();
+    for c in status() {
+        assert!(c.get("published").is_none(), "{c}");
+        assert!(
+            c["published_error"]
+                .as_str()
+                .unwrap()
+                .contains("not a JSON object"),
+            "{c}"
+        );
+    }
     drop((p0, p1)); // a clean exit frees their regions
     std::fs::remove_dir_all(dir).unwrap();
 }

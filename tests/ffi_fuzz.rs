@@ -174,6 +174,8 @@ fn swap_in_calls_return_a_status_on_any_input() {
     );
     // SAFETY: a live engine.
     assert_eq!(unsafe { kvt_swap_in_reserve(engine, 8, 64) }, KVT_OK);
+    // SAFETY: a live engine.
+    assert_eq!(unsafe { kvt_swap_in_enable_counters(engine, 4) }, KVT_OK);
     let value = |rng: &mut StdRng| -> i64 {
         match rng.random_range(0..8) {
             0 => -rng.random_range(1..100),
@@ -336,6 +338,8 @@ fn swap_in_calls_return_a_status_on_any_input() {
             hot_buffer_size: hot,
             block_tokens: if shaped { 0 } else { rng.random_range(0..3) },
             skip_io: rng.random_range(0..2),
+            // -1 (not counted), counted layers, and past them or below -1
+            layer: if shaped { -1 } else { rng.random_range(-3..7) },
         };
         if shaped && rng.random_bool(0.2) {
             // One stride or count of an otherwise sound call past anything real.

@@ -510,6 +510,55 @@ fn bad_indices_surface_through_polls_without_waiting() {
     }
 }
 
+/// Counters reach a poll without waiting: a snapshot lands a poll or more
+/// after the swap-in, equal to what the waiting read and the model give.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn counters_surface_through_polls_without_waiting() {
+    use common::swap::*;
+    use kvtier::{SwapInEngine, SwapInStrategy};
+    use std::time::{Duration, Instant};
+    let case = (0..200)
+        .map(|seed| SwapCase::random(seed, SWAP_SMALL, HOSTILE, None))
+        .find(|c| {
+            let n = c.expected().counters.unwrap();
+            n.misses > 0 && n.bad_indices > 0
+        })
+        .expect("a hostile case with misses and bad indices");
+    let want = case.expected().counters.unwrap();
+    let mut engine = SwapInEngine::new(cuda()).unwrap();
+    engine
+        .reserve(case.batch().max(1) as u32, case.entries() as u32)
+        .unwrap();
+    engine.enable_counters(1).unwrap();
+    let mut polled = None;
+    let mut polls = 0;
+    let got = case.run_cuda_then(
+        &mut engine,
+        SwapInStrategy::FewMiss,
+        SwapOptions::default(),
+        |e| {
+            let t0 = Instant::now();
+            // a snapshot started before the swap-in finished may land first
+            while polled
+                .as_ref()
+                .is_none_or(|c: &Vec<kvtier::SwapInCounters>| c[0] != want)
+                && t0.elapsed() < Duration::from_secs(10)
+            {
+                if let Some(c) = e.poll_counters()? {
+                    polled = Some(c);
+                }
+                polls += 1;
+            }
+            let _ = e.check();
+            Ok(())
+        },
+    );
+    assert_eq!(got.counters, Some(want), "the waiting read");
+    assert_eq!(polled.expect("a poll landed")[0], want);
+    assert!(polls >= 2, "the first poll only starts a snapshot");
+}
+
 /// The speculative swap-in kernel against the CPU executor: the same
 /// invariants the host emulation checks (SGLang's union and approximate
 /// CLOCK, misses past the scratch, draft tokens, padding, bad input, a

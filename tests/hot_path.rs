@@ -81,6 +81,8 @@ fn a_swap_in_check_allocates_nothing() {
             count,
             max_batch: case.batch() as u32,
             max_top_k: stride as u32,
+            counters: 0,
+            counter_layers: 0,
         };
         let error = &mut err as *mut ErrorWord as u64;
         let record_plan = seed % 2 == 0;

@@ -12,6 +12,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::spec::*;
 use common::swap::*;
@@ -768,12 +769,17 @@ fn emulate_swap(
     let mut err = ErrorWord::clear();
     // Without a caller's plan the kernels record into the engine's scratch:
     // here the same arrays, rows of `stride` (= max_top_k) elements.
+    // The call counts into a one-layer table (kvt_swap_counters: 8 words),
+    // read back as the engine reads its own.
+    let counters: Box<[AtomicU64]> = (0..8).map(|_| AtomicU64::new(0)).collect();
     let scratch = EmulationScratch {
         src: s.plan_src.as_mut_ptr() as u64,
         dst: s.plan_dst.as_mut_ptr() as u64,
         count: s.plan_count.as_mut_ptr() as u64,
         max_batch: batch as u32,
         max_top_k: stride as u32,
+        counters: counters.as_ptr() as u64,
+        counter_layers: 1,
     };
     let plan = [
         range(scratch.src, 8 * batch * stride),
@@ -781,7 +787,8 @@ fn emulate_swap(
         range(scratch.count, 4 * batch),
     ];
     let p = {
-        let args = case.host_args(&mut s, opts);
+        let mut args = case.host_args(&mut s, opts);
+        args.layer = Some(0);
         emulation_params(&args, strategy, scratch, &mut err as *mut ErrorWord as u64).unwrap()
     };
     let index_bytes = |wide: bool| if wide { 8 } else { 4 } * batch;
@@ -853,7 +860,16 @@ fn emulate_swap(
         }
     }
     let report = (!err.is_clear()).then(|| kvtier::BadIndexReport::decode(&err));
-    (case.outcome(&s, report, opts), reports)
+    let w: Vec<u64> = counters.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    let counted = kvtier::SwapInCounters {
+        calls: w[0],
+        rows: w[1],
+        hits: w[2],
+        misses: w[3],
+        bytes: w[4],
+        bad_indices: w[5],
+    };
+    (case.outcome(&s, report, opts, Some(counted)), reports)
 }
 
 /// Runs a plan replay through the emulated copy kernel with `grid` blocks.

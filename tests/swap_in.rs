@@ -10,8 +10,8 @@ use common::swap::*;
 use common::*;
 use kvtier::{
     BadIndexKind, Buf, BufMut, DeviceSpec, Error, Executor, IndexBuf, ItemLayout, KvBuffers,
-    LayerFirstLayout, MissPlan, Pool, QueryKind, Stream, SwapInArgs, SwapInEngine, SwapInStrategy,
-    Tier,
+    LayerFirstLayout, MissPlan, Pool, QueryKind, Stream, SwapInArgs, SwapInCounters, SwapInEngine,
+    SwapInStrategy, Tier,
 };
 use proptest::prelude::*;
 
@@ -68,6 +68,19 @@ fn design_worked_example() {
         "hits and the newest token change no slot"
     );
     assert_eq!(after.device_buffer, first.device_buffer, "no copies");
+    // counted by hand: one call, one real row; slots 1 and 2 hit (tokens 4
+    // and 2), the newest token takes no part, nothing loaded
+    assert_eq!(
+        after.counters,
+        Some(SwapInCounters {
+            calls: 1,
+            rows: 1,
+            hits: 2,
+            misses: 0,
+            bytes: 0,
+            bad_indices: 0,
+        })
+    );
 
     let mut second = worked_example(&[6]);
     (second.tokens, second.lru, second.device_buffer) =
@@ -91,6 +104,18 @@ fn design_worked_example() {
             == after.device_buffer[r * ITEM..(r + 1) * ITEM]
     };
     assert!((0..12).filter(|&r| r != 9).all(untouched));
+    // token 6 misses: one row of 16 bytes loaded, no slot hit
+    assert_eq!(
+        after.counters,
+        Some(SwapInCounters {
+            calls: 1,
+            rows: 1,
+            hits: 0,
+            misses: 1,
+            bytes: ITEM as u64,
+            bad_indices: 0,
+        })
+    );
     assert_eq!(cpu(&second), second.expected());
     assert_eq!(cpu(&second), second.sglang(-1));
 }
@@ -404,6 +429,17 @@ fn swap_in_needs_enabling_and_respects_its_capacity() {
     tier.enable_swap_in(1, 3).unwrap();
     tier.swap_in(&b.args(), Stream::null()).unwrap();
     assert_eq!(b.out, vec![7, 3, 11]);
+    // counting covers the layout's layers (one here), from enabling on
+    assert_eq!(tier.swap_in_counters().unwrap(), None);
+    tier.enable_swap_in_counters().unwrap();
+    let mut counted = b.args();
+    counted.layer = Some(0);
+    tier.swap_in(&counted, Stream::null()).unwrap();
+    let mut past = b.args();
+    past.layer = Some(1);
+    assert!(tier.swap_in(&past, Stream::null()).is_err());
+    let c = tier.swap_in_counters().unwrap().unwrap();
+    assert_eq!((c.len(), c[0].calls, c[0].rows), (1, 1, 1), "{c:?}");
 }
 
 proptest! {
@@ -522,6 +558,7 @@ impl Bare {
 
     fn args(&mut self) -> SwapInArgs<'_> {
         SwapInArgs {
+            layer: None,
             top_k_tokens: Buf::host(&self.c.topk),
             top_k_stride: 3,
             query: QueryKind::Tokens,
@@ -800,4 +837,66 @@ fn a_miss_plan_stride_past_the_address_space_is_refused() {
         other => panic!("expected an argument error, got {other:?}"),
     }
     assert_eq!(count, [0, 0], "nothing ran");
+}
+
+/// Counters accumulate per layer over calls, on the layer each call names;
+/// a call naming no layer counts nothing, and a layer past the table is
+/// refused before anything runs.
+#[test]
+fn counters_accumulate_per_layer_and_refuse_a_layer_past_the_table() {
+    let counted = |case: &SwapCase| case.expected().counters.unwrap();
+    // a clean case that hits and misses, a hostile one with bad indices
+    let a = (0..)
+        .map(|seed| SwapCase::random(seed, SWAP_SMALL, CLEAN, Some(2)))
+        .find(|c| counted(c).misses > 0 && counted(c).hits > 0)
+        .unwrap();
+    let b = (0..)
+        .map(|seed| SwapCase::random(seed, SWAP_SMALL, HOSTILE, None))
+        .find(|c| counted(c).bad_indices > 0 && counted(c).misses > 0)
+        .unwrap();
+    let mut engine = SwapInEngine::new(Executor::cpu()).unwrap();
+    engine.reserve(64, 64).unwrap();
+    assert_eq!(
+        engine.counters().unwrap(),
+        None,
+        "nothing counted before enable_counters"
+    );
+    engine.enable_counters(3).unwrap();
+    let run = |engine: &SwapInEngine, case: &SwapCase, layer: Option<u32>| {
+        let mut s = case.host_state();
+        let mut args = case.host_args(&mut s, SwapOptions::default());
+        args.layer = layer;
+        engine.run(&args, Stream::null())
+    };
+    let _ = run(&engine, &a, Some(0));
+    let _ = run(&engine, &b, Some(2));
+    let _ = run(&engine, &a, Some(0));
+    let _ = run(&engine, &b, None);
+    let e = run(&engine, &a, Some(3)).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument { arg: "layer", .. }),
+        "{e}"
+    );
+    let got = engine.counters().unwrap().unwrap();
+    assert_eq!(got.len(), 3);
+    assert_eq!(got[0], counted(&a).sum(&counted(&a)));
+    assert_eq!(got[1], SwapInCounters::default());
+    assert_eq!(got[2], counted(&b));
+    assert_eq!(
+        engine.poll_counters().unwrap().unwrap(),
+        got,
+        "the CPU executor's poll is exact"
+    );
+    // again with no more layers keeps the counts; more, or none, is refused
+    engine.enable_counters(2).unwrap();
+    assert_eq!(engine.counters().unwrap().unwrap(), got);
+    for layers in [0, 4, kvtier::swap_in::MAX_COUNTED_LAYERS + 1] {
+        assert!(engine.enable_counters(layers).is_err(), "{layers}");
+    }
+    let hits = got[0].hits as f64;
+    assert_eq!(
+        got[0].hit_rate(),
+        Some(hits / (hits + got[0].misses as f64))
+    );
+    assert_eq!(got[1].hit_rate(), None);
 }

@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use clap::{Args, Subcommand};
-use kvtier::pool::{Coherence, Liveness, PoolOptions, RegionInfo, RegionState, human_size};
+use kvtier::pool::{
+    Coherence, Liveness, PoolOptions, PublishedStats, RegionInfo, RegionState, human_size,
+};
 use kvtier::{DeviceSpec, EntryFormat, LayerFirstLayout, Pool};
 
 #[derive(Debug, Subcommand)]
@@ -323,7 +325,20 @@ fn status_json(pool: &Pool) -> serde_json::Value {
         .into_iter()
         .map(|(client, pid, live)| {
             let (_, allocated, ready) = owners.remove(&(client, pid)).unwrap_or((live, 0, 0));
-            json!({"client": client, "pid": pid, "liveness": liveness(live), "allocated": allocated, "ready": ready})
+            let mut c = json!({"client": client, "pid": pid, "liveness": liveness(live), "allocated": allocated, "ready": ready});
+            // what a live client published about its own work (its swap-in
+            // counters, from the SGLang shim); a dead one's file is stale
+            if live != Liveness::Dead {
+                match pool.published_stats(pid) {
+                    Some(PublishedStats::Found { stats, age_s }) => {
+                        c["published"] = stats;
+                        c["published_age_s"] = json!((age_s * 10.0).round() / 10.0);
+                    }
+                    Some(PublishedStats::Unreadable(why)) => c["published_error"] = json!(why),
+                    None => {}
+                }
+            }
+            c
         })
         .collect();
     // owners no longer attached (dead, reclaimable)

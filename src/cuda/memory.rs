@@ -446,65 +446,68 @@ impl DeviceErrorWord {
     }
 }
 
-/// A watch on a device error word that never waits: each [`poll`] returns
-/// the snapshot the previous poll started, if the copy has landed, and starts
-/// the next one, a copy into pinned host memory on a stream of its own. The
-/// word is only read (the kernels keep adding to it), so a snapshot may be
-/// a little behind but is never lost; `check` still takes and clears it.
-/// The copy reads the fields while kernels may be updating them, so a
-/// snapshot's `count` may include a report whose `first` entry it misses
-/// (or the reverse); the next snapshot and `check` have both.
+/// A watch on device memory that never waits: each [`poll`] returns the
+/// snapshot the previous poll started, if the copy has landed, and starts the
+/// next one, a copy of `len` elements into pinned host memory on a stream of
+/// its own. The memory is only read (kernels keep adding to it), so a
+/// snapshot may be a little behind but is never lost. The copy reads the
+/// elements while kernels may be updating them, so one snapshot need not be
+/// consistent across elements (an error word's `count` may include a report
+/// whose `first` entry it misses, a counter a call that another lacks); the
+/// next snapshot has both. Used for the error word (the engine's `check`
+/// still takes and clears it) and the swap-in counters.
 ///
-/// [`poll`]: ErrorWordWatch::poll
-pub(crate) struct ErrorWordWatch {
+/// [`poll`]: DeviceSnapshot::poll
+pub(crate) struct DeviceSnapshot<T: Copy> {
     dev: Arc<CudaDevice>,
     stream: OwnedStream,
     event: sys::CUevent,
-    /// One pinned `ErrorWord` the copies land in.
-    host: *mut crate::error_word::ErrorWord,
+    /// `len` pinned elements the copies land in.
+    host: *mut T,
+    len: usize,
     /// The epoch the snapshot in flight was started in, if one is.
     in_flight: Option<u64>,
 }
 
 // SAFETY: driver handles are thread-safe; `host` is only touched through
 // &mut self.
-unsafe impl Send for ErrorWordWatch {}
-unsafe impl Sync for ErrorWordWatch {}
+unsafe impl<T: Copy> Send for DeviceSnapshot<T> {}
+unsafe impl<T: Copy> Sync for DeviceSnapshot<T> {}
 
-impl ErrorWordWatch {
-    pub(crate) fn new(dev: &Arc<CudaDevice>) -> Result<Self> {
-        use crate::error_word::ErrorWord;
+impl<T: Copy> DeviceSnapshot<T> {
+    /// A watch that copies `len` (at least 1) elements per poll.
+    pub(crate) fn new(dev: &Arc<CudaDevice>, len: usize) -> Result<Self> {
+        assert!(len > 0, "a snapshot of nothing");
         let _bound = dev.bind()?;
         let stream = OwnedStream::new(dev.clone())?;
         let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .call("cuEventCreate")?;
-        // SAFETY: a fresh pinned allocation of one word, written before use.
+        // SAFETY: a fresh pinned allocation of `len` elements, only read
+        // after a copy has filled it.
         let host = unsafe {
-            let p =
-                result::malloc_host(std::mem::size_of::<ErrorWord>(), 0).call("cuMemHostAlloc")?;
-            let p = p as *mut ErrorWord;
-            p.write(ErrorWord::clear());
-            p
+            result::malloc_host(len * std::mem::size_of::<T>(), 0).call("cuMemHostAlloc")? as *mut T
         };
-        Ok(ErrorWordWatch {
+        Ok(DeviceSnapshot {
             dev: dev.clone(),
             stream,
             event,
             host,
+            len,
             in_flight: None,
         })
     }
 
-    /// The snapshot of `word` the previous poll started, once it has landed
-    /// (None while it is in flight, and on the first poll); starts the next.
-    /// `epoch` counts the clears of the word (a `check`): a snapshot started
-    /// in an earlier epoch holds what the clear took away, so it is dropped
-    /// (a stale report would otherwise surface again after the check).
-    pub(crate) fn poll(
-        &mut self,
-        word: &DeviceErrorWord,
-        epoch: u64,
-    ) -> Result<Option<crate::error_word::ErrorWord>> {
+    /// The snapshot of the `len` elements at device address `src` the
+    /// previous poll started, once it has landed (None while it is in
+    /// flight, and on the first poll); starts the next. `epoch` counts the
+    /// resets of the memory (an error word's `check`): a snapshot started in
+    /// an earlier epoch holds what the reset took away, so it is dropped (a
+    /// stale report would otherwise surface again after the check).
+    ///
+    /// # Safety
+    /// `src` holds `len` elements of `T` on this watch's device and stays
+    /// allocated until the watch drops (which waits for the copy).
+    pub(crate) unsafe fn poll(&mut self, src: u64, epoch: u64) -> Result<Option<Vec<T>>> {
         let _bound = self.dev.bind()?;
         let mut landed = None;
         if let Some(started) = self.in_flight {
@@ -512,8 +515,8 @@ impl ErrorWordWatch {
             match unsafe { result::event::query(self.event) } {
                 Ok(()) => {
                     // SAFETY: the copy into `host` has completed.
-                    let w = unsafe { self.host.read_volatile() };
-                    landed = (started == epoch).then_some(w);
+                    let v = unsafe { std::slice::from_raw_parts(self.host, self.len).to_vec() };
+                    landed = (started == epoch).then_some(v);
                     self.in_flight = None;
                 }
                 // Still in flight (a stale one is dropped once it lands).
@@ -526,11 +529,11 @@ impl ErrorWordWatch {
                 }
             }
         }
-        // SAFETY: `host` is one pinned word no copy is writing now; the
-        // device word lives as long as the engine that owns both.
+        // SAFETY: `host` is `len` pinned elements no copy is writing now;
+        // `src` holds `len` elements, per this function's contract.
         unsafe {
-            let dst = std::slice::from_raw_parts_mut(self.host, 1);
-            result::memcpy_dtoh_async(dst, word.device_ptr(), self.stream.stream().raw())
+            let dst = std::slice::from_raw_parts_mut(self.host, self.len);
+            result::memcpy_dtoh_async(dst, src, self.stream.stream().raw())
                 .call("cuMemcpyDtoHAsync")?;
             result::event::record(self.event, self.stream.stream().raw()).call("cuEventRecord")?;
         }
@@ -539,7 +542,7 @@ impl ErrorWordWatch {
     }
 }
 
-impl Drop for ErrorWordWatch {
+impl<T: Copy> Drop for DeviceSnapshot<T> {
     fn drop(&mut self) {
         if let Ok(_bound) = self.dev.bind() {
             // SAFETY: the copy is waited for before its target is freed.

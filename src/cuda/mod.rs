@@ -20,7 +20,7 @@ pub use kernels::{BLOCK_THREADS, FatbinImage, Kernel, KernelBuild};
 pub use memory::{
     DeviceBuffer, EventTimer, HostRegistration, OwnedStream, REGISTER_FLAGS, REGISTER_IOMEMORY,
 };
-pub(crate) use memory::{DeviceErrorWord, ErrorWordWatch, copy_to_device_async};
+pub(crate) use memory::{DeviceErrorWord, DeviceSnapshot, copy_to_device_async};
 
 use crate::error::{DriverContext, Error, Result};
 

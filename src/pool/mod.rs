@@ -26,6 +26,7 @@ pub mod metadata;
 mod placement;
 mod regions;
 mod report;
+mod stats;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +38,7 @@ pub use device::{
 pub use identity::{Liveness, ProcessIdentity};
 pub use metadata::{Coherence, DEFAULT_CLIENTS, MAX_CLIENTS, MAX_DEVICES, RegionState, VERSION};
 pub use placement::RoundRobinPlacement;
+pub use stats::{MAX_STATS_BYTES, PublishedStats, run_dir};
 
 use device::MappedDevice;
 use metadata::{ClientControl, ClientEntry, ClientState, RegionEntry};

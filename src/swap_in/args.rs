@@ -129,6 +129,9 @@ pub struct SwapInArgs<'a> {
     /// Move no KV bytes (SGLang's `skip_io` timing probe): outputs, state and
     /// the miss plan as usual, the device buffer untouched.
     pub skip_io: bool,
+    /// The layer whose counters this call adds to ([`super::SwapInEngine::enable_counters`]):
+    /// None, or an engine without counters, counts nothing.
+    pub layer: Option<u32>,
     /// Record the misses here (SGLang's `miss_src`/`miss_dst`/`miss_count`)
     /// instead of in the engine's scratch, e.g. for shared-index layers that
     /// replay them. None: the engine's scratch (CUDA), nothing (CPU).
@@ -475,6 +478,7 @@ pub(crate) fn check(
         None => (t.plan_src, t.plan_dst, t.plan_count, t.max_top_k as u64),
     };
     ranges.check_disjoint()?;
+    let counters = t.counters_of(a.layer)?;
     let mut flags = 0;
     if a.skip_io {
         flags |= KVT_SWAP_SKIP_IO;
@@ -514,6 +518,7 @@ pub(crate) fn check(
         plan_dst,
         plan_count,
         error: t.error,
+        counters,
         items: kv.layout,
         host_rows: kv.host_rows,
         device_rows: kv.device_rows,
@@ -533,6 +538,6 @@ pub(crate) fn check(
         max_tokens: a.max_tokens,
         plan_capacity: entries,
         flags,
-        _reserved: 0,
+        miss_bytes: kv.miss_bytes,
     })
 }

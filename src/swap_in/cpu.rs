@@ -4,6 +4,7 @@
 
 use std::slice::{from_raw_parts, from_raw_parts_mut};
 
+use super::counters::{self, SwapInCounters};
 use super::items::{copy_row, layout_of};
 use super::policy::Row;
 use super::{QueryKind, span};
@@ -58,12 +59,31 @@ pub(super) unsafe fn real_rows(
     given.clamp(0, batch as i64) as usize
 }
 
-/// One swap-in.
+/// One swap-in, counted into `p.counters` when set (as the kernels count).
 ///
 /// # Safety
 /// Every address in `p` must be host memory matching the shapes in `p`, as
-/// the argument checks establish for host buffers.
+/// the argument checks establish for host buffers; `p.counters` is 0 or an
+/// entry of the CPU executor's counter table.
 pub(super) unsafe fn run(p: &kvt_swap_in_params) -> ErrorWord {
+    let mut counted = SwapInCounters::default();
+    // SAFETY: per this function's contract.
+    let err = unsafe { run_counted(p, &mut counted) };
+    if p.batch > 0 {
+        // nothing is launched, so nothing counted, for an empty batch
+        counted.calls = 1;
+        counted.bad_indices = err.0.count as u64;
+        // SAFETY: per this function's contract.
+        unsafe { counters::add_cpu(p.counters, &counted) };
+    }
+    err
+}
+
+/// [`run`]'s body: the call's rows, hits, misses and bytes into `counted`.
+///
+/// # Safety
+/// As for [`run`].
+unsafe fn run_counted(p: &kvt_swap_in_params, counted: &mut SwapInCounters) -> ErrorWord {
     let mut err = ErrorWord::clear();
     let (batch, k, entries, hot) = (
         p.batch as usize,
@@ -131,6 +151,7 @@ pub(super) unsafe fn run(p: &kvt_swap_in_params) -> ErrorWord {
     });
     // SAFETY: num_real_reqs was checked to hold one element.
     let num_real = unsafe { real_rows(p.num_real_reqs, p.batch as usize, &mut err, true) };
+    counted.rows = num_real as u64;
 
     for b in 0..batch {
         let position = (b as u32) << 16;
@@ -195,8 +216,13 @@ pub(super) unsafe fn run(p: &kvt_swap_in_params) -> ErrorWord {
             record(&[]);
             continue;
         }
-        let misses = row.long(out_row, &mut err);
+        let (misses, hits) = row.long(out_row, &mut err);
         record(&misses);
+        counted.hits += hits as u64;
+        counted.misses += misses.len() as u64;
+        if !skip_io {
+            counted.bytes += misses.len() as u64 * p.miss_bytes as u64;
+        }
         if !skip_io {
             for &(h, d) in &misses {
                 // SAFETY: the policy loads only host rows < host_rows into

@@ -43,6 +43,8 @@ pub(super) struct CheckedKv {
     pub host: [u64; 2],
     pub device: [u64; 2],
     pub layout: kvt_item_layout,
+    /// Bytes one row moves over every plane.
+    pub miss_bytes: u32,
     pub host_rows: u64,
     pub device_rows: u64,
 }
@@ -86,9 +88,11 @@ pub(super) fn check(kv: &KvBuffers<'_>, want: Location) -> Result<CheckedKv> {
         host_rows = host_rows.min(kv.layout.rows_in(plane.host.len() as u64));
         device_rows = device_rows.min(kv.layout.rows_in(plane.device.len() as u64));
     }
+    let planes = if kv.v.is_some() { 2 } else { 1 };
     Ok(CheckedKv {
         host,
         device,
+        miss_bytes: kv.layout.item_bytes().saturating_mul(planes),
         layout: kv.layout.to_abi(),
         host_rows,
         device_rows,

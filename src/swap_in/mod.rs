@@ -103,6 +103,7 @@
 //! same parameters with the same semantics and the same error word.
 
 mod args;
+mod counters;
 mod cpu;
 mod cuda;
 mod items;
@@ -111,6 +112,7 @@ mod replay;
 mod spec;
 
 pub use args::{IndexBuf, MissPlan, QueryKind, SwapInArgs};
+pub use counters::{MAX_COUNTED_LAYERS, SwapInCounters};
 pub use cuda::{copy_smem_bytes, few_miss_smem_bytes, plan_smem_bytes};
 pub use items::{KvBuffers, KvPlane};
 pub use replay::PlannedCopyArgs;
@@ -123,7 +125,7 @@ pub use spec::{
 use crate::abi::{KVT_SWAP_MAX_HOT, KVT_SWAP_MAX_TOP_K};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::cuda::{DeviceBuffer, DeviceErrorWord, ErrorWordWatch, Stream};
+use crate::cuda::{DeviceBuffer, DeviceErrorWord, DeviceSnapshot, Stream};
 use crate::error::{Result, invalid};
 use crate::error_word::{BadIndexReport, ErrorWord};
 use crate::executor::Executor;
@@ -192,6 +194,9 @@ pub(crate) struct SwapInTarget {
     pub plan_dst: u64,
     pub plan_count: u64,
     pub error: u64,
+    /// The counter table (0: none) and its layers.
+    pub counters: u64,
+    pub counter_layers: u32,
     /// Dynamic shared memory a planning block may take: the few-miss planner
     /// runs only where its state fits (unbounded off the GPU).
     pub max_smem: usize,
@@ -221,11 +226,33 @@ pub struct SwapInEngine {
     retired: Vec<PlanScratch>,
     /// The non-blocking watch on the error word ([`SwapInEngine::poll_bad_indices`]),
     /// made on first use, and the entry count the last poll reported.
-    watch: Option<ErrorWordWatch>,
+    watch: Option<DeviceSnapshot<ErrorWord>>,
     polled_count: AtomicU32,
     /// How many times a check has cleared the word: a poll drops a snapshot
     /// taken before the latest clear.
     clears: AtomicU64,
+    /// Per-layer counters, once [`SwapInEngine::enable_counters`] made them.
+    counters: Option<counters::CounterTable>,
+}
+
+impl SwapInTarget {
+    /// The counters entry of `layer` (0 when the engine counts nothing).
+    pub(crate) fn counters_of(&self, layer: Option<u32>) -> Result<u64> {
+        match layer {
+            Some(_) if self.counters == 0 => Ok(0),
+            None => Ok(0),
+            Some(l) if l >= self.counter_layers => Err(invalid(
+                "layer",
+                format!(
+                    "{l} is outside the {} layers the engine counts (enable_counters)",
+                    self.counter_layers
+                ),
+            )),
+            Some(l) => {
+                Ok(self.counters + l as u64 * size_of::<crate::abi::kvt_swap_counters>() as u64)
+            }
+        }
+    }
 }
 
 impl SwapInEngine {
@@ -247,7 +274,52 @@ impl SwapInEngine {
             watch: None,
             polled_count: AtomicU32::new(0),
             clears: AtomicU64::new(0),
+            counters: None,
         })
+    }
+
+    /// Starts counting (set-up, not for the per-layer path): a zeroed table
+    /// of `layers` [`SwapInCounters`] where the swap-ins run, which every
+    /// swap-in naming a `layer` below `layers` adds to from then on. Counting
+    /// is on for the engine's life; enabling it again with at most as many
+    /// layers keeps the counts, with more it is refused (a CUDA graph
+    /// captured before addresses the table it has).
+    pub fn enable_counters(&mut self, layers: u32) -> Result<()> {
+        args::within("layers", layers, 1, MAX_COUNTED_LAYERS)?;
+        if let Some(t) = &self.counters {
+            if layers <= t.layers() {
+                return Ok(());
+            }
+            return Err(invalid(
+                "layers",
+                format!(
+                    "counters are enabled for {} layers; {layers} asked",
+                    t.layers()
+                ),
+            ));
+        }
+        self.counters = Some(counters::CounterTable::new(&self.exec, layers)?);
+        Ok(())
+    }
+
+    /// Every counted layer's [`SwapInCounters`] once the swap-ins launched
+    /// before the call have finished: the CUDA executor waits for the whole
+    /// device (not for the per-layer path; [`SwapInEngine::poll_counters`]
+    /// never waits). None before [`SwapInEngine::enable_counters`].
+    pub fn counters(&self) -> Result<Option<Vec<SwapInCounters>>> {
+        self.counters.as_ref().map(|t| t.read()).transpose()
+    }
+
+    /// The counters without waiting (once per step at most, outside a CUDA
+    /// graph capture): the CPU executor's as they are; the CUDA executor's
+    /// as a copy on a stream of the engine's own, started by the previous
+    /// poll, found them (None on the first poll and while it is in flight).
+    /// None before [`SwapInEngine::enable_counters`].
+    pub fn poll_counters(&mut self) -> Result<Option<Vec<SwapInCounters>>> {
+        match self.counters.as_mut() {
+            Some(t) => t.poll(),
+            None => Ok(None),
+        }
     }
 
     /// The executor.
@@ -311,6 +383,8 @@ impl SwapInEngine {
             plan_dst,
             plan_count,
             error: self.error.as_ref().map_or(0, |e| e.device_ptr()),
+            counters: self.counters.as_ref().map_or(0, |t| t.address()),
+            counter_layers: self.counters.as_ref().map_or(0, |t| t.layers()),
             max_smem: match &self.exec {
                 Executor::Cuda(dev) => dev.max_dynamic_smem(),
                 Executor::Cpu => usize::MAX,
@@ -442,10 +516,14 @@ impl SwapInEngine {
             return Ok(None);
         };
         if self.watch.is_none() {
-            self.watch = Some(ErrorWordWatch::new(dev)?);
+            self.watch = Some(DeviceSnapshot::new(dev, 1)?);
         }
         let watch = self.watch.as_mut().expect("made above");
-        let Some(word) = watch.poll(error, self.clears.load(Ordering::Acquire))? else {
+        // SAFETY: the word is one ErrorWord on the watch's device, owned by
+        // this engine, which drops the watch first.
+        let snapshot =
+            unsafe { watch.poll(error.device_ptr(), self.clears.load(Ordering::Acquire))? };
+        let Some(word) = snapshot.map(|w| w[0]) else {
             return Ok(None);
         };
         let seen = self.polled_count.swap(word.0.count, Ordering::Relaxed);
@@ -509,6 +587,10 @@ pub struct EmulationScratch {
     pub count: u64,
     pub max_batch: u32,
     pub max_top_k: u32,
+    /// A counters table (`kvt_swap_counters` per layer) at a host address,
+    /// or 0, and its layers.
+    pub counters: u64,
+    pub counter_layers: u32,
 }
 
 /// The kernel parameters a swap-in of host buffers launches with, for tests
@@ -529,6 +611,8 @@ pub fn emulation_params(
         plan_dst: scratch.dst,
         plan_count: scratch.count,
         error,
+        counters: scratch.counters,
+        counter_layers: scratch.counter_layers,
         max_smem: usize::MAX,
     };
     args::check(&target, args, strategy)
@@ -548,6 +632,8 @@ pub fn emulation_replay_params(
         plan_dst: 0,
         plan_count: 0,
         error,
+        counters: 0,
+        counter_layers: 0,
         max_smem: usize::MAX,
     };
     replay::check(&target, args)

@@ -130,9 +130,9 @@ impl Row<'_> {
 
     /// Resolves a long row (`seq > hot`): writes `out`, the new slot tokens
     /// and LRU order, and returns the misses loaded, `(host row, device
-    /// row)` in miss order. A broken LRU row refuses the row (outputs -1,
-    /// state kept, no misses).
-    pub fn long(&mut self, out: &mut [i32], err: &mut ErrorWord) -> Vec<(i64, i32)> {
+    /// row)` in miss order, and the LRU slots hit. A broken LRU row refuses
+    /// the row (outputs -1, state kept, no misses, no hits).
+    pub fn long(&mut self, out: &mut [i32], err: &mut ErrorWord) -> (Vec<(i64, i32)>, usize) {
         let (hot, pos0) = (self.hot, self.position);
         // Classify the entries; canonical = first occurrence of a token.
         let newest = (self.seq - 1) as i32;
@@ -162,7 +162,7 @@ impl Row<'_> {
         if !lru_ok {
             err.report(KVT_ERR_SWAP_LRU, pos0, 0);
             out.fill(-1);
-            return Vec::new();
+            return (Vec::new(), 0);
         }
 
         // Hits (lowest LRU position per token) and usable evictables.
@@ -263,6 +263,6 @@ impl Row<'_> {
                 .map(|pos| old[pos] as i16),
         );
         self.lru.copy_from_slice(&new_order);
-        misses
+        (misses, is_hit.iter().filter(|&&h| h).count())
     }
 }

@@ -15,7 +15,7 @@ use kvtier::abi::{
 use kvtier::{
     BadIndexReport, Buf, BufMut, DeviceBuffer, DeviceSpec, ErrorWord, Executor, IndexBuf,
     ItemLayout, KvBuffers, KvPlane, LayerFirstLayout, MissPlan, PlannedCopyArgs, Pool, QueryKind,
-    Stream, SwapInArgs, SwapInEngine, SwapInStrategy,
+    Stream, SwapInArgs, SwapInCounters, SwapInEngine, SwapInStrategy,
 };
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -161,7 +161,7 @@ impl std::fmt::Debug for SwapCase {
 pub type PlanRows = Vec<Option<Vec<(i64, i32)>>>;
 
 /// What a swap-in leaves behind.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct SwapOutcome {
     pub out: Vec<i32>,
     pub tokens: Vec<i32>,
@@ -171,6 +171,28 @@ pub struct SwapOutcome {
     pub report: Option<BadIndexReport>,
     /// With [`SwapOptions::record_plan`]: the recorded plan.
     pub plan: Option<PlanRows>,
+    /// The call's counters (layer 0 of a one-layer table): kvtier's
+    /// executors and the model count; SGLang's kernel counts nothing (None).
+    pub counters: Option<SwapInCounters>,
+}
+
+/// Outcomes are equal when everything they hold is, counters included where
+/// both sides counted (SGLang's kernel has none to compare).
+impl PartialEq for SwapOutcome {
+    fn eq(&self, o: &Self) -> bool {
+        let counters_agree = match (&self.counters, &o.counters) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        self.out == o.out
+            && self.tokens == o.tokens
+            && self.lru == o.lru
+            && self.device_buffer == o.device_buffer
+            && self.device_buffer_v == o.device_buffer_v
+            && self.report == o.report
+            && self.plan == o.plan
+            && counters_agree
+    }
 }
 
 /// SGLang's optional swap-in arguments: `skip_io`, and a caller's miss plan.
@@ -673,6 +695,7 @@ impl SwapCase {
             device: BufMut::host(as_bytes_mut(device.next().unwrap(), dn)),
         });
         SwapInArgs {
+            layer: None,
             top_k_tokens: Buf::host(&self.topk),
             top_k_stride: self.top_k_stride,
             query: self.query,
@@ -723,9 +746,11 @@ impl SwapCase {
         s: &HostState,
         report: Option<BadIndexReport>,
         opts: SwapOptions,
+        counters: Option<SwapInCounters>,
     ) -> SwapOutcome {
         let dn = self.device_buffer.len();
         SwapOutcome {
+            counters,
             out: s.out.clone(),
             tokens: s.tokens.clone(),
             lru: s.lru.clone(),
@@ -761,14 +786,17 @@ impl SwapCase {
         engine
             .reserve(self.batch().max(1) as u32, self.entries() as u32)
             .unwrap();
+        engine.enable_counters(1).unwrap();
         match exec {
             Executor::Cpu => {
                 let mut s = self.host_state();
                 let res = {
-                    let args = self.host_args(&mut s, opts);
+                    let mut args = self.host_args(&mut s, opts);
+                    args.layer = Some(0);
                     engine.run_with(&args, strategy, Stream::null())
                 };
-                self.outcome(&s, reported(&res), opts)
+                let counters = engine.counters().unwrap().map(|c| c[0]);
+                self.outcome(&s, reported(&res), opts, counters)
             }
             Executor::Cuda(_) => self.run_cuda_then(&mut engine, strategy, opts, |e| e.check()),
         }
@@ -825,6 +853,7 @@ impl SwapCase {
                 device: d.as_buf_mut(),
             });
             let args = SwapInArgs {
+                layer: Some(0),
                 top_k_tokens: d_topk.as_buf(),
                 top_k_stride: self.top_k_stride,
                 query: self.query,
@@ -879,7 +908,8 @@ impl SwapCase {
         s.plan_src = d_plan_src.to_vec().unwrap();
         s.plan_dst = d_plan_dst.to_vec().unwrap();
         s.plan_count = d_plan_count.to_vec().unwrap();
-        self.outcome(&s, reported(&res), opts)
+        let counters = engine.counters().unwrap().map(|c| c[0]);
+        self.outcome(&s, reported(&res), opts, counters)
     }
 
     /// The entry `i` of row `b` names: `Some(t)` with `t` in `[0, seq)`, or
@@ -940,6 +970,10 @@ impl SwapCase {
         let dev_rows = self.device_rows() as i64;
         let host_rows = self.host_rows() as i64;
         let batch = self.batch() as i64;
+        let mut counted = SwapInCounters {
+            calls: (batch > 0) as u64,
+            ..Default::default()
+        };
         let real = match self.num_real {
             None => batch,
             Some(n) => {
@@ -1077,6 +1111,7 @@ impl SwapCase {
                         }
                     }
                     let mut loaded: Vec<usize> = Vec::new();
+                    counted.hits += hits.len() as u64;
                     for (m, &(i, t, h)) in misses.iter().enumerate() {
                         match usable.get(m) {
                             Some(&slot) => {
@@ -1088,6 +1123,11 @@ impl SwapCase {
                                 plan[b].as_mut().unwrap().push((h, loc));
                                 by_token.insert(t, loc);
                                 loaded.push(slot);
+                                counted.misses += 1;
+                                if !opts.skip_io {
+                                    counted.bytes +=
+                                        (self.layout.item_bytes() as usize * self.planes()) as u64;
+                                }
                             }
                             None => {
                                 err.report(KVT_ERR_SWAP_DEVICE_LOC, pos | i as u32, -1);
@@ -1114,8 +1154,11 @@ impl SwapCase {
             }
             out[b * self.out_stride..][..e].copy_from_slice(&result);
         }
+        counted.rows = real as u64;
+        counted.bad_indices = err.0.count as u64;
         let mut dev = dev.into_iter();
         SwapOutcome {
+            counters: Some(counted),
             out,
             tokens,
             lru,
@@ -1262,6 +1305,7 @@ impl SwapCase {
             device_buffer_v: dev.next(),
             report: None,
             plan: opts.record_plan.then_some(plan),
+            counters: None,
         }
     }
 }

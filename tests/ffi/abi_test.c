@@ -74,6 +74,14 @@ static void layout(void) {
     FIELD(kvt_swap_in_args, hot_buffer_size);
     FIELD(kvt_swap_in_args, block_tokens);
     FIELD(kvt_swap_in_args, skip_io);
+    FIELD(kvt_swap_in_args, layer);
+    SIZE(kvt_swap_in_counters);
+    FIELD(kvt_swap_in_counters, calls);
+    FIELD(kvt_swap_in_counters, rows);
+    FIELD(kvt_swap_in_counters, hits);
+    FIELD(kvt_swap_in_counters, misses);
+    FIELD(kvt_swap_in_counters, bytes);
+    FIELD(kvt_swap_in_counters, bad_indices);
     SIZE(kvt_spec_state);
     FIELD(kvt_spec_state, cache_index);
     FIELD(kvt_spec_state, index_rows);

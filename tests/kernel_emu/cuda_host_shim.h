@@ -70,6 +70,10 @@ inline unsigned atomicAdd(unsigned* a, unsigned v) {
     KVT_EMU_ATOMIC_POINT;
     return __atomic_fetch_add(a, v, __ATOMIC_RELAXED);
 }
+inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) {
+    KVT_EMU_ATOMIC_POINT;
+    return __atomic_fetch_add(a, v, __ATOMIC_RELAXED);
+}
 inline unsigned long long atomicMin(unsigned long long* a, unsigned long long v) {
     KVT_EMU_ATOMIC_POINT;
     return kvt_emu_fetch_min(a, v);

@@ -6,14 +6,15 @@ repository's ``target/release``. Errors raise :class:`KvtierError` with the
 library's message.
 
 - :func:`swap_in` / :class:`SwapInEngine`: SGLang HiSparse's swap-in (numpy
-  arrays or CPU tensors run on the CPU executor, CUDA tensors on the GPU).
+  arrays or CPU tensors run on the CPU executor, CUDA tensors on the GPU),
+  and its per-layer :class:`SwapInCounters`.
 - :class:`Pool`, :class:`Region`, :class:`Layout`: the pool on CXL devices.
 - :mod:`kvtier.sglang`: the drop-in for SGLang.
 """
 
 from ._lib import KvtierError, library
 from ._pool import DeviceCapacity, Layout, Pool, Region, device_bytes_for, device_capacity
-from ._swap_in import SwapInEngine, spec_swap_in, swap_in
+from ._swap_in import SwapInCounters, SwapInEngine, engine_for, spec_swap_in, swap_in
 
 __all__ = [
     "DeviceCapacity",
@@ -21,7 +22,9 @@ __all__ = [
     "Layout",
     "Pool",
     "Region",
+    "SwapInCounters",
     "SwapInEngine",
+    "engine_for",
     "device_bytes_for",
     "device_capacity",
     "library",

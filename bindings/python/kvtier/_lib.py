@@ -13,7 +13,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 LIB_NAME = "libkvtier.so"
 
 # Status codes (bindings/kvtier.h).
@@ -114,6 +114,10 @@ class RegionInfo(ctypes.Structure):
     ]
 
 
+class SwapInCountersC(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("calls", "rows", "hits", "misses", "bytes", "bad_indices")]
+
+
 # An item layout, as the swap-in takes it: (rows_per_page, value_bytes,
 # scale_bytes, page_bytes), kvt_items' fields: how a row of a KV buffer is
 # addressed. The parameter structs themselves are built by kvtier._native
@@ -147,6 +151,7 @@ STRUCTS = {
     "kvt_pool_info": PoolInfo,
     "kvt_region_info": RegionInfo,
     "kvt_device_capacity": DeviceCapacity,
+    "kvt_swap_in_counters": SwapInCountersC,
 }
 
 _P = ctypes.c_void_p
@@ -168,6 +173,7 @@ _PROTOTYPES = {
                                      ctypes.POINTER(PoolOptions), ctypes.POINTER(_P)]),
     "kvt_pool_device_bytes_for": (_S, [ctypes.POINTER(Layout), _U32, ctypes.POINTER(_U64)]),
     "kvt_pool_info_get": (_S, [_P, ctypes.POINTER(PoolInfo)]),
+    "kvt_pool_publish_stats": (_S, [_P, ctypes.c_char_p]),
     "kvt_device_capacity_get": (_S, [ctypes.c_char_p, ctypes.POINTER(DeviceCapacity)]),
     "kvt_cuda_numa_node": (_S, [ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]),
     "kvt_pool_close": (None, [_P]),
@@ -186,6 +192,8 @@ _PROTOTYPES = {
     "kvt_swap_in_map_host": (_S, [_P, _P, ctypes.POINTER(_U64)]),
     "kvt_swap_in_check": (_S, [_P]),
     "kvt_swap_in_poll": (_S, [_P, ctypes.POINTER(_U32)]),
+    "kvt_swap_in_enable_counters": (_S, [_P, _U32]),
+    "kvt_swap_in_read_counters": (_S, [_P, _U32, ctypes.POINTER(SwapInCountersC), _U32, ctypes.POINTER(_U32)]),
     "kvt_swap_in_destroy": (None, [_P]),
 }
 

@@ -4,6 +4,7 @@ nodes), shared files or anonymous memory, placed per rank round-robin."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import sys
 import threading
@@ -245,6 +246,19 @@ class Pool(_Handle):
     @property
     def layout(self) -> Layout:
         return self.info()["layout"]
+
+    def publish_stats(self, stats: dict) -> None:
+        """Publishes this process's `stats` (a JSON-serialisable dict, at most
+        1 MiB as JSON) for readers of the pool: ``kvtier pool status --json``
+        shows them with this process's client entry. Replaces what it
+        published before; a file write, not for the per-layer path."""
+        if not isinstance(stats, dict):
+            raise KvtierError(f"invalid argument `stats`: a {type(stats).__name__}, not a dict")
+        try:
+            text = json.dumps(stats)
+        except (TypeError, ValueError) as e:
+            raise KvtierError(f"invalid argument `stats`: not JSON-serialisable: {e}") from None
+        self._call(library().kvt_pool_publish_stats, text.encode())
 
     def alloc_region(self, request: int = 0) -> "Region":
         """A free region, placed per rank round-robin, owned by this process."""

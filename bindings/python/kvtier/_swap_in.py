@@ -7,6 +7,7 @@ process) are the native module's."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib.machinery
 import importlib.util
 import os
@@ -61,6 +62,33 @@ def native():
             sys.modules["kvtier._native"] = module
             _native_module = module
     return _native_module
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapInCounters:
+    """What one layer's swap-ins did since counting began: calls, batch rows
+    below ``num_real_reqs``, LRU slots hit and misses loaded by the long rows
+    (``seq_len`` above the hot buffer; short rows always live on the device),
+    the bytes those misses moved (none with ``skip_io``), and the entries
+    refused as bad indices. Speculative swap-ins and plan replays are not
+    counted."""
+
+    calls: int = 0
+    rows: int = 0
+    hits: int = 0
+    misses: int = 0
+    bytes: int = 0
+    bad_indices: int = 0
+
+    @classmethod
+    def of(cls, c) -> "SwapInCounters":
+        return cls(**{f.name: getattr(c, f.name) for f in dataclasses.fields(cls)})
+
+    @property
+    def hit_rate(self):
+        """hits / (hits + misses), None before any lookup."""
+        looked_up = self.hits + self.misses
+        return self.hits / looked_up if looked_up else None
 
 
 class SwapInEngine:
@@ -125,6 +153,32 @@ class SwapInEngine:
             raise KvtierError(message, _lib.STATUS_NAMES.get(status, f"STATUS_{status}"))
         return new.value, message
 
+    def enable_counters(self, layers: int) -> None:
+        """Starts counting the swap-ins of `layers` layers (1 to 4096): each
+        :func:`swap_in` naming a ``layer`` adds to it, on the executor (the
+        kernels add with atomics, no host sync). Set-up work, not during a CUDA
+        graph capture; again with at most as many layers keeps the counts."""
+        check(library().kvt_swap_in_enable_counters(self._handle, _lib.as_int(layers, "layers")))
+
+    def counters(self, wait: bool = True):
+        """Each counted layer's :class:`SwapInCounters`, in layer order; None
+        while nothing is counted. ``wait``: once the swap-ins launched before
+        have finished (the CUDA executor waits for the device). Without it:
+        never waits: the CPU executor's counts as they are, the CUDA
+        executor's as a copy the previous such call started found them (None
+        on the first call and while it is in flight; once per step at most,
+        not during a CUDA graph capture)."""
+        lib, n = library(), ctypes.c_uint32()
+        check(lib.kvt_swap_in_read_counters(self._handle, int(bool(wait)), None, 0, ctypes.byref(n)))
+        while True:
+            if n.value == 0:
+                return None
+            out = (_lib.SwapInCountersC * n.value)()
+            capacity = n.value
+            check(lib.kvt_swap_in_read_counters(self._handle, int(bool(wait)), out, capacity, ctypes.byref(n)))
+            if n.value <= capacity:
+                return [SwapInCounters.of(c) for c in out[: n.value]]
+
     def close(self) -> None:
         if self._handle and self._owned:
             library().kvt_swap_in_destroy(self._handle)
@@ -185,6 +239,7 @@ def swap_in(
     block_tokens: int = 0,
     host_cache_v=None,
     device_buffer_v=None,
+    layer=None,
 ) -> None:
     """One layer's swap-in for a batch, SGLang's arguments and semantics (see
     :mod:`kvtier.sglang`). `items` addresses the KV rows
@@ -193,14 +248,15 @@ def swap_in(
     `host_cache_v`/`device_buffer_v` are MHA's V plane. numpy arrays or CPU
     tensors run on the CPU executor; CUDA tensors on the CUDA executor, on
     `stream` (a ``torch.cuda.Stream`` or a raw ``CUstream`` int; default: the
-    current torch stream)."""
+    current torch stream). `layer`: the layer whose counters the call adds to
+    (:meth:`SwapInEngine.enable_counters`), None for none."""
     if strategy not in STRATEGIES:
         raise KvtierError(f"invalid argument `strategy`: {strategy!r} is not one of {sorted(STRATEGIES)}")
     native().swap_in(
         top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer,
         top_k_device_locs, req_pool_indices, seq_lens, lru_slots, _items(items), num_top_k, hot_buffer_size,
         num_real_reqs, miss_src, miss_dst, miss_count, bool(skip_io), stream, STRATEGIES[strategy], block_tokens,
-        host_cache_v, device_buffer_v,
+        host_cache_v, device_buffer_v, -1 if layer is None else _lib.as_int(layer, "layer", 0, 2**31 - 1),
     )
 
 

@@ -211,6 +211,9 @@ class Stats:
     padded_rows: int = 0
     rows_checked: int = 0
     misses: int = 0
+    hits: int = 0
+    counted_rows: int = 0  # real rows of the swap-ins kvtier counts (replays are not)
+    item_bytes: int = 0  # bytes a miss moves, every plane
 
 
 def build(hc, path, max_ctx, num_reqs):
@@ -308,7 +311,7 @@ def drive(hc, path, *, steps=48, seed=1234, int32=False, expect_kvtier=True, len
         coord.admit_request_direct(req)
         reqs.append(req)
 
-    st = Stats()
+    st = Stats(item_bytes=acc.item())
 
     def row0():
         return [t[:, 0].clone() for t in (coord.req_device_buffer_tokens, coord.req_device_buffer_token_locs,
@@ -389,8 +392,10 @@ def drive(hc, path, *, steps=48, seed=1234, int32=False, expect_kvtier=True, len
                     blocks[r, : len(pick)] = torch.tensor(pick, dtype=torch.int32)
                 if pad:
                     blocks[bs:] = torch.randint(0, 4, (pad, M3_BLOCKS), generator=g, dtype=torch.int32)
-                st.misses += misses(coord, layer, pool_rows, seq, [block_tokens(b, int(n)) for b, n in
-                                                                    zip(blocks[:bs], seq)])
+                found = lookups(coord, layer, pool_rows, seq, [block_tokens(b, int(n)) for b, n in
+                                                                zip(blocks[:bs], seq)])
+                st.hits, st.misses = st.hits + found[0], st.misses + found[1]
+                st.counted_rows += bs
                 locs = coord.swap_in_selected_blocks(b_rows, b_seq, blocks, layer, M3_BLOCK)
                 st.swap_ins += 1
                 if pad:
@@ -428,7 +433,9 @@ def drive(hc, path, *, steps=48, seed=1234, int32=False, expect_kvtier=True, len
                 if pad:
                     sel[bs:] = torch.randint(0, 8, (pad, TOP_K), generator=g, dtype=torch.int32)
                 anchor = sel
-                st.misses += misses(coord, layer, pool_rows, cseq, list(sel[:bs]))
+                found = lookups(coord, layer, pool_rows, cseq, list(sel[:bs]))
+                st.hits, st.misses = st.hits + found[0], st.misses + found[1]
+                st.counted_rows += bs
             locs = coord.swap_in_selected_pages(b_rows, b_seq, sel, layer)
             st.swap_ins += 1
             if pad:
@@ -453,14 +460,17 @@ def block_tokens(blocks, n):
     return torch.where(keep, tokens, torch.full_like(tokens, -1))
 
 
-def misses(coord, layer, pool_rows, lengths, selections) -> int:
-    """Selected tokens of long requests not in the hot buffer before the call
-    (the newest is in its reserved slot)."""
-    count = 0
+def lookups(coord, layer, pool_rows, lengths, selections) -> tuple:
+    """(hits, misses): selected tokens of long requests in the hot buffer
+    before the call, and not in it (the newest, in its reserved slot, is
+    neither)."""
+    hits = misses = 0
     for r, sel in enumerate(selections):
         n = int(lengths[r])
         if n <= coord.device_buffer_size:
             continue
         resident = set(coord.req_device_buffer_tokens[layer, int(pool_rows[r]), : coord.device_buffer_size].tolist())
-        count += sum(1 for t in sel.tolist() if 0 <= t != n - 1 and t not in resident)
-    return count
+        wanted = [t for t in sel.tolist() if 0 <= t != n - 1]
+        hits += sum(1 for t in wanted if t in resident)
+        misses += sum(1 for t in wanted if t not in resident)
+    return hits, misses

@@ -89,15 +89,31 @@ def without_kvtier(process_group, one_thread, monkeypatch):
 
 @pytest.mark.parametrize("path", ["dsa", "dsa-shared", "dsv4", "m3"])
 def test_decode_through_sglangs_coordinator_is_byte_exact(with_kvtier, path):
+    import kvtier.sglang
     from sglang_drive import LAYERS, drive
 
+    def counted():
+        total = dict.fromkeys(("calls", "rows", "hits", "misses", "bytes", "bad_indices"), 0)
+        for c in kvtier.sglang.swap_in_counters().get("cpu", []):
+            for f in total:
+                total[f] += getattr(c, f)
+        return total
+
+    before = counted()
     st = drive(with_kvtier, path, steps=48)
     assert st.steps == 48 and st.swap_ins == 48 * LAYERS
     assert st.misses > 1000 and st.rows_checked > 50_000 and st.padded_rows == 32, st
     assert (st.replays > 0) == (path in ("dsa-shared", "dsv4")), st
-    import kvtier.sglang
-
     kvtier.sglang.check("cpu")  # no bad index recorded
+    # the layers' counters, summed, are what the harness counted against
+    # SGLang's own state: every swap-in but the replays, its real rows, the
+    # selected tokens found in the hot buffer and those loaded, their bytes
+    after = counted()
+    gained = {f: after[f] - before[f] for f in after}
+    assert gained == {
+        "calls": st.swap_ins - st.replays, "rows": st.counted_rows, "hits": st.hits, "misses": st.misses,
+        "bytes": st.misses * st.item_bytes, "bad_indices": 0,
+    }, (gained, st)
 
 
 @pytest.mark.parametrize("path", ["dsa", "dsa-shared", "dsv4", "m3"])

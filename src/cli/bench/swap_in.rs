@@ -280,6 +280,7 @@ impl State {
         // SAFETY: per this function's contract.
         unsafe {
             SwapInArgs {
+                layer: None,
                 top_k_tokens: Buf::from_raw(topk, q.topk.len(), loc),
                 top_k_stride: k,
                 query: QueryKind::Tokens,

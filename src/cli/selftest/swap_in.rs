@@ -499,6 +499,7 @@ impl Loaded {
             count: unsafe { self.plan_count.buf_mut() },
         });
         SwapInArgs {
+            layer: None,
             top_k_tokens: self.topk.buf(),
             top_k_stride: c.strides.topk,
             query: c.query,

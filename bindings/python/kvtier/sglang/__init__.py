@@ -20,6 +20,9 @@
   stand in for them; :func:`report` says what it would do here, and why.
   ``python -m kvtier.sglang [serve] <SGLang server arguments> --kvtier-config
   FILE`` installs and launches (``sglang.launch_server``, or ``sglang serve``).
+- :func:`swap_in_counters`: each layer's swap-in hits, misses, bytes and bad
+  indices, counted on the GPU while serving (:mod:`kvtier.sglang.counters`;
+  exported to SGLang's Prometheus metrics where it serves them).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .._swap_in import engine_for
 from ._config import ENV, KvtierConfig, load_config
 from ._patch import current_config, install, installed_report, uninstall
 from .compat import CHECKED_VERSIONS, Report, report
+from .counters import swap_in_counters
 from .entry_points import (
     copy_cache_planned_mla,
     load_blocks_to_device_buffer_mha,
@@ -57,6 +61,7 @@ __all__ = [
     "load_config",
     "report",
     "reserve",
+    "swap_in_counters",
     "uninstall",
 ]
 

@@ -58,6 +58,10 @@ class KvtierConfig:
       ``warn`` (log it), ``raise`` (raise it at the next kvtier call on the
       scheduler's thread) or ``off``.
     - ``bad_index_poll_s``: the least time between two polls.
+    - ``counters``: count each layer's swap-ins on the GPU
+      (:mod:`kvtier.sglang.counters`: hits, misses, bytes, bad indices).
+    - ``counters_export_s``: the least time between two refreshes of their
+      Prometheus export (where SGLang serves metrics; null: no export).
     """
 
     devices: list = field(default_factory=lambda: ["anon"])
@@ -71,6 +75,8 @@ class KvtierConfig:
     region_layers: int | None = None
     bad_indices: str = "warn"
     bad_index_poll_s: float = 1.0
+    counters: bool = True
+    counters_export_s: float | None = 5.0
 
     def __post_init__(self):
         if isinstance(self.devices, str):
@@ -99,7 +105,7 @@ class KvtierConfig:
             raise KvtierError("kvtier config: `ranks` must be at least 1")
         if self.rank is not None and self.ranks is not None and self.rank >= self.ranks:
             raise KvtierError(f"kvtier config: rank {self.rank} is not below ranks {self.ranks}")
-        for name in ("swap_in", "host_pool"):
+        for name in ("swap_in", "host_pool", "counters"):
             if not isinstance(getattr(self, name), bool):
                 raise KvtierError(f"kvtier config: `{name}` must be true or false")
         if self.strategy not in STRATEGIES:
@@ -121,6 +127,11 @@ class KvtierConfig:
         poll = self.bad_index_poll_s
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0 <= poll <= 3600:
             raise KvtierError("kvtier config: `bad_index_poll_s` must be a number of seconds in 0..3600")
+        export = self.counters_export_s
+        if export is not None and (
+            isinstance(export, bool) or not isinstance(export, (int, float)) or not 0 <= export <= 3600
+        ):
+            raise KvtierError("kvtier config: `counters_export_s` must be a number of seconds in 0..3600, or null")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

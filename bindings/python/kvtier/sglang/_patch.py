@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 
-from . import bad_indices, compat
+from . import bad_indices, compat, counters
 from ._config import ENV, KvtierConfig, load_config
 
 COORDINATOR = compat.COORDINATOR
@@ -58,6 +58,7 @@ def install(config=None, hisparse_config=None) -> compat.Report:
             return rep
         _config = cfg
         bad_indices.configure(cfg.bad_indices if cfg.swap_in else "off", cfg.bad_index_poll_s)
+        counters.configure_export(cfg.counters_export_s if cfg.swap_in and cfg.counters else None)
         os.environ[ENV] = cfg.to_json()
         module = sys.modules.get(COORDINATOR)
         if module is not None:
@@ -75,6 +76,7 @@ def uninstall() -> None:
         _config = None
         _report = None
         bad_indices.configure("off", 1.0)
+        counters.configure_export(None)
         os.environ.pop(ENV, None)
         if _hook is not None and _hook in sys.meta_path:
             sys.meta_path.remove(_hook)

@@ -30,11 +30,25 @@ from .._lib import KvtierError
 from .._swap_in import copy_planned, spec_swap_in, swap_in
 from ._patch import current_config
 from .bad_indices import maybe_poll
+from .counters import counted_layer, maybe_export
 
 
 def _strategy() -> str:
     cfg = current_config()
     return cfg.strategy if cfg is not None else "few_miss"
+
+
+def _per_step() -> None:
+    """What every entry point does first: the bad-index poll and the
+    counters' export, each at most once per its interval."""
+    maybe_poll()
+    maybe_export()
+
+
+def _layer(device_buffer):
+    """The layer a swap-in into `device_buffer` counts as (None: not counted)."""
+    cfg = current_config()
+    return counted_layer(device_buffer, cfg is None or cfg.counters)
 
 
 def _positive(value, arg: str) -> None:
@@ -44,7 +58,7 @@ def _positive(value, arg: str) -> None:
 
 def _mla_swap_in(items, a: dict) -> None:
     """The MLA swap-ins' body: `a` holds the entry point's arguments."""
-    maybe_poll()
+    _per_step()
     _positive(a["page_size"], "page_size")
     _positive(a["block_size"], "block_size")
     swap_in(
@@ -52,7 +66,7 @@ def _mla_swap_in(items, a: dict) -> None:
         a["host_cache"], a["device_buffer"], a["top_k_device_locs"], a["req_pool_indices"], a["seq_lens"],
         a["lru_slots"], items, a["num_top_k"], a["hot_buffer_size"], num_real_reqs=a["num_real_reqs"],
         miss_src=a["miss_src"], miss_dst=a["miss_dst"], miss_count=a["miss_count"], skip_io=bool(a["skip_io"]),
-        strategy=_strategy(),
+        strategy=_strategy(), layer=_layer(a["device_buffer"]),
     )
 
 
@@ -146,7 +160,7 @@ def load_blocks_to_device_buffer_mha(
     (tokens past the sequence and -1 blocks give -1) into
     ``top_k_device_locs[b, :blocks × sparse_block_size]``, and each miss
     copies its K and V rows (``item_size_bytes`` each)."""
-    maybe_poll()
+    _per_step()
     _positive(page_size, "page_size")
     _positive(block_size, "block_size")
     _positive(item_size_bytes, "item_size_bytes")
@@ -159,6 +173,7 @@ def load_blocks_to_device_buffer_mha(
         top_k_device_locs, req_pool_indices, seq_lens, lru_slots, _lib.linear_items(item_size_bytes),
         int(shape[1]), hot_buffer_size, num_real_reqs=num_real_reqs, skip_io=bool(skip_io), strategy=_strategy(),
         block_tokens=sparse_block_size, host_cache_v=host_cache_v, device_buffer_v=device_buffer_v,
+        layer=_layer(device_buffer_k),
     )
 
 
@@ -179,7 +194,7 @@ def copy_cache_planned_mla(
     """Shared-index (skip) layers: replays a recorded miss plan (kvtier's or
     SGLang's: the same format) into this layer's device buffer — copies only,
     rows below ``num_real_reqs[0]``, every count and row checked."""
-    maybe_poll()
+    _per_step()
     _positive(num_blocks, "num_blocks")
     _positive(block_size, "block_size")
     if is_dsv4_layout:
@@ -223,7 +238,7 @@ def load_cache_to_device_buffer_spec_mla(
     stream, exact on an H100 but slower there than SGLang's kernel
     (:func:`kvtier.sglang.install` leaves the path to SGLang's; see the
     install report)."""
-    maybe_poll()
+    _per_step()
     shape = tuple(getattr(top_k_tokens, "shape", ()))
     if len(shape) != 3 or not 2 <= shape[1] <= 4:
         steps = shape[1] if len(shape) == 3 else None

@@ -31,7 +31,7 @@ import sys
 
 from .._lib import KvtierError
 from .._pool import Layout, Pool, device_bytes_for
-from . import bad_indices, capacity, topology
+from . import bad_indices, capacity, counters, topology
 from ._config import KvtierConfig, is_private
 
 
@@ -193,6 +193,7 @@ class KvtierHostTensorAllocator:
                 ) from e
         region = pool.alloc_region(request=rank)
         self.pools.append(pool)
+        counters.publish_to(pool)
         self.regions.append(region)
         self.placements.append((rank, ranks, region.device))
         logger.info(
@@ -268,6 +269,7 @@ def _polling(method):
     @functools.wraps(method)
     def per_step(self, *args, **kwargs):
         bad_indices.maybe_poll()
+        counters.maybe_export()
         return method(self, *args, **kwargs)
 
     return per_step

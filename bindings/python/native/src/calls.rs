@@ -404,7 +404,7 @@ fn miss_plan(
     top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer,
     top_k_device_locs, req_pool_indices, seq_lens, lru_slots, items, num_top_k, hot_buffer_size,
     num_real_reqs=None, miss_src=None, miss_dst=None, miss_count=None, skip_io=false, stream=None, strategy=0,
-    block_tokens=None, host_cache_v=None, device_buffer_v=None
+    block_tokens=None, host_cache_v=None, device_buffer_v=None, layer=-1
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn swap_in<'py>(
@@ -432,6 +432,7 @@ pub fn swap_in<'py>(
     block_tokens: Arg<'_, 'py>,
     host_cache_v: Arg<'_, 'py>,
     device_buffer_v: Arg<'_, 'py>,
+    layer: i32,
 ) -> PyResult<()> {
     let v = views([
         ("top_k_tokens", Some(top_k_tokens)),
@@ -560,6 +561,7 @@ pub fn swap_in<'py>(
         hot_buffer_size: hot,
         block_tokens: s,
         skip_io: u32::from(skip_io),
+        layer,
     };
     if let Some(([src, dst, cnt], stride, capacity)) = plan {
         (args.miss_src, args.miss_dst, args.miss_count) = (src, dst, cnt);
