@@ -37,6 +37,7 @@ pub mod pool;
 mod slots;
 pub mod swap_in;
 pub mod tier;
+pub mod trace;
 pub mod writeback;
 
 pub use cuda::{CudaDevice, DeviceBuffer, Stream};

@@ -835,3 +835,76 @@ fn pool_status_json_counts_per_device_and_per_client() {
     drop((p0, p1)); // a clean exit frees their regions
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `kvtier trace synth` writes a trace that says it is synthetic, and `kvtier
+/// plan --trace` replays it at each size asked for; a broken trace file is
+/// one line naming the line, exit 1.
+#[test]
+fn plan_replays_a_trace_at_each_hot_size() {
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("t.jsonl");
+    let f = file.to_str().unwrap();
+    let (ok, out, err) = kvtier(&[
+        "trace",
+        "synth",
+        "-o",
+        f,
+        "--requests",
+        "2",
+        "--layers",
+        "3",
+        "--steps",
+        "10",
+        "--context",
+        "1000",
+        "--top-k",
+        "64",
+        "--hot",
+        "128",
+        "--recent",
+        "8",
+    ]);
+    assert!(ok && out.contains("not a measurement"), "{out}{err}");
+    let (ok, out, err) = kvtier(&["plan", "--trace", f, "--hot", "64,128,512", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["synthetic"], true);
+    assert_eq!(v["recorded_hot"], 128);
+    let curve = v["curve"].as_array().unwrap();
+    assert_eq!(
+        curve
+            .iter()
+            .map(|p| p["hot"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [64, 128, 512]
+    );
+    for p in curve {
+        assert_eq!(p["per_layer"].as_array().unwrap().len(), 3);
+        let (h, m) = (p["hits"].as_u64().unwrap(), p["misses"].as_u64().unwrap());
+        assert!(
+            m > 0 && (p["miss_rate"].as_f64().unwrap() - m as f64 / (h + m) as f64).abs() < 1e-12
+        );
+        assert_eq!(p["per_layer"][0]["calls"], 10);
+    }
+    let (ok, out, err) = kvtier(&["plan", "--trace", f]);
+    assert!(
+        ok && out.contains("SYNTHETIC") && out.contains("miss rate"),
+        "{out}{err}"
+    );
+    let (ok, _, err) = kvtier(&["plan", "--trace", f, "--hot", "32"]);
+    assert!(!ok && err.contains("cannot hold a query of 64"), "{err}");
+    let (ok, _, err) = kvtier(&["plan", "--trace", f, "--context", "128K"]);
+    assert!(!ok && err.contains("--context"), "{err}");
+    std::fs::write(
+        &file,
+        "{\"kvtier_trace\": 1, \"hot\": 8}\n{\"layer\": 0, \"rows\": 3}\n",
+    )
+    .unwrap();
+    let (ok, out, err) = kvtier(&["plan", "--trace", f]);
+    assert!(
+        !ok && out.is_empty() && err.contains("line 2") && !err.contains("panicked"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -5,6 +5,7 @@ mod info;
 mod plan;
 mod pool;
 mod selftest;
+mod trace;
 mod transfer;
 
 use std::process::ExitCode;
@@ -33,6 +34,10 @@ enum Command {
     /// Create, inspect, check and destroy pools on memory devices.
     #[command(subcommand)]
     Pool(pool::PoolCommand),
+    /// Top-k selection traces: generate a synthetic one (`kvtier plan
+    /// --trace` replays any).
+    #[command(subcommand)]
+    Trace(trace::TraceCommand),
     /// On this machine's GPU: every kernel kvtier serves against the CPU
     /// executor on random and hostile inputs, the per-layer calls in a CUDA
     /// graph, the link.
@@ -48,6 +53,7 @@ pub fn run(cli: Cli) -> kvtier::Result<ExitCode> {
         Command::Bench(args) => done(bench::run(*args)),
         Command::Plan(args) => done(plan::run(*args)),
         Command::Pool(cmd) => done(pool::run(cmd)),
+        Command::Trace(cmd) => done(trace::run(cmd)),
         Command::Selftest(args) => selftest::run(args),
     }
 }

@@ -19,7 +19,7 @@ pub struct PlanArgs {
     model_file: Option<PathBuf>,
     /// A context length in tokens (128K = 131072), with its share of the
     /// requests after a colon (128K:0.25); repeat for a mix.
-    #[arg(long = "context", required = true)]
+    #[arg(long = "context", required_unless_present = "trace")]
     contexts: Vec<String>,
     /// GPUs in the node.
     #[arg(long, default_value_t = 8)]
@@ -30,11 +30,11 @@ pub struct PlanArgs {
     tp: u32,
     /// HBM per GPU left for KV (HOT buffers and indexer keys) after the
     /// weights and activations, e.g. 40GiB.
-    #[arg(long)]
-    hbm_for_kv: String,
+    #[arg(long, required_unless_present = "trace")]
+    hbm_for_kv: Option<String>,
     /// The node's DRAM for KV, e.g. 1536GiB.
-    #[arg(long)]
-    dram_for_kv: String,
+    #[arg(long, required_unless_present = "trace")]
+    dram_for_kv: Option<String>,
     /// A CXL memory device of the node: SIZE, or SIZE@GBPS with its read
     /// bandwidth in GB/s. Repeat for each.
     #[arg(long)]
@@ -56,6 +56,16 @@ pub struct PlanArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Instead of a deployment: replay a top-k trace (recorded by the SGLang
+    /// shim, or `kvtier trace synth`) through the swap-in's exact policy at
+    /// each `--hot` size: hits, misses and the miss rate per layer and in
+    /// all.
+    #[arg(long, conflicts_with_all = ["contexts", "hbm_for_kv", "dram_for_kv", "cxl", "plot"])]
+    trace: Option<PathBuf>,
+    /// Hot-buffer sizes (slots per request) to replay the trace at,
+    /// comma-separated (default: the recorded size, half and twice it).
+    #[arg(long, requires = "trace", value_delimiter = ',')]
+    hot: Vec<u32>,
     /// Draw requests per node against context length, per tier set (PNG).
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -172,8 +182,11 @@ fn deployment(a: &PlanArgs, contexts: Vec<(u64, f64)>) -> kvtier::Result<Deploym
         contexts,
         gpus: a.gpus,
         tp: a.tp,
-        hbm_for_kv: size("--hbm-for-kv", &a.hbm_for_kv)?,
-        dram_for_kv: size("--dram-for-kv", &a.dram_for_kv)?,
+        hbm_for_kv: size("--hbm-for-kv", a.hbm_for_kv.as_deref().unwrap_or_default())?,
+        dram_for_kv: size(
+            "--dram-for-kv",
+            a.dram_for_kv.as_deref().unwrap_or_default(),
+        )?,
         cxl,
         link_gbps: a.link_gbps,
         miss_rate: a.miss_rate,
@@ -196,6 +209,9 @@ fn contexts(a: &PlanArgs) -> kvtier::Result<Vec<(u64, f64)>> {
 }
 
 pub fn run(a: PlanArgs) -> kvtier::Result<()> {
+    if let Some(path) = &a.trace {
+        return super::trace::replay_curve(path, &a.hot, a.json);
+    }
     let m = model(&a)?;
     let mix = contexts(&a)?;
     let d = deployment(&a, mix)?;

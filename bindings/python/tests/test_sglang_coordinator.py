@@ -170,3 +170,54 @@ def test_the_checks_catch_a_replay_that_copies_nothing(with_kvtier, monkeypatch)
     monkeypatch.setattr(with_kvtier, "copy_cache_planned_mla", copies_nothing)
     with pytest.raises(AssertionError, match=r"layer 1 .*\(replayed\)"):
         drive(with_kvtier, "dsa-shared", steps=2)
+
+
+@pytest.mark.parametrize("path", ["dsa", "dsv4", "m3"])
+def test_a_recorded_trace_replays_to_the_hits_and_misses_of_its_run(with_kvtier, path, tmp_path):
+    """The shim records what SGLang's coordinator asks for while it decodes;
+    ``kvtier plan --trace`` replays the file at the recorded HOT size through
+    the swap-in's policy and gets the hits and misses the run counted, layer
+    by layer; at other sizes it still runs (and a bigger buffer misses no
+    more than a smaller one here)."""
+    import json
+    import subprocess
+    import sys
+
+    import kvtier.sglang
+    from kvtier.sglang import trace
+    from sglang_drive import drive
+
+    def per_layer():
+        return [(c.calls, c.rows, c.hits, c.misses) for c in kvtier.sglang.swap_in_counters().get("cpu", [])]
+
+    before = per_layer()
+    file = tmp_path / "trace.jsonl"
+    trace.configure({"path": str(file)})
+    try:
+        st = drive(with_kvtier, path, steps=24, seed=7)
+    finally:
+        trace.configure(None)
+    after = per_layer()
+    gained = {
+        layer: tuple(a - b for a, b in zip(c, before[layer] if layer < len(before) else (0, 0, 0, 0)))
+        for layer, c in enumerate(after)
+    }
+    gained = {layer: g for layer, g in gained.items() if g[0]}
+    assert sum(g[3] for g in gained.values()) == st.misses > 0, (gained, st)
+    header = json.loads(file.read_text().splitlines()[0])
+    hot = header["hot"]
+
+    def replay(*sizes):
+        out = subprocess.run([sys.executable, "-m", "kvtier", "plan", "--trace", str(file), "--json", "--hot",
+                              ",".join(map(str, sizes))], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["curve"]
+
+    [at_hot] = replay(hot)
+    layers = {n: (c["calls"], c["rows"], c["hits"], c["misses"]) for n, c in enumerate(at_hot["per_layer"]) if c["calls"]}
+    # the recording numbers layers as the counters do, so layer n is layer n
+    assert layers == gained, (layers, gained)
+    assert at_hot["bytes"] == st.misses * st.item_bytes
+    smaller, bigger = replay(max(hot // 2, 1), hot * 2)
+    assert bigger["misses"] <= at_hot["misses"], (bigger, at_hot)
+    assert smaller["hits"] + smaller["misses"] > 0

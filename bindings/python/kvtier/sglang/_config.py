@@ -62,6 +62,9 @@ class KvtierConfig:
       (:mod:`kvtier.sglang.counters`: hits, misses, bytes, bad indices).
     - ``counters_export_s``: the least time between two refreshes of their
       Prometheus export (where SGLang serves metrics; null: no export).
+    - ``trace``: record the indexer's selections for ``kvtier plan --trace``
+      (:mod:`kvtier.sglang.trace`): null (off), or ``{"path": FILE,
+      "layers": [..] or null, "rows_every": 1, "max_mb": 256}``.
     """
 
     devices: list = field(default_factory=lambda: ["anon"])
@@ -77,6 +80,7 @@ class KvtierConfig:
     bad_index_poll_s: float = 1.0
     counters: bool = True
     counters_export_s: float | None = 5.0
+    trace: dict | None = None
 
     def __post_init__(self):
         if isinstance(self.devices, str):
@@ -132,6 +136,9 @@ class KvtierConfig:
             isinstance(export, bool) or not isinstance(export, (int, float)) or not 0 <= export <= 3600
         ):
             raise KvtierError("kvtier config: `counters_export_s` must be a number of seconds in 0..3600, or null")
+        from .trace import check_config
+
+        check_config(self.trace)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 
-from . import bad_indices, compat, counters
+from . import bad_indices, compat, counters, trace
 from ._config import ENV, KvtierConfig, load_config
 
 COORDINATOR = compat.COORDINATOR
@@ -59,6 +59,7 @@ def install(config=None, hisparse_config=None) -> compat.Report:
         _config = cfg
         bad_indices.configure(cfg.bad_indices if cfg.swap_in else "off", cfg.bad_index_poll_s)
         counters.configure_export(cfg.counters_export_s if cfg.swap_in and cfg.counters else None)
+        trace.configure(cfg.trace if cfg.swap_in else None)
         os.environ[ENV] = cfg.to_json()
         module = sys.modules.get(COORDINATOR)
         if module is not None:
@@ -77,6 +78,7 @@ def uninstall() -> None:
         _report = None
         bad_indices.configure("off", 1.0)
         counters.configure_export(None)
+        trace.configure(None)
         os.environ.pop(ENV, None)
         if _hook is not None and _hook in sys.meta_path:
             sys.meta_path.remove(_hook)

@@ -78,12 +78,11 @@ def _capturing() -> bool:
         return False
 
 
-def counted_layer(device_buffer, enabled: bool = True):
-    """The layer a swap-in into `device_buffer` counts as (None: not
-    counted), starting its executor's counters on first use outside a
-    capture."""
-    if not enabled:
-        return None
+def layer_number(device_buffer):
+    """(executor, layer): the layer a swap-in into `device_buffer` is, by the
+    order the executor's device buffers were first named in; None for an
+    object that is neither a numpy array nor a torch tensor, or past
+    MAX_LAYERS layers."""
     found = _executor_and_address(device_buffer)
     if found is None:
         return None
@@ -92,25 +91,39 @@ def counted_layer(device_buffer, enabled: bool = True):
     if layers is not None:
         layer = layers.get(address)
         if layer is not None:
-            return layer
-    if _capturing():
-        return None  # counting cannot start inside a capture: it allocates
+            return executor, layer
     with _lock:
         layers = _layers.setdefault(executor, {})
-        if address in layers:
-            return layers[address]
-        if len(layers) >= MAX_LAYERS:
-            return None
-        if executor not in _enabled:
-            try:
-                engine_for(executor).enable_counters(MAX_LAYERS)
-            except KvtierError:
-                # no engine there (no driver, a bad device): the swap-in
-                # itself says why, with its argument checks
+        if address not in layers:
+            if len(layers) >= MAX_LAYERS:
                 return None
-            _enabled.add(executor)
-        layers[address] = len(layers)
-        return layers[address]
+            layers[address] = len(layers)
+        return executor, layers[address]
+
+
+def counted_layer(device_buffer, enabled: bool = True):
+    """The layer a swap-in into `device_buffer` counts as (None: not
+    counted), starting its executor's counters on first use outside a
+    capture."""
+    if not enabled:
+        return None
+    found = layer_number(device_buffer)
+    if found is None:
+        return None
+    executor, layer = found
+    if executor not in _enabled:
+        if _capturing():
+            return None  # counting cannot start inside a capture: it allocates
+        with _lock:
+            if executor not in _enabled:
+                try:
+                    engine_for(executor).enable_counters(MAX_LAYERS)
+                except KvtierError:
+                    # no engine there (no driver, a bad device): the swap-in
+                    # itself says why, with its argument checks
+                    return None
+                _enabled.add(executor)
+    return layer
 
 
 def swap_in_counters(wait: bool = True) -> dict:

@@ -30,12 +30,18 @@ from .._lib import KvtierError
 from .._swap_in import copy_planned, spec_swap_in, swap_in
 from ._patch import current_config
 from .bad_indices import maybe_poll
-from .counters import counted_layer, maybe_export
+from . import trace
+from .counters import counted_layer, layer_number, maybe_export
 
 
 def _strategy() -> str:
     cfg = current_config()
     return cfg.strategy if cfg is not None else "few_miss"
+
+
+def _item_bytes(items) -> int:
+    """Bytes a row of an item layout carries (value and scale)."""
+    return int(items[1]) + int(items[2])
 
 
 def _per_step() -> None:
@@ -51,6 +57,14 @@ def _layer(device_buffer):
     return counted_layer(device_buffer, cfg is None or cfg.counters)
 
 
+def _record(device_buffer, **call) -> None:
+    """The call, to the trace being recorded (if one is)."""
+    rec = trace.recorder()
+    if rec is not None:
+        numbered = layer_number(device_buffer)
+        rec.record(None if numbered is None else numbered[1], **call)
+
+
 def _positive(value, arg: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise KvtierError(f"invalid argument `{arg}`: {value!r} is not a positive int")
@@ -61,6 +75,10 @@ def _mla_swap_in(items, a: dict) -> None:
     _per_step()
     _positive(a["page_size"], "page_size")
     _positive(a["block_size"], "block_size")
+    _record(a["device_buffer"], top_k_tokens=a["top_k_tokens"], num_top_k=a["num_top_k"],
+            req_pool_indices=a["req_pool_indices"], seq_lens=a["seq_lens"], num_real_reqs=a["num_real_reqs"],
+            device_buffer_tokens=a["device_buffer_tokens"], lru_slots=a["lru_slots"], hot=a["hot_buffer_size"],
+            item_bytes=_item_bytes(items))
     swap_in(
         a["top_k_tokens"], a["device_buffer_tokens"], a["host_cache_locs"], a["device_buffer_locs"],
         a["host_cache"], a["device_buffer"], a["top_k_device_locs"], a["req_pool_indices"], a["seq_lens"],
@@ -168,6 +186,9 @@ def load_blocks_to_device_buffer_mha(
     shape = getattr(top_k_blocks, "shape", ())
     if len(shape) != 2:
         raise KvtierError(f"invalid argument `top_k_blocks`: has shape {list(shape)}; it must be 2-D")
+    _record(device_buffer_k, top_k_tokens=top_k_blocks, num_top_k=int(shape[1]), req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens, num_real_reqs=num_real_reqs, device_buffer_tokens=device_buffer_tokens,
+            lru_slots=lru_slots, hot=hot_buffer_size, block_tokens=sparse_block_size, item_bytes=2 * item_size_bytes)
     swap_in(
         top_k_blocks, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache_k, device_buffer_k,
         top_k_device_locs, req_pool_indices, seq_lens, lru_slots, _lib.linear_items(item_size_bytes),
