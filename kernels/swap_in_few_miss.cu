@@ -127,14 +127,24 @@ __device__ __forceinline__ WarpOffset warp_offset(const uint32_t* totals, uint32
 //          dynamic shared memory of few_miss_smem_bytes (src/swap_in/cuda.rs),
 //          the host-checked shapes (entries <= hot <= KVT_SWAP_MAX_HOT,
 //          buffers cover their rows).
-// Critical path of a 2-miss row, counted from the source's data dependences
-// (each access's address needs a value the one before loaded; shared memory
-// and barriers between them not counted): the row's request and length; its
-// slots, LRU order and query, issued together; the misses' host rows; then
-// the host read. Three device-memory accesses before the host read, where
-// SGLang 0.5.23's kernel has four (request; LRU order and query; the slots'
-// tokens through the LRU order; the misses' host and device rows). Not yet
-// traced in the SASS (the pinned compiler wheels have no disassembler).
+// Critical path of a 2-miss long row (H 4096, K 2048, int32 indices), read
+// from the sm_90 SASS against SGLang 0.5.23's kernel for the same shape
+// (scripts/sass.sh disassembles both into target/sass/): the device-memory
+// accesses that must complete before the first host-KV read, each needed by
+// the next (for its address, or for the branch or shared-memory index that
+// leads to it). kvtier, three: the row's request (its length beside it);
+// the request's slot tokens, slot rows and LRU order (their values decide
+// which entries miss); the misses' host rows, then the host read. SGLang's,
+// four: the request; the LRU order; the slots' tokens through it; the
+// misses' host and device rows. Counting only addresses computed from the
+// previous load's value, both are two (request, then host row, the query
+// being addressed from parameters alone). The loads of one link are not all
+// in flight at once: kvtier's slots, LRU order and query are three round
+// trips one after another (each loop consumes its loads before the next
+// issues), so a block waits on 5 (row 0, no num_real_reqs) to 8 device
+// round trips before the host read; SGLang's kernel about 18 to 20 (its
+// 4096 slots walked in four barrier-separated passes of lru -> token ->
+// row). Unmeasured: which of these a GPU overlaps with other blocks' work.
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     kvt_swap_in_few_miss_plan(const kvt_swap_in_params p) {
     using namespace kvt;
