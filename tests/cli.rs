@@ -291,7 +291,7 @@ fn pool_commands_create_inspect_check_and_destroy() {
     ]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("created pool") && out.contains("on 2 device(s)"),
+        out.contains("created pool") && out.contains("on 2 devices:"),
         "{out}"
     );
     let (ok, out, err) = kvtier(&[&["pool", "status"][..], &devs].concat());
@@ -322,7 +322,7 @@ fn pool_commands_create_inspect_check_and_destroy() {
     let (ok, out, err) = kvtier(&[&["pool", "check", "--repair"][..], &devs].concat());
     assert!(ok, "{err}");
     assert!(
-        out.contains("valid") && out.contains("reclaimed 0 client slot(s) and 0 region(s)"),
+        out.contains("valid") && out.contains("reclaimed 0 client slots and 0 regions"),
         "{out}"
     );
     let (ok, _, err) = kvtier(&[
@@ -368,7 +368,7 @@ fn a_wrong_sglang_kernels_library_is_refused_before_the_bench() {
 /// Without a GPU the selftest checks nothing and says so with its own exit
 /// code; with `--cpu` it runs every check on the CPU executor (a dry run),
 /// prints the table and writes a JSON line per check. (scripts/test.sh runs
-/// the release build's dry run with the link measurements.)
+/// the release build's dry run; the link is measured on a GPU only.)
 #[test]
 fn selftest_says_when_there_is_no_gpu_and_dry_runs_on_the_cpu() {
     if let kvtier::cuda::DriverStatus::Ready { devices, .. } = kvtier::cuda::probe_driver()
@@ -907,4 +907,295 @@ fn plan_replays_a_trace_at_each_hot_size() {
         "{err}"
     );
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A small bench on the CPU executor whose measurements are read back from
+/// its JSON: (stdout, stderr, one object per measurement). `name` keeps
+/// the tests' files apart.
+fn cpu_bench(name: &str, args: &[&str]) -> (String, String, Vec<serde_json::Value>) {
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("bench.jsonl");
+    let mut all = vec![
+        "bench",
+        "--executor",
+        "cpu",
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    let (ok, out, err) = kvtier(&all);
+    assert!(ok, "{out}{err}");
+    let lines = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    (out, err, lines)
+}
+
+/// One writeback point of each phase, a few bytes: fast on any CPU.
+const TINY_WRITEBACK: [&str; 10] = [
+    "--scenario",
+    "writeback",
+    "--batch",
+    "1",
+    "--prefill-tokens",
+    "8",
+    "--layers",
+    "1",
+    "--entry",
+    "656",
+];
+
+fn samples(lines: &[serde_json::Value]) -> Vec<u64> {
+    lines
+        .iter()
+        .map(|l| l["samples"].as_u64().unwrap())
+        .collect()
+}
+
+/// The CPU executor's smaller default grid lowers defaults only: flags given
+/// keep their values (they were clamped: `--iters 100 --max-seconds 10` ran
+/// 20 iterations, `--hot 8192,4096` only 8192), what it lowers is said in
+/// one line on stderr, and `--help` gives both defaults.
+#[test]
+fn cpu_bench_keeps_the_flags_given_and_says_which_defaults_it_lowers() {
+    let mut given = TINY_WRITEBACK.to_vec();
+    given.extend(["--iters", "100", "--max-seconds", "10", "--warmup", "1"]);
+    let (out, err, lines) = cpu_bench("given", &given);
+    assert!(!lines.is_empty());
+    assert!(samples(&lines).iter().all(|&n| n == 100), "{out}");
+    assert!(
+        out.contains("timed 100 times") && out.contains("at most 10 s"),
+        "{out}"
+    );
+    assert!(
+        !err.contains("lowers the defaults"),
+        "nothing was lowered: {err}"
+    );
+
+    let (_, _, lines) = cpu_bench(
+        "hot",
+        &[
+            "--scenario",
+            "swap-in",
+            "--hot",
+            "8192,4096",
+            "--batch",
+            "1",
+            "--misses",
+            "2",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+        ],
+    );
+    let mut hots: Vec<u64> = lines
+        .iter()
+        .map(|l| l["params"]["hot"].as_u64().unwrap())
+        .collect();
+    hots.dedup();
+    assert_eq!(hots, [8192, 4096]);
+
+    // defaults: lowered, and said so once
+    let (out, err, lines) = cpu_bench("defaults", &TINY_WRITEBACK);
+    assert!(samples(&lines).iter().all(|&n| n == 20), "{out}");
+    let notes: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("lowers the defaults"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{err}");
+    for said in [
+        "--iters 20 (not 50)",
+        "--warmup 3 (not 5)",
+        "--max-seconds 1 (not 5)",
+        "--full",
+    ] {
+        assert!(notes[0].contains(said), "{said}: {err}");
+    }
+    // flags that do not touch the scenario run are not named
+    assert!(
+        !notes[0].contains("--hot") && !notes[0].contains("--k "),
+        "{err}"
+    );
+
+    // --quick lowers defaults only too
+    let mut quick = vec!["--quick", "--iters", "12"];
+    quick.extend_from_slice(&TINY_WRITEBACK);
+    let (out, _, lines) = cpu_bench("quick", &quick);
+    assert!(samples(&lines).iter().all(|&n| n == 12), "{out}");
+
+    let (ok, help, _) = kvtier(&["bench", "--help"]);
+    assert!(ok);
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    for default in [
+        "(default 50; the CPU executor's default grid: 20; --quick: 10)",
+        "(default 5; the CPU executor's default grid: 3; --quick: 2)",
+        "(default 5; the CPU executor's default grid and --quick: 1)",
+        "default 4096,8192; the CPU executor's default grid and --quick: 4096)",
+    ] {
+        assert!(help.contains(default), "{default}: {help}");
+    }
+}
+
+/// A p99 of fewer than 100 samples is their max: it is reported from 100
+/// samples on (JSON `p99_us` null below), the max and the sample count
+/// always, in the JSON and the table.
+#[test]
+fn bench_reports_p99_only_from_enough_samples_and_always_the_max_and_n() {
+    let mut few = TINY_WRITEBACK.to_vec();
+    few.extend(["--iters", "5", "--warmup", "1"]);
+    let (out, _, lines) = cpu_bench("few", &few);
+    let header = out.lines().find(|l| l.starts_with("point")).unwrap();
+    let columns: Vec<&str> = header
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    for c in ["n", "median µs", "p99 µs", "max µs"] {
+        assert!(columns.contains(&c), "{c}: {header}");
+    }
+    for l in &lines {
+        assert!(l["p99_us"].is_null(), "{l}");
+        assert_eq!(l["samples"], 5, "{l}");
+        assert!(
+            l["max_us"].as_f64().unwrap() >= l["median_us"].as_f64().unwrap(),
+            "{l}"
+        );
+    }
+    // in the table: n 5, no p99
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("phase ")).collect();
+    assert_eq!(rows.len(), lines.len(), "{out}");
+    for r in rows {
+        let f: Vec<&str> = r.split_whitespace().rev().take(6).collect();
+        // vs limit, GB/s, max, p99, median, n
+        assert_eq!(
+            (f[2].parse::<f64>().is_ok(), f[3], f[5]),
+            (true, "-", "5"),
+            "{r}"
+        );
+    }
+
+    let mut many = TINY_WRITEBACK.to_vec();
+    many.extend(["--iters", "100", "--warmup", "1", "--max-seconds", "10"]);
+    let (_, _, lines) = cpu_bench("many", &many);
+    for l in &lines {
+        let (median, p99, max) = (
+            l["median_us"].as_f64().unwrap(),
+            l["p99_us"].as_f64().unwrap(),
+            l["max_us"].as_f64().unwrap(),
+        );
+        assert!(median <= p99 && p99 <= max, "{l}");
+        assert_eq!(l["samples"], 100, "{l}");
+    }
+}
+
+/// Every scenario's table is aligned (the speculative swap-in's long points
+/// pushed its columns out of line), and a rate is never a bare "0.00": "-"
+/// where there are no bytes (no misses), more digits where it is small.
+#[test]
+fn bench_tables_are_aligned_and_print_no_zero_rates() {
+    let (out, _, lines) = cpu_bench(
+        "tables",
+        &[
+            "--quick", "--batch", "1", "--k", "256", "--misses", "0,2", "--iters", "2", "--warmup",
+            "1",
+        ],
+    );
+    assert!(
+        lines.iter().any(|l| l["scenario"] == "spec-swap-in"),
+        "{out}"
+    );
+    let mut tables = 0;
+    for block in out.split("\n\n") {
+        let table: Vec<&str> = block
+            .lines()
+            .skip_while(|l| !l.starts_with("point"))
+            .collect();
+        let Some(header) = table.first() else {
+            continue;
+        };
+        tables += 1;
+        let width = header.chars().count();
+        for row in &table[1..] {
+            assert_eq!(row.chars().count(), width, "out of line:\n{block}");
+            let f: Vec<&str> = row.split_whitespace().rev().take(2).collect();
+            assert!(f.iter().all(|x| *x != "0.00"), "{row}");
+            if row.contains("misses 0,") {
+                assert_eq!(f, ["-", "-"], "{row}");
+            }
+        }
+    }
+    assert_eq!(tables, 4, "{out}");
+}
+
+/// `selftest --cpu` prints its table once, and no link rows of "0 cases"
+/// measured on host memcpys: the link is not run on the CPU executor.
+#[test]
+fn cpu_selftest_prints_its_table_once_without_link_measurements() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(["selftest", "--cpu", "--cases", "1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    for check in ["gather (random, half hostile)", "graph replays"] {
+        assert_eq!(
+            stdout.lines().filter(|l| l.contains(check)).count(),
+            1,
+            "{check}:\n{stdout}"
+        );
+    }
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("result")).count(),
+        1,
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("0 cases") && !stdout.contains("measured"),
+        "{stdout}"
+    );
+    let link: Vec<&str> = stdout.lines().filter(|l| l.contains("link")).collect();
+    assert!(
+        link.len() == 1 && link[0].starts_with("skip") && link[0].contains("not run on the CPU"),
+        "{stdout}"
+    );
+}
+
+/// Counts read right for one and for many.
+#[test]
+fn bench_messages_read_right_for_one_and_for_many() {
+    let one = [
+        "--scenario",
+        "swap-in",
+        "--hot",
+        "4096",
+        "--misses",
+        "1",
+        "--entry",
+        "656",
+        "--max-seconds",
+        "1",
+    ];
+    let mut args = one.to_vec();
+    args.extend(["--iters", "1", "--warmup", "1", "--batch", "1"]);
+    let (out, _, lines) = cpu_bench("plural-one", &args);
+    assert!(
+        out.contains("plan: 1 grid point, each method timed 1 time after 1 warm-up call (at most"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("wrote {} measurements to", lines.len())),
+        "{out}"
+    );
+    let mut args = one.to_vec();
+    args.extend(["--iters", "2", "--warmup", "2", "--batch", "1,2"]);
+    let (out, _, _) = cpu_bench("plural-many", &args);
+    assert!(
+        out.contains("plan: 2 grid points, each method timed 2 times after 2 warm-up calls"),
+        "{out}"
+    );
 }

@@ -529,7 +529,7 @@ fn ranks_starting_together_create_one_pool_and_interleave() {
     // not overwritten.
     let other = LayerFirstLayout::new(64, 8, 16).unwrap();
     let err = pool_error(Pool::open_or_create(other, devices.clone(), opts(0, 1)));
-    assert!(err.contains("this process needs 8192 B"), "{err}");
+    assert!(err.contains("this process needs 8 KiB"), "{err}");
     // Private devices are never shared: a new pool each time.
     let anon = vec![DeviceSpec::Anon {
         bytes: Pool::device_bytes_for(&layout(), 1).unwrap(),
@@ -772,7 +772,7 @@ fn bad_devices_and_mismatched_pools_give_clear_errors() {
     ));
     assert!(err.contains("656 B"), "{err}");
     let err = pool_error(Pool::open(devices[..1].to_vec(), PoolOptions::default()));
-    assert!(err.contains("spans 2 devices; 1 were given"), "{err}");
+    assert!(err.contains("spans 2 devices; 1 was given"), "{err}");
     let swapped = vec![devices[1].clone(), devices[0].clone()];
     let err = pool_error(Pool::open(swapped, PoolOptions::default()));
     assert!(
@@ -872,8 +872,8 @@ fn pipeline_stages_share_one_pool_with_layouts_of_their_own() {
     let stage2 = LayerFirstLayout::new(1024, 4, 4).unwrap();
     let err = pool_error(Pool::open_or_create(stage2, devices.clone(), opts(0, 2)));
     assert!(
-        err.contains("regions hold 12288 B")
-            && err.contains("needs 16384 B")
+        err.contains("regions hold 12 KiB")
+            && err.contains("needs 16 KiB")
             && err.contains("most layers"),
         "{err}"
     );
@@ -1644,4 +1644,42 @@ fn a_new_pool_is_refused_on_any_device_a_live_holder_of_the_old_one_maps() {
     drop(_regions);
     drop(holder);
     drop(Pool::create_on(layout(), vec![b, a], PoolOptions::default()).unwrap());
+}
+
+/// One file named twice (however it is spelled) is refused by name, before
+/// anything is mapped; it said "is not device 1 of this pool".
+#[test]
+fn a_device_named_twice_is_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("kvtier-twice-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let layout = LayerFirstLayout::new(64, 2, 16).unwrap();
+    let a = DeviceSpec::file(dir.join("a"), 4 << 20);
+    let also_a = DeviceSpec::file(dir.join(".").join("a"), 4 << 20);
+    let e = pool_error(Pool::create_on(
+        layout,
+        vec![a.clone(), a.clone()],
+        PoolOptions::default(),
+    ));
+    assert!(e.contains("is named twice (devices 0 and 1)"), "{e}");
+    drop(Pool::create_on(layout, vec![a.clone()], PoolOptions::default()).unwrap());
+    let e = pool_error(Pool::open(vec![a.clone(), also_a], PoolOptions::default()));
+    assert!(e.contains("named twice"), "{e}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Publishing twice says so; a region this process no longer holds is
+/// described in words (it printed "its state is Some(Ready)").
+#[test]
+fn publishing_twice_and_foreign_regions_are_said_in_words() {
+    let layout = LayerFirstLayout::new(64, 2, 16).unwrap();
+    let pool = Pool::create(layout, DeviceSpec::Anon { bytes: 4 << 20 }).unwrap();
+    let r = pool.alloc_region().unwrap();
+    pool.publish(&r).unwrap();
+    let e = pool.publish(&r).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("region {} is already published", r.index())),
+        "{e}"
+    );
+    assert!(!e.contains("Some("), "{e}");
 }

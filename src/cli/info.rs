@@ -58,9 +58,10 @@ pub fn run() -> kvtier::Result<()> {
         DriverStatus::InitFailed(why) => println!("driver:    present but unusable: {why}"),
         DriverStatus::Ready { version, devices } => {
             println!(
-                "driver:    CUDA {}.{}, {devices} GPU(s)",
+                "driver:    CUDA {}.{}, {}",
                 version / 1000,
-                (version % 1000) / 10
+                (version % 1000) / 10,
+                super::bench::count(devices as u64, "GPU", "GPUs")
             );
             if let Some(why) = cuda::kernels::driver_too_old(version, &cuda::kernels::BUILD) {
                 println!("           {why}");

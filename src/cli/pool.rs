@@ -8,6 +8,8 @@ use kvtier::pool::{
 };
 use kvtier::{DeviceSpec, EntryFormat, LayerFirstLayout, Pool};
 
+use super::bench::count;
+
 #[derive(Debug, Subcommand)]
 pub enum PoolCommand {
     /// Formats a new pool across the devices.
@@ -37,6 +39,8 @@ pub struct DevicesArgs {
     /// many hosts share it, and which one this is.
     #[arg(long, requires = "host")]
     hosts: Option<u32>,
+    /// This host's index among --hosts (0 to hosts - 1), the same on every
+    /// command this host runs on the pool.
     #[arg(long, requires = "hosts")]
     host: Option<u32>,
 }
@@ -187,10 +191,10 @@ fn run_command(cmd: PoolCommand) -> kvtier::Result<()> {
             }
             let pool = Pool::create_on(layout, specs, options)?;
             println!(
-                "created pool {} on {} device(s): {} regions of {} ({} B × {} layers × {} tokens)",
+                "created pool {} on {}: {} of {} ({} B × {} layers × {} tokens)",
                 hex(&pool.uuid()),
-                pool.devices().len(),
-                pool.num_regions(),
+                count(pool.devices().len() as u64, "device", "devices"),
+                count(pool.num_regions(), "region", "regions"),
                 human_size(pool.region_stride()),
                 entry,
                 a.layers,
@@ -218,14 +222,20 @@ fn run_command(cmd: PoolCommand) -> kvtier::Result<()> {
                 println!("dead owner: client slot {client} (pid {pid})");
             }
             println!(
-                "{} region(s) of dead owners are reclaimable",
-                report.reclaimable_regions
+                "{} of dead owners {} reclaimable",
+                count(report.reclaimable_regions as u64, "region", "regions"),
+                if report.reclaimable_regions == 1 {
+                    "is"
+                } else {
+                    "are"
+                }
             );
             if a.repair {
                 let freed = pool.reclaim_dead()?;
                 println!(
-                    "repaired: reclaimed {} client slot(s) and {} region(s)",
-                    freed.clients, freed.regions
+                    "repaired: reclaimed {} and {}",
+                    count(freed.clients as u64, "client slot", "client slots"),
+                    count(freed.regions as u64, "region", "regions")
                 );
             } else if report.reclaimable_regions > 0 || !report.dead_clients.is_empty() {
                 println!("run again with --repair to reclaim them");
@@ -234,8 +244,12 @@ fn run_command(cmd: PoolCommand) -> kvtier::Result<()> {
                 Ok(())
             } else {
                 Err(kvtier::Error::Pool(format!(
-                    "{} inconsistencies in the tables",
-                    report.problems.len()
+                    "{} in the tables",
+                    count(
+                        report.problems.len() as u64,
+                        "inconsistency",
+                        "inconsistencies"
+                    )
                 )))
             }
         }

@@ -140,10 +140,10 @@ pub fn replay_curve(path: &Path, hot: &[u32], as_json: bool) -> kvtier::Result<(
         return Ok(());
     }
     println!(
-        "trace {} ({} calls over {} layers; recorded at HOT {own}{})",
+        "trace {} ({} over {}; recorded at HOT {own}{})",
         path.display(),
-        trace.calls.len(),
-        trace.layers(),
+        super::bench::count(trace.calls.len() as u64, "call", "calls"),
+        super::bench::count(trace.layers(), "layer", "layers"),
         if trace.header.synthetic {
             "; SYNTHETIC"
         } else {

@@ -81,11 +81,23 @@ impl FromStr for DeviceSpec {
         // "PATH" or "PATH:SIZE", where SIZE is the part after the last ':' if it parses
         let path_and_size = |rest: &str| -> Result<(PathBuf, Option<u64>)> {
             match rest.rsplit_once(':') {
-                Some((p, size)) if size.starts_with(|c: char| c.is_ascii_digit()) => {
+                Some((p, size))
+                    if size.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+') =>
+                {
                     if p.is_empty() {
                         return Err(bad());
                     }
                     Ok((PathBuf::from(p), Some(parse_size(size)?)))
+                }
+                // "PATH:SIZE:more": the size is not last
+                Some((p, last))
+                    if p.rsplit_once(':')
+                        .is_some_and(|(_, z)| parse_size(z).is_ok()) =>
+                {
+                    Err(invalid(
+                        "device",
+                        format!("{s:?}: {last:?} follows the size; the size comes last ({usage})"),
+                    ))
                 }
                 _ if !rest.is_empty() => Ok((PathBuf::from(rest), None)),
                 _ => Err(bad()),
@@ -104,7 +116,15 @@ impl FromStr for DeviceSpec {
                 Ok(DeviceSpec::Dax { path, bytes })
             }
             "numa" => {
-                let (nodes, size) = rest.split_once(':').ok_or_else(bad)?;
+                let (nodes, size) = rest.split_once(':').ok_or_else(|| {
+                    invalid(
+                        "device",
+                        format!(
+                            "{s:?} needs a size here ({s}:64GiB, say; `kvtier info` lists each node's memory): \
+                             only the SGLang shim's config sizes a numa: device itself"
+                        ),
+                    )
+                })?;
                 Ok(DeviceSpec::Numa {
                     nodes: parse_nodes(nodes)?,
                     bytes: parse_size(size)?,
@@ -431,23 +451,26 @@ pub fn parse_size(s: &str) -> Result<u64> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| invalid("size", format!("{s:?} does not start with a number")))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KiB" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        "T" | "TiB" => 1 << 40,
-        "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
-        u => {
+    let n: u64 = num.parse().map_err(|_| {
+        invalid(
+            "size",
+            format!("{s:?} does not start with a number; {SIZE_GRAMMAR}"),
+        )
+    })?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "ki" | "kib" => 1 << 10,
+        "m" | "mi" | "mib" => 1 << 20,
+        "g" | "gi" | "gib" => 1 << 30,
+        "t" | "ti" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => {
             return Err(invalid(
                 "size",
-                format!("{u:?} is not a size unit (use B, KiB, MiB, GiB, TiB)"),
+                format!("{:?} is not a size unit; {SIZE_GRAMMAR}", unit.trim()),
             ));
         }
     };
@@ -459,6 +482,10 @@ pub fn parse_size(s: &str) -> Result<u64> {
     }
     Ok(bytes)
 }
+
+/// The sizes [`parse_size`] reads, for its messages and the docs.
+pub const SIZE_GRAMMAR: &str = "a size is a whole number with an optional unit, in any case: B; K, Ki or KiB \
+     (1024); M, Mi, MiB; G, Gi, GiB; T, Ti, TiB; or KB, MB, GB, TB (powers of 1000), e.g. 64GiB or 512m";
 
 /// `bytes` for a person: the largest binary unit it reaches, with one
 /// decimal where it is not whole (`38.2 MiB`, `64 GiB`, `656 B`).
@@ -830,6 +857,16 @@ fn opening_file(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
                     path.display()
                 ),
             )
+        } else if e.kind() == std::io::ErrorKind::PermissionDenied {
+            invalid(
+                "device",
+                format!(
+                    "{}: permission denied. A pool's files are their creator's alone (mode 0600) unless it was \
+                     created for a group (kvtier pool create --mode 0660): its owner can `chgrp GROUP` the files \
+                     to a group you are in and `chmod g+rw` them, or run this as the owner",
+                    path.display()
+                ),
+            )
         } else {
             io(format!("opening {}", path.display()))(e)
         }
@@ -846,6 +883,16 @@ fn opening_dax(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
                 format!(
                     "{} does not exist: `kvtier info` lists this machine's DAX devices, and `daxctl \
                      create-device` (ndctl) makes one from a CXL memory region",
+                    path.display()
+                ),
+            )
+        } else if e.kind() == std::io::ErrorKind::PermissionDenied {
+            invalid(
+                "device",
+                format!(
+                    "{}: permission denied. A DAX device is root's unless a udev rule gives a group read and \
+                     write on it (e.g. GROUP=\"kvtier\", MODE=\"0660\" for SUBSYSTEM==\"dax\"): run as root, or \
+                     add such a rule and a group you are in",
                     path.display()
                 ),
             )
@@ -962,10 +1009,10 @@ fn map_file(
             return Err(invalid(
                 "device",
                 format!(
-                    "{} holds {} B, less than the {} B asked for",
+                    "{} holds {}, less than the {} asked for",
                     path.display(),
-                    len,
-                    b
+                    human_size(len),
+                    human_size(b)
                 ),
             ));
         }
@@ -1240,6 +1287,62 @@ mod tests {
         for s in ["4000B", "64KiB", "512MiB", "8GiB", "1TiB"] {
             assert_eq!(format_size(parse_size(s).unwrap()), s);
         }
+    }
+
+    /// One size grammar, in any case (an evaluator found `1GB` taken and
+    /// `1gb`, `1k`, `1Gi` refused), and device strings whose size is wrong say
+    /// so in the same words for every kind.
+    #[test]
+    fn sizes_have_one_grammar_and_bad_ones_say_why() {
+        for (s, bytes) in [
+            ("1gb", 1_000_000_000u64),
+            ("1GB", 1_000_000_000),
+            ("1k", 1 << 10),
+            ("1Gi", 1 << 30),
+            ("512m", 512 << 20),
+            ("64GiB", 64 << 30),
+            ("2 TiB", 2 << 40),
+            ("4096", 4096),
+            ("7b", 7),
+        ] {
+            assert_eq!(parse_size(s).unwrap(), bytes, "{s}");
+        }
+        for (s, says) in [
+            ("-1GiB", "does not start with a number"),
+            ("1GiB:extra", "not a size unit"),
+            ("1Gx", "\"Gx\" is not a size unit"),
+            ("0", "0 bytes"),
+            ("99999999999TiB", "overflows"),
+        ] {
+            let e = parse_size(s).unwrap_err().to_string();
+            assert!(e.contains(says), "{s}: {e}");
+            if !says.contains("bytes") && !says.contains("overflows") {
+                assert!(
+                    e.contains("KiB (1024)"),
+                    "the message gives the grammar: {e}"
+                );
+            }
+        }
+        let err = |s: &str| s.parse::<DeviceSpec>().unwrap_err().to_string();
+        for kind in ["anon:", "file:/p:", "dax:/p:"] {
+            let e = err(&format!("{kind}-1GiB"));
+            assert!(
+                e.contains("\"-1GiB\" does not start with a number"),
+                "{kind}: {e}"
+            );
+        }
+        assert!(err("file:/p:1GiB:extra").contains("\"extra\" follows the size"));
+        assert!(err("dax:/p:1GiB:extra").contains("follows the size"));
+        assert!(err("numa:0").contains("needs a size here"));
+        assert!(err("numa:0").contains("numa:0:64GiB"));
+        assert_eq!(
+            "file:/tmp/a:b".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::File {
+                path: "/tmp/a:b".into(),
+                bytes: None
+            },
+            "a colon in a path is the path's"
+        );
     }
 
     #[test]

@@ -311,14 +311,14 @@ impl Pool {
         }
         if layout.region_bytes() > pool.region_stride {
             return Err(Error::Pool(format!(
-                "the pool's regions hold {} B (made for {} B × {} layers × {} tokens); this process needs {} B \
-                 for {} B × {} × {}: create the pool for the largest layout that will use it (under pipeline \
-                 parallelism, the stage with the most layers)",
-                pool.region_stride,
+                "the pool's regions hold {} (made for entries of {} B × {} layers × {} tokens); this process \
+                 needs {} for entries of {} B × {} layers × {} tokens: create the pool for the largest layout \
+                 that will use it (under pipeline parallelism, the stage with the most layers)",
+                human_size(pool.region_stride),
                 pool.layout.entry_bytes(),
                 pool.layout.layers(),
                 pool.layout.tokens_per_region(),
-                layout.region_bytes(),
+                human_size(layout.region_bytes()),
                 layout.entry_bytes(),
                 layout.layers(),
                 layout.tokens_per_region()
@@ -445,9 +445,11 @@ impl Pool {
         }
         if h.num_devices as usize != maps.len() || h.num_devices as usize > MAX_DEVICES {
             return Err(Error::Pool(format!(
-                "the pool spans {} devices; {} were given",
+                "the pool spans {} device{}; {} {} given",
                 h.num_devices,
-                maps.len()
+                if h.num_devices == 1 { "" } else { "s" },
+                maps.len(),
+                if maps.len() == 1 { "was" } else { "were" }
             )));
         }
         match (h.hosts, options.coherence) {
@@ -495,9 +497,10 @@ impl Pool {
             let end = rec.data_offset + rec.num_regions as u64 * h.region_stride;
             if (map.len() as u64) < end {
                 return Err(Error::Pool(format!(
-                    "{} is {} B; the pool's regions on it need {end} B",
+                    "{} is {}; the pool's regions on it need {}",
                     map.spec(),
-                    map.len()
+                    human_size(map.len() as u64),
+                    human_size(end)
                 )));
             }
             devices.push(PoolDevice {
@@ -672,6 +675,25 @@ fn check_options(devices: &[DeviceSpec], o: &PoolOptions) -> Result<()> {
                 devices.len()
             ),
         ));
+    }
+    // One file (or DAX device) named twice would be two devices of the pool
+    // on the same bytes: refused by name, before anything is mapped.
+    let mut seen: Vec<(std::path::PathBuf, usize)> = Vec::new();
+    for (i, d) in devices.iter().enumerate() {
+        let (DeviceSpec::File { path, .. } | DeviceSpec::Dax { path, .. }) = d else {
+            continue;
+        };
+        let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+        if let Some((_, first)) = seen.iter().find(|(p, _)| *p == key) {
+            return Err(invalid(
+                "devices",
+                format!(
+                    "{} is named twice (devices {first} and {i}); name each device once",
+                    d.identity()
+                ),
+            ));
+        }
+        seen.push((key, i));
     }
     if let Coherence::NonCoherent { hosts, host } = o.coherence {
         if !metadata::non_coherent_supported() {

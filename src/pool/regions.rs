@@ -108,6 +108,11 @@ impl Pool {
         let to = self.mine(RegionState::Ready)?;
         if self.cas(&self.region_entry(region.index).control, from, to, PUBLISH) {
             Ok(())
+        } else if self.load(&self.region_entry(region.index).control) == to {
+            Err(Error::Pool(format!(
+                "region {} is already published (a region is published once per allocation)",
+                region.index
+            )))
         } else {
             Err(self.not_owned(region, "publish"))
         }
@@ -131,10 +136,15 @@ impl Pool {
     }
 
     pub(super) fn not_owned(&self, region: &Region, what: &str) -> Error {
-        let state = self.region_control(region.index).map(|c| c.state);
+        let now = match self.region_control(region.index).map(|c| c.state) {
+            Some(RegionState::Free) => "it is free",
+            Some(RegionState::Allocated) => "it is allocated, not yet published",
+            Some(RegionState::Ready) => "it is published",
+            None => "its table entry is corrupt",
+        };
         Error::Pool(format!(
-            "cannot {what} region {}: it is not allocated by this process (its state is {state:?}; a dead \
-             owner's regions are reclaimed, so this one may have been reclaimed from a process judged dead)",
+            "cannot {what} region {}: this process does not own it ({now}); a dead owner's regions are \
+             reclaimed, so it may have been reclaimed from a process judged dead",
             region.index
         ))
     }

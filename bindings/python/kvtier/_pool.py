@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import operator
 import os
 import sys
 import threading
@@ -15,13 +16,73 @@ from . import _lib
 from ._lib import KvtierError, as_int, check, library
 
 
-class Layout(NamedTuple):
-    """Region geometry: `layers` × `tokens_per_region` entries of `entry_bytes`
-    (a multiple of 8), layer-first."""
-
+class _LayoutFields(NamedTuple):
     entry_bytes: int
     layers: int
     tokens_per_region: int
+
+
+def _layout_int(value, name: str) -> int:
+    """`value` as an int (numpy integers too), else a KvtierError naming it."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise KvtierError(f"invalid argument `{name}`: {value!r} is not an int")
+
+
+class Layout(_LayoutFields):
+    """Region geometry: `layers` × `tokens_per_region` entries of `entry_bytes`,
+    layer-first (``[layer][token][entry_bytes]``). A NamedTuple, checked when
+    made, by the library's own rules (a KvtierError naming the field):
+
+    - `entry_bytes`: a positive multiple of 8 that fits 32 bits (656 for
+      fp8 DSA, 1152 for bf16 MLA, 584 for DeepSeek-V4's C4 token);
+    - `layers`: 1 to :attr:`MAX_LAYERS` (4096);
+    - `tokens_per_region`: 1 to :attr:`MAX_TOKENS_PER_REGION` (2**31 - 1;
+      token indices are int32 on the device);
+    - and a region, their product, at most :attr:`MAX_REGION_BYTES` (256 TiB).
+    """
+
+    __slots__ = ()
+
+    MAX_ENTRY_BYTES = 2**32 - 8
+    MAX_LAYERS = 4096
+    MAX_TOKENS_PER_REGION = 2**31 - 1
+    MAX_REGION_BYTES = 1 << 48
+
+    def __new__(cls, entry_bytes: int, layers: int, tokens_per_region: int):
+        # The rules of LayerFirstLayout::new (src/layout.rs), with its wording.
+        e = _layout_int(entry_bytes, "entry_bytes")
+        if e <= 0 or e % 8:
+            raise KvtierError(
+                f"invalid argument `entry_bytes`: {e} is not a positive multiple of 8 (656, 1152 and 584 are valid)"
+            )
+        if e > cls.MAX_ENTRY_BYTES:
+            raise KvtierError(
+                f"invalid argument `entry_bytes`: {e} is outside 8..={cls.MAX_ENTRY_BYTES} (a 32-bit count)"
+            )
+        n = _layout_int(layers, "layers")
+        if not 1 <= n <= cls.MAX_LAYERS:
+            raise KvtierError(f"invalid argument `layers`: {n} is outside 1..={cls.MAX_LAYERS}")
+        t = _layout_int(tokens_per_region, "tokens_per_region")
+        if not 1 <= t <= cls.MAX_TOKENS_PER_REGION:
+            raise KvtierError(
+                f"invalid argument `tokens_per_region`: {t} is outside 1..={cls.MAX_TOKENS_PER_REGION}"
+            )
+        region = e * n * t
+        if region > cls.MAX_REGION_BYTES:
+            raise KvtierError(
+                f"invalid argument `tokens_per_region`: {e} B × {n} layers × {t} tokens is {region} B a region, "
+                f"more than the {cls.MAX_REGION_BYTES} B (256 TiB) a region may hold"
+            )
+        return super().__new__(cls, e, n, t)
+
+    @classmethod
+    def _make(cls, iterable) -> "Layout":
+        # NamedTuple's _make (and so _replace) bypasses __new__: check those too.
+        return cls(*iterable)
 
     def region_bytes(self) -> int:
         return self.entry_bytes * self.layers * self.tokens_per_region
@@ -304,6 +365,7 @@ class Region(_Handle):
     caller's to stop using before freeing it."""
 
     _GONE = "this Region was freed"
+    _published = False  # whether publish() succeeded on this handle
 
     def __init__(self, handle: ctypes.c_void_p, pool: Pool):
         self._init_handle(handle)
@@ -322,16 +384,44 @@ class Region(_Handle):
         buf._kvtier_region = self  # the memory lives as long as the region
         return buf
 
-    def numpy(self, dtype="uint8", shape=None):
-        """The region's bytes as a numpy array of `dtype` (no copy); with
-        `shape`, its leading bytes in that shape."""
+    @property
+    def layout(self) -> Layout:
+        """The pool's :class:`Layout`, which :meth:`numpy` ``(shaped=True)`` uses."""
+        return self.pool.layout
+
+    def numpy(self, dtype="uint8", shape=None, *, shaped: bool = False):
+        """The region's bytes as a numpy array of `dtype` (no copy): flat by
+        default; with `shape`, its leading bytes in that shape; with
+        ``shaped=True``, in the layer-first layout, ``[layers][tokens_per_region]
+        [entry_bytes]`` for uint8 (the last axis ``entry_bytes // itemsize``
+        for another `dtype`), so ``region.numpy(shaped=True)[layer, token]`` is
+        that token's entry in that layer::
+
+            kv = region.numpy(shaped=True)  # uint8, (layers, tokens, entry_bytes)
+            kv[layer, token] = entry         # an entry_bytes-long uint8 array
+        """
         import numpy as np
 
+        if shaped:
+            if shape is not None:
+                raise KvtierError("invalid argument `shape`: give a shape or shaped=True, not both")
+            shape = self._layer_first_shape(np.dtype(dtype).itemsize)
         arr = np.frombuffer(self._bytes(), dtype=np.uint8)
         if shape is not None:
             arr = arr[: _prefix_bytes(shape, np.dtype(dtype).itemsize, self.nbytes)]
         arr = arr.view(dtype)
         return arr if shape is None else arr.reshape(shape)
+
+    def _layer_first_shape(self, itemsize: int) -> tuple:
+        if not self._open:
+            raise KvtierError(self._GONE, "INVALID_ARGUMENT")
+        lay = self.layout
+        if lay.entry_bytes % itemsize:
+            raise KvtierError(
+                f"invalid argument `dtype`: an entry of {lay.entry_bytes} B is not a whole number of "
+                f"{itemsize}-byte items"
+            )
+        return (lay.layers, lay.tokens_per_region, lay.entry_bytes // itemsize)
 
     def torch(self, dtype=None, shape=None):
         """The region's bytes as a CPU torch tensor of `dtype` (no copy; any
@@ -359,7 +449,18 @@ class Region(_Handle):
         return t
 
     def publish(self) -> None:
+        """Publishes the region: its bytes are written, and readers may trust
+        them from now on. Once per allocation: publishing it again raises
+        ``KvtierError("region N is already published")``."""
+        with self._lock:
+            if self._open and self._published:
+                raise KvtierError(
+                    f"region {self.index} is already published (a region is published once; free it and "
+                    "allocate another to write new bytes)",
+                    "POOL_ERROR",
+                )
         self._call(library().kvt_region_publish)
+        self._published = True
 
     def free(self) -> None:
         """Returns the region to the pool (views of it must no longer be

@@ -102,7 +102,7 @@ def test_install_after_the_coordinator_is_imported(fake_sglang):
 def test_the_report_says_who_serves_what(fake_sglang):
     rep = kvtier.sglang.report(kvtier.sglang.KvtierConfig(devices=["numa:0"], swap_in=False))
     lines = rep.lines()
-    assert lines[0].startswith("kvtier: installed into SGLang 0.5.23 on ")
+    assert lines[0].startswith("kvtier: would install into SGLang 0.5.23 on "), "a report installs nothing"
     by_name = {r.name: r for r in rep.routes}
     assert by_name["load_cache_to_device_buffer_mla"].served_by == "SGLang"
     assert "swap_in is off" in by_name["copy_cache_planned_mla"].why
@@ -271,8 +271,8 @@ def test_the_launcher_refuses_a_bad_config(fake_sglang, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake_sglang), str(PACKAGE_ROOT)]))
     run = subprocess.run([sys.executable, "-m", "kvtier.sglang", "--kvtier-config", str(cfg)], env=env,
                          capture_output=True, text=True, timeout=60)
-    assert run.returncode != 0
-    assert "KvtierError" in run.stderr and "tape:0" in run.stderr
+    assert run.returncode == 2
+    assert "tape:0" in run.stderr and "Traceback" not in run.stderr and run.stderr.count("\n") == 1, run.stderr
 
 
 def test_a_library_without_kernels_leaves_the_swap_in_to_sglang(fake_sglang, monkeypatch):
@@ -313,3 +313,48 @@ def test_a_numa_device_onlined_as_movable_is_warned_about(fake_sglang, monkeypat
     assert "warning: numa:1:4GiB" in text and "ZONE_MOVABLE" in text and "--no-movable" in text, text
     caps["numa:1:4GiB"] = DeviceCapacity(4 << 30, False, True, 0)
     assert kvtier.sglang.report(kvtier.sglang.KvtierConfig(devices=["numa:1:4GiB"])).warnings == []
+
+
+def test_report_takes_what_install_takes_and_checks_it_the_same(fake_sglang, monkeypatch):
+    rep = kvtier.sglang.report({"devices": ["numa:0"], "swap_in": False})
+    assert rep.installs and not kvtier.sglang._patch.is_installed(importlib.import_module(COORD))
+    assert {r.name: r.served_by for r in rep.routes}["load_cache_to_device_buffer_mla"] == "SGLang"
+    for bad in ({"swap_inn": False}, {"strategy": "fastest"}):
+        with pytest.raises(kvtier.KvtierError, match="kvtier config"):
+            kvtier.sglang.report(bad)
+    # without SGLang the same mistakes are refused, not passed over
+    monkeypatch.setattr(kvtier.sglang.compat, "sglang_root", lambda: None)
+    with pytest.raises(kvtier.KvtierError, match="swap_inn"):
+        kvtier.sglang.report({"swap_inn": False})
+    assert "not installed" in kvtier.sglang.report({}).lines()[0]
+
+
+def test_the_launcher_says_a_config_error_in_one_line(fake_sglang, tmp_path):
+    env = dict(os.environ)
+    env.pop(kvtier.sglang.ENV, None)
+    env.pop("KVTIER_DEBUG", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(fake_sglang), str(PACKAGE_ROOT), env.get("PYTHONPATH", "")])
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{devices: anon")
+    typo = tmp_path / "typo.json"
+    typo.write_text('{"device": ["anon"]}')
+    for path, says in [(tmp_path / "missing.json", "cannot read"), (bad_json, "is not valid JSON"),
+                       (typo, "unknown keys ['device']")]:
+        run = subprocess.run([sys.executable, "-m", "kvtier.sglang", "--kvtier-config", str(path), "--enable-hisparse"],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert run.stderr.count("\n") == 1 and says in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_the_launcher_prints_its_report_once_and_warns_without_hisparse(fake_sglang, tmp_path):
+    run = launch(fake_sglang, tmp_path, {"devices": ["anon"]}, "--model-path", "m")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stderr.count("kvtier: installed into SGLang") == 1, run.stderr
+    assert "--enable-hisparse is not among SGLang's arguments" in run.stderr
+    run = launch(fake_sglang, tmp_path, {"devices": ["anon"]}, "--model-path", "m", "--enable-hisparse")
+    assert run.returncode == 0 and "--enable-hisparse is not" not in run.stderr, run.stderr
+    kernels = fake_sglang / "sglang/kernels/ops/kvcache/hisparse.py"
+    kernels.write_text(kernels.read_text().replace("skip_io=False):\n    raise RuntimeError(\"SGLang's own load_blocks",
+                                                   "skip_io=False, extra=1):\n    raise RuntimeError(\"SGLang's own load_blocks"))
+    run = launch(fake_sglang, tmp_path, {"devices": ["anon"]}, "--enable-hisparse")
+    assert run.stderr.count("kvtier: not installed into SGLang") == 1, run.stderr

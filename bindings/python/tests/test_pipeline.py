@@ -59,7 +59,7 @@ def test_a_stage_too_big_for_the_pool_is_told_to_set_region_layers(fake_sglang, 
     with pytest.raises(kvtier.KvtierError) as e:
         stage(0, 3, {"devices": [shared_file]})
     msg = str(e.value)
-    assert "regions hold 8192 B" in msg and "needs 12288 B" in msg
+    assert "regions hold 8 KiB" in msg and "needs 12 KiB" in msg
     assert "set region_layers in the kvtier config to the most layers any stage holds (this stage holds 3)" in msg
 
 

@@ -48,7 +48,7 @@ def test_ranks_share_a_file_pool_round_robin(tmp_path):
     assert [r.device for r in regions] == [0, 1, 0, 1], "rank r on device r mod 2"
     # a smaller layout fits the regions (a pipeline stage with fewer layers); a larger one does not
     assert Pool.open_or_create(Layout(64, 1, 16), devices).layout == Layout(64, 1, 16)
-    with pytest.raises(KvtierError, match="regions hold 4096 B .* needs 8192 B"):
+    with pytest.raises(KvtierError, match="regions hold 4 KiB .* needs 8 KiB"):
         Pool.open_or_create(Layout(64, 8, 16), devices)
 
 

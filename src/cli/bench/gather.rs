@@ -249,7 +249,10 @@ impl Setup<'_> {
         if useful as u64 > self.distinct as u64 * self.pool.region_stride() {
             return Err(invalid(
                 "--pool-memory",
-                format!("too small for the limit's {useful} contiguous bytes; raise it"),
+                format!(
+                    "too small for the limit's {} of contiguous memory; raise it",
+                    super::count(useful as u64, "byte", "bytes")
+                ),
             ));
         }
         let mut staging = Staging::new(&b.exec, useful)?;

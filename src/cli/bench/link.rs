@@ -64,9 +64,11 @@ pub(crate) fn link_figures(exec: &Executor) -> kvtier::Result<Vec<(String, Strin
         };
         // SAFETY: both buffers hold `bytes` bytes (the host side registered
         // for the CUDA executor) and live past the timing.
-        let (median, _, _) = b.time(&clock, Timing::Device, none, |s| unsafe {
-            transfer::contiguous(exec, dir, src, dst, bytes, s)
-        })?;
+        let median = b
+            .time(&clock, Timing::Device, none, |s| unsafe {
+                transfer::contiguous(exec, dir, src, dst, bytes, s)
+            })?
+            .median_us;
         out.push((
             name.to_string(),
             format!(
@@ -122,11 +124,11 @@ fn against_limit(rows: &[Measurement], goal: &str) -> kvtier::Result<String> {
     };
     let (ours, limit) = (find(false)?, find(true)?);
     Ok(format!(
-        "{:.2} MB: kvtier {:.1} us ({:.1} GB/s), contiguous copy {:.1} us: {:.2} of the link ({goal})",
+        "{:.2} MB: kvtier {:.1} us ({:.1} GB/s), contiguous copy {:.1} us: {} of the link ({goal})",
         ours.bytes as f64 / 1e6,
         ours.median_us,
         ours.bytes as f64 / ours.median_us / 1e3,
         limit.median_us,
-        limit.median_us / ours.median_us,
+        super::report::format_rate(Some(limit.median_us / ours.median_us)),
     ))
 }

@@ -43,24 +43,30 @@ pub struct BenchArgs {
     /// Which scenarios to run.
     #[arg(long, value_enum, default_value_t = Scenario::All)]
     scenario: Scenario,
-    /// gather: top-k entries per request and layer (default 256,512,1024,2048).
+    /// gather: top-k entries per request and layer (default 256,512,1024,2048;
+    /// the CPU executor's default grid and --quick: 256,2048).
     #[arg(long, value_delimiter = ',')]
     k: Vec<u32>,
     /// Entry formats: fp8-dsa (656 B), bf16-mla (1152 B) or byte counts
-    /// (default: fp8-dsa,bf16-mla; swap-in: fp8-dsa).
+    /// (default: fp8-dsa,bf16-mla; swap-in: fp8-dsa; spec-swap-in: 576;
+    /// --quick: fp8-dsa).
     #[arg(long, value_delimiter = ',')]
     entry: Vec<String>,
-    /// Batch sizes (default: gather and writeback 1,8,64; swap-in 1,10,100,256).
+    /// Batch sizes (default: gather and writeback 1,8,64; swap-in
+    /// 1,10,100,256; spec-swap-in 1,8,32,64; the CPU executor's default grid:
+    /// 1,8,64; --quick: 1,8).
     #[arg(long, value_delimiter = ',')]
     batch: Vec<u32>,
-    /// gather: tokens of context per request (default 32768,131072).
+    /// gather: tokens of context per request (default 32768,131072; the CPU
+    /// executor's default grid: 32768; --quick: 8192).
     #[arg(long, value_delimiter = ',')]
     context: Vec<u32>,
     /// gather: how top-k indices are drawn (default uniform,locality).
     #[arg(long, value_enum, value_delimiter = ',')]
     indices: Vec<Indices>,
-    /// swap-in: hot buffer sizes (LRU slots per request).
-    #[arg(long, value_delimiter = ',', default_values_t = [4096u32, 8192])]
+    /// swap-in: hot buffer sizes (LRU slots per request; default 4096,8192;
+    /// the CPU executor's default grid and --quick: 4096).
+    #[arg(long, value_delimiter = ',')]
     hot: Vec<u32>,
     /// swap-in: misses per request (of the top-k).
     #[arg(long, value_delimiter = ',', default_values_t = [2u32, 410])]
@@ -69,23 +75,26 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2048)]
     swap_k: u32,
     /// writeback: tokens of the prefill chunk written back for one layer
-    /// (default 1024,8192).
+    /// (default 1024,8192; --quick: 1024).
     #[arg(long, value_delimiter = ',')]
     prefill_tokens: Vec<u32>,
     /// writeback: layers of a decode token written back at once.
     #[arg(long, default_value_t = 61)]
     layers: u32,
-    /// Timed iterations per measurement.
-    #[arg(long, default_value_t = 50)]
-    iters: u32,
-    /// Untimed warm-up iterations per measurement.
-    #[arg(long, default_value_t = 5)]
-    warmup: u32,
+    /// Timed iterations per measurement (default 50; the CPU executor's
+    /// default grid: 20; --quick: 10).
+    #[arg(long)]
+    iters: Option<u32>,
+    /// Untimed warm-up iterations per measurement (default 5; the CPU
+    /// executor's default grid: 3; --quick: 2).
+    #[arg(long)]
+    warmup: Option<u32>,
     /// Time budget per measurement in seconds: a slow method stops warming up
     /// after this (with at least one warm-up call) and stops sampling after
-    /// it (with at least 5 samples); the output says how many it took.
-    #[arg(long, default_value_t = 5.0)]
-    max_seconds: f64,
+    /// it (with at least 5 samples); the output says how many it took
+    /// (default 5; the CPU executor's default grid and --quick: 1).
+    #[arg(long)]
+    max_seconds: Option<f64>,
     /// Pool memory the gather scenario may use (a size, or auto: 8 GiB, or
     /// half the available memory when that is less); requests share regions
     /// (round-robin) beyond it, and the output says how many are distinct.
@@ -98,12 +107,14 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     device: usize,
     /// A small grid of every scenario, few iterations (about a second
-    /// without a GPU; CI runs it).
+    /// without a GPU; CI runs it). It lowers defaults only: a flag given
+    /// keeps its value.
     #[arg(long)]
     quick: bool,
     /// The full grid on the CPU executor too (several minutes and several
-    /// GB). Without it the CPU executor runs a grid of about a minute; on a
-    /// GPU the full grid is the default.
+    /// GB). Without it the CPU executor runs a grid of about a minute (lower
+    /// defaults, said on stderr; a flag given keeps its value); on a GPU the
+    /// full grid is the default.
     #[arg(long, conflicts_with = "quick")]
     full: bool,
     /// Seed of the index and data generator.
@@ -151,6 +162,35 @@ impl Indices {
     }
 }
 
+/// The fewest samples a p99 is reported for: below this the nearest-rank
+/// 99th percentile is the largest sample, reported as the max.
+pub(super) const P99_MIN_SAMPLES: usize = 100;
+
+/// A method's timing: its samples' median and max, the 99th percentile where
+/// there are enough of them (see [`P99_MIN_SAMPLES`]), and how many.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Stats {
+    pub median_us: f64,
+    pub p99_us: Option<f64>,
+    pub max_us: f64,
+    pub samples: usize,
+}
+
+impl Stats {
+    /// The statistics of `samples` (at least one), percentiles nearest-rank.
+    fn of(mut samples: Vec<f64>) -> Self {
+        samples.sort_by(f64::total_cmp);
+        let n = samples.len();
+        let p99 = samples[((n as f64 * 0.99).ceil() as usize).clamp(1, n) - 1];
+        Stats {
+            median_us: samples[n / 2],
+            p99_us: (n >= P99_MIN_SAMPLES).then_some(p99),
+            max_us: samples[n - 1],
+            samples: n,
+        }
+    }
+}
+
 /// One timed method at one grid point.
 #[derive(Clone, Debug)]
 pub(super) struct Measurement {
@@ -162,20 +202,22 @@ pub(super) struct Measurement {
     /// others, which move the point's useful bytes).
     pub bytes: u64,
     pub median_us: f64,
-    pub p99_us: f64,
+    /// None below [`P99_MIN_SAMPLES`] samples.
+    pub p99_us: Option<f64>,
+    pub max_us: f64,
     pub samples: usize,
     /// The point's limit: the ratio column divides its time by the others'.
     pub limit: bool,
 }
 
 impl Measurement {
-    /// A method's timing `(median, p99, samples)` at the point `params`.
+    /// A method's timing at the point `params`.
     pub fn new(
         scenario: &'static str,
         method: &'static str,
         params: &[(&'static str, serde_json::Value)],
         bytes: usize,
-        (median_us, p99_us, samples): (f64, f64, usize),
+        t: Stats,
         limit: bool,
     ) -> Self {
         Measurement {
@@ -183,9 +225,10 @@ impl Measurement {
             method,
             params: params.to_vec(),
             bytes: bytes as u64,
-            median_us,
-            p99_us,
-            samples,
+            median_us: t.median_us,
+            p99_us: t.p99_us,
+            max_us: t.max_us,
+            samples: t.samples,
             limit,
         }
     }
@@ -319,7 +362,12 @@ impl Bench<'_> {
         }
     }
 
-    /// (median, p99, samples) in µs of `f` on `clock`'s stream; `reset` runs
+    /// The default or given hot buffer sizes.
+    pub fn hot(&self) -> &[u32] {
+        self.args.hot()
+    }
+
+    /// The timing (µs) of `f` on `clock`'s stream; `reset` runs
     /// untimed before every call. On the CUDA executor `how` picks CUDA
     /// events around the call (device work) or the wall clock up to the
     /// stream's synchronisation (host-driven work); the CPU executor always
@@ -330,7 +378,7 @@ impl Bench<'_> {
         how: Timing,
         mut reset: impl FnMut(Stream) -> kvtier::Result<()>,
         mut f: impl FnMut(Stream) -> kvtier::Result<()>,
-    ) -> kvtier::Result<(f64, f64, usize)> {
+    ) -> kvtier::Result<Stats> {
         let s = clock.stream();
         match (clock, how) {
             (Clock::Wall, _) => self.sample(|| {
@@ -360,27 +408,24 @@ impl Bench<'_> {
     /// Runs `once` (one call, returning its time in µs) for the warm-up and
     /// then for the samples, within the time budget: warm-up stops after the
     /// budget once there was one call, sampling once there are 5 samples.
-    fn sample(
-        &self,
-        mut once: impl FnMut() -> kvtier::Result<f64>,
-    ) -> kvtier::Result<(f64, f64, usize)> {
+    fn sample(&self, mut once: impl FnMut() -> kvtier::Result<f64>) -> kvtier::Result<Stats> {
         let budget = self.budget();
         let warm = Instant::now();
-        for i in 0..self.args.warmup {
+        for i in 0..self.args.warmup() {
             if i >= 1 && warm.elapsed() > budget {
                 break;
             }
             once()?;
         }
-        let mut samples = Vec::with_capacity(self.args.iters as usize);
+        let mut samples = Vec::with_capacity(self.args.iters() as usize);
         let start = Instant::now();
-        for i in 0..self.args.iters {
+        for i in 0..self.args.iters() {
             if i >= 5 && start.elapsed() > budget {
                 break;
             }
             samples.push(once()?);
         }
-        Ok(median_p99(samples))
+        Ok(Stats::of(samples))
     }
 
     /// The gather's pool memory budget in bytes.
@@ -389,30 +434,173 @@ impl Bench<'_> {
     }
 
     fn budget(&self) -> Duration {
-        Duration::from_secs_f64(self.args.max_seconds.max(0.0))
+        Duration::from_secs_f64(self.args.max_seconds().max(0.0))
     }
 }
 
-pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
-    if args.quick {
-        let keep = |v: &mut Vec<u32>, quick: &[u32]| {
-            if v.is_empty() {
-                *v = quick.to_vec();
-            }
-        };
-        keep(&mut args.k, &[256, 2048]);
-        keep(&mut args.batch, &[1, 8]);
-        keep(&mut args.context, &[8192]);
-        keep(&mut args.prefill_tokens, &[1024]);
-        if args.entry.is_empty() {
-            args.entry = vec!["fp8-dsa".into()];
-        }
-        args.hot.truncate(1);
-        args.iters = args.iters.min(10);
-        args.warmup = args.warmup.min(2);
-        args.max_seconds = args.max_seconds.min(1.0);
+// The full grid's defaults of the flags that the CPU executor's default grid
+// or `--quick` lower.
+const HOT: [u32; 2] = [4096, 8192];
+const ITERS: u32 = 50;
+const WARMUP: u32 = 5;
+const MAX_SECONDS: f64 = 5.0;
+
+impl BenchArgs {
+    /// Timed iterations per measurement: the value given or the default.
+    fn iters(&self) -> u32 {
+        self.iters.unwrap_or(ITERS)
     }
-    if args.iters == 0 || args.batch.contains(&0) {
+
+    fn warmup(&self) -> u32 {
+        self.warmup.unwrap_or(WARMUP)
+    }
+
+    fn max_seconds(&self) -> f64 {
+        self.max_seconds.unwrap_or(MAX_SECONDS)
+    }
+
+    fn hot(&self) -> &[u32] {
+        if self.hot.is_empty() { &HOT } else { &self.hot }
+    }
+}
+
+/// Which defaults a run takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Grid {
+    /// The full grid (a GPU, or `--full`).
+    Full,
+    /// The CPU executor's grid of about a minute.
+    Cpu,
+    /// `--quick`.
+    Quick,
+}
+
+/// A smaller grid's defaults (see [`Grid`]).
+struct Lower {
+    k: &'static [u32],
+    batch: &'static [u32],
+    context: &'static [u32],
+    /// None: the full grid's.
+    prefill_tokens: Option<&'static [u32]>,
+    hot: &'static [u32],
+    iters: u32,
+    warmup: u32,
+    max_seconds: f64,
+}
+
+/// Sets the flags not given to `grid`'s defaults where they are lower than
+/// the full grid's; a flag given keeps its value. Returns what was lowered,
+/// as "--flag used (not default)".
+fn lower_defaults(args: &mut BenchArgs, grid: Grid) -> Vec<String> {
+    let mut lowered = Vec::new();
+    let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let Lower {
+        k,
+        batch,
+        context,
+        prefill_tokens: prefill,
+        hot,
+        iters,
+        warmup,
+        max_seconds,
+    } = match grid {
+        Grid::Full => return lowered,
+        Grid::Cpu => Lower {
+            k: &[256, 2048],
+            batch: &[1, 8, 64],
+            context: &[32768],
+            prefill_tokens: None,
+            hot: &[4096],
+            iters: 20,
+            warmup: 3,
+            max_seconds: 1.0,
+        },
+        Grid::Quick => Lower {
+            k: &[256, 2048],
+            batch: &[1, 8],
+            context: &[8192],
+            prefill_tokens: Some(&[1024]),
+            hot: &[4096],
+            iters: 10,
+            warmup: 2,
+            max_seconds: 1.0,
+        },
+    };
+    // Reported only where it changes what the scenarios run measure.
+    let runs =
+        |these: &[Scenario]| args.scenario == Scenario::All || these.contains(&args.scenario);
+    let (gather, swap, spec) = (
+        runs(&[Scenario::Gather]),
+        runs(&[Scenario::SwapIn]),
+        runs(&[Scenario::SpecSwapIn]),
+    );
+    let batch_lowered = match grid {
+        // gather's and writeback's own are the CPU grid's
+        Grid::Cpu => swap || spec,
+        _ => true,
+    };
+    let mut set = |flag: &str, v: &mut Vec<u32>, to: &[u32], full: &str, matters: bool| {
+        if v.is_empty() {
+            *v = to.to_vec();
+            if matters {
+                lowered.push(format!("{flag} {} (not {full})", list(to)));
+            }
+        }
+    };
+    set("--k", &mut args.k, k, "256,512,1024,2048", gather);
+    set(
+        "--batch",
+        &mut args.batch,
+        batch,
+        "each scenario's own",
+        batch_lowered,
+    );
+    set(
+        "--context",
+        &mut args.context,
+        context,
+        "32768,131072",
+        gather,
+    );
+    if let Some(p) = prefill {
+        let writeback = runs(&[Scenario::Writeback]);
+        set(
+            "--prefill-tokens",
+            &mut args.prefill_tokens,
+            p,
+            "1024,8192",
+            writeback,
+        );
+    }
+    // the speculative swap-in takes the first size only
+    set("--hot", &mut args.hot, hot, &list(&HOT), swap);
+    if grid == Grid::Quick && args.entry.is_empty() {
+        args.entry = vec!["fp8-dsa".into()];
+        lowered.push("--entry fp8-dsa (not each scenario's own)".into());
+    }
+    let mut set = |flag: &str, v: &mut Option<u32>, to: u32, full: u32| {
+        if v.is_none() {
+            *v = Some(to);
+            lowered.push(format!("{flag} {to} (not {full})"));
+        }
+    };
+    set("--iters", &mut args.iters, iters, ITERS);
+    set("--warmup", &mut args.warmup, warmup, WARMUP);
+    if args.max_seconds.is_none() {
+        args.max_seconds = Some(max_seconds);
+        lowered.push(format!("--max-seconds {max_seconds} (not {MAX_SECONDS})"));
+    }
+    lowered
+}
+
+/// "1 point", "2 points".
+pub(crate) fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
+    if args.iters == Some(0) || args.batch.contains(&0) {
         return Err(invalid(
             "--iters/--batch",
             "need at least one iteration and batch sizes >= 1",
@@ -422,22 +610,23 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
     check_outputs(&args)?;
     pool_budget(&args)?;
     let (exec, why_cpu) = choose_executor(&args)?;
-    if !args.quick && !args.full && matches!(exec, Executor::Cpu) {
+    let grid = if args.quick {
+        Grid::Quick
+    } else if !args.full && matches!(exec, Executor::Cpu) {
         // About a minute on a CPU: fewer points and samples than the full
         // grid, every scenario and method still there.
-        let keep = |v: &mut Vec<u32>, d: &[u32]| {
-            if v.is_empty() {
-                *v = d.to_vec();
-            }
-        };
-        keep(&mut args.k, &[256, 2048]);
-        keep(&mut args.batch, &[1, 8, 64]);
-        keep(&mut args.context, &[32768]);
-        keep(&mut args.prefill_tokens, &[1024, 8192]);
-        args.hot.truncate(1);
-        args.iters = args.iters.min(20);
-        args.warmup = args.warmup.min(3);
-        args.max_seconds = args.max_seconds.min(1.0);
+        Grid::Cpu
+    } else {
+        Grid::Full
+    };
+    let lowered = lower_defaults(&mut args, grid);
+    if grid == Grid::Cpu && !lowered.is_empty() {
+        // Said once, on stderr, so that no value is changed unseen.
+        eprintln!(
+            "note: the CPU executor's default grid (about a minute) lowers the defaults of flags not \
+             given: {}; give those flags to set them, or --full for the full grid",
+            lowered.join(", ")
+        );
     }
     let env = report::Environment::probe(&exec, why_cpu.as_deref());
     println!("{}", env.banner());
@@ -479,16 +668,17 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
     );
     let bench = Bench { progress, ..bench };
     println!(
-        "plan: {total} grid points, each method timed {} times after {} warm-up calls (at most {} s per \
-         measurement); the gather pool uses up to {}{}",
-        args.iters,
-        args.warmup,
-        args.max_seconds,
+        "plan: {}, each method timed {} after {} (at most {} s per measurement); the gather pool \
+         uses up to {}{}",
+        count(total, "grid point", "grid points"),
+        count(args.iters(), "time", "times"),
+        count(args.warmup(), "warm-up call", "warm-up calls"),
+        args.max_seconds(),
         kvtier::pool::human_size(pool_budget(&args)?),
-        if args.quick || args.full || !matches!(bench.exec, Executor::Cpu) {
-            String::new()
+        if grid == Grid::Cpu && !lowered.is_empty() {
+            "; the CPU executor's default grid (about a minute): --full for all of it"
         } else {
-            "; the CPU executor's default grid (about a minute): --full for all of it".into()
+            ""
         }
     );
 
@@ -509,12 +699,18 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
     }
     bench.progress.finish_and_clear();
     println!(
-        "\nGB/s = bytes the method moves / median time. vs limit = the limit's median time / this method's \
-         median time, for the same useful bytes (1.00 = as fast as the limit)."
+        "\nn = samples. p99 is given from {P99_MIN_SAMPLES} samples on (\"-\" below: there it would be the \
+         max). GB/s = bytes the method moves / median time (\"-\": no bytes). vs limit = the limit's \
+         median time / this method's median time, for the same useful bytes (1.00 = as fast as the \
+         limit)."
     );
     if let Some(path) = &args.json {
         report::write_json(path, &env, &all)?;
-        println!("wrote {} measurements to {}", all.len(), path.display());
+        println!(
+            "wrote {} to {}",
+            count(all.len() as u64, "measurement", "measurements"),
+            path.display()
+        );
     }
     if let Some(path) = &args.plot {
         report::plot(path, args.plot_font.as_deref(), &env, &all)?;
@@ -585,14 +781,6 @@ fn choose_executor(args: &BenchArgs) -> kvtier::Result<(Executor, Option<String>
     }
 }
 
-/// (median, p99, samples) of the samples, nearest-rank.
-fn median_p99(mut samples: Vec<f64>) -> (f64, f64, usize) {
-    samples.sort_by(f64::total_cmp);
-    let n = samples.len();
-    let p99 = samples[((n as f64 * 0.99).ceil() as usize).clamp(1, n) - 1];
-    (samples[n / 2], p99, n)
-}
-
 /// The driver's version as "13.0", or why there is none.
 pub(super) fn driver_text() -> String {
     match kvtier::cuda::probe_driver() {
@@ -601,5 +789,22 @@ pub(super) fn driver_text() -> String {
         }
         DriverStatus::Missing => "none (libcuda not found)".into(),
         DriverStatus::InitFailed(why) => format!("none ({why})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{P99_MIN_SAMPLES, Stats};
+
+    #[test]
+    fn a_p99_needs_enough_samples() {
+        // 1..=n µs: below 100 samples the 99th percentile would be the max
+        let of = |n: usize| Stats::of((1..=n).rev().map(|x| x as f64).collect());
+        let few = of(P99_MIN_SAMPLES - 1);
+        assert_eq!((few.p99_us, few.max_us, few.samples), (None, 99.0, 99));
+        let enough = of(P99_MIN_SAMPLES);
+        assert_eq!((enough.p99_us, enough.max_us), (Some(99.0), 100.0));
+        assert_eq!(of(1000).p99_us, Some(990.0));
+        assert_eq!(of(1).median_us, 1.0);
     }
 }

@@ -69,10 +69,12 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
-/// limit's median / method's median, per (scenario, point).
+/// limit's median / method's median, per (scenario, point); none where the
+/// point moves no bytes (a ratio of two calls that copy nothing).
 fn ratio(all: &[Measurement], m: &Measurement) -> Option<f64> {
     all.iter()
         .find(|o| o.limit && o.scenario == m.scenario && o.params == m.params)
+        .filter(|l| l.bytes > 0 && m.bytes > 0)
         .map(|l| l.median_us / m.median_us)
 }
 
@@ -80,32 +82,70 @@ fn gbps(m: &Measurement) -> f64 {
     m.bytes as f64 / m.median_us / 1e3
 }
 
+/// A time in µs: two decimals below 10 µs, one above.
+fn format_us(us: f64) -> String {
+    if us < 10.0 {
+        format!("{us:.2}")
+    } else {
+        format!("{us:.1}")
+    }
+}
+
+/// A rate or ratio, with the digits that make a small one more than "0.00";
+/// "-" where it is not defined.
+pub(super) fn format_rate(x: Option<f64>) -> String {
+    match x {
+        Some(x) if x.is_finite() => {
+            if x == 0.0 || x >= 0.01 {
+                format!("{x:.2}")
+            } else if x >= 0.001 {
+                format!("{x:.4}")
+            } else {
+                format!("{x:.1e}")
+            }
+        }
+        _ => "-".into(),
+    }
+}
+
+/// A scenario's table: one row per method and point, the point and method
+/// columns as wide as their longest entry.
 pub(super) fn print_table(rows: &[Measurement]) {
+    for line in table(rows) {
+        println!("{line}");
+    }
+}
+
+fn table(rows: &[Measurement]) -> Vec<String> {
     let Some(first) = rows.first() else {
-        return;
+        return Vec::new();
     };
-    println!("{}:", first.scenario);
-    println!(
-        "{:<58} {:<46} {:>10} {:>10} {:>10} {:>8} {:>8}",
-        "point", "method", "bytes", "median µs", "p99 µs", "GB/s", "vs limit"
-    );
-    for r in rows {
-        let samples = if r.samples < 10 {
-            format!(" ({} samples)", r.samples)
-        } else {
-            String::new()
-        };
-        println!(
-            "{:<58} {:<46} {:>10} {:>10.1} {:>10.1} {:>8.2} {:>8.2}{samples}",
-            r.point(),
+    let points: Vec<String> = rows.iter().map(Measurement::point).collect();
+    let width = |min: usize, texts: &mut dyn Iterator<Item = usize>| texts.fold(min, usize::max);
+    let pw = width(58, &mut points.iter().map(|p| p.chars().count()));
+    let mw = width(46, &mut rows.iter().map(|r| r.method.chars().count()));
+    let mut out = vec![
+        format!("{}:", first.scenario),
+        format!(
+            "{:<pw$} {:<mw$} {:>10} {:>5} {:>10} {:>10} {:>10} {:>8} {:>8}",
+            "point", "method", "bytes", "n", "median µs", "p99 µs", "max µs", "GB/s", "vs limit"
+        ),
+    ];
+    for (r, point) in rows.iter().zip(&points) {
+        out.push(format!(
+            "{:<pw$} {:<mw$} {:>10} {:>5} {:>10} {:>10} {:>10} {:>8} {:>8}",
+            point,
             r.method,
             format_bytes(r.bytes),
-            r.median_us,
-            r.p99_us,
-            gbps(r),
-            ratio(rows, r).unwrap_or(f64::NAN),
-        );
+            r.samples,
+            format_us(r.median_us),
+            r.p99_us.map_or("-".into(), format_us),
+            format_us(r.max_us),
+            format_rate((r.bytes > 0).then(|| gbps(r))),
+            format_rate(ratio(rows, r)),
+        ));
     }
+    out
 }
 
 fn format_bytes(bytes: u64) -> String {
@@ -113,8 +153,10 @@ fn format_bytes(bytes: u64) -> String {
         format!("{:.2} GB", bytes as f64 / 1e9)
     } else if bytes >= 1_000_000 {
         format!("{:.2} MB", bytes as f64 / 1e6)
-    } else {
+    } else if bytes >= 1000 {
         format!("{:.1} KB", bytes as f64 / 1e3)
+    } else {
+        format!("{bytes} B")
     }
 }
 
@@ -147,6 +189,7 @@ pub(super) fn write_json(
             "bytes": m.bytes,
             "median_us": m.median_us,
             "p99_us": m.p99_us,
+            "max_us": m.max_us,
             "samples": m.samples,
             "gbps": gbps(m),
             "ratio_to_limit": ratio(all, m),
@@ -539,7 +582,17 @@ fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
 
 #[cfg(test)]
 mod tests {
-    use super::log_ticks;
+    use super::{format_rate, log_ticks};
+
+    #[test]
+    fn small_rates_keep_their_digits_and_undefined_ones_are_a_dash() {
+        assert_eq!(format_rate(Some(12.345)), "12.35");
+        assert_eq!(format_rate(Some(0.0123)), "0.01");
+        assert_eq!(format_rate(Some(0.00123)), "0.0012");
+        assert_eq!(format_rate(Some(0.000_38)), "3.8e-4");
+        assert_eq!(format_rate(None), "-");
+        assert_eq!(format_rate(Some(f64::NAN)), "-");
+    }
 
     #[test]
     fn every_log_axis_gets_values() {

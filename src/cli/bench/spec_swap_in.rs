@@ -28,7 +28,7 @@ use kvtier::{
 };
 
 use super::sglang::SglangKernels;
-use super::{Bench, Clock, Measurement, Timing, invalid, named, row_pattern};
+use super::{Bench, Clock, Measurement, Timing, count, invalid, named, row_pattern};
 use crate::cli::transfer::{self, Dir, ExecVec};
 
 pub(super) const SCENARIO: &str = "spec-swap-in";
@@ -39,7 +39,7 @@ const KNUTH: u64 = 2_654_435_761;
 
 fn grid(b: &Bench) -> kvtier::Result<(Vec<u32>, Vec<u32>, u32)> {
     use kvtier::swap_in::{SPEC_MAX_HOT, SPEC_MAX_OCCURRENCES, SPEC_MIN_TOP_K};
-    let (k, hot) = (b.args.swap_k, b.args.hot[0]);
+    let (k, hot) = (b.args.swap_k, b.hot()[0]);
     if !(SPEC_MIN_TOP_K..=SPEC_MAX_OCCURRENCES / 4).contains(&k) {
         return Err(invalid(
             "--swap-k",
@@ -89,7 +89,9 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
                 let state = State::build(b, batch, steps, hot, item)?;
                 for &misses in &b.args.misses {
                     b.progress.set_message(format!(
-                        "spec-swap-in: {item} B, {steps} steps, batch {batch}, {misses} misses per step"
+                        "spec-swap-in: {item} B, {}, batch {batch}, {} per step",
+                        count(steps, "step", "steps"),
+                        count(misses, "miss", "misses")
                     ));
                     let q = state.query(misses, b.args.seed);
                     rows.extend(state.measure(b, &q, sglang.as_ref())?);
@@ -273,8 +275,9 @@ impl State {
             return Err(invalid(
                 "--misses",
                 format!(
-                    "{} misses per step overflow the {} scratch rows",
-                    q.misses, self.scratch
+                    "{} per step overflow the {}",
+                    count(q.misses, "miss", "misses"),
+                    count(self.scratch, "scratch row", "scratch rows")
                 ),
             ));
         }

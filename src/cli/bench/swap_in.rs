@@ -36,14 +36,14 @@ use kvtier::{
 };
 
 use super::sglang::SglangKernels;
-use super::{Bench, Clock, Measurement, Timing, invalid, named, row_pattern};
+use super::{Bench, Clock, Measurement, Stats, Timing, count, invalid, named, row_pattern};
 use crate::cli::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "swap-in";
 
 fn grid(b: &Bench) -> kvtier::Result<(Vec<u32>, Vec<u32>)> {
     let k = b.args.swap_k;
-    for &hot in &b.args.hot {
+    for &hot in b.hot() {
         if k == 0 || k > hot {
             return Err(invalid(
                 "--swap-k",
@@ -59,7 +59,7 @@ fn grid(b: &Bench) -> kvtier::Result<(Vec<u32>, Vec<u32>)> {
 
 pub(super) fn points(b: &Bench) -> kvtier::Result<u64> {
     let (entries, batches) = grid(b)?;
-    Ok((entries.len() * b.args.hot.len() * batches.len() * b.args.misses.len()) as u64)
+    Ok((entries.len() * b.hot().len() * batches.len() * b.args.misses.len()) as u64)
 }
 
 pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
@@ -71,12 +71,13 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
     };
     let mut rows = Vec::new();
     for &item in &entries {
-        for &hot in &b.args.hot {
+        for &hot in b.hot() {
             let state = State::build(b, max_batch, hot, item)?;
             for &batch in &batches {
                 for &misses in &b.args.misses {
                     b.progress.set_message(format!(
-                        "swap-in: {item} B, hot {hot}, batch {batch}, {misses} misses"
+                        "swap-in: {item} B, hot {hot}, batch {batch}, {}",
+                        count(misses, "miss", "misses")
                     ));
                     let q = state.queries(batch, misses, b.args.seed);
                     rows.extend(state.measure(b, &q, sglang.as_ref())?);
@@ -351,8 +352,8 @@ impl State {
         let misses = self.misses_of(q)?;
         if misses.len() != (q.batch * q.misses) as usize {
             return Err(kvtier::Error::Pool(format!(
-                "benchmark self-check failed: {} misses planned, {} drawn",
-                misses.len(),
+                "benchmark self-check failed: {} planned, {} drawn",
+                count(misses.len() as u64, "miss", "misses"),
                 q.batch * q.misses
             )));
         }
@@ -404,23 +405,22 @@ impl State {
             Ok(())
         };
         let loc = exec.location();
-        let time_strategy =
-            |strategy: SwapInStrategy| -> kvtier::Result<((f64, f64, usize), Vec<i32>)> {
-                spoil()?;
-                let t = b.time(&clock, Timing::Device, reset, |s| {
-                    // SAFETY: the buffers above live until after the timing.
-                    let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
-                    self.tier.swap_in_with(&a, strategy, s)
-                })?;
-                self.tier.check(clock.stream())?;
-                Ok((t, out.to_vec()?))
-            };
+        let time_strategy = |strategy: SwapInStrategy| -> kvtier::Result<(Stats, Vec<i32>)> {
+            spoil()?;
+            let t = b.time(&clock, Timing::Device, reset, |s| {
+                // SAFETY: the buffers above live until after the timing.
+                let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
+                self.tier.swap_in_with(&a, strategy, s)
+            })?;
+            self.tier.check(clock.stream())?;
+            Ok((t, out.to_vec()?))
+        };
         let row_of = |r: usize| device_buffer.read(r * item, item);
         let (kv, out_kvtier) = time_strategy(SwapInStrategy::PlanThenCopy)?;
         self.verify("the kvtier swap-in", &misses, row_of)?;
         // Another strategy on the same state: its bytes checked and its page
         // table the same as the first's.
-        let other = |strategy: SwapInStrategy, what: &str| -> kvtier::Result<(f64, f64, usize)> {
+        let other = |strategy: SwapInStrategy, what: &str| -> kvtier::Result<Stats> {
             let (t, out_other) = time_strategy(strategy)?;
             self.verify(&format!("the kvtier swap-in, {what}"), &misses, row_of)?;
             if out_other != out_kvtier {

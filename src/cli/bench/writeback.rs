@@ -20,7 +20,7 @@ use serde_json::json;
 
 use kvtier::{Buf, Executor, LayerFirstLayout, Pool, Region, Stream, Tier, WritebackItems};
 
-use super::{Bench, Clock, Measurement, Timing, invalid, named};
+use super::{Bench, Clock, Measurement, Timing, count, invalid, named};
 use crate::cli::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "writeback";
@@ -50,8 +50,10 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
     let mut rows = Vec::new();
     for entry in b.entries(&["fp8-dsa", "bf16-mla"])? {
         for tokens in chunks(b) {
-            b.progress
-                .set_message(format!("writeback: {entry} B, prefill of {tokens} tokens"));
+            b.progress.set_message(format!(
+                "writeback: {entry} B, prefill of {}",
+                count(tokens, "token", "tokens")
+            ));
             rows.extend(prefill(b, entry, tokens)?);
             b.progress.inc(1);
         }
@@ -74,8 +76,8 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
         }
         for batch in batches {
             b.progress.set_message(format!(
-                "writeback: {entry} B, decode of batch {batch}, {} layers",
-                b.args.layers
+                "writeback: {entry} B, decode of batch {batch}, {}",
+                count(b.args.layers, "layer", "layers")
             ));
             rows.extend(decode(b, &tier, &pool, &regions, entry, batch)?);
             b.progress.inc(1);

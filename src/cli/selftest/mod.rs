@@ -53,8 +53,9 @@ pub struct SelftestArgs {
     #[arg(long)]
     no_link: bool,
     /// A dry run of the selftest itself, without a GPU: the CPU executor
-    /// stands in for the CUDA one, so every check runs and passes; it proves
-    /// that the selftest runs, nothing about the kernels.
+    /// stands in for the CUDA one, so every correctness check runs and passes
+    /// (the link, which the CPU has not, is not measured); it proves that the
+    /// selftest runs, nothing about the kernels.
     #[arg(long)]
     cpu: bool,
     /// Also write one JSON object per check here.
@@ -95,6 +96,25 @@ pub(crate) struct Row {
 }
 
 impl Row {
+    /// The row in the table; a measurement or a check not run has no cases.
+    fn line(&self) -> String {
+        let cases = match self.status {
+            Status::Pass | Status::Fail => self.cases.to_string(),
+            Status::Skip | Status::Measured => "-".into(),
+        };
+        let time = match self.status {
+            Status::Skip => "-".into(),
+            _ => format!("{:.1} s", self.seconds),
+        };
+        table_line(
+            self.status.label(),
+            &self.check,
+            &cases,
+            &time,
+            &self.detail,
+        )
+    }
+
     fn skip(check: &str, why: &str) -> Self {
         Row {
             check: check.into(),
@@ -184,15 +204,16 @@ pub fn run(args: SelftestArgs) -> kvtier::Result<ExitCode> {
     };
     describe(&dut)?;
 
+    // The table, a row as each check ends (once: a long run shows its
+    // progress, and a failure's detail is on its row).
+    println!();
+    println!(
+        "{}",
+        table_line("result", "check", "cases", "time", "detail")
+    );
     let mut rows = Vec::new();
     let mut add = |row: Row| {
-        println!(
-            "  {:<8} {:<52} {:>5} cases  {:>6.1} s",
-            row.status.label(),
-            row.check,
-            row.cases,
-            row.seconds
-        );
+        println!("{}", row.line());
         rows.push(row);
     };
     let (s, n) = (args.seed, args.cases);
@@ -208,6 +229,12 @@ pub fn run(args: SelftestArgs) -> kvtier::Result<ExitCode> {
     add(graph::check(&dut, s));
     if args.no_link {
         add(Row::skip("link", "--no-link"));
+    } else if matches!(dut, Executor::Cpu) {
+        // Host memcpys are no link: nothing to report of one.
+        add(Row::skip(
+            "link",
+            "not run on the CPU executor (no link to measure; a GPU's selftest measures it)",
+        ));
     } else {
         let start = Instant::now();
         match bench::link_figures(&dut) {
@@ -232,15 +259,26 @@ pub fn run(args: SelftestArgs) -> kvtier::Result<ExitCode> {
             }),
         }
     }
+    println!();
 
-    print_table(&rows);
     if let Some(path) = &args.json {
         write_json(path, &dut, &rows)?;
-        println!("wrote {} checks to {}", rows.len(), path.display());
+        println!(
+            "wrote {} to {}",
+            bench::count(rows.len() as u64, "check", "checks"),
+            path.display()
+        );
     }
     let failed = rows.iter().filter(|r| r.status == Status::Fail).count();
     if failed > 0 {
-        println!("selftest FAILED: {failed} check(s) differ (details above)");
+        println!(
+            "selftest FAILED: {} (details above)",
+            if failed == 1 {
+                "1 check differs".to_string()
+            } else {
+                format!("{failed} checks differ")
+            }
+        );
         Ok(ExitCode::FAILURE)
     } else {
         println!("selftest passed");
@@ -297,19 +335,9 @@ fn loaded_code(dev: &kvtier::CudaDevice) -> kvtier::Result<String> {
     })
 }
 
-fn print_table(rows: &[Row]) {
-    println!();
-    println!("{:<8} {:<52} {:>6}  detail", "result", "check", "cases");
-    for r in rows {
-        println!(
-            "{:<8} {:<52} {:>6}  {}",
-            r.status.label(),
-            r.check,
-            r.cases,
-            r.detail
-        );
-    }
-    println!();
+/// A line of the table: result, check, cases, time, detail.
+fn table_line(result: &str, check: &str, cases: &str, time: &str, detail: &str) -> String {
+    format!("{result:<8} {check:<52} {cases:>6} {time:>8}  {detail}")
 }
 
 fn write_json(path: &std::path::Path, dut: &Executor, rows: &[Row]) -> kvtier::Result<()> {

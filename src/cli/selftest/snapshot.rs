@@ -1,5 +1,6 @@
 //! What a call wrote, as bytes, and the comparison of two executors' writes.
 
+use crate::cli::bench;
 use kvtier::{BadIndexReport, Error};
 
 /// The arrays a call may write (read back to the host after it), and the
@@ -74,8 +75,9 @@ impl Snapshot {
                 let differing = w.bytes.chunks(w.elem).zip(g.bytes.chunks(g.elem));
                 let count = differing.filter(|(a, b)| a != b).count();
                 return Verdict::Differ(format!(
-                    "{} differs in {count} element(s), first at element {i} (CPU {}, under test {})",
+                    "{} differs in {}, first at element {i} (CPU {}, under test {})",
                     w.name,
+                    bench::count(count as u64, "element", "elements"),
                     hex(&w.bytes[i * w.elem..][..w.elem]),
                     hex(&g.bytes[i * g.elem..][..g.elem]),
                 ));
@@ -138,11 +140,18 @@ mod tests {
             panic!("a difference went unnoticed");
         };
         assert!(
-            what.contains("out differs in 1 element(s), first at element 2"),
+            what.contains("out differs in 1 element, first at element 2"),
             "{what}"
         );
         assert!(
             what.contains("CPU 00000003") && what.contains("under test 00000004"),
+            "{what}"
+        );
+        let Verdict::Differ(what) = Snapshot::compare(&snap(&[1, 2, 3]), &snap(&[1, 5, 4])) else {
+            panic!("a difference went unnoticed");
+        };
+        assert!(
+            what.contains("out differs in 2 elements, first at element 1"),
             "{what}"
         );
         assert!(matches!(

@@ -34,7 +34,7 @@ def installed_report() -> compat.Report | None:
     return _report
 
 
-def install(config=None, hisparse_config=None) -> compat.Report:
+def install(config=None, hisparse_config=None, log=True) -> compat.Report:
     """Replaces SGLang HiSparse's kernel entry points and host pool
     allocation with kvtier's, where kvtier can stand in for them (see
     :mod:`kvtier.sglang.compat`), before the coordinator is created. Returns
@@ -44,14 +44,15 @@ def install(config=None, hisparse_config=None) -> compat.Report:
     so the processes SGLang spawns install the same (through kvtier's SGLang
     plugin or ``python -m kvtier.sglang``). `hisparse_config` is SGLang's
     ``--hisparse-config`` where known: a hot buffer beyond kvtier's limit
-    installs nothing. Idempotent."""
+    installs nothing. Idempotent. `log`: log the report's lines (the
+    launcher prints them itself)."""
     global _config, _report
     cfg = load_config(config)
     rep = compat.report(cfg, hisparse_config)
-    rep.config = cfg
+    rep.config, rep.dry_run = cfg, False
     with _lock:
         _report = rep
-        for line in rep.lines():
+        for line in rep.lines() if log else ():
             warn = not rep.installs or line.startswith("  warning: ")
             (logger.warning if warn else logger.info)("%s", line)
         if not rep.installs:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .._lib import library
 from .._swap_in import swap_in_limits
+from ._config import load_config
 from .capacity import device_problem, device_warnings
 
 COORDINATOR = "sglang.srt.managers.hisparse_coordinator"
@@ -106,19 +107,22 @@ class Report:
     routes: list = field(default_factory=list)
     config: object = None  # the KvtierConfig install() used
     warnings: list = field(default_factory=list)  # served, but not as the user may expect
+    dry_run: bool = True  # report(): what install would do; install() sets False
 
     def served(self, name: str) -> bool:
         return any(r.name == name and r.served_by == "kvtier" for r in self.routes)
 
     def lines(self) -> list:
         if not self.installs:
-            return [f"kvtier: not installed into SGLang ({self.refusal}); SGLang runs unchanged"]
+            did = "would not install" if self.dry_run else "not installed"
+            return [f"kvtier: {did} into SGLang ({self.refusal}); SGLang runs unchanged"]
         checked = (
             "" if self.sglang_version in CHECKED_VERSIONS
             else f"; not one of the versions kvtier is checked against ({', '.join(CHECKED_VERSIONS)}), "
                  "served because its entry points match"
         )
-        head = f"kvtier: installed into SGLang {self.sglang_version or '(version unknown)'} on {self.platform}{checked}"
+        did = "would install" if self.dry_run else "installed"
+        head = f"kvtier: {did} into SGLang {self.sglang_version or '(version unknown)'} on {self.platform}{checked}"
         return [head] + [r.line() for r in self.routes] + [f"  warning: {w}" for w in self.warnings]
 
     def __str__(self) -> str:
@@ -416,7 +420,10 @@ def hisparse_limit_refusal(hisparse_config) -> str | None:
 def report(config=None, hisparse_config=None) -> Report:
     """What installing kvtier with `config` does here, from SGLang's source;
     `hisparse_config` is SGLang's ``--hisparse-config`` when known (the
-    launcher reads it from the command line)."""
+    launcher reads it from the command line). `config` is anything
+    :func:`kvtier.sglang.load_config` takes (checked as install checks it)."""
+    if config is not None:
+        config = load_config(config)
     plat, refusal = platform()
     r = Report(platform=plat)
     if refusal:

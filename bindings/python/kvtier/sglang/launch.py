@@ -17,6 +17,7 @@ import os
 import runpy
 import sys
 
+from .._lib import KvtierError
 from . import compat
 from ._config import ENV, load_config
 from ._patch import install
@@ -64,14 +65,25 @@ def main(argv=None) -> None:
         print(__doc__)
         return
     path, rest = split_args(argv)
-    cfg = load_config(os.path.abspath(path) if path else None)
+    try:
+        cfg = load_config(os.path.abspath(path) if path else None)
+    except KvtierError as e:
+        if os.environ.get("KVTIER_DEBUG"):
+            raise
+        # one line, in the user's words (KVTIER_DEBUG=1 shows the traceback)
+        print(f"kvtier: {e.message}", file=sys.stderr)
+        raise SystemExit(2) from None
     if compat.sglang_root() is None:
         print("kvtier: SGLang is not installed in this Python environment; nothing to launch", file=sys.stderr)
         raise SystemExit(2)
     # Installs where kvtier can stand in for SGLang's HiSparse entry points and
     # host pools, and says which it serves; otherwise SGLang runs unchanged.
-    for line in install(cfg, hisparse_config_of(rest)).lines():
+    rep = install(cfg, hisparse_config_of(rest), log=False)
+    for line in rep.lines():
         print(line, file=sys.stderr)
+    if rep.installs and not any(a == "--enable-hisparse" or a.startswith("--enable-hisparse=") for a in rest):
+        print("  warning: --enable-hisparse is not among SGLang's arguments: unless a config file of SGLang's "
+              "sets it, SGLang runs without HiSparse and kvtier serves nothing", file=sys.stderr)
     if rest[:1] == ["serve"]:
         # `sglang serve ...`, SGLang's command-line entry point
         sys.argv = ["sglang", *rest]
