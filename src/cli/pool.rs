@@ -154,7 +154,7 @@ pub fn run(cmd: PoolCommand) -> kvtier::Result<()> {
 fn in_the_users_words(e: kvtier::Error) -> kvtier::Error {
     let flag = |arg: &str| match arg {
         "coherence" => Some("--hosts/--host"),
-        "entry_bytes" => Some("--entry"),
+        "entry_bytes" | "entry format" => Some("--entry"),
         "layers" => Some("--layers"),
         "tokens_per_region" => Some("--tokens"),
         "clients" => Some("--clients"),

@@ -560,8 +560,9 @@ impl Pool {
 fn check_device_size(spec: &DeviceSpec, bytes: u64) -> Result<()> {
     if bytes < metadata::DATA_ALIGN {
         return Err(Error::Pool(format!(
-            "{spec} is {bytes} B; a pool device holds at least {} (its header, then regions)",
-            format_size(metadata::DATA_ALIGN)
+            "{spec} is {}; a pool device holds at least {} (its header, then regions)",
+            human_size(bytes),
+            human_size(metadata::DATA_ALIGN)
         )));
     }
     Ok(())

@@ -347,10 +347,11 @@ pub fn plan_geometry(layout: &LayerFirstLayout, sizes: &[u64], clients: u32) -> 
     // first device may not hold them.
     if sizes.first().is_none_or(|&b| b < meta) {
         return Err(Error::Pool(format!(
-            "the first device ({} B) cannot hold the pool's tables ({meta} B: a region table for up to {upper} \
+            "the first device ({}) cannot hold the pool's tables ({}: a region table for up to {upper} \
              regions over all devices, and {clients} client slots); list the largest device first or make the \
              first one larger",
-            sizes.first().copied().unwrap_or(0)
+            super::human_size(sizes.first().copied().unwrap_or(0)),
+            super::human_size(meta)
         )));
     }
     let mut devices = Vec::new();
@@ -364,12 +365,12 @@ pub fn plan_geometry(layout: &LayerFirstLayout, sizes: &[u64], clients: u32) -> 
     if first == 0 {
         return Err(Error::Pool(format!(
             "the devices hold no region: one region of this layout ({} layers × {} tokens × {} B) needs \
-             {} B after {} B of metadata on the first device",
+             {} after {} of metadata on the first device",
             layout.layers(),
             layout.tokens_per_region(),
             layout.entry_bytes(),
-            region_stride,
-            meta
+            super::human_size(region_stride),
+            super::human_size(meta)
         )));
     }
     let num_regions =

@@ -33,3 +33,16 @@ def test_every_path_the_readme_names_exists():
     # paths the tests write (target/...) are not in the repository
     missing = [n for n in missing if not n.startswith("target/")]
     assert not missing, f"the README names paths that do not exist: {missing}"
+
+
+def test_every_link_within_the_readme_has_its_heading():
+    """`[text](#anchor)` links land on a heading (GitHub's slugs: lower case,
+    punctuation dropped, spaces to hyphens)."""
+    text = README.read_text()
+    slugs = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        slugs.add(slug)
+    anchors = set(re.findall(r"\]\(#([^)]+)\)", text))
+    assert len(anchors) > 10, anchors
+    assert not anchors - slugs, f"links to no heading: {sorted(anchors - slugs)}"
