@@ -363,7 +363,9 @@ typedef struct kvt_swap_in_counters {
  * with more: KVT_INVALID_ARGUMENT. */
 kvt_status kvt_swap_in_enable_counters(kvt_swap_in *engine, uint32_t layers);
 /* Every counted layer's counters into out[0 .. min(capacity, *layers)) and
- * their number in *layers (0 while nothing is counted). wait != 0: once the
+ * their number in *layers (0 while nothing is counted). With capacity 0 only
+ * *layers is set (the layers counted), and nothing is read or polled.
+ * wait != 0: once the
  * swap-ins launched before the call have finished (the CUDA executor waits
  * for the device). wait == 0: without waiting: as a copy the previous such
  * call started found them, on a stream of the engine's own (*layers 0 on the

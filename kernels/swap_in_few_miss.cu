@@ -144,7 +144,9 @@ __device__ __forceinline__ WarpOffset warp_offset(const uint32_t* totals, uint32
 // issues), so a block waits on 5 (row 0, no num_real_reqs) to 8 device
 // round trips before the host read; SGLang's kernel about 18 to 20 (its
 // 4096 slots walked in four barrier-separated passes of lru -> token ->
-// row). Unmeasured: which of these a GPU overlaps with other blocks' work.
+// row). Read from the build of commit a31fdd3, before `report` moved out of
+// line (which moved no load). Unmeasured: which of these a GPU overlaps with
+// other blocks' work.
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     kvt_swap_in_few_miss_plan(const kvt_swap_in_params p) {
     using namespace kvt;

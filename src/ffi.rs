@@ -1359,6 +1359,12 @@ pub unsafe extern "C" fn kvt_swap_in_read_counters(
             return Err(invalid("out", "is a null pointer with a capacity above 0"));
         }
         let mut engine = lock(&e.engine);
+        if capacity == 0 {
+            // how many layers to make room for: read nothing (a poll here
+            // would take the snapshot the caller's next call is for)
+            // SAFETY: checked non-null; the header's contract.
+            return unsafe { write_out(layers, "layers", engine.counter_layers()) };
+        }
         let counted = if wait != 0 {
             engine.counters()?
         } else {

@@ -25,11 +25,16 @@
 //! # Replaying at another size
 //!
 //! Rows are independent, so a trace replays a row at a time. At `H' != H` a
-//! snapshot is fitted: its tokens in LRU order, the `H'` most recently used
-//! kept (or empty slots added at the LRU end). A row with `seq <= H'` is
-//! short there: token `t` in slot `t`, LRU order `0..H'` (as the engine
-//! leaves a request that has not outgrown its hot buffer), which is the
-//! state it carries into its first long call.
+//! row whose call is its previous call's next step (`seq` one more) keeps
+//! the state its replay left; a recorded state is used only where the
+//! row's history starts (its first call, or a new request in the row), and
+//! then fitted: its tokens in LRU order, the `H'` most recently used kept
+//! (or empty slots added at the LRU end: a bigger buffer starts no warmer
+//! than the recorded one). A row with `seq <= H'` is short there: token `t`
+//! in slot `t`, LRU order `0..H'` (as the engine leaves a request that has
+//! not outgrown its hot buffer), which is the state it carries into its
+//! first long call. A row whose history starts long with no recorded state
+//! (a synthetic trace) starts with an empty buffer.
 
 use std::io::{BufRead, Write};
 
@@ -47,6 +52,10 @@ use crate::swap_in::{
 /// The format version this build reads and writes.
 pub const TRACE_VERSION: u64 = 1;
 
+/// The longest sequence a trace may name (16M tokens): the replay holds a
+/// host row per token position.
+pub const MAX_TRACE_SEQ: u32 = 1 << 24;
+
 /// A trace's header.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceHeader {
@@ -57,6 +66,8 @@ pub struct TraceHeader {
     pub item_bytes: u64,
     pub synthetic: bool,
     pub note: String,
+    /// Read from a file whose last line was cut off (not written).
+    pub truncated: bool,
 }
 
 /// A request's hot-buffer state before a call.
@@ -138,32 +149,45 @@ impl Trace {
                 format!("not a kvtier trace of version {TRACE_VERSION}"),
             ));
         }
-        let header = TraceHeader {
+        let mut header = TraceHeader {
             hot: uint(&h, "hot", MAX_HOT as u64, 1)? as u32,
             block_tokens: match h.get("block_tokens") {
                 None => 0,
                 Some(_) => uint(&h, "block_tokens", MAX_TOP_K as u64, 1)? as u32,
             },
-            item_bytes: h.get("item_bytes").and_then(Value::as_u64).unwrap_or(0),
+            item_bytes: match h.get("item_bytes") {
+                None => 0,
+                Some(_) => uint(&h, "item_bytes", u32::MAX as u64, 1)?,
+            },
             synthetic: h.get("synthetic").and_then(Value::as_bool).unwrap_or(false),
             note: h
                 .get("note")
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string(),
+            truncated: false,
         };
         if header.hot == 0 {
             return Err(bad(1, "`hot` is 0"));
         }
         let mut calls = Vec::new();
-        for (i, text) in lines {
+        let mut lines = lines.peekable();
+        while let Some((i, text)) = lines.next() {
             let line = i + 1;
             let text = text.map_err(io)?;
             if text.trim().is_empty() {
                 continue;
             }
-            let v: Value =
-                serde_json::from_str(&text).map_err(|e| bad(line, format!("not JSON: {e}")))?;
+            let v: Value = match serde_json::from_str(&text) {
+                Ok(v) => v,
+                // the last line of a recording cut off mid-write (a killed
+                // server): the calls before it stand
+                Err(e) if e.is_eof() && lines.peek().is_none() => {
+                    header.truncated = true;
+                    break;
+                }
+                Err(e) => return Err(bad(line, format!("not JSON: {e}"))),
+            };
             let layer = uint(&v, "layer", MAX_COUNTED_LAYERS as u64 - 1, line)? as u32;
             let rows = v
                 .get("rows")
@@ -193,7 +217,7 @@ impl Trace {
                     };
                     Ok(TraceRow {
                         req: uint(r, "req", u32::MAX as u64, line)? as u32,
-                        seq: uint(r, "seq", i32::MAX as u64, line)? as u32,
+                        seq: uint(r, "seq", MAX_TRACE_SEQ as u64, line)? as u32,
                         topk,
                         state,
                     })
@@ -229,6 +253,18 @@ impl Trace {
             writeln!(w, "{}", json!({"layer": c.layer, "rows": rows})).map_err(io)?;
         }
         Ok(())
+    }
+
+    /// The most entries a row of the trace resolves (query columns × block
+    /// tokens): the smallest hot buffer it replays at.
+    pub fn widest_query(&self) -> u32 {
+        let cols = self
+            .calls
+            .iter()
+            .flat_map(|c| c.rows.iter().map(|r| r.topk.len()))
+            .max()
+            .unwrap_or(0);
+        cols as u32 * self.header.block_tokens.max(1)
     }
 
     /// Layers the trace names (the largest plus one).
@@ -300,7 +336,9 @@ pub fn replay(trace: &Trace, hot: u32) -> Result<Vec<SwapInCounters>> {
     let host_cache = vec![0u8; max_seq * ITEM as usize];
     let mut device_buffer = vec![0u8; (h + 1) * ITEM as usize];
     let locs: Vec<i32> = (0..=hot as i32).collect();
-    let mut states: std::collections::HashMap<(u32, u32), RowState> = Default::default();
+    // each (layer, request row): its state, and the sequence length of its
+    // last call
+    let mut states: std::collections::HashMap<(u32, u32), (RowState, u32)> = Default::default();
     for call in &trace.calls {
         for row in &call.rows {
             let entries = row.topk.len() as u32 * s.max(1);
@@ -311,16 +349,25 @@ pub fn replay(trace: &Trace, hot: u32) -> Result<Vec<SwapInCounters>> {
                 ));
             }
             let key = (call.layer, row.req);
+            // the row's own history continues when it is the same request's
+            // next step; a recorded state is the truth at the recorded size
+            // and a new start (a fitted one) elsewhere
+            let continues = states
+                .get(&key)
+                .is_some_and(|(_, last)| row.seq == last + 1);
             let fresh = match (&row.state, row.seq as usize <= h) {
                 (Some(st), _) if hot == trace.header.hot => Some(st.clone()),
                 (_, true) => Some(short_state(row.seq, h)),
+                (_, false) if continues => None,
                 (Some(st), false) => Some(fit(st, h)),
-                (None, false) => None,
+                (None, false) => Some(short_state(0, h)),
             };
-            let state = match fresh {
-                Some(st) => states.entry(key).insert_entry(st).into_mut(),
-                None => states.entry(key).or_insert_with(|| short_state(0, h)),
-            };
+            let entry = states.entry(key).or_insert_with(|| (short_state(0, h), 0));
+            if let Some(st) = fresh {
+                entry.0 = st;
+            }
+            entry.1 = row.seq;
+            let state = &mut entry.0;
             let mut out = vec![0i32; entries as usize];
             let (req, seq) = ([0i32], [row.seq as i32]);
             let args = SwapInArgs {
@@ -370,7 +417,7 @@ pub fn replay(trace: &Trace, hot: u32) -> Result<Vec<SwapInCounters>> {
             .iter()
             .filter(|t| t.layer as usize == layer)
             .count() as u64;
-        c.bytes = c.misses * trace.header.item_bytes;
+        c.bytes = c.misses.saturating_mul(trace.header.item_bytes);
     }
     Ok(counted)
 }
@@ -408,6 +455,19 @@ pub fn synthesize(spec: &SynthSpec) -> Result<Trace> {
         return Err(invalid(
             "synth",
             "requests, layers, steps, top_k and run_len must be positive",
+        ));
+    }
+    if sp
+        .context
+        .checked_add(sp.steps)
+        .is_none_or(|end| end > MAX_TRACE_SEQ)
+    {
+        return Err(invalid(
+            "synth",
+            format!(
+                "context {} + steps {} is past {MAX_TRACE_SEQ} tokens",
+                sp.context, sp.steps
+            ),
         ));
     }
     if sp.top_k > MAX_TOP_K || sp.top_k > sp.context || sp.layers > MAX_COUNTED_LAYERS {
@@ -475,6 +535,7 @@ pub fn synthesize(spec: &SynthSpec) -> Result<Trace> {
             block_tokens: 0,
             item_bytes: 0,
             synthetic: true,
+            truncated: false,
             note: format!(
                 "synthetic (kvtier trace synth): {} requests, {} layers, {} steps from context {}, top-k {}, \
                  overlap {} with the previous step, runs of {}, the {} newest always; assumptions, not a \

@@ -1207,15 +1207,62 @@ fn pool_errors_name_flags_and_human_sizes() {
     let dir = std::env::temp_dir().join(format!("kvtier-cli-words-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let dev = |size: &str| format!("file:{}/d:{size}", dir.display());
-    let (ok, _, err) = kvtier(&["pool", "create", "--device", &dev("4MiB"), "--layers", "2", "--tokens", "16",
-        "--entry", "foo"]);
-    assert!(!ok && err.contains("`--entry`") && !err.contains("entry format"), "{err}");
-    let (ok, _, err) = kvtier(&["pool", "create", "--device", &dev("1MiB"), "--layers", "2", "--tokens", "16"]);
-    assert!(!ok && err.contains("is 1 MiB; a pool device holds at least 2 MiB"), "{err}");
-    let (ok, _, err) = kvtier(&["pool", "create", "--device", &dev("4MiB"), "--device", &dev("4MiB"),
-        "--layers", "2", "--tokens", "16"]);
+    let (ok, _, err) = kvtier(&[
+        "pool",
+        "create",
+        "--device",
+        &dev("4MiB"),
+        "--layers",
+        "2",
+        "--tokens",
+        "16",
+        "--entry",
+        "foo",
+    ]);
+    assert!(
+        !ok && err.contains("`--entry`") && !err.contains("entry format"),
+        "{err}"
+    );
+    let (ok, _, err) = kvtier(&[
+        "pool",
+        "create",
+        "--device",
+        &dev("1MiB"),
+        "--layers",
+        "2",
+        "--tokens",
+        "16",
+    ]);
+    assert!(
+        !ok && err.contains("is 1 MiB; a pool device holds at least 2 MiB"),
+        "{err}"
+    );
+    let (ok, _, err) = kvtier(&[
+        "pool",
+        "create",
+        "--device",
+        &dev("4MiB"),
+        "--device",
+        &dev("4MiB"),
+        "--layers",
+        "2",
+        "--tokens",
+        "16",
+    ]);
     assert!(!ok && err.contains("named twice"), "{err}");
-    let (ok, _, err) = kvtier(&["pool", "create", "--device", &dev("4gx"), "--layers", "2", "--tokens", "16"]);
-    assert!(!ok && err.contains("\"gx\" is not a size unit") && err.contains("KiB (1024)"), "{err}");
+    let (ok, _, err) = kvtier(&[
+        "pool",
+        "create",
+        "--device",
+        &dev("4gx"),
+        "--layers",
+        "2",
+        "--tokens",
+        "16",
+    ]);
+    assert!(
+        !ok && err.contains("\"gx\" is not a size unit") && err.contains("KiB (1024)"),
+        "{err}"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -747,7 +747,10 @@ fn bad_devices_and_mismatched_pools_give_clear_errors() {
         vec![DeviceSpec::file(dir.0.join("tiny"), 1 << 20)],
         PoolOptions::default(),
     ));
-    assert!(err.contains("at least 2MiB"), "{err}");
+    assert!(
+        err.contains("is 1 MiB; a pool device holds at least 2 MiB"),
+        "{err}"
+    );
     let big = LayerFirstLayout::new(1024, 64, 1024).unwrap(); // 64 MiB regions
     let err = pool_error(Pool::create_on(
         big,

@@ -66,7 +66,10 @@ fn a_bad_trace_is_reported_by_line() {
             format!("{header}\n{{\"layer\": 9999, \"rows\": []}}\n"),
             "`layer`",
         ),
-        (format!("{header}\n[1,2\n"), "line 2: not JSON"),
+        (
+            format!("{header}\n[1,2\n{{\"layer\": 0, \"rows\": []}}\n"),
+            "line 2: not JSON",
+        ),
         (row(r#"{"req": 0, "seq": 5, "topk": []}"#), "a query of 0"),
         (row(r#"{"req": -1, "seq": 5, "topk": [1]}"#), "`req`"),
         (row(r#"{"req": 0, "seq": 5, "topk": [1, "x"]}"#), "`topk`"),
@@ -203,6 +206,7 @@ fn a_recorded_state_is_used_at_its_size_and_fitted_at_others() {
         item_bytes: 656,
         synthetic: false,
         note: String::new(),
+        truncated: false,
     };
     let state = RowState {
         tokens: vec![11, 10, 3, -1],
@@ -269,4 +273,63 @@ fn synth_refuses_what_it_cannot_make() {
     ] {
         assert!(synthesize(&bad).is_err(), "{bad:?}");
     }
+}
+
+/// At another size a row's own replayed history wins over the states the
+/// recorder took on the way (it takes one at every call while a request is
+/// short at the recorded size): states after a row's first call change
+/// nothing there, and they still rule at the recorded size.
+#[test]
+fn at_another_size_a_rows_history_continues_past_recorded_states() {
+    let synth = synthesize(&spec()).unwrap();
+    let state = |seq: u32| RowState {
+        tokens: (0..400)
+            .map(|t| if t < seq as i32 { t } else { -1 })
+            .collect(),
+        lru: (0..400i16).collect(),
+    };
+    let recorded = |every_call: bool| {
+        let mut t = synth.clone();
+        t.header.hot = 400; // a size above the context: short throughout
+        let mut first = std::collections::HashSet::new();
+        for c in &mut t.calls {
+            for r in &mut c.rows {
+                let new = first.insert((c.layer, r.req));
+                r.state = (every_call || new).then(|| state(r.seq));
+            }
+        }
+        t
+    };
+    let (all, once) = (recorded(true), recorded(false));
+    for hot in [96, 200] {
+        assert_eq!(
+            replay(&all, hot).unwrap(),
+            replay(&once, hot).unwrap(),
+            "HOT {hot}"
+        );
+    }
+    // at the recorded size the states are the truth: all short, all hits
+    let c = replay(&all, 400).unwrap();
+    assert!(c.iter().all(|c| c.misses == 0), "{c:?}");
+}
+
+/// A recording cut off mid-line (a server killed while it wrote) keeps the
+/// calls before the cut and says it was cut; a broken line before the last
+/// is still an error.
+#[test]
+fn a_cut_off_last_line_is_dropped_and_said() {
+    let header = r#"{"kvtier_trace": 1, "hot": 4}"#;
+    let call = r#"{"layer": 0, "rows": [{"req": 0, "seq": 9, "topk": [1, 2]}]}"#;
+    let t = read(&format!("{header}\n{call}\n{{\"layer\": 0, \"ro")).unwrap();
+    assert!(t.header.truncated && t.calls.len() == 1);
+    assert!(
+        !read(&format!("{header}\n{call}\n"))
+            .unwrap()
+            .header
+            .truncated
+    );
+    let e = read(&format!("{header}\n{{\"layer\": 0, \"ro\n{call}\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 2: not JSON"), "{e}");
 }

@@ -91,8 +91,9 @@ pub fn replay_curve(path: &Path, hot: &[u32], as_json: bool) -> kvtier::Result<(
     let trace = Trace::read(std::io::BufReader::new(f))?;
     let own = trace.header.hot;
     let sizes: Vec<u32> = if hot.is_empty() {
+        // the recorded size, half and twice it; never narrower than a query
         let mut v = vec![
-            (own / 2).max(1),
+            (own / 2).max(trace.widest_query()).max(1),
             own,
             own.saturating_mul(2).min(kvtier::swap_in::MAX_HOT),
         ];
@@ -132,6 +133,7 @@ pub fn replay_curve(path: &Path, hot: &[u32], as_json: bool) -> kvtier::Result<(
             "trace": path.display().to_string(),
             "recorded_hot": own,
             "synthetic": trace.header.synthetic,
+            "truncated": trace.header.truncated,
             "note": trace.header.note,
             "calls": trace.calls.len(),
             "curve": points,
@@ -152,6 +154,11 @@ pub fn replay_curve(path: &Path, hot: &[u32], as_json: bool) -> kvtier::Result<(
     );
     if !trace.header.note.is_empty() {
         println!("  {}", trace.header.note);
+    }
+    if trace.header.truncated {
+        println!(
+            "  its last line was cut off (a recording stopped mid-write): the calls before it are replayed"
+        );
     }
     println!(
         "{:>8}  {:>14}  {:>14}  {:>10}  {:>14}",

@@ -78,7 +78,17 @@ impl Pool {
         let tmp = dir.join(format!(".{pid}.json.tmp"));
         let path = dir.join(format!("{pid}.json"));
         let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
+            use std::os::unix::fs::OpenOptionsExt;
+            // a fresh file of this process's, never one a link points to
+            // (the directory is everyone's): a stale one (a crash between
+            // create and rename) is removed first, the link itself if it is one
+            let _ = std::fs::remove_file(&tmp);
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)?;
             f.write_all(json.as_bytes())?;
             std::fs::rename(&tmp, &path)
         };
@@ -186,6 +196,13 @@ mod tests {
             Some(PublishedStats::Unreadable(_))
         ));
         std::fs::write(&file, vec![b' '; MAX_STATS_BYTES + 1]).unwrap();
+        // a link planted where this process writes its next file is not followed
+        let tmp = pool.stats_dir(&run).join(format!(".{me}.json.tmp"));
+        let target = dir.join("target");
+        std::fs::write(&target, "untouched").unwrap();
+        std::os::unix::fs::symlink(&target, &tmp).unwrap();
+        pool.publish_stats_in(&run, r#"{"hits": 10}"#).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "untouched");
         match pool.published_stats_in(&run, 2) {
             Some(PublishedStats::Unreadable(why)) => assert!(why.contains("at most"), "{why}"),
             other => panic!("{other:?}"),

@@ -222,8 +222,6 @@ unsafe fn run_counted(p: &kvt_swap_in_params, counted: &mut SwapInCounters) -> E
         counted.misses += misses.len() as u64;
         if !skip_io {
             counted.bytes += misses.len() as u64 * p.miss_bytes as u64;
-        }
-        if !skip_io {
             for &(h, d) in &misses {
                 // SAFETY: the policy loads only host rows < host_rows into
                 // device rows < device_rows. Distinct slots of a request have

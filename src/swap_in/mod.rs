@@ -302,6 +302,11 @@ impl SwapInEngine {
         Ok(())
     }
 
+    /// The layers counted (0 before [`SwapInEngine::enable_counters`]).
+    pub fn counter_layers(&self) -> u32 {
+        self.counters.as_ref().map_or(0, |t| t.layers())
+    }
+
     /// Every counted layer's [`SwapInCounters`] once the swap-ins launched
     /// before the call have finished: the CUDA executor waits for the whole
     /// device (not for the per-layer path; [`SwapInEngine::poll_counters`]

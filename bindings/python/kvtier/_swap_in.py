@@ -169,15 +169,13 @@ class SwapInEngine:
         on the first call and while it is in flight; once per step at most,
         not during a CUDA graph capture)."""
         lib, n = library(), ctypes.c_uint32()
-        check(lib.kvt_swap_in_read_counters(self._handle, int(bool(wait)), None, 0, ctypes.byref(n)))
-        while True:
-            if n.value == 0:
-                return None
-            out = (_lib.SwapInCountersC * n.value)()
-            capacity = n.value
-            check(lib.kvt_swap_in_read_counters(self._handle, int(bool(wait)), out, capacity, ctypes.byref(n)))
-            if n.value <= capacity:
-                return [SwapInCounters.of(c) for c in out[: n.value]]
+        # capacity 0: the layers counted, nothing read (a poll is taken once)
+        check(lib.kvt_swap_in_read_counters(self._handle, 0, None, 0, ctypes.byref(n)))
+        if n.value == 0:
+            return None
+        out = (_lib.SwapInCountersC * n.value)()
+        check(lib.kvt_swap_in_read_counters(self._handle, int(bool(wait)), out, n.value, ctypes.byref(n)))
+        return [SwapInCounters.of(c) for c in out[: n.value]] if n.value else None
 
     def close(self) -> None:
         if self._handle and self._owned:

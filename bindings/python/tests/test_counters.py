@@ -111,12 +111,13 @@ def test_the_export_adds_what_the_counters_gained():
     ]
     clock = [0.0]
     export = shim_counters.Exporter(
-        5.0, reader=lambda: reads.pop(0), prometheus=shim_counters.PrometheusExport(registry),
+        5.0, reader=lambda: reads.pop(0), prometheus=shim_counters.PrometheusExport(registry, rank=3),
         clock=lambda: clock[0],
     )
 
     def value(field, layer):
-        return registry.get_sample_value(f"kvtier_swap_in_{field}_total", {"device": "cuda:0", "layer": layer})
+        return registry.get_sample_value(f"kvtier_swap_in_{field}_total",
+                                         {"rank": "3", "device": "cuda:0", "layer": layer})
 
     export.maybe_refresh()
     assert (value("calls", "0"), value("hits", "0"), value("bytes", "0")) == (1, 5, 64)
@@ -191,7 +192,8 @@ def test_the_counters_reach_prometheus_multiprocess_files_as_sglang_gathers_them
     multiprocess.MultiProcessCollector(registry, path=str(metrics_dir))
     for layer, c in enumerate(counted):
         for field in shim_counters.FIELDS:
-            got = registry.get_sample_value(f"kvtier_swap_in_{field}_total", {"device": "cpu", "layer": str(layer)})
+            got = registry.get_sample_value(f"kvtier_swap_in_{field}_total",
+                                            {"rank": "0", "device": "cpu", "layer": str(layer)})
             assert (got or 0) == c[field], (layer, field, got, c)
 
 
@@ -200,7 +202,36 @@ def test_the_config_checks_its_counter_keys():
 
     assert KvtierConfig().counters is True and KvtierConfig().counters_export_s == 5.0
     assert KvtierConfig(counters_export_s=None).counters_export_s is None
-    for bad in ({"counters": 1}, {"counters_export_s": -1}, {"counters_export_s": True}, {"counters_export_s": "5"}):
+    for bad in ({"counters": 1}, {"counters_export_s": -1}, {"counters_export_s": 0.1}, {"counters_export_s": True},
+                {"counters_export_s": "5"}):
         with pytest.raises(KvtierError, match="counters"):
             KvtierConfig(**bad)
     assert np.dtype(np.int32).itemsize == 4
+
+
+def test_the_export_reads_nothing_while_a_cuda_graph_is_captured(monkeypatch):
+    reads = []
+    export = shim_counters.Exporter(0.0, reader=lambda: reads.append(1) or {})
+    monkeypatch.setattr(shim_counters, "_capturing", lambda: True)
+    export.maybe_refresh()
+    assert reads == [], "a poll inside a capture would start copies and events"
+    monkeypatch.setattr(shim_counters, "_capturing", lambda: False)
+    export.maybe_refresh()
+    assert reads == [1]
+
+
+def test_counting_refused_once_is_not_retried_every_layer(monkeypatch):
+    tried = []
+
+    class Refusing:
+        def enable_counters(self, layers):
+            tried.append(layers)
+            raise KvtierError("no engine here")
+
+    monkeypatch.setattr(shim_counters, "engine_for", lambda executor: Refusing())
+    monkeypatch.setattr(shim_counters, "_layers", {})
+    monkeypatch.setattr(shim_counters, "_enabled", set())
+    monkeypatch.setattr(shim_counters, "_refused", set())
+    buffers = [np.zeros(8, dtype=np.uint8) for _ in range(3)]
+    assert [shim_counters.counted_layer(b) for b in buffers] == [None, None, None]
+    assert len(tried) == 1

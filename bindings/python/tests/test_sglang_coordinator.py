@@ -180,6 +180,7 @@ def test_a_recorded_trace_replays_to_the_hits_and_misses_of_its_run(with_kvtier,
     by layer; at other sizes it still runs (and a bigger buffer misses no
     more than a smaller one here)."""
     import json
+    import os
     import subprocess
     import sys
 
@@ -191,8 +192,8 @@ def test_a_recorded_trace_replays_to_the_hits_and_misses_of_its_run(with_kvtier,
         return [(c.calls, c.rows, c.hits, c.misses) for c in kvtier.sglang.swap_in_counters().get("cpu", [])]
 
     before = per_layer()
-    file = tmp_path / "trace.jsonl"
-    trace.configure({"path": str(file)})
+    trace.configure({"path": str(tmp_path / "trace-{pid}.jsonl")})
+    file = tmp_path / f"trace-{os.getpid()}.jsonl"
     try:
         st = drive(with_kvtier, path, steps=24, seed=7)
     finally:

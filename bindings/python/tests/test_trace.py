@@ -6,6 +6,7 @@ hits and misses: test_sglang_coordinator.py.)"""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -17,7 +18,9 @@ from kvtier.sglang.counters import layer_number
 
 
 def lines(path):
-    return [json.loads(x) for x in path.read_text().splitlines()]
+    """The lines of the file a recorder given `path` wrote (``path.<pid>``)."""
+    written = path.parent / f"{path.name}.{os.getpid()}"
+    return [json.loads(x) for x in written.read_text().splitlines()]
 
 
 def test_a_recorded_call_holds_the_rows_and_the_state_replay_needs(tmp_path):
@@ -78,3 +81,9 @@ def test_the_config_checks_its_trace_key(bad):
     with pytest.raises(KvtierError, match="trace"):
         KvtierConfig(**bad)
     assert KvtierConfig(trace={"path": "t", "layers": [0, 3], "rows_every": 4, "max_mb": 64}).trace["rows_every"] == 4
+
+
+def test_each_process_records_into_a_file_of_its_own(tmp_path):
+    pid = os.getpid()
+    assert trace.per_process_path("/t/x-{pid}.jsonl") == f"/t/x-{pid}.jsonl"
+    assert trace.per_process_path("/t/x.jsonl") == f"/t/x.jsonl.{pid}"

@@ -61,7 +61,7 @@ class KvtierConfig:
     - ``counters``: count each layer's swap-ins on the GPU
       (:mod:`kvtier.sglang.counters`: hits, misses, bytes, bad indices).
     - ``counters_export_s``: the least time between two refreshes of their
-      Prometheus export (where SGLang serves metrics; null: no export).
+      Prometheus export and the pool (0.5 to 3600; null: no export).
     - ``trace``: record the indexer's selections for ``kvtier plan --trace``
       (:mod:`kvtier.sglang.trace`): null (off), or ``{"path": FILE,
       "layers": [..] or null, "rows_every": 1, "max_mb": 256}``.
@@ -133,9 +133,12 @@ class KvtierConfig:
             raise KvtierError("kvtier config: `bad_index_poll_s` must be a number of seconds in 0..3600")
         export = self.counters_export_s
         if export is not None and (
-            isinstance(export, bool) or not isinstance(export, (int, float)) or not 0 <= export <= 3600
+            isinstance(export, bool) or not isinstance(export, (int, float)) or not 0.5 <= export <= 3600
         ):
-            raise KvtierError("kvtier config: `counters_export_s` must be a number of seconds in 0..3600, or null")
+            raise KvtierError(
+                "kvtier config: `counters_export_s` must be a number of seconds in 0.5..3600 (each export reads "
+                "the counters and writes a file), or null"
+            )
         from .trace import check_config
 
         check_config(self.trace)

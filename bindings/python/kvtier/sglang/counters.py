@@ -9,7 +9,8 @@ calls the layers in order, so this is the order of the model's sparse layers
 on that rank). Counting starts at an executor's first swap-in outside a CUDA
 graph capture (SGLang's warm-up runs come first; the counter table is
 allocated then, and the captured graphs add to it like any other kernel
-argument). A layer first seen during a capture is not counted.
+argument). Until then a capture's calls are not counted; once counting has
+started, a layer first seen during a capture is numbered and counted.
 
 :func:`swap_in_counters` reads them. Once per ``counters_export_s`` at most,
 from the same per-step points that poll for bad indices, the shim reads them
@@ -19,7 +20,8 @@ without waiting for the GPU and exports them:
   ``PROMETHEUS_MULTIPROC_DIR`` before it starts its scheduler processes, and
   its ``/metrics`` endpoint gathers the counters each process writes there),
   as counters ``kvtier_swap_in_{calls,rows,hits,misses,bytes,bad_indices}_total``
-  labelled with the ``device`` (``cuda:N`` or ``cpu``) and the ``layer``;
+  labelled with the process's ``rank`` (torch.distributed's), the ``device``
+  (``cuda:N`` or ``cpu``) and the ``layer``;
 - to the kvtier pools of its host KV pools, where ``kvtier pool status
   --json`` shows them with the process's client entry.
 """
@@ -48,6 +50,7 @@ _lock = threading.Lock()
 # executor -> {device buffer address: layer}
 _layers: dict = {}
 _enabled: set = set()
+_refused: set = set()
 
 
 def _executor_and_address(device_buffer):
@@ -112,15 +115,17 @@ def counted_layer(device_buffer, enabled: bool = True):
         return None
     executor, layer = found
     if executor not in _enabled:
-        if _capturing():
+        if executor in _refused or _capturing():
             return None  # counting cannot start inside a capture: it allocates
         with _lock:
             if executor not in _enabled:
                 try:
                     engine_for(executor).enable_counters(MAX_LAYERS)
                 except KvtierError:
-                    # no engine there (no driver, a bad device): the swap-in
-                    # itself says why, with its argument checks
+                    # no engine there (no driver, a bad device: the swap-in
+                    # itself says why), or counting enabled elsewhere with
+                    # fewer layers: not tried again on every layer
+                    _refused.add(executor)
                     return None
                 _enabled.add(executor)
     return layer
@@ -154,13 +159,16 @@ class PrometheusExport:
     SGLang's ``/metrics`` gathers every process's). `registry` is
     prometheus_client's (its default: the one SGLang's own metrics use)."""
 
-    def __init__(self, registry=None):
+    def __init__(self, registry=None, rank: int = 0):
         from prometheus_client import Counter  # ImportError: the caller's to handle
 
         kwargs = {} if registry is None else {"registry": registry}
         self._metrics = {
-            f: Counter(f"kvtier_swap_in_{f}", _HELP[f], ["device", "layer"], **kwargs) for f in FIELDS
+            f: Counter(f"kvtier_swap_in_{f}", _HELP[f], ["rank", "device", "layer"], **kwargs) for f in FIELDS
         }
+        # the process's rank: processes that each see their GPU as cuda:0
+        # (one visible device each) would otherwise be summed together
+        self._rank = str(rank)
         self._last: dict = {}
 
     def refresh(self, read: dict) -> None:
@@ -171,7 +179,7 @@ class PrometheusExport:
                 for f in FIELDS:
                     gained = getattr(c, f) - getattr(before, f)
                     if gained > 0:
-                        self._metrics[f].labels(device=device, layer=str(layer)).inc(gained)
+                        self._metrics[f].labels(rank=self._rank, device=device, layer=str(layer)).inc(gained)
                 self._last[(device, layer)] = c
 
 
@@ -211,6 +219,8 @@ class Exporter:
         self._pools.append(weakref.ref(pool))
 
     def maybe_refresh(self) -> None:
+        if _capturing():
+            return  # a poll starts copies and events: never inside a capture
         now = self._clock()
         if now < self._next:
             return
@@ -258,7 +268,12 @@ def _prometheus_export():
         _prometheus_tried = True
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             try:
-                _prometheus = PrometheusExport()
+                from ._patch import current_config
+                from .host_pool import detect_rank
+
+                cfg = current_config()
+                rank = detect_rank(cfg)[0] if cfg is not None else 0
+                _prometheus = PrometheusExport(rank=rank)
             except ImportError:
                 logger.info("kvtier: prometheus_client is not importable; swap-in counters are not exported")
             except ValueError as e:  # a metric of that name registered by someone else

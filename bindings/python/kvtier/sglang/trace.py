@@ -13,8 +13,12 @@ lengths and (for new rows) state rows to the host, which waits for the GPU;
 it is for finding the HOT size, not for production. Calls replayed from a
 CUDA graph never reach Python, so decode steps are recorded only with
 SGLang's CUDA graphs off (``--disable-cuda-graph``); calls made during a
-capture are not recorded. The file stops growing at ``max_mb`` (the calls
-before the limit stay exact; the log says it stopped). Sampling: ``layers``
+capture are not recorded. Each process writes its own file: ``path`` with
+``{pid}`` replaced by its process id, or ``path.<pid>`` (a tensor-parallel
+server's schedulers each record their rank's calls), line by line, so a
+server stopped by a signal leaves whole lines. A file stops growing at
+``max_mb`` (the calls before the limit stay exact; the log says it
+stopped). Sampling: ``layers``
 (a list; null: all) and ``rows_every`` (request rows whose index is a
 multiple of it): rows and layers replay independently, so a sample is exact
 for what it holds.
@@ -57,7 +61,7 @@ class TraceRecorder:
     """Writes sampled swap-in calls to `path` (see the module docs)."""
 
     def __init__(self, path: str, layers=None, rows_every: int = 1, max_mb: float = 256.0):
-        self.path, self.rows_every = str(path), int(rows_every)
+        self.path, self.rows_every = per_process_path(str(path)), int(rows_every)
         self.layers = None if layers is None else set(layers)
         self.max_bytes = int(max_mb * 2**20)
         self._file = None
@@ -82,7 +86,8 @@ class TraceRecorder:
     def _record(self, layer, topk, k, req, seq, num_real, tokens, lru, hot, block_tokens, item_bytes):
         header = (hot, block_tokens, item_bytes)
         if self._header is None:
-            self._file = open(self.path, "w")  # noqa: SIM115 (kept open while recording)
+            # line-buffered: a server stopped by a signal leaves whole lines
+            self._file = open(self.path, "w", buffering=1)  # noqa: SIM115 (kept open while recording)
             self._header = header
             self._write({"kvtier_trace": 1, "hot": hot, "block_tokens": block_tokens, "item_bytes": item_bytes,
                          "synthetic": False, "note": "recorded by the kvtier SGLang shim"})
@@ -128,6 +133,16 @@ class TraceRecorder:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def per_process_path(path: str) -> str:
+    """`path` with ``{pid}`` replaced by this process's id; without the
+    placeholder, ``.<pid>`` is appended: every scheduler process of a
+    tensor-parallel server records, each into a file of its own."""
+    import os
+
+    pid = str(os.getpid())
+    return path.replace("{pid}", pid) if "{pid}" in path else f"{path}.{pid}"
 
 
 _recorder: TraceRecorder | None = None
