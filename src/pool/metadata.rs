@@ -468,7 +468,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("the first device (4194304 B) cannot hold the pool's tables"),
+            err.contains("the first device (4 MiB) cannot hold the pool's tables (34 MiB"),
             "{err}"
         );
         let g = plan_geometry(&layout, &[2 << 30, 4 << 20], 256).unwrap();
