@@ -169,30 +169,8 @@ pub struct KvtSwapInArgs {
     pub layer: i32,
 }
 
-/// `kvt_swap_in_counters`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KvtSwapInCounters {
-    pub calls: u64,
-    pub rows: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub bytes: u64,
-    pub bad_indices: u64,
-}
-
-impl From<&SwapInCounters> for KvtSwapInCounters {
-    fn from(c: &SwapInCounters) -> Self {
-        KvtSwapInCounters {
-            calls: c.calls,
-            rows: c.rows,
-            hits: c.hits,
-            misses: c.misses,
-            bytes: c.bytes,
-            bad_indices: c.bad_indices,
-        }
-    }
-}
+/// `kvt_swap_in_counters`: the library's own type, `repr(C)`.
+pub type KvtSwapInCounters = SwapInCounters;
 
 /// `kvt_spec_state`.
 #[repr(C)]
@@ -1373,7 +1351,7 @@ pub unsafe extern "C" fn kvt_swap_in_read_counters(
         .unwrap_or_default();
         for (i, c) in counted.iter().take(capacity as usize).enumerate() {
             // SAFETY: `out` holds `capacity` elements, per the header.
-            unsafe { out.add(i).write(c.into()) };
+            unsafe { out.add(i).write(*c) };
         }
         // SAFETY: checked non-null; the header's contract.
         unsafe { write_out(layers, "layers", counted.len() as u32) }

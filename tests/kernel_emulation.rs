@@ -861,14 +861,7 @@ fn emulate_swap(
     }
     let report = (!err.is_clear()).then(|| kvtier::BadIndexReport::decode(&err));
     let w: Vec<u64> = counters.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-    let counted = kvtier::SwapInCounters {
-        calls: w[0],
-        rows: w[1],
-        hits: w[2],
-        misses: w[3],
-        bytes: w[4],
-        bad_indices: w[5],
-    };
+    let counted = kvtier::SwapInCounters::from_words(&w);
     (case.outcome(&s, report, opts, Some(counted)), reports)
 }
 

@@ -17,7 +17,9 @@ pub const MAX_COUNTED_LAYERS: u32 = 4096;
 const WORDS: usize = size_of::<kvt_swap_counters>() / 8;
 
 /// One layer's swap-ins since counting began (`kvt_swap_counters` in
-/// `kernels/abi.h` says exactly what each adds).
+/// `kernels/abi.h` says exactly what each adds). `repr(C)`: the C ABI hands
+/// it out as `kvt_swap_in_counters`.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SwapInCounters {
     /// Swap-in calls of the layer.
@@ -37,7 +39,10 @@ pub struct SwapInCounters {
 }
 
 impl SwapInCounters {
-    fn from_words(w: &[u64]) -> Self {
+    /// The counters of one `kvt_swap_counters` entry, as its words (the
+    /// kernels' table; tests that run the kernels on the host read theirs).
+    #[doc(hidden)]
+    pub fn from_words(w: &[u64]) -> Self {
         SwapInCounters {
             calls: w[0],
             rows: w[1],

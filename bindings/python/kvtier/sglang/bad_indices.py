@@ -17,11 +17,11 @@ request), or raised as a :class:`kvtier.KvtierError` (``"raise"``).
 from __future__ import annotations
 
 import logging
-import sys
 import time
 
 from .._lib import KvtierError
 from .._swap_in import cuda_engines
+from ._graphs import capturing as _capturing
 
 logger = logging.getLogger("kvtier")
 
@@ -62,16 +62,6 @@ class BadIndexWatch:
         if found and self.mode == "raise":
             ordinal, new, report = found[0]
             raise KvtierError(f"bad indices on cuda:{ordinal} ({new} new): {report}", "BAD_INDICES")
-
-
-def _capturing() -> bool:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-    except Exception:
-        return False
 
 
 _watch = BadIndexWatch(mode="off")

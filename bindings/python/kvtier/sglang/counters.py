@@ -38,13 +38,15 @@ import weakref
 
 from .._lib import KvtierError
 from .._swap_in import SwapInCounters, engine_for
+from . import bad_indices
+from ._graphs import capturing as _capturing
 
 logger = logging.getLogger("kvtier")
 
 # Layers one executor's table holds (SGLang's sparse models have 43 to 78).
 MAX_LAYERS = 512
 
-FIELDS = ("calls", "rows", "hits", "misses", "bytes", "bad_indices")
+FIELDS = tuple(f.name for f in dataclasses.fields(SwapInCounters))
 
 _lock = threading.Lock()
 # executor -> {device buffer address: layer}
@@ -69,16 +71,6 @@ def _executor_and_address(device_buffer):
             index = sys.modules["torch"].cuda.current_device()
         return index, data_ptr()
     return "cpu", data_ptr()
-
-
-def _capturing() -> bool:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-    except Exception:
-        return False
 
 
 def layer_number(device_buffer):
@@ -294,3 +286,11 @@ def maybe_export() -> None:
     except KvtierError as e:
         logger.warning("kvtier: exporting the swap-in counters failed; export off: %s", e)
         _exporter = None
+
+
+def per_step() -> None:
+    """What the shim does at each of its per-step points (every entry point,
+    and the host pool's per-step backup): the bad-index poll and this
+    export, each at most once per its interval."""
+    bad_indices.maybe_poll()
+    maybe_export()

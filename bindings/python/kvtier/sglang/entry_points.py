@@ -29,9 +29,8 @@ from .. import _lib
 from .._lib import KvtierError
 from .._swap_in import copy_planned, spec_swap_in, swap_in
 from ._patch import current_config
-from .bad_indices import maybe_poll
 from . import trace
-from .counters import counted_layer, layer_number, maybe_export
+from .counters import counted_layer, layer_number, per_step
 
 
 def _strategy() -> str:
@@ -42,13 +41,6 @@ def _strategy() -> str:
 def _item_bytes(items) -> int:
     """Bytes a row of an item layout carries (value and scale)."""
     return int(items[1]) + int(items[2])
-
-
-def _per_step() -> None:
-    """What every entry point does first: the bad-index poll and the
-    counters' export, each at most once per its interval."""
-    maybe_poll()
-    maybe_export()
 
 
 def _layer(device_buffer):
@@ -72,7 +64,7 @@ def _positive(value, arg: str) -> None:
 
 def _mla_swap_in(items, a: dict) -> None:
     """The MLA swap-ins' body: `a` holds the entry point's arguments."""
-    _per_step()
+    per_step()
     _positive(a["page_size"], "page_size")
     _positive(a["block_size"], "block_size")
     _record(a["device_buffer"], top_k_tokens=a["top_k_tokens"], num_top_k=a["num_top_k"],
@@ -178,7 +170,7 @@ def load_blocks_to_device_buffer_mha(
     (tokens past the sequence and -1 blocks give -1) into
     ``top_k_device_locs[b, :blocks × sparse_block_size]``, and each miss
     copies its K and V rows (``item_size_bytes`` each)."""
-    _per_step()
+    per_step()
     _positive(page_size, "page_size")
     _positive(block_size, "block_size")
     _positive(item_size_bytes, "item_size_bytes")
@@ -215,7 +207,7 @@ def copy_cache_planned_mla(
     """Shared-index (skip) layers: replays a recorded miss plan (kvtier's or
     SGLang's: the same format) into this layer's device buffer — copies only,
     rows below ``num_real_reqs[0]``, every count and row checked."""
-    _per_step()
+    per_step()
     _positive(num_blocks, "num_blocks")
     _positive(block_size, "block_size")
     if is_dsv4_layout:
@@ -259,7 +251,7 @@ def load_cache_to_device_buffer_spec_mla(
     stream, exact on an H100 but slower there than SGLang's kernel
     (:func:`kvtier.sglang.install` leaves the path to SGLang's; see the
     install report)."""
-    _per_step()
+    per_step()
     shape = tuple(getattr(top_k_tokens, "shape", ()))
     if len(shape) != 3 or not 2 <= shape[1] <= 4:
         steps = shape[1] if len(shape) == 3 else None

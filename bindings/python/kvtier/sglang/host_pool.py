@@ -31,7 +31,7 @@ import sys
 
 from .._lib import KvtierError
 from .._pool import Layout, Pool, device_bytes_for
-from . import bad_indices, capacity, counters, topology
+from . import capacity, counters, topology
 from ._config import KvtierConfig, is_private
 
 
@@ -268,8 +268,7 @@ PER_STEP_METHODS = ("backup_from_device_all_layer", "backup_tokens_from_device_a
 def _polling(method):
     @functools.wraps(method)
     def per_step(self, *args, **kwargs):
-        bad_indices.maybe_poll()
-        counters.maybe_export()
+        counters.per_step()
         return method(self, *args, **kwargs)
 
     return per_step

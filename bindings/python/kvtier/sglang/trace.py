@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import threading
 
 import numpy as np
 
 from .._lib import KvtierError
+from ._graphs import capturing as _capturing
 
 logger = logging.getLogger("kvtier")
 
@@ -45,16 +45,6 @@ def _host(a):
     if hasattr(a, "detach"):
         return a.detach().cpu().numpy()
     return np.asarray(a)
-
-
-def _capturing() -> bool:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-    except Exception:
-        return False
 
 
 class TraceRecorder:
