@@ -27,7 +27,7 @@ for line in sys.stdin:
 [ -x "$gpu_tests" ] || { echo "gpu-bundle: the GPU test binary was not built" >&2; exit 1; }
 
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib" "$out/python/kvtier" "$out/python/tests" "$out/wheels" "$out/fonts"
+mkdir -p "$out/bin" "$out/lib" "$out/python/kvtier" "$out/python/tests" "$out/wheels"
 cp target/release/kvtier "$out/bin/kvtier"
 cp "$gpu_tests" "$out/bin/gpu-tests"
 cp -r bindings/python/kvtier/. "$out/python/kvtier/"
@@ -37,11 +37,6 @@ cp target/release/lib_native.so "$out/python/kvtier/_native.abi3.so"
 cp bindings/python/tests/*.py "$out/python/tests/"
 cp bindings/python/benchmarks/per_call.py "$out/python/per_call.py"
 cp .tools/sglang-kernels/libkvt_sglang_kernels.so "$out/lib/"
-# The GPU machines have no fonts under /usr/share/fonts: the bench's plots
-# use this one (--plot-font).
-font=$(find /usr/share/fonts -name 'DejaVuSans.ttf' -print -quit 2>/dev/null || true)
-[ -n "$font" ] || { echo "gpu-bundle: no DejaVuSans.ttf under /usr/share/fonts (apt-get install fonts-dejavu-core)" >&2; exit 1; }
-cp "$font" "$out/fonts/"
 strip "$out/bin/"* "$out/python/kvtier/"*.so
 "$root/.tools/venv/bin/python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
   --python-version 3.10 --dest "$out/wheels" pytest==8.4.2 >/dev/null

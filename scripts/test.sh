@@ -42,8 +42,9 @@ fi
 echo "== cargo test"
 cargo test --locked
 
-echo "== kvtier bench --quick (every scenario and method; JSON lines and a plot)"
-cargo run --release --locked --quiet -- bench --quick --json target/bench-quick.jsonl --plot target/bench-quick.png
+echo "== kvtier bench --quick (every scenario and method; JSON lines and the figures)"
+KVTIER_COMMIT=$(git rev-parse HEAD 2>/dev/null || true) \
+  cargo run --release --locked --quiet -- bench --quick --json target/bench-quick.jsonl --plot target/bench-quick-figures
 
 echo "== kvtier selftest --cpu (a dry run of the GPU selftest on the CPU executor)"
 cargo run --release --locked --quiet -- selftest --cpu --cases 8 --json target/selftest-cpu.jsonl

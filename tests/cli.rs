@@ -64,10 +64,10 @@ fn info_reports_kernels_and_driver() {
 }
 
 #[test]
-fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_a_plot() {
+fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
     let dir = std::env::temp_dir().join(format!("kvtier-cli-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (json, png) = (dir.join("bench.jsonl"), dir.join("bench.png"));
+    let (json, figures) = (dir.join("bench.jsonl"), dir.join("figures"));
     let (ok, out, err) = kvtier(&[
         "bench",
         "--quick",
@@ -80,9 +80,13 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_a_plot() {
         "--json",
         json.to_str().unwrap(),
         "--plot",
-        png.to_str().unwrap(),
+        figures.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
+    assert!(
+        out.contains("wrote 5 figures to") && out.contains("headline.png, gather.png"),
+        "{out}"
+    );
     let cpu = out.contains("executor: CPU executor");
     assert!(cpu || out.contains("executor: CUDA"), "{out}");
     if cpu {
@@ -106,6 +110,8 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_a_plot() {
             "params",
             "bytes",
             "median_us",
+            "q1_us",
+            "q3_us",
             "p99_us",
             "gbps",
             "ratio_to_limit",
@@ -114,6 +120,13 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_a_plot() {
             assert!(l.get(key).is_some(), "{key} missing in {l}");
         }
         assert!(l["median_us"].as_f64().unwrap() > 0.0, "{l}");
+        let q = |k: &str| l[k].as_f64().unwrap();
+        assert!(
+            q("q1_us") <= q("median_us")
+                && q("median_us") <= q("q3_us")
+                && q("q3_us") <= q("max_us"),
+            "{l}"
+        );
     }
     let count = |scenario: &str| lines.iter().filter(|l| l["scenario"] == scenario).count();
     // gather: 2 batches × 1 k × 1 entry × 1 context × 2 index kinds, 5 methods
@@ -148,11 +161,74 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_a_plot() {
         "the full-context fetch moves whole layers"
     );
 
-    let png = std::fs::read(&png).unwrap();
+    for name in ["headline", "gather", "swap-in", "spec-swap-in", "writeback"] {
+        let png = std::fs::read(figures.join(format!("{name}.png"))).unwrap();
+        assert!(
+            png.starts_with(b"\x89PNG") && png.len() > 10_000,
+            "{name}.png was drawn"
+        );
+    }
+
+    // The same figures from the JSON alone, as from committed results.
+    let again = dir.join("again");
+    let (ok, out, err) = kvtier(&[
+        "bench",
+        "--from-json",
+        json.to_str().unwrap(),
+        "--plot",
+        again.to_str().unwrap(),
+    ]);
+    assert!(ok && out.contains("wrote 5 figures"), "{out}{err}");
+    assert!(!out.contains("executor:"), "measures nothing: {out}");
+    for name in ["headline", "writeback"] {
+        let a = std::fs::read(figures.join(format!("{name}.png"))).unwrap();
+        let b = std::fs::read(again.join(format!("{name}.png"))).unwrap();
+        assert!(a == b, "{name}.png is drawn from the JSON in both cases");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn figures_from_json_name_a_bad_line_and_the_plot_takes_a_folder() {
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-figures-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"scenario\": \"gather\"}\n").unwrap();
+    let out_dir = dir.join("out");
+    let (ok, _, err) = kvtier(&[
+        "bench",
+        "--from-json",
+        bad.to_str().unwrap(),
+        "--plot",
+        out_dir.to_str().unwrap(),
+    ]);
     assert!(
-        png.starts_with(b"\x89PNG") && png.len() > 10_000,
-        "a PNG was drawn"
+        !ok && err.contains("bad.jsonl:1: not a measurement of kvtier bench --json"),
+        "{err}"
     );
+    let empty = dir.join("empty.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    let (ok, _, err) = kvtier(&[
+        "bench",
+        "--from-json",
+        empty.to_str().unwrap(),
+        "--plot",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("holds no measurements"), "{err}");
+    // --from-json draws: without --plot it has nowhere to
+    let (ok, _, err) = kvtier(&["bench", "--from-json", bad.to_str().unwrap()]);
+    assert!(!ok && err.contains("--plot"), "{err}");
+    // a PNG path, as --plot took before the figures were several
+    let (ok, _, err) = kvtier(&["bench", "--quick", "--plot", "/tmp/kvtier-figure.png"]);
+    assert!(
+        !ok && err.contains("takes a folder for the figures"),
+        "{err}"
+    );
+    let file = dir.join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let (ok, _, err) = kvtier(&["bench", "--quick", "--plot", file.to_str().unwrap()]);
+    assert!(!ok && err.contains("is a file, not a folder"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -262,7 +338,7 @@ fn bad_arguments_fail_plainly() {
         "bench",
         "--quick",
         "--plot",
-        "/tmp/kvtier-p.png",
+        "/tmp/kvtier-p",
         "--plot-font",
         "/no/font.ttf",
     ]);

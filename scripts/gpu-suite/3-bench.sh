@@ -5,15 +5,16 @@
 # fp8 DSA items, batch up to 256), each with SGLang's own kernel beside
 # kvtier's strategies; then the speculative swap-in beside SGLang's
 # speculative kernels, the gather (128K context) and the writeback against the
-# link. One JSON-lines file, log and plot per scenario; the bundle's font for
-# the plots (the GPU machines have none). Took about 4 minutes on an H100.
+# link. One JSON-lines file and log per scenario; the figures are drawn where
+# cargo is, from the JSON (kvtier bench --from-json ... --plot DIR), since the
+# GPU machines have no fonts. Took about 4 minutes on an H100.
 # Dry run: the quick grid on the CPU executor.
 source "$(dirname "$0")/common.sh"
 export KVTIER_SGLANG_KERNELS="$bundle/lib/libkvt_sglang_kernels.so"
-kvtier=("$bundle/bin/kvtier" bench --plot-font "$bundle/fonts/DejaVuSans.ttf")
+kvtier=("$bundle/bin/kvtier" bench)
 bench() {  # bench NAME SECONDS ARGS...
   local name=$1 secs=$2; shift 2
-  run "$name" "$secs" "${kvtier[@]}" "$@" --json "$logs/$name.jsonl" --plot "$logs/$name.png"
+  run "$name" "$secs" "${kvtier[@]}" "$@" --json "$logs/$name.jsonl"
 }
 if [ "$dry" = 1 ]; then
   bench bench-quick 120 --quick

@@ -7,6 +7,9 @@ cd "$(dirname "$0")/../.."
 bundle=$PWD/gpu-bundle
 [ -f "$bundle/COMMIT" ] || { echo "no gpu-bundle/: run scripts/gpu-bundle.sh where cargo is, and carry it" >&2; exit 1; }
 out_dir=${1:?usage: $0 OUT_DIR}
+# The bench records it in every JSON line (the binary cannot know it).
+KVTIER_COMMIT=$(cat "$bundle/COMMIT")
+export KVTIER_COMMIT
 stage=$(basename "$0" .sh)
 logs=$(mktemp -d)
 dry=${GPU_SUITE_DRY_RUN:-0}

@@ -416,7 +416,7 @@ fn draw(
         .draw()
         .map_err(|e| err(e.to_string()))?;
     for (n, (label, pts)) in series.iter().enumerate() {
-        let color = Palette99::pick(n).to_rgba();
+        let color = super::bench::PALETTE[n % super::bench::PALETTE.len()].to_rgba();
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
             .map_err(|e| err(e.to_string()))?

@@ -17,9 +17,11 @@
 //! copy-engine transfer. Without one the CPU executor runs, the limit is a
 //! host memcpy, and every line of the output says so.
 
+mod figures;
 mod gather;
 mod link;
 mod report;
+pub(crate) use figures::PALETTE;
 pub(crate) use report::{find_font, register_font};
 mod sglang;
 mod spec_swap_in;
@@ -123,14 +125,21 @@ pub struct BenchArgs {
     /// Also write every measurement as one JSON object per line here.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Also draw latency and bandwidth against k or batch, one line per
-    /// method, into this PNG.
-    #[arg(long)]
+    /// Also draw the figures into this folder (made if missing):
+    /// headline.png, every method against the link's limit at each grid
+    /// point; and one figure per scenario (gather.png, swap-in.png, ...),
+    /// latency against k or batch; medians with the samples' spread.
+    #[arg(long, value_name = "DIR")]
     plot: Option<PathBuf>,
-    /// TrueType font for the plot's text (default: DejaVu Sans or another
+    /// TrueType font for the figures' text (default: DejaVu Sans or another
     /// font found under /usr/share/fonts).
     #[arg(long)]
     plot_font: Option<PathBuf>,
+    /// Measure nothing: draw the figures (--plot DIR) from these files of
+    /// earlier runs' --json output (a COMMIT file beside one names the
+    /// commit its lines do not).
+    #[arg(long, value_delimiter = ',', value_name = "FILE", requires = "plot")]
+    from_json: Vec<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -166,11 +175,15 @@ impl Indices {
 /// 99th percentile is the largest sample, reported as the max.
 pub(super) const P99_MIN_SAMPLES: usize = 100;
 
-/// A method's timing: its samples' median and max, the 99th percentile where
-/// there are enough of them (see [`P99_MIN_SAMPLES`]), and how many.
+/// A method's timing: its samples' median, quartiles and max, the 99th
+/// percentile where there are enough of them (see [`P99_MIN_SAMPLES`]), and
+/// how many.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Stats {
     pub median_us: f64,
+    /// First and third quartiles (the figures' spread).
+    pub q1_us: f64,
+    pub q3_us: f64,
     pub p99_us: Option<f64>,
     pub max_us: f64,
     pub samples: usize,
@@ -181,9 +194,12 @@ impl Stats {
     fn of(mut samples: Vec<f64>) -> Self {
         samples.sort_by(f64::total_cmp);
         let n = samples.len();
-        let p99 = samples[((n as f64 * 0.99).ceil() as usize).clamp(1, n) - 1];
+        let rank = |q: f64| samples[((n as f64 * q).ceil() as usize).clamp(1, n) - 1];
+        let p99 = rank(0.99);
         Stats {
             median_us: samples[n / 2],
+            q1_us: rank(0.25),
+            q3_us: rank(0.75),
             p99_us: (n >= P99_MIN_SAMPLES).then_some(p99),
             max_us: samples[n - 1],
             samples: n,
@@ -202,6 +218,8 @@ pub(super) struct Measurement {
     /// others, which move the point's useful bytes).
     pub bytes: u64,
     pub median_us: f64,
+    pub q1_us: f64,
+    pub q3_us: f64,
     /// None below [`P99_MIN_SAMPLES`] samples.
     pub p99_us: Option<f64>,
     pub max_us: f64,
@@ -226,6 +244,8 @@ impl Measurement {
             params: params.to_vec(),
             bytes: bytes as u64,
             median_us: t.median_us,
+            q1_us: t.q1_us,
+            q3_us: t.q3_us,
             p99_us: t.p99_us,
             max_us: t.max_us,
             samples: t.samples,
@@ -608,6 +628,10 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
     }
     // A typo in an output path or a missing font must not cost the run.
     check_outputs(&args)?;
+    if !args.from_json.is_empty() {
+        let records = figures::read(&args.from_json)?;
+        return draw_figures(&args, &records);
+    }
     pool_budget(&args)?;
     let (exec, why_cpu) = choose_executor(&args)?;
     let grid = if args.quick {
@@ -704,18 +728,48 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
          median time / this method's median time, for the same useful bytes (1.00 = as fast as the \
          limit)."
     );
+    let lines = report::json_lines(&env, &all);
     if let Some(path) = &args.json {
-        report::write_json(path, &env, &all)?;
+        report::write_json(path, &lines)?;
         println!(
             "wrote {} to {}",
             count(all.len() as u64, "measurement", "measurements"),
             path.display()
         );
     }
-    if let Some(path) = &args.plot {
-        report::plot(path, args.plot_font.as_deref(), &env, &all)?;
-        println!("wrote the plot to {}", path.display());
+    if args.plot.is_some() {
+        // The figures come from the JSON lines, as --from-json's do.
+        let records = lines
+            .iter()
+            .map(|l| figures::Record::parse(l, None))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| {
+                invalid(
+                    "--plot",
+                    format!("a measurement the figures cannot read: {e}"),
+                )
+            })?;
+        draw_figures(&args, &records)?;
     }
+    Ok(())
+}
+
+fn draw_figures(args: &BenchArgs, records: &[figures::Record]) -> kvtier::Result<()> {
+    let Some(dir) = &args.plot else {
+        return Err(invalid("--from-json", "needs --plot DIR to draw into"));
+    };
+    register_font(args.plot_font.as_deref())?;
+    let files = figures::draw_all(dir, records)?;
+    println!(
+        "wrote {} to {}: {}",
+        count(files.len() as u64, "figure", "figures"),
+        dir.display(),
+        files
+            .iter()
+            .filter_map(|f| f.file_name()?.to_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     Ok(())
 }
 
@@ -724,7 +778,44 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
 /// Opens every output path for writing (and finds the plot's font) before
 /// anything is measured; a file made here is removed again.
 fn check_outputs(args: &BenchArgs) -> kvtier::Result<()> {
-    for (flag, path) in [("--json", &args.json), ("--plot", &args.plot)] {
+    if args.plot.is_some() {
+        report::find_font(args.plot_font.as_deref())?;
+    }
+    if let Some(dir) = &args.plot {
+        if dir
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("png"))
+        {
+            return Err(invalid(
+                "--plot",
+                format!(
+                    "takes a folder for the figures (headline.png and one per scenario), not a \
+                     PNG file: {}",
+                    dir.display()
+                ),
+            ));
+        }
+        if dir.exists() && !dir.is_dir() {
+            return Err(invalid(
+                "--plot",
+                format!("{} is a file, not a folder for the figures", dir.display()),
+            ));
+        }
+        // A folder made here stays (empty) if the run fails: harmless.
+        std::fs::create_dir_all(dir)
+            .and_then(|()| {
+                let probe = dir.join(".kvtier-write-check");
+                std::fs::write(&probe, b"")?;
+                std::fs::remove_file(probe)
+            })
+            .map_err(|e| {
+                invalid(
+                    "--plot",
+                    format!("cannot write into {}: {e}", dir.display()),
+                )
+            })?;
+    }
+    for (flag, path) in [("--json", &args.json)] {
         let Some(path) = path else { continue };
         let existed = path.exists();
         std::fs::OpenOptions::new()
@@ -736,9 +827,6 @@ fn check_outputs(args: &BenchArgs) -> kvtier::Result<()> {
         if !existed {
             let _ = std::fs::remove_file(path);
         }
-    }
-    if args.plot.is_some() {
-        report::find_font(args.plot_font.as_deref())?;
     }
     Ok(())
 }
@@ -806,5 +894,8 @@ mod tests {
         assert_eq!((enough.p99_us, enough.max_us), (Some(99.0), 100.0));
         assert_eq!(of(1000).p99_us, Some(990.0));
         assert_eq!(of(1).median_us, 1.0);
+        // quartiles, nearest-rank: 1..=20 µs gives 5 and 15
+        let q = of(20);
+        assert_eq!((q.q1_us, q.median_us, q.q3_us), (5.0, 11.0, 15.0));
     }
 }

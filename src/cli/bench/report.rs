@@ -1,5 +1,5 @@
-//! The bench's outputs: the table on stdout, one JSON object per measurement
-//! (`--json`), and the plot (`--plot`).
+//! The bench's outputs: the table on stdout and one JSON object per
+//! measurement (`--json`), which the figures (`--plot`, in `figures`) read.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -160,43 +160,55 @@ fn format_bytes(bytes: u64) -> String {
     }
 }
 
+/// One JSON object per measurement: what `--json` writes and the figures
+/// read.
+pub(super) fn json_lines(env: &Environment, all: &[Measurement]) -> Vec<serde_json::Value> {
+    let timestamp = rfc3339_now();
+    // Set by the GPU suite and the test script (the binary cannot know it).
+    let commit = std::env::var("KVTIER_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty());
+    all.iter()
+        .map(|m| {
+            let params: serde_json::Map<String, serde_json::Value> = m
+                .params
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect();
+            json!({
+                "device": env.device,
+                "driver": env.driver,
+                "executor": env.executor,
+                "cpu_reason": env.cpu_reason,
+                "scenario": m.scenario,
+                "method": m.method,
+                "params": params,
+                "bytes": m.bytes,
+                "median_us": m.median_us,
+                "q1_us": m.q1_us,
+                "q3_us": m.q3_us,
+                "p99_us": m.p99_us,
+                "max_us": m.max_us,
+                "samples": m.samples,
+                "gbps": gbps(m),
+                "ratio_to_limit": ratio(all, m),
+                "is_limit": m.limit,
+                "kvtier": env!("CARGO_PKG_VERSION"),
+                "commit": commit,
+                "timestamp": timestamp,
+            })
+        })
+        .collect()
+}
+
 /// One JSON object per line (JSON Lines).
-pub(super) fn write_json(
-    path: &Path,
-    env: &Environment,
-    all: &[Measurement],
-) -> kvtier::Result<()> {
+pub(super) fn write_json(path: &Path, lines: &[serde_json::Value]) -> kvtier::Result<()> {
     let io = |source| kvtier::Error::Io {
         context: format!("writing {}", path.display()),
         source,
     };
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
-    let timestamp = rfc3339_now();
-    for m in all {
-        let params: serde_json::Map<String, serde_json::Value> = m
-            .params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect();
-        let line = json!({
-            "device": env.device,
-            "driver": env.driver,
-            "executor": env.executor,
-            "cpu_reason": env.cpu_reason,
-            "scenario": m.scenario,
-            "method": m.method,
-            "params": params,
-            "bytes": m.bytes,
-            "median_us": m.median_us,
-            "p99_us": m.p99_us,
-            "max_us": m.max_us,
-            "samples": m.samples,
-            "gbps": gbps(m),
-            "ratio_to_limit": ratio(all, m),
-            "is_limit": m.limit,
-            "kvtier": env!("CARGO_PKG_VERSION"),
-            "timestamp": timestamp,
-        });
+    for line in lines {
         writeln!(f, "{line}").map_err(io)?;
     }
     f.flush().map_err(io)
@@ -225,114 +237,6 @@ fn rfc3339_now() -> String {
         rem % 3600 / 60,
         rem % 60
     )
-}
-
-/// One line of a panel: a method and its points (x, median µs, GB/s).
-type Series = (&'static str, Vec<(f64, f64, f64)>);
-
-/// A panel of the plot: one x parameter, one line per method.
-struct Panel {
-    title: String,
-    x_label: &'static str,
-    /// The methods' lines, in first-seen order.
-    series: Vec<Series>,
-}
-
-/// Which parameter is the x axis, and which get a panel per value, for each
-/// scenario (and phase); every other parameter is held at its first value.
-fn panels(all: &[Measurement]) -> Vec<Panel> {
-    let layouts: [(&str, Option<&str>, &str, &[&str]); 5] = [
-        ("gather", None, "k", &["batch"]),
-        ("swap-in", None, "batch", &["hot", "misses"]),
-        ("spec-swap-in", None, "batch", &["steps", "misses"]),
-        ("writeback", Some("decode"), "batch", &["entry"]),
-        ("writeback", Some("prefill"), "tokens", &["entry"]),
-    ];
-    let mut out = Vec::new();
-    for (scenario, phase, x, facets) in layouts {
-        let ms: Vec<&Measurement> = all
-            .iter()
-            .filter(|m| m.scenario == scenario)
-            .filter(|m| phase.is_none_or(|p| get(m, "phase") == Some(json!(p))))
-            .collect();
-        let Some(first) = ms.first() else {
-            continue;
-        };
-        // Held parameters: everything but x, the facets and derived ones.
-        let held: Vec<(&str, serde_json::Value)> = first
-            .params
-            .iter()
-            .filter(|(k, _)| *k != x && !facets.contains(k) && *k != "distinct_regions")
-            .map(|(k, v)| (*k, v.clone()))
-            .collect();
-        let ms: Vec<&Measurement> = ms
-            .into_iter()
-            .filter(|m| held.iter().all(|(k, v)| get(m, k).as_ref() == Some(v)))
-            .collect();
-        let mut facet_values: Vec<Vec<serde_json::Value>> = Vec::new();
-        for m in &ms {
-            let f: Vec<serde_json::Value> = facets
-                .iter()
-                .map(|k| get(m, k).unwrap_or_default())
-                .collect();
-            if !facet_values.contains(&f) {
-                facet_values.push(f);
-            }
-        }
-        for f in facet_values {
-            let mut series: Vec<Series> = Vec::new();
-            for m in ms.iter().filter(|m| {
-                facets
-                    .iter()
-                    .zip(&f)
-                    .all(|(k, v)| get(m, k).as_ref() == Some(v))
-            }) {
-                let Some(xv) = get(m, x).and_then(|v| v.as_f64()) else {
-                    continue;
-                };
-                let point = (xv, m.median_us, gbps(m));
-                match series.iter_mut().find(|(name, _)| *name == m.method) {
-                    Some((_, pts)) => pts.push(point),
-                    None => series.push((m.method, vec![point])),
-                }
-            }
-            let describe = |pairs: Vec<(&str, &serde_json::Value)>| {
-                pairs
-                    .into_iter()
-                    .map(|(k, v)| {
-                        format!(
-                            "{k} {}",
-                            v.as_str().map(str::to_string).unwrap_or(v.to_string())
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            let mut words = vec![scenario.to_string()];
-            if let Some(p) = phase {
-                words.push(p.to_string());
-            }
-            let title = format!(
-                "{}: {}; {}",
-                words.join(" "),
-                describe(facets.iter().copied().zip(&f).collect()),
-                describe(held.iter().map(|(k, v)| (*k, v)).collect())
-            );
-            out.push(Panel {
-                title,
-                x_label: x,
-                series,
-            });
-        }
-    }
-    out
-}
-
-fn get(m: &Measurement, key: &str) -> Option<serde_json::Value> {
-    m.params
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map(|(_, v)| v.clone())
 }
 
 /// A TrueType font for the plot: `--plot-font`, else a common one found
@@ -402,187 +306,10 @@ pub(crate) fn register_font(font: Option<&Path>) -> kvtier::Result<()> {
     })
 }
 
-/// Latency and bandwidth against k or batch, one line per method, a row of
-/// two panels per slice of the grid (see [`panels`]); log-log axes.
-pub(super) fn plot(
-    path: &Path,
-    font: Option<&Path>,
-    env: &Environment,
-    all: &[Measurement],
-) -> kvtier::Result<()> {
-    register_font(font)?;
-    let panels = panels(all);
-    if panels.is_empty() {
-        return Err(kvtier::Error::InvalidArgument {
-            arg: "--plot",
-            msg: "nothing was measured".into(),
-        });
-    }
-    let err = |e: String| kvtier::Error::Io {
-        context: format!("drawing {}", path.display()),
-        source: std::io::Error::other(e),
-    };
-    // A row per slice of the grid: latency, bandwidth, then the row's
-    // legend beside them (never over the data).
-    let (w, row_h, header, legend_w) = (1800u32, 340u32, 60u32, 300u32);
-    let root =
-        BitMapBackend::new(path, (w, header + row_h * panels.len() as u32)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let (top, body) = root.split_vertically(header);
-    top.draw_text(
-        &format!(
-            "kvtier bench — {} ({} executor, driver {}); median per call; the JSON has the full grid",
-            env.device, env.executor, env.driver
-        ),
-        &("sans-serif", 22).into_font().color(&BLACK),
-        (20, 18),
-    )
-    .map_err(|e| err(e.to_string()))?;
-    let rows = body.split_evenly((panels.len(), 1));
-    for (p, row) in panels.iter().zip(&rows) {
-        let (charts, legend) = row.split_horizontally(w - legend_w);
-        draw_legend(
-            &legend,
-            &p.series.iter().map(|(m, _)| *m).collect::<Vec<_>>(),
-        )
-        .map_err(err)?;
-        let charts = charts.split_evenly((1, 2));
-        for (j, area) in charts.iter().enumerate() {
-            let pick = |pt: &(f64, f64, f64)| if j == 0 { pt.1 } else { pt.2 };
-            let xs = p.series.iter().flat_map(|(_, v)| v.iter().map(|pt| pt.0));
-            let ys = p.series.iter().flat_map(|(_, v)| v.iter().map(pick));
-            let (x0, x1) = bounds(xs);
-            let (y0, y1) = bounds(ys.filter(|y| y.is_finite() && *y > 0.0));
-            let mut chart = ChartBuilder::on(area)
-                .caption(
-                    format!(
-                        "{} — {}",
-                        if j == 0 { "latency" } else { "bandwidth" },
-                        p.title
-                    ),
-                    ("sans-serif", 14),
-                )
-                .margin(10)
-                .x_label_area_size(36)
-                .y_label_area_size(64)
-                .build_cartesian_2d(
-                    (x0..x1).log_scale().with_key_points(log_ticks(x0, x1)),
-                    (y0..y1).log_scale().with_key_points(log_ticks(y0, y1)),
-                )
-                .map_err(|e| err(e.to_string()))?;
-            chart
-                .configure_mesh()
-                .x_desc(p.x_label)
-                .y_desc(if j == 0 { "median µs" } else { "GB/s" })
-                .x_labels(12)
-                .y_labels(12)
-                .x_label_formatter(&|v| short_number(*v))
-                .y_label_formatter(&|v| short_number(*v))
-                .label_style(("sans-serif", 12))
-                .draw()
-                .map_err(|e| err(e.to_string()))?;
-            for (n, (_, pts)) in p.series.iter().enumerate() {
-                let color = Palette99::pick(n).to_rgba();
-                let line: Vec<(f64, f64)> = pts.iter().map(|pt| (pt.0, pick(pt))).collect();
-                chart
-                    .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
-                    .map_err(|e| err(e.to_string()))?;
-                chart
-                    .draw_series(
-                        line.into_iter()
-                            .map(|pt| Circle::new(pt, 3, color.filled())),
-                    )
-                    .map_err(|e| err(e.to_string()))?;
-            }
-        }
-    }
-    root.present().map_err(|e| err(e.to_string()))?;
-    Ok(())
-}
-
-/// Ticks for a log axis over `lo..hi`: 1, 2 and 5 times the powers of ten
-/// inside it, every integer multiple when that gives fewer than three (a
-/// range within one decade still shows values).
-fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
-    let ticks = |mults: &[f64]| -> Vec<f64> {
-        let mut out = Vec::new();
-        let mut decade = 10f64.powf(lo.log10().floor());
-        while decade <= hi {
-            for m in mults {
-                let v = decade * m;
-                if v >= lo && v <= hi {
-                    out.push(v);
-                }
-            }
-            decade *= 10.0;
-        }
-        out
-    };
-    let coarse = ticks(&[1.0, 2.0, 5.0]);
-    if coarse.len() >= 3 {
-        return coarse;
-    }
-    let fine = ticks(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
-    if fine.len() >= 3 {
-        return fine;
-    }
-    // within a narrow range: its ends and middle
-    vec![lo, (lo * hi).sqrt(), hi]
-}
-
-/// The methods of a row and their colours, one per line.
-fn draw_legend<DB: DrawingBackend>(
-    area: &DrawingArea<DB, plotters::coord::Shift>,
-    methods: &[&str],
-) -> Result<(), String> {
-    for (n, method) in methods.iter().enumerate() {
-        let color = Palette99::pick(n).to_rgba();
-        let y = 40 + 20 * n as i32;
-        area.draw(&PathElement::new(
-            vec![(4, y), (28, y)],
-            color.stroke_width(3),
-        ))
-        .map_err(|e| e.to_string())?;
-        area.draw_text(
-            method,
-            &("sans-serif", 13).into_font().color(&BLACK),
-            (34, y - 7),
-        )
-        .map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-/// An axis label: 256, 1.5, 0.02, 12000.
-fn short_number(v: f64) -> String {
-    if v >= 100.0 {
-        format!("{v:.0}")
-    } else if v >= 1.0 {
-        format!("{v:.1}").trim_end_matches(".0").to_string()
-    } else {
-        format!("{v:.3}").trim_end_matches('0').to_string()
-    }
-}
-
-/// A log axis range around the values (a decade's margin when they are all equal).
-fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
-    for v in values {
-        lo = lo.min(v);
-        hi = hi.max(v);
-    }
-    if !lo.is_finite() || hi <= 0.0 {
-        return (0.1, 10.0);
-    }
-    if lo == hi {
-        return (lo / 2.0, hi * 2.0);
-    }
-    (lo / 1.3, hi * 1.3)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{format_rate, log_ticks};
+    use super::super::figures::log_ticks;
+    use super::format_rate;
 
     #[test]
     fn small_rates_keep_their_digits_and_undefined_ones_are_a_dash() {
