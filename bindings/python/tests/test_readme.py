@@ -27,6 +27,8 @@ def test_every_path_the_readme_names_exists():
         if tok.startswith(tops):
             names.add(tok.split("::")[0])
     names.update(re.findall(r"\b(docs/[\w./-]+\.md)", text))
+    # and the targets of relative links, figures included: ](bench/results/.../headline.png)
+    names.update(n for n in re.findall(r"\]\(([^)#\s:]+)\)", text) if n.startswith(tops))
     assert len(names) > 10, names
     missing = [n for n in sorted(names) if not (list(root.glob(n.replace("{jsonl,png}", "*"))) if "*" in n or "{" in n
                                                 else (root / n).exists())]
