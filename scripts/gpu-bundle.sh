@@ -49,7 +49,13 @@ if [ "${1:-}" != "--no-dry-run" ]; then
   dry=$(mktemp -d)
   for stage in scripts/gpu-suite/[0-9]-*.sh; do
     echo "gpu-bundle: dry run of $stage"
-    GPU_SUITE_DRY_RUN=1 "$stage" "$dry" >/dev/null
+    GPU_SUITE_DRY_RUN=1 GPU_SUITE_PYTHON="$root/.tools/venv/bin/python" "$stage" "$dry" >/dev/null
+    # a step that failed is recorded and the stage goes on: fail here (the
+    # selftest's 77 is its "no GPU here", expected on this machine)
+    name=$(basename "$stage" .sh)
+    failed=$(tar xzf "$dry/$name.tar.gz" -O ./exit-codes.txt 2>/dev/null \
+      | awk '$2 != 0 && !($1 == "selftest-no-gpu" && $2 == 77)' || true)
+    [ -z "$failed" ] || { echo "gpu-bundle: dry run of $stage failed: $failed" >&2; exit 1; }
   done
   ls -la "$dry"
   rm -rf "$dry"

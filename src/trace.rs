@@ -304,6 +304,44 @@ fn short_state(seq: u32, hot: usize) -> RowState {
 /// kernels' exact policy): each layer's counters (`bytes` from the header's
 /// `item_bytes`).
 pub fn replay(trace: &Trace, hot: u32) -> Result<Vec<SwapInCounters>> {
+    let engine = replay_calls(trace, hot, |_, _, _| {})?;
+    let mut counted = engine.counters()?.unwrap_or_default();
+    counted.truncate(trace.layers() as usize);
+    for (layer, c) in counted.iter_mut().enumerate() {
+        // the rows were replayed one call each; the recording's calls were batches
+        c.calls = trace
+            .calls
+            .iter()
+            .filter(|t| t.layer as usize == layer)
+            .count() as u64;
+        c.bytes = c.misses.saturating_mul(trace.header.item_bytes);
+    }
+    Ok(counted)
+}
+
+/// Each row's hot-buffer state just before the calls `wanted` (indices into
+/// `trace.calls`) as the replay at `hot` slots has it: what a swap-in of
+/// that call starts from (the bench times calls of a trace from it).
+pub fn states_before(trace: &Trace, hot: u32, wanted: &[usize]) -> Result<Vec<Vec<RowState>>> {
+    let mut out: Vec<Vec<RowState>> = vec![Vec::new(); wanted.len()];
+    replay_calls(trace, hot, |call, _, state| {
+        for (w, &c) in wanted.iter().enumerate() {
+            if c == call {
+                out[w].push(state.clone());
+            }
+        }
+    })?;
+    Ok(out)
+}
+
+/// The replay behind [`replay`] and [`states_before`]: `before(call, row,
+/// state)` sees each row's state before its swap-in; returns the engine with
+/// its counters.
+fn replay_calls(
+    trace: &Trace,
+    hot: u32,
+    mut before: impl FnMut(usize, usize, &RowState),
+) -> Result<SwapInEngine> {
     if hot == 0 || hot > MAX_HOT {
         return Err(invalid("hot", format!("{hot} is outside 1..={MAX_HOT}")));
     }
@@ -339,8 +377,8 @@ pub fn replay(trace: &Trace, hot: u32) -> Result<Vec<SwapInCounters>> {
     // each (layer, request row): its state, and the sequence length of its
     // last call
     let mut states: std::collections::HashMap<(u32, u32), (RowState, u32)> = Default::default();
-    for call in &trace.calls {
-        for row in &call.rows {
+    for (call_index, call) in trace.calls.iter().enumerate() {
+        for (row_index, row) in call.rows.iter().enumerate() {
             let entries = row.topk.len() as u32 * s.max(1);
             if entries > hot {
                 return Err(invalid(
@@ -368,6 +406,7 @@ pub fn replay(trace: &Trace, hot: u32) -> Result<Vec<SwapInCounters>> {
             }
             entry.1 = row.seq;
             let state = &mut entry.0;
+            before(call_index, row_index, state);
             let mut out = vec![0i32; entries as usize];
             let (req, seq) = ([0i32], [row.seq as i32]);
             let args = SwapInArgs {
@@ -408,18 +447,7 @@ pub fn replay(trace: &Trace, hot: u32) -> Result<Vec<SwapInCounters>> {
             }
         }
     }
-    let mut counted = engine.counters()?.unwrap_or_default();
-    counted.truncate(trace.layers() as usize);
-    for (layer, c) in counted.iter_mut().enumerate() {
-        // the rows were replayed one call each; the recording's calls were batches
-        c.calls = trace
-            .calls
-            .iter()
-            .filter(|t| t.layer as usize == layer)
-            .count() as u64;
-        c.bytes = c.misses.saturating_mul(trace.header.item_bytes);
-    }
-    Ok(counted)
+    Ok(engine)
 }
 
 /// What [`synthesize`] generates: requests decoding side by side, each

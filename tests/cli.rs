@@ -1342,3 +1342,118 @@ fn pool_errors_name_flags_and_human_sizes() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn the_bench_times_a_traces_calls_from_the_state_its_replay_reaches() {
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-bench-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (trace, json) = (dir.join("t.jsonl"), dir.join("b.jsonl"));
+    let t = trace.to_str().unwrap();
+    let (ok, _, err) = kvtier(&[
+        "trace",
+        "synth",
+        "--out",
+        t,
+        "--requests",
+        "3",
+        "--layers",
+        "2",
+        "--steps",
+        "5",
+        "--context",
+        "1100",
+        "--top-k",
+        "256",
+        "--hot",
+        "1024",
+        "--overlap",
+        "0.8",
+    ]);
+    assert!(ok, "{err}");
+    // every long call timed: the misses it planned, summed per layer, are
+    // the replay's at the trace's HOT size
+    let (ok, out, err) = kvtier(&[
+        "bench",
+        "--trace",
+        t,
+        "--trace-calls",
+        "100",
+        "--iters",
+        "2",
+        "--warmup",
+        "0",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        !out.contains("gather:") && out.contains("swap-in:"),
+        "{out}"
+    );
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let limits: Vec<&serde_json::Value> = lines.iter().filter(|l| l["is_limit"] == true).collect();
+    // 5 steps x 2 layers, every one with a request past 1024 tokens
+    assert_eq!(limits.len(), 10, "{out}");
+    let mut per_layer = [0u64; 2];
+    for l in &limits {
+        assert_eq!(l["params"]["trace"], "t.jsonl");
+        assert_eq!(l["params"]["hot"], 1024);
+        per_layer[l["params"]["layer"].as_u64().unwrap() as usize] +=
+            l["params"]["misses_total"].as_u64().unwrap();
+        // the limit moves exactly the planned misses
+        assert_eq!(
+            l["bytes"].as_u64().unwrap(),
+            l["params"]["misses_total"].as_u64().unwrap() * 656
+        );
+    }
+    let (ok, plan, err) = kvtier(&["plan", "--trace", t, "--hot", "1024", "--json"]);
+    assert!(ok, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    let replayed: Vec<u64> = plan["curve"][0]["per_layer"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["misses"].as_u64().unwrap())
+        .collect();
+    assert!(per_layer[0] > 0 && per_layer[1] > 0);
+    assert_eq!(per_layer.to_vec(), replayed);
+
+    // a few calls spread over the trace
+    let (ok, out, _) = kvtier(&["bench", "--trace", t, "--trace-calls", "3", "--iters", "1"]);
+    assert!(ok && out.contains("plan: 3 grid points"), "{out}");
+    // refused: another HOT size, another scenario, a trace that never swaps
+    let (ok, _, err) = kvtier(&["bench", "--trace", t, "--hot", "2048"]);
+    assert!(
+        !ok && err.contains("--hot") && err.contains("plan --trace"),
+        "{err}"
+    );
+    let (ok, _, err) = kvtier(&["bench", "--trace", t, "--scenario", "gather"]);
+    assert!(!ok && err.contains("swap-in scenario"), "{err}");
+    let short = dir.join("short.jsonl");
+    let (ok, _, err) = kvtier(&[
+        "trace",
+        "synth",
+        "--out",
+        short.to_str().unwrap(),
+        "--requests",
+        "1",
+        "--layers",
+        "1",
+        "--steps",
+        "2",
+        "--context",
+        "512",
+        "--top-k",
+        "256",
+        "--hot",
+        "1024",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = kvtier(&["bench", "--trace", short.to_str().unwrap()]);
+    assert!(!ok && err.contains("longer than its HOT buffer"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -4,13 +4,15 @@
 # on CUDA tensors. Needs python3 with torch and numpy (pytest comes from the
 # bundle's wheels). Dry run: the same on numpy, without torch.
 source "$(dirname "$0")/common.sh"
+# The device's python3; the bundle's dry run passes one with numpy.
+py=${GPU_SUITE_PYTHON:-python3}
 site=$(mktemp -d)
-python3 -m pip install --quiet --no-index --find-links "$bundle/wheels" --target "$site" pytest >/dev/null
+"$py" -m pip install --quiet --no-index --find-links "$bundle/wheels" --target "$site" pytest >/dev/null
 export PYTHONPATH="$bundle/python:$bundle/python/tests:$site"
 if [ "$dry" = 1 ]; then
-  run pytest 300 python3 -m pytest -q -p no:cacheprovider "$bundle/python/tests/test_swap_in.py"
-  run per-call 120 python3 "$bundle/python/per_call.py" --device cpu --calls 200 --json "$logs/per-call.jsonl"
+  run pytest 300 "$py" -m pytest -q -p no:cacheprovider "$bundle/python/tests/test_swap_in.py"
+  run per-call 120 "$py" "$bundle/python/per_call.py" --device cpu --calls 200 --json "$logs/per-call.jsonl"
 else
-  run pytest 400 python3 -m pytest -q -p no:cacheprovider "$bundle/python/tests/test_torch.py"
-  run per-call 120 python3 "$bundle/python/per_call.py" --device cuda --json "$logs/per-call-cuda.jsonl"
+  run pytest 400 "$py" -m pytest -q -p no:cacheprovider "$bundle/python/tests/test_torch.py"
+  run per-call 120 "$py" "$bundle/python/per_call.py" --device cuda --json "$logs/per-call-cuda.jsonl"
 fi

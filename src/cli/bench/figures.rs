@@ -29,8 +29,15 @@ pub(crate) const PALETTE: [RGBColor; 7] = [
     RGBColor(102, 102, 102), // dark grey
 ];
 
-/// Parameters that follow from the others (not a dimension of the grid).
-const DERIVED: [&str; 2] = ["distinct_regions", "unique_misses_per_request"];
+/// Parameters that follow from the others (not a dimension of the grid);
+/// a trace call's layer, requests and misses follow from the call.
+const DERIVED: [&str; 5] = [
+    "distinct_regions",
+    "unique_misses_per_request",
+    "layer",
+    "requests",
+    "misses_total",
+];
 
 /// The most grid points a headline panel shows; beyond it parameters are
 /// held at one value (said in the panel's title).
@@ -190,6 +197,9 @@ fn scenarios(records: &[Record]) -> Vec<String> {
 
 /// The x axis of a scenario's detail panels.
 fn x_key(r: &Record) -> &'static str {
+    if r.param("call").is_some() {
+        return "call";
+    }
     match (
         r.scenario.as_str(),
         r.param("phase").and_then(Value::as_str),
@@ -214,9 +224,9 @@ fn hold_order(scenario: &str) -> &'static [&'static str] {
 
 /// A parameter's place in labels: the grid's order, not the alphabet's.
 fn key_rank(key: &str) -> usize {
-    const ORDER: [&str; 12] = [
-        "phase", "entry", "context", "indices", "hot", "k", "steps", "misses", "layers", "tokens",
-        "batch", "k",
+    const ORDER: [&str; 13] = [
+        "trace", "phase", "entry", "context", "indices", "hot", "k", "steps", "misses", "layers",
+        "tokens", "batch", "call",
     ];
     ORDER.iter().position(|k| *k == key).unwrap_or(ORDER.len())
 }

@@ -76,6 +76,17 @@ pub struct BenchArgs {
     /// swap-in: top-k per request.
     #[arg(long, default_value_t = 2048)]
     swap_k: u32,
+    /// swap-in: time calls of a top-k trace (recorded by the SGLang shim's
+    /// `trace` setting, or `kvtier trace synth`) instead of drawn indices:
+    /// each call from the hot-buffer state the trace's replay reaches before
+    /// it, at the trace's HOT size, its items --entry bytes (default: the
+    /// trace's item size, else fp8-dsa). Runs the swap-in scenario only.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// swap-in --trace: calls to time, spread evenly over the calls that
+    /// have a request longer than its HOT buffer (the others copy nothing).
+    #[arg(long, default_value_t = 8, requires = "trace")]
+    trace_calls: u32,
     /// writeback: tokens of the prefill chunk written back for one layer
     /// (default 1024,8192; --quick: 1024).
     #[arg(long, value_delimiter = ',')]
@@ -625,6 +636,24 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
             "--iters/--batch",
             "need at least one iteration and batch sizes >= 1",
         ));
+    }
+    if args.trace.is_some() {
+        // A trace runs at its own HOT size and is swap-in's alone.
+        if !args.hot.is_empty() {
+            return Err(invalid(
+                "--hot",
+                "a trace runs at the HOT size it names (kvtier plan --trace replays it at others)",
+            ));
+        }
+        match args.scenario {
+            Scenario::All | Scenario::SwapIn => args.scenario = Scenario::SwapIn,
+            other => {
+                return Err(invalid(
+                    "--trace",
+                    format!("is for the swap-in scenario, not {other:?}"),
+                ));
+            }
+        }
     }
     // A typo in an output path or a missing font must not cost the run.
     check_outputs(&args)?;

@@ -21,6 +21,10 @@
 //! 3 to 5 only move bytes: they are given the misses kvtier's plan found
 //! (recorded once with a miss plan), so they are lower bounds for designs
 //! that would also have to find them.
+//!
+//! With `--trace` the points are calls of a top-k trace instead: each
+//! call's rows, queries and sequence lengths as recorded, from the state the
+//! trace's replay (`kvtier::trace::states_before`) reaches before the call.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -30,6 +34,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde_json::json;
 
+use kvtier::trace::{RowState, Trace, TraceCall};
 use kvtier::{
     Buf, BufMut, Executor, IndexBuf, KvBuffers, LayerFirstLayout, MissPlan, Pool, QueryKind,
     Region, Stream, SwapInArgs, SwapInStrategy, Tier,
@@ -58,17 +63,23 @@ fn grid(b: &Bench) -> kvtier::Result<(Vec<u32>, Vec<u32>)> {
 }
 
 pub(super) fn points(b: &Bench) -> kvtier::Result<u64> {
+    if b.args.trace.is_some() {
+        return Ok(TracePlan::read(b)?.chosen.len() as u64);
+    }
     let (entries, batches) = grid(b)?;
     Ok((entries.len() * b.hot().len() * batches.len() * b.args.misses.len()) as u64)
 }
 
 pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
-    let (entries, batches) = grid(b)?;
-    let max_batch = *batches.iter().max().expect("non-empty");
     let sglang = match b.exec {
         Executor::Cuda(_) => SglangKernels::from_env()?,
         Executor::Cpu => None,
     };
+    if b.args.trace.is_some() {
+        return run_trace(b, sglang.as_ref());
+    }
+    let (entries, batches) = grid(b)?;
+    let max_batch = *batches.iter().max().expect("non-empty");
     let mut rows = Vec::new();
     for &item in &entries {
         for &hot in b.hot() {
@@ -85,6 +96,102 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
                 }
             }
         }
+    }
+    Ok(rows)
+}
+
+/// `--trace`: the trace, its item size and the calls to time.
+struct TracePlan {
+    name: String,
+    trace: Trace,
+    item: u32,
+    /// Every row's query padded to this (the widest of the trace).
+    k: u32,
+    /// Indices into `trace.calls`.
+    chosen: Vec<usize>,
+}
+
+impl TracePlan {
+    fn read(b: &Bench) -> kvtier::Result<Self> {
+        let path = b.args.trace.as_ref().expect("--trace given");
+        let file = std::fs::File::open(path)
+            .map_err(|e| invalid("--trace", format!("cannot read {}: {e}", path.display())))?;
+        let trace = Trace::read(std::io::BufReader::new(file))?;
+        let h = &trace.header;
+        if h.block_tokens != 0 {
+            return Err(invalid(
+                "--trace",
+                format!(
+                    "{} holds block queries ({} tokens a block); the bench times token queries \
+                     only (kvtier plan --trace replays both)",
+                    path.display(),
+                    h.block_tokens
+                ),
+            ));
+        }
+        let item = if !b.args.entry.is_empty() {
+            let e = b.entries(&[])?;
+            if e.len() != 1 {
+                return Err(invalid("--entry", "a trace runs at one item size"));
+            }
+            e[0]
+        } else if h.item_bytes > 0 && h.item_bytes % 8 == 0 && h.item_bytes <= u32::MAX as u64 {
+            h.item_bytes as u32
+        } else {
+            b.entries(&["fp8-dsa"])?[0]
+        };
+        if b.args.trace_calls == 0 {
+            return Err(invalid("--trace-calls", "needs at least 1"));
+        }
+        // Calls that move bytes: a request longer than the HOT buffer.
+        let long: Vec<usize> = (0..trace.calls.len())
+            .filter(|&i| trace.calls[i].rows.iter().any(|r| r.seq > h.hot))
+            .collect();
+        if long.is_empty() {
+            return Err(invalid(
+                "--trace",
+                format!(
+                    "no call of {} has a request longer than its HOT buffer ({} slots): nothing \
+                     would be swapped in",
+                    path.display(),
+                    h.hot
+                ),
+            ));
+        }
+        let n = (b.args.trace_calls as usize).min(long.len());
+        let chosen = (0..n).map(|i| long[i * long.len() / n]).collect();
+        Ok(TracePlan {
+            name: path
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            k: trace.widest_query().max(1),
+            trace,
+            item,
+            chosen,
+        })
+    }
+}
+
+/// Each chosen call of the trace, from the state its replay reaches before
+/// it: the same methods as a grid point.
+fn run_trace(b: &Bench, sglang: Option<&SglangKernels>) -> kvtier::Result<Vec<Measurement>> {
+    let plan = TracePlan::read(b)?;
+    let hot = plan.trace.header.hot;
+    let states = kvtier::trace::states_before(&plan.trace, hot, &plan.chosen)?;
+    let mut rows = Vec::new();
+    for (&index, before) in plan.chosen.iter().zip(&states) {
+        let call = &plan.trace.calls[index];
+        b.progress.set_message(format!(
+            "swap-in: {}, call {index} (layer {}, {})",
+            plan.name,
+            call.layer,
+            count(call.rows.len() as u64, "request", "requests")
+        ));
+        let state = State::from_trace(b, &plan, call, before)?;
+        let q = state.trace_queries(&plan, index, call)?;
+        rows.extend(state.measure(b, &q, sglang)?);
+        b.progress.inc(1);
     }
     Ok(rows)
 }
@@ -109,10 +216,13 @@ struct State {
 /// One batch's queries and its row metadata.
 struct Queries {
     batch: u32,
-    misses: u32,
+    /// Misses drawn per request (a trace's calls have theirs: None).
+    misses: Option<u32>,
     topk: Vec<i32>,
     req: Vec<i32>,
     seq: Vec<i32>,
+    /// A trace call's identity (file, call, layer) for the JSON.
+    trace: Option<(String, usize, u32)>,
 }
 
 /// The swap-in's arrays where an executor reads them: what a call changes
@@ -165,7 +275,7 @@ impl State {
         let k = b.args.swap_k;
         let mut rng = StdRng::seed_from_u64(b.args.seed ^ hot as u64 ^ ((item as u64) << 32));
         let context = hot + 2 * k;
-        let (r, h, c) = (requests as usize, hot as usize, context as usize);
+        let (r, h) = (requests as usize, hot as usize);
         let mut tokens = vec![-1i32; r * (h + 1)];
         let mut lru = vec![0i16; r * h];
         let mut resident: Vec<i32> = (0..context as i32 - 1).collect();
@@ -177,6 +287,24 @@ impl State {
             order.shuffle(&mut rng);
             lru[req * h..][..h].copy_from_slice(&order);
         }
+        Self::with_state(b, requests, hot, k, item, context, tokens, lru)
+    }
+
+    /// A state of `requests` rows with these slot tokens (`hot + 1` per
+    /// row) and LRU orders, host rows for `context` positions each, filled
+    /// with [`row_pattern`] in a pool.
+    #[allow(clippy::too_many_arguments)]
+    fn with_state(
+        b: &Bench,
+        requests: u32,
+        hot: u32,
+        k: u32,
+        item: u32,
+        context: u32,
+        tokens: Vec<i32>,
+        lru: Vec<i16>,
+    ) -> kvtier::Result<Self> {
+        let (r, h, c) = (requests as usize, hot as usize, context as usize);
         let locs: Vec<i32> = (0..(r * (h + 1)) as i32).collect();
         let host_locs: Vec<i64> = (0..(r * c) as i64).collect();
 
@@ -236,21 +364,84 @@ impl State {
         }
         Queries {
             batch,
-            misses,
+            misses: Some(misses),
             topk,
             req: (0..batch as i32).collect(),
             seq: vec![self.context as i32; batch as usize],
+            trace: None,
         }
     }
 
-    fn params(&self, q: &Queries) -> Vec<(&'static str, serde_json::Value)> {
-        vec![
-            ("batch", json!(q.batch)),
-            ("hot", json!(self.hot)),
-            ("misses", json!(q.misses)),
-            ("k", json!(self.k)),
-            ("entry", json!(self.item)),
-        ]
+    /// A trace call's state: each row's slots and LRU order as the replay
+    /// has them before the call (the reserved slot holds the newest token),
+    /// host rows for every position up to the longest sequence.
+    fn from_trace(
+        b: &Bench,
+        plan: &TracePlan,
+        call: &TraceCall,
+        before: &[RowState],
+    ) -> kvtier::Result<Self> {
+        let hot = plan.trace.header.hot;
+        let (r, h) = (call.rows.len(), hot as usize);
+        let context = call
+            .rows
+            .iter()
+            .map(|row| row.seq)
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut tokens = vec![-1i32; r * (h + 1)];
+        let mut lru = vec![0i16; r * h];
+        for (i, (row, st)) in call.rows.iter().zip(before).enumerate() {
+            tokens[i * (h + 1)..][..h].copy_from_slice(&st.tokens);
+            tokens[i * (h + 1) + h] = row.seq as i32 - 1;
+            lru[i * h..][..h].copy_from_slice(&st.lru);
+        }
+        Self::with_state(b, r as u32, hot, plan.k, plan.item, context, tokens, lru)
+    }
+
+    /// The call's queries, each padded to the trace's widest with -1.
+    fn trace_queries(
+        &self,
+        plan: &TracePlan,
+        index: usize,
+        call: &TraceCall,
+    ) -> kvtier::Result<Queries> {
+        let k = self.k as usize;
+        let mut topk = vec![-1i32; call.rows.len() * k];
+        for (i, row) in call.rows.iter().enumerate() {
+            topk[i * k..][..row.topk.len()].copy_from_slice(&row.topk);
+        }
+        Ok(Queries {
+            batch: call.rows.len() as u32,
+            misses: None,
+            topk,
+            req: (0..call.rows.len() as i32).collect(),
+            seq: call.rows.iter().map(|row| row.seq as i32).collect(),
+            trace: Some((plan.name.clone(), index, call.layer)),
+        })
+    }
+
+    fn params(&self, q: &Queries, misses: usize) -> Vec<(&'static str, serde_json::Value)> {
+        match &q.trace {
+            None => vec![
+                ("batch", json!(q.batch)),
+                ("hot", json!(self.hot)),
+                ("misses", json!(q.misses)),
+                ("k", json!(self.k)),
+                ("entry", json!(self.item)),
+            ],
+            Some((file, call, layer)) => vec![
+                ("trace", json!(file)),
+                ("call", json!(call)),
+                ("layer", json!(layer)),
+                ("requests", json!(q.batch)),
+                ("misses_total", json!(misses)),
+                ("hot", json!(self.hot)),
+                ("k", json!(self.k)),
+                ("entry", json!(self.item)),
+            ],
+        }
     }
 
     /// The swap-in's arguments over buffers at `loc` addresses.
@@ -350,17 +541,19 @@ impl State {
     ) -> kvtier::Result<Vec<Measurement>> {
         let item = self.item as usize;
         let misses = self.misses_of(q)?;
-        if misses.len() != (q.batch * q.misses) as usize {
+        if let Some(drawn) = q.misses
+            && misses.len() != (q.batch * drawn) as usize
+        {
             return Err(kvtier::Error::Pool(format!(
                 "benchmark self-check failed: {} planned, {} drawn",
                 count(misses.len() as u64, "miss", "misses"),
-                q.batch * q.misses
+                q.batch * drawn
             )));
         }
         let bytes = misses.len() * item;
         let host_base = self.pool.region_host_addr(&self.host_region)?;
         let mut staging = Staging::new(&b.exec, bytes)?;
-        let params = self.params(q);
+        let params = self.params(q, misses.len());
         let sources: Vec<u64> = misses
             .iter()
             .map(|&(src, _)| host_base + src as u64 * item as u64)
