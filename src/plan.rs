@@ -30,6 +30,18 @@
 //! bandwidth (the share of the misses they serve is their share of the host
 //! bytes) in the same time over the node's missed bytes per request.
 
+//!
+//! With prices ([`Prices`], any one currency; [`cost`]): a node's cost an
+//! hour is `gpus × gpu_hour + DRAM GiB × dram_gib_hour` (`+ CXL GiB ×
+//! cxl_gib_hour` with CXL), the memory priced for the KV share it holds;
+//! at `max_requests` requests decoding one token per step the node makes
+//! `max_requests × 3.6e6 / step_ms` tokens an hour, so a million tokens cost
+//! `node_per_hour × 1e6 / tokens_per_hour`. Against recomputing: a context
+//! token dropped and re-prefilled costs `gpu_hour / 3600 /
+//! prefill_tokens_per_s` of GPU time, and kept on a host tier
+//! `host_bytes_per_token / 2^30 × gib_hour` an hour, so keeping it is the
+//! cheaper while it is reused within `recompute / keep` hours.
+
 use crate::error::{Result, invalid};
 
 /// A model as its KV lives under HiSparse.
@@ -381,6 +393,99 @@ pub fn plan(model: &ModelSpec, d: &Deployment) -> Result<Plan> {
     })
 }
 
+/// Prices for [`cost`], in any one currency; memory priced for the KV it
+/// holds (the rest of a node's cost in the GPU's price).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prices {
+    /// One GPU for an hour, with its share of the node.
+    pub gpu_hour: f64,
+    /// A GiB of DRAM, and of CXL memory, for an hour.
+    pub dram_gib_hour: f64,
+    pub cxl_gib_hour: f64,
+    /// An assumption for the recompute comparison: prefill tokens a second
+    /// per GPU.
+    pub prefill_tokens_per_s: Option<f64>,
+}
+
+/// What a million decode tokens cost with one set of host tiers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierCost {
+    pub tiers: String,
+    pub node_per_hour: f64,
+    pub tokens_per_hour: f64,
+    /// None where the node holds no request.
+    pub per_million_tokens: Option<f64>,
+}
+
+/// Keeping a context on a host tier against recomputing it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recompute {
+    /// GPU cost of re-prefilling a million context tokens.
+    pub per_million_context_tokens: f64,
+    /// Cost of keeping a million context tokens' KV for an hour, and the
+    /// hours of reuse below which keeping is cheaper: DRAM, then CXL.
+    pub keep_per_million_tokens_hour: (f64, f64),
+    pub break_even_hours: (Option<f64>, Option<f64>),
+}
+
+/// The cost side of a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cost {
+    pub per_tiers: Vec<TierCost>,
+    pub recompute: Option<Recompute>,
+}
+
+/// The cost per million decode tokens of each of `p`'s tier sets, and (with
+/// a prefill rate) keeping a context against recomputing it; formulas in the
+/// module's documentation.
+pub fn cost(p: &Plan, d: &Deployment, prices: &Prices) -> Result<Cost> {
+    let ok = |v: f64| v.is_finite() && v >= 0.0;
+    if !(ok(prices.gpu_hour) && ok(prices.dram_gib_hour) && ok(prices.cxl_gib_hour)) {
+        return Err(invalid("prices", "prices must be finite and not negative"));
+    }
+    if prices
+        .prefill_tokens_per_s
+        .is_some_and(|r| !(r.is_finite() && r > 0.0))
+    {
+        return Err(invalid("prefill", "the prefill rate must be positive"));
+    }
+    const GIB: f64 = (1u64 << 30) as f64;
+    let cxl_bytes: u64 = d.cxl.iter().map(|c| c.bytes).sum();
+    let per_tiers = p
+        .capacities
+        .iter()
+        .map(|c| {
+            let cxl = c.host_bytes.saturating_sub(d.dram_for_kv);
+            let node_per_hour = d.gpus as f64 * prices.gpu_hour
+                + d.dram_for_kv as f64 / GIB * prices.dram_gib_hour
+                + cxl.min(cxl_bytes) as f64 / GIB * prices.cxl_gib_hour;
+            let tokens_per_hour = c.max_requests as f64 * 3.6e6 / d.step_ms;
+            TierCost {
+                tiers: c.tiers.clone(),
+                node_per_hour,
+                tokens_per_hour,
+                per_million_tokens: (tokens_per_hour > 0.0)
+                    .then(|| node_per_hour * 1e6 / tokens_per_hour),
+            }
+        })
+        .collect();
+    let recompute = prices.prefill_tokens_per_s.map(|rate| {
+        let per_million_context_tokens = prices.gpu_hour / 3600.0 / rate * 1e6;
+        let keep = |gib_hour: f64| p.host_bytes_per_token * 1e6 / GIB * gib_hour;
+        let (dram, cxl) = (keep(prices.dram_gib_hour), keep(prices.cxl_gib_hour));
+        let hours = |k: f64| (k > 0.0).then(|| per_million_context_tokens / k);
+        Recompute {
+            per_million_context_tokens,
+            keep_per_million_tokens_hour: (dram, cxl),
+            break_even_hours: (hours(dram), hours(cxl)),
+        }
+    });
+    Ok(Cost {
+        per_tiers,
+        recompute,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -528,5 +633,68 @@ mod tests {
         d.tp = 1;
         d.miss_rate = 1.5;
         assert!(plan(&m, &d).is_err());
+    }
+
+    #[test]
+    fn cost_per_million_tokens_and_the_recompute_break_even_are_the_formulas() {
+        let mut d = node(vec![(131_072, 1.0)]);
+        d.cxl = vec![HostTier {
+            name: "cxl0".into(),
+            bytes: 1 << 40,
+            gbps: None,
+        }];
+        let p = plan(&v32(), &d).unwrap();
+        let prices = Prices {
+            gpu_hour: 2.0,
+            dram_gib_hour: 0.001,
+            cxl_gib_hour: 0.0005,
+            prefill_tokens_per_s: Some(10_000.0),
+        };
+        let c = cost(&p, &d, &prices).unwrap();
+        // DRAM only: 8 GPUs x 2 + 1024 GiB x 0.001 an hour
+        let dram = &c.per_tiers[0];
+        assert!((dram.node_per_hour - (16.0 + 1.024)).abs() < 1e-9);
+        let n = p.capacities[0].max_requests as f64;
+        // 50 ms steps: 72,000 tokens an hour per request
+        assert!((dram.tokens_per_hour - n * 72_000.0).abs() < 1e-6);
+        let want = 17.024 * 1e6 / (n * 72_000.0);
+        assert!((dram.per_million_tokens.unwrap() - want).abs() < 1e-9);
+        // with CXL: its 1024 GiB priced at its own rate
+        assert!((c.per_tiers[1].node_per_hour - (17.024 + 0.512)).abs() < 1e-9);
+        // recomputing a million tokens: 100 GPU-seconds at 2 an hour
+        let r = c.recompute.unwrap();
+        assert!((r.per_million_context_tokens - 2.0 / 36.0).abs() < 1e-12);
+        // keeping them: 40,016 B per token (656 B x 61 layers)
+        let keep_dram = 40_016.0 * 1e6 / (1u64 << 30) as f64 * 0.001;
+        assert!((r.keep_per_million_tokens_hour.0 - keep_dram).abs() < 1e-12);
+        let hours = (2.0 / 36.0) / keep_dram;
+        assert!((r.break_even_hours.0.unwrap() - hours).abs() < 1e-9);
+        assert!((r.break_even_hours.1.unwrap() - 2.0 * hours).abs() < 1e-9);
+        // free memory: keeping always wins (no break-even)
+        let free = Prices {
+            dram_gib_hour: 0.0,
+            cxl_gib_hour: 0.0,
+            ..prices.clone()
+        };
+        assert_eq!(
+            cost(&p, &d, &free)
+                .unwrap()
+                .recompute
+                .unwrap()
+                .break_even_hours,
+            (None, None)
+        );
+        for bad in [-1.0, f64::NAN] {
+            let p2 = Prices {
+                gpu_hour: bad,
+                ..prices.clone()
+            };
+            assert!(cost(&p, &d, &p2).is_err());
+        }
+        let p3 = Prices {
+            prefill_tokens_per_s: Some(0.0),
+            ..prices
+        };
+        assert!(cost(&p, &d, &p3).is_err());
     }
 }

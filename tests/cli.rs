@@ -1457,3 +1457,86 @@ fn the_bench_times_a_traces_calls_from_the_state_its_replay_reaches() {
     assert!(!ok && err.contains("longer than its HOT buffer"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn plan_prices_a_million_tokens_and_recomputing() {
+    let base = [
+        "plan",
+        "--context",
+        "128K",
+        "--hbm-for-kv",
+        "40GiB",
+        "--dram-for-kv",
+        "512GiB",
+        "--cxl",
+        "512GiB@30",
+        "--cxl",
+        "512GiB@30",
+        "--price-gpu-hour",
+        "2.5",
+        "--price-dram-gib-hour",
+        "0.0015",
+        "--price-cxl-gib-hour",
+        "0.0008",
+        "--prefill-tokens-per-s",
+        "8000",
+    ];
+    let (ok, out, err) = kvtier(&base);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("cost, DRAM only: 2.77 per million decode tokens")
+            && out.contains("cost, DRAM + CXL: 1.07 per million decode tokens")
+            && out.contains("0.39× DRAM only's"),
+        "{out}"
+    );
+    let mut json = base.to_vec();
+    json.push("--json");
+    let (ok, out, err) = kvtier(&json);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let dram = &v["cost"]["per_configuration"][0];
+    // 8 x 2.5 + 512 x 0.0015 an hour; 104 requests x 72,000 tokens an hour
+    assert!(
+        (dram["node_per_hour"].as_f64().unwrap() - 20.768).abs() < 1e-9,
+        "{v}"
+    );
+    assert_eq!(dram["tokens_per_hour"].as_f64().unwrap(), 104.0 * 72_000.0);
+    let r = &v["cost"]["recompute"];
+    assert!(
+        (r["per_million_context_tokens"].as_f64().unwrap() - 2.5 / 3600.0 / 8000.0 * 1e6).abs()
+            < 1e-12
+    );
+    assert!(
+        r["break_even_hours"]["cxl"].as_f64().unwrap()
+            > r["break_even_hours"]["dram"].as_f64().unwrap()
+    );
+    // without prices, no cost; a price alone needs the GPU's; bad values refused
+    let (ok, out, _) = kvtier(&base[..11]);
+    assert!(ok && !out.contains("cost,"), "{out}");
+    let (ok, _, err) = kvtier(&[
+        "plan",
+        "--context",
+        "128K",
+        "--hbm-for-kv",
+        "40GiB",
+        "--dram-for-kv",
+        "512GiB",
+        "--price-dram-gib-hour",
+        "0.1",
+    ]);
+    assert!(!ok && err.contains("--price-gpu-hour"), "{err}");
+    let (ok, _, err) = kvtier(&[
+        "plan",
+        "--context",
+        "128K",
+        "--hbm-for-kv",
+        "40GiB",
+        "--dram-for-kv",
+        "512GiB",
+        "--price-gpu-hour=-1",
+    ]);
+    assert!(
+        !ok && err.contains("--price-*") && err.contains("not negative"),
+        "{err}"
+    );
+}

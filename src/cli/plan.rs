@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use kvtier::plan::{Deployment, HostTier, ModelSpec, Plan, plan};
+use kvtier::plan::{Cost, Deployment, HostTier, ModelSpec, Plan, Prices, cost, plan};
 use kvtier::pool::{human_size, parse_size};
 use serde_json::{Value, json};
 
@@ -53,6 +53,21 @@ pub struct PlanArgs {
     /// An assumption: the share of a decode step the swap-ins may take.
     #[arg(long, default_value_t = 0.2)]
     link_budget: f64,
+    /// A price: one GPU for an hour, with its share of the node (any
+    /// currency, the same for every price). Gives the cost per million
+    /// decode tokens.
+    #[arg(long, value_name = "PRICE")]
+    price_gpu_hour: Option<f64>,
+    /// A price: one GiB of DRAM for an hour (default 0: in the GPU's price).
+    #[arg(long, value_name = "PRICE", requires = "price_gpu_hour")]
+    price_dram_gib_hour: Option<f64>,
+    /// A price: one GiB of CXL memory for an hour (default 0).
+    #[arg(long, value_name = "PRICE", requires = "price_gpu_hour")]
+    price_cxl_gib_hour: Option<f64>,
+    /// An assumption, with prices: prefill tokens a second per GPU, to
+    /// price recomputing a context against keeping its KV on the host.
+    #[arg(long, requires = "price_gpu_hour")]
+    prefill_tokens_per_s: Option<f64>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -221,10 +236,33 @@ pub fn run(a: PlanArgs) -> kvtier::Result<()> {
         let _ = path;
     }
     let p = plan(&m, &d).map_err(in_the_users_words)?;
+    let c = match a.price_gpu_hour {
+        Some(gpu_hour) => Some(
+            cost(
+                &p,
+                &d,
+                &Prices {
+                    gpu_hour,
+                    dram_gib_hour: a.price_dram_gib_hour.unwrap_or(0.0),
+                    cxl_gib_hour: a.price_cxl_gib_hour.unwrap_or(0.0),
+                    prefill_tokens_per_s: a.prefill_tokens_per_s,
+                },
+            )
+            .map_err(in_the_users_words)?,
+        ),
+        None => None,
+    };
     if a.json {
-        println!("{}", to_json(&p, &d));
+        let mut v = to_json(&p, &d);
+        if let Some(c) = &c {
+            v["cost"] = cost_json(c);
+        }
+        println!("{v}");
     } else {
         print_table(&p, &d);
+        if let Some(c) = &c {
+            print_cost(c);
+        }
     }
     if let Some(path) = &a.plot {
         draw(path, a.plot_font.as_deref(), &m, &d)?;
@@ -241,6 +279,8 @@ fn in_the_users_words(e: kvtier::Error) -> kvtier::Error {
                 "miss_rate" => "--miss-rate",
                 "link" => "--link-gbps/--step-ms/--link-budget",
                 "model" => "--model-file",
+                "prices" => "--price-*",
+                "prefill" => "--prefill-tokens-per-s",
                 other => other,
             },
             msg,
@@ -287,6 +327,73 @@ fn to_json(p: &Plan, d: &Deployment) -> Value {
         "assumptions": {"miss_rate": d.miss_rate, "step_ms": d.step_ms, "link_budget": d.link_budget,
                         "link_gbps": d.link_gbps},
     })
+}
+
+fn cost_json(c: &Cost) -> Value {
+    let dram_only = c.per_tiers.first().and_then(|t| t.per_million_tokens);
+    json!({
+        "per_configuration": c.per_tiers.iter().map(|t| json!({
+            "tiers": t.tiers,
+            "node_per_hour": t.node_per_hour,
+            "tokens_per_hour": t.tokens_per_hour,
+            "per_million_tokens": t.per_million_tokens,
+            "vs_dram_only": t.per_million_tokens.zip(dram_only).map(|(x, base)| x / base),
+        })).collect::<Vec<_>>(),
+        "recompute": c.recompute.as_ref().map(|r| json!({
+            "per_million_context_tokens": r.per_million_context_tokens,
+            "keep_per_million_tokens_hour": {"dram": r.keep_per_million_tokens_hour.0,
+                                             "cxl": r.keep_per_million_tokens_hour.1},
+            "break_even_hours": {"dram": r.break_even_hours.0, "cxl": r.break_even_hours.1},
+        })),
+    })
+}
+
+/// A price with the digits that keep a small one readable.
+fn money(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 1.0 {
+        format!("{x:.2}")
+    } else {
+        format!("{x:.4}")
+    }
+}
+
+fn print_cost(c: &Cost) {
+    let dram_only = c.per_tiers.first().and_then(|t| t.per_million_tokens);
+    for t in &c.per_tiers {
+        match t.per_million_tokens {
+            Some(per) => println!(
+                "cost, {}: {} per million decode tokens (the node {} an hour, {:.0} tokens an hour){}",
+                t.tiers,
+                money(per),
+                money(t.node_per_hour),
+                t.tokens_per_hour,
+                match dram_only {
+                    Some(base) if t.tiers != "DRAM only" =>
+                        format!("; {:.2}× DRAM only's", per / base),
+                    _ => String::new(),
+                }
+            ),
+            None => println!("cost, {}: the node holds no request", t.tiers),
+        }
+    }
+    if let Some(r) = &c.recompute {
+        let hours = |h: Option<f64>| {
+            h.map_or("always (memory priced 0)".to_string(), |h| {
+                format!("within {h:.1} hours")
+            })
+        };
+        println!(
+            "recomputing a context: {} per million tokens re-prefilled; keeping their KV: {} an hour in DRAM, {} in CXL; \
+             keeping is the cheaper when the context is reused {} (DRAM), {} (CXL)",
+            money(r.per_million_context_tokens),
+            money(r.keep_per_million_tokens_hour.0),
+            money(r.keep_per_million_tokens_hour.1),
+            hours(r.break_even_hours.0),
+            hours(r.break_even_hours.1),
+        );
+    }
 }
 
 fn print_table(p: &Plan, d: &Deployment) {
