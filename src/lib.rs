@@ -36,6 +36,7 @@ pub mod plan;
 pub mod pool;
 mod slots;
 pub mod swap_in;
+pub mod table;
 pub mod tier;
 pub mod trace;
 pub mod writeback;

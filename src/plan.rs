@@ -96,6 +96,22 @@ impl ModelSpec {
                  index keys (128 fp8 + one 4 B scale = 132 B)"
             ),
         };
+        // GLM-5 and GLM-5.1 (the same numbers): SGLang 0.5.23 serves
+        // GlmMoeDsaForCausalLM as a DeepSeek DSA model (is_deepseek_dsa), so
+        // its KV is stored as DeepSeek-V3.2's, per layer.
+        let glm = |name: &str, entry: u32, dtype: &str| ModelSpec {
+            name: name.into(),
+            offloaded_layers: 78,
+            indexer_layers: 78,
+            max_context: 202_752,
+            source: format!(
+                "zai-org/GLM-5's and GLM-5.1's config.json (78 layers, kv_lora_rank 512, qk_rope_head_dim \
+                 64, index_head_dim 128, index_topk 2048, max_position_embeddings 202752; as copied in \
+                 ai-dynamo/aiconfigurator's model_configs at 095f58a); SGLang 0.5.23 stores them as \
+                 DeepSeek's DSA ({dtype}: {entry} B per token and layer; index keys 132 B)"
+            ),
+            ..dsa(name, entry, dtype)
+        };
         vec![
             dsa(
                 "deepseek-v3.2",
@@ -103,6 +119,12 @@ impl ModelSpec {
                 "fp8: 512 nope + 4 scales × 4 B + 64 rope × 2 B",
             ),
             dsa("deepseek-v3.2-bf16", 1152, "bf16: 576 × 2 B"),
+            glm(
+                "glm-5",
+                656,
+                "fp8: 512 nope + 4 scales × 4 B + 64 rope × 2 B",
+            ),
+            glm("glm-5-bf16", 1152, "bf16: 576 × 2 B"),
         ]
     }
 
@@ -532,7 +554,31 @@ mod tests {
         assert_eq!(m.max_context, 4096 * 40);
         let bf16 = ModelSpec::preset("deepseek-v3.2-bf16").unwrap();
         assert_eq!(bf16.entry_bytes, (kv_lora_rank + rope) * 2);
-        assert!(ModelSpec::preset("glm-5").is_err());
+        assert!(ModelSpec::preset("deepseek-v4").is_err());
+    }
+
+    #[test]
+    fn the_glm_5_preset_is_its_published_config_in_sglangs_dsa_layout() {
+        // zai-org/GLM-5 config.json: num_hidden_layers 78, kv_lora_rank 512,
+        // qk_rope_head_dim 64, index_head_dim 128, index_topk 2048,
+        // max_position_embeddings 202752
+        let (layers, kv_lora_rank, rope, index_head_dim, index_topk, max_pos) =
+            (78, 512, 64, 128, 2048, 202_752);
+        let m = ModelSpec::preset("glm-5").unwrap();
+        assert_eq!((m.offloaded_layers, m.indexer_layers), (layers, layers));
+        assert_eq!(
+            m.entry_bytes,
+            kv_lora_rank + kv_lora_rank / 128 * 4 + rope * 2
+        );
+        assert_eq!(
+            m.indexer_entry_bytes,
+            index_head_dim + index_head_dim / 128 * 4
+        );
+        assert_eq!((m.top_k, m.hot_slots), (index_topk, 2 * 2048));
+        assert_eq!(m.max_context, max_pos);
+        assert_eq!(m.host_bytes_per_token(), 78.0 * 656.0); // 51,168 B
+        let bf16 = ModelSpec::preset("glm-5-bf16").unwrap();
+        assert_eq!(bf16.entry_bytes, (kv_lora_rank + rope) * 2);
     }
 
     #[test]

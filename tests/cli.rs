@@ -773,7 +773,10 @@ fn plan_answers_in_json_a_table_and_a_plot() {
             "--miss-rate",
         ),
         (&["--context", "128K", "--cxl", "1GiB@fast"][..], "--cxl"),
-        (&["--context", "128K", "--model", "glm-5"][..], "--model"),
+        (
+            &["--context", "128K", "--model", "deepseek-v4"][..],
+            "--model",
+        ),
     ] {
         let (ok, _, err) = kvtier(
             &[
@@ -1432,7 +1435,7 @@ fn the_bench_times_a_traces_calls_from_the_state_its_replay_reaches() {
         "{err}"
     );
     let (ok, _, err) = kvtier(&["bench", "--trace", t, "--scenario", "gather"]);
-    assert!(!ok && err.contains("swap-in scenario"), "{err}");
+    assert!(!ok && err.contains("swap-in scenario, not gather"), "{err}");
     let short = dir.join("short.jsonl");
     let (ok, _, err) = kvtier(&[
         "trace",
@@ -1539,4 +1542,141 @@ fn plan_prices_a_million_tokens_and_recomputing() {
         !ok && err.contains("--price-*") && err.contains("not negative"),
         "{err}"
     );
+}
+
+/// Starts `kvtier ARGS`, waits for its stdout to say `line`, kills it with
+/// SIGKILL (as `kill -9` would) and reaps it.
+fn kill_when(args: &[&str], line: &str) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    for l in out.lines() {
+        if l.unwrap().contains(line) {
+            break;
+        }
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
+#[test]
+fn a_table_killed_while_loading_is_never_served_and_the_next_load_resumes_it() {
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-table-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = dir.to_str().unwrap();
+    let key = "model-x/engram.0 [8 MiB + 3 B, e4m3] sha256:00ff";
+    let at = ["--store", store, "--key", key];
+    fn load<'a>(at: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        let mut a = vec!["table", "load"];
+        a.extend(at);
+        a.extend(["--synthetic", "8388611"]);
+        a.extend(extra);
+        a
+    }
+    let attach = |extra: &[&str]| {
+        let mut a = vec!["table", "attach", "--wait", "0"];
+        a.extend(at);
+        a.extend(extra);
+        kvtier(&a)
+    };
+    // killed at several points of the load: never attachable, and each
+    // next loader starts where the chunks written end (2 MiB chunks: 5)
+    for chunks in ["1", "2", "4"] {
+        kill_when(
+            &load(&at, &["--pause-after-chunks", chunks]),
+            "paused after",
+        );
+        let (ok, _, err) = attach(&[]);
+        assert!(
+            !ok && err.contains(&format!("{chunks} of 5 chunks written")),
+            "{chunks}: {err}"
+        );
+    }
+    let (ok, out, err) = kvtier(&[
+        "table",
+        "status",
+        "--json",
+        &format!("{store}/{}", {
+            std::fs::read_dir(&dir)
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        }),
+    ]);
+    assert!(ok, "{err}");
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(s[0]["state"], "filling");
+    assert_eq!(s[0]["chunks_written"], 4);
+    assert_eq!(
+        s[0]["loader"],
+        serde_json::Value::Null,
+        "the killed loader's lock went with it"
+    );
+    let (ok, out, err) = kvtier(&load(&at, &[]));
+    assert!(ok && out.contains("resumed: 4 of 5 chunks"), "{out}{err}");
+    // served now, every byte right (the resumed parts and the first ones)
+    let (ok, out, err) = attach(&["--verify-synthetic"]);
+    assert!(
+        ok && out.contains("every byte is the synthetic pattern"),
+        "{out}{err}"
+    );
+    // loaded once: a second load does nothing; another key gets its own file
+    let (ok, out, _) = kvtier(&load(&at, &[]));
+    assert!(ok && out.contains("loaded already"), "{out}");
+    let (ok, _, err) = kvtier(&[
+        "table",
+        "attach",
+        "--store",
+        store,
+        "--key",
+        "model-x/engram.1",
+        "--wait",
+        "0",
+    ]);
+    assert!(!ok && err.contains("opening the table"), "{err}");
+    // a reader holds it: listed, and it cannot be destroyed under it
+    let mut reader = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args([
+            "table", "attach", "--store", store, "--key", key, "--hold", "30",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let mut out = std::io::BufReader::new(reader.stdout.as_mut().unwrap());
+        let mut l = String::new();
+        while !l.contains("holding") {
+            l.clear();
+            out.read_line(&mut l).unwrap();
+        }
+    }
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let (ok, out, _) = kvtier(&["table", "status", "--json", file.to_str().unwrap()]);
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(ok && s[0]["readers"][0] == reader.id(), "{out}");
+    let (ok, _, err) = kvtier(&["table", "destroy", file.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains(&format!("pid {} (reading)", reader.id())),
+        "{err}"
+    );
+    reader.kill().unwrap();
+    reader.wait().unwrap();
+    let (ok, _, err) = kvtier(&["table", "destroy", file.to_str().unwrap()]);
+    assert!(ok && !file.exists(), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

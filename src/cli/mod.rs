@@ -5,6 +5,7 @@ mod info;
 mod plan;
 mod pool;
 mod selftest;
+mod table;
 mod trace;
 mod transfer;
 
@@ -34,6 +35,10 @@ enum Command {
     /// Create, inspect, check and destroy pools on memory devices.
     #[command(subcommand)]
     Pool(pool::PoolCommand),
+    /// Tables in shared memory, loaded once per host and attached by every
+    /// instance (DeepSeek-V4.1's Engram tables and the like).
+    #[command(subcommand)]
+    Table(table::TableCommand),
     /// Top-k selection traces: generate a synthetic one (`kvtier plan
     /// --trace` replays any).
     #[command(subcommand)]
@@ -53,6 +58,7 @@ pub fn run(cli: Cli) -> kvtier::Result<ExitCode> {
         Command::Bench(args) => done(bench::run(*args)),
         Command::Plan(args) => done(plan::run(*args)),
         Command::Pool(cmd) => done(pool::run(cmd)),
+        Command::Table(cmd) => done(table::run(cmd)),
         Command::Trace(cmd) => done(trace::run(cmd)),
         Command::Selftest(args) => selftest::run(args),
     }

@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// A built-in model: deepseek-v3.2 (fp8 KV) or deepseek-v3.2-bf16.
+    /// A built-in model: deepseek-v3.2 or glm-5 (GLM-5 and 5.1), fp8 KV;
+    /// deepseek-v3.2-bf16 or glm-5-bf16.
     #[arg(long, default_value = "deepseek-v3.2", conflicts_with = "model_file")]
     model: String,
     /// A model described in JSON instead: offloaded_layers, entry_bytes,

@@ -648,9 +648,13 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
         match args.scenario {
             Scenario::All | Scenario::SwapIn => args.scenario = Scenario::SwapIn,
             other => {
+                let name = other
+                    .to_possible_value()
+                    .map(|v| v.get_name().to_string())
+                    .unwrap_or_default();
                 return Err(invalid(
                     "--trace",
-                    format!("is for the swap-in scenario, not {other:?}"),
+                    format!("is for the swap-in scenario, not {name}"),
                 ));
             }
         }
