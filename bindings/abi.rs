@@ -481,3 +481,50 @@ const _: () = {
     ["Offset of field: kvt_error_take_params::out"]
         [::core::mem::offset_of!(kvt_error_take_params, out) - 8usize];
 };
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct kvt_engram_gather_params {
+    pub weights: kvt_addr,
+    pub scales: kvt_addr,
+    pub ids: kvt_addr,
+    pub out: kvt_addr,
+    pub error: kvt_addr,
+    pub row_lo: i64,
+    pub row_hi: i64,
+    pub rows: u64,
+    pub n: u32,
+    pub dim: u32,
+    pub block: u32,
+    pub ids_int64: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of kvt_engram_gather_params"]
+        [::core::mem::size_of::<kvt_engram_gather_params>() - 80usize];
+    ["Alignment of kvt_engram_gather_params"]
+        [::core::mem::align_of::<kvt_engram_gather_params>() - 8usize];
+    ["Offset of field: kvt_engram_gather_params::weights"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, weights) - 0usize];
+    ["Offset of field: kvt_engram_gather_params::scales"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, scales) - 8usize];
+    ["Offset of field: kvt_engram_gather_params::ids"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, ids) - 16usize];
+    ["Offset of field: kvt_engram_gather_params::out"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, out) - 24usize];
+    ["Offset of field: kvt_engram_gather_params::error"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, error) - 32usize];
+    ["Offset of field: kvt_engram_gather_params::row_lo"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, row_lo) - 40usize];
+    ["Offset of field: kvt_engram_gather_params::row_hi"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, row_hi) - 48usize];
+    ["Offset of field: kvt_engram_gather_params::rows"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, rows) - 56usize];
+    ["Offset of field: kvt_engram_gather_params::n"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, n) - 64usize];
+    ["Offset of field: kvt_engram_gather_params::dim"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, dim) - 68usize];
+    ["Offset of field: kvt_engram_gather_params::block"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, block) - 72usize];
+    ["Offset of field: kvt_engram_gather_params::ids_int64"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, ids_int64) - 76usize];
+};

@@ -371,4 +371,38 @@ typedef struct kvt_error_take_params {
     kvt_addr out;                  /* kvt_error_word*: receives what was taken */
 } kvt_error_take_params;
 
+/*
+ * Engram row gather (kernel kvt_engram_gather): DeepSeek-V4.1's Engram
+ * lookup, and any table of fp8 e4m3 rows with e8m0 block scales. The table
+ * holds global rows [row_lo, row_lo + rows): row r's dim e4m3 bytes at
+ * weights + (r - row_lo) * dim, its dim / block e8m0 bytes at
+ * scales + (r - row_lo) * (dim / block). For each i in [0, n), id = ids[i]
+ * (int32, or int64 with ids_int64) and row_end = min(row_hi, row_lo + rows):
+ *   row_lo <= id < row_end:  out[i][j] = bf16_rne(f32(e4m3(w[j])) * 2^(e - 127))
+ *                            for j in [0, dim), e = the scale byte of j's block;
+ *                            e == 0 is 2^-127 (no flush), e == 255 +inf;
+ *                            e4m3 0x7F/0xFF (NaN) and NaN products give the
+ *                            canonical bf16 NaN 0x7FFF; -0 stays -0;
+ *   otherwise:               out[i][j] = +0 (0x0000), nothing read; an id in
+ *                            [row_end, row_hi) (inside the range asked for but
+ *                            past the table) is also reported
+ *                            (KVT_ERR_GATHER_INDEX, position i, value id).
+ * Rows are read in ids order: sorting ids (SGLang's sort_ids) would change
+ * the order of the reads, not the output.
+ */
+typedef struct kvt_engram_gather_params {
+    kvt_addr weights;              /* const uint8_t[rows][dim], e4m3; 8-byte aligned */
+    kvt_addr scales;               /* const uint8_t[rows][dim / block], e8m0 */
+    kvt_addr ids;                  /* const int32_t or int64_t [n] */
+    kvt_addr out;                  /* uint16_t[n][dim], bf16 bits; 16-byte aligned */
+    kvt_addr error;                /* kvt_error_word* */
+    int64_t row_lo;                /* first global row the table holds */
+    int64_t row_hi;                /* end of the global rows asked for (SGLang's default 2^62) */
+    uint64_t rows;                 /* rows the table holds */
+    uint32_t n;                    /* ids; < 2^31 */
+    uint32_t dim;                  /* a power of two, >= 8, <= 4096 */
+    uint32_t block;                /* values per scale byte, divides dim */
+    uint32_t ids_int64;            /* ids are int64 (else int32) */
+} kvt_engram_gather_params;
+
 #endif /* KVTIER_ABI_H */

@@ -25,6 +25,7 @@
 
 pub mod abi;
 pub mod cuda;
+pub mod engram;
 pub mod error;
 pub mod error_word;
 pub mod executor;

@@ -832,3 +832,90 @@ fn the_callers_context_is_current_again_after_each_call() {
     // SAFETY: the context this test created, current on this thread.
     unsafe { sys::cuCtxDestroy_v2(mine) };
 }
+
+#[path = "common/engram.rs"]
+mod engram_model;
+
+/// The Engram gather on the GPU against the CPU executor (and the model):
+/// every byte pair from a device table, random and hostile cases with the
+/// table in registered host memory (the tables' home), ids past the table
+/// reported through the error word.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn engram_gather_matches_cpu_from_device_and_host_tables() {
+    use kvtier::IndexBuf;
+    use kvtier::cuda::{HostRegistration, REGISTER_FLAGS};
+    use kvtier::engram::{EngramArgs, EngramGatherer};
+    let gpu = cuda();
+    let Executor::Cuda(dev) = &gpu else {
+        unreachable!()
+    };
+    let g = EngramGatherer::new(gpu.clone()).unwrap();
+    let mut all = vec![engram_model::EngramCase {
+        dim: 256,
+        block: 256,
+        rows: 256,
+        weights: (0..256 * 256).map(|i| (i % 256) as u8).collect(),
+        scales: (0..=255u8).collect(),
+        ids: (0..256).collect(),
+        ids_int64: false,
+        row_lo: 0,
+        row_hi: 256,
+    }];
+    all.extend(engram_model::cases(200, false));
+    all.extend(engram_model::cases(200, true));
+    for (k, case) in all.iter().enumerate() {
+        let (cpu_out, cpu_res) = case.run_cpu();
+        let n = case.ids.len();
+        let ids64 = DeviceBuffer::from_host(dev, &case.ids).unwrap();
+        let ids32 = DeviceBuffer::from_host(dev, &case.ids32()).unwrap();
+        let mut out = DeviceBuffer::<u16>::zeroed(dev, n * case.dim as usize).unwrap();
+        // odd cases read the table from host memory the GPU maps
+        let host = k % 2 == 1;
+        let (mut hw, mut hs) = (case.weights.clone(), case.scales.clone());
+        let (dw, ds) = (
+            DeviceBuffer::from_host(dev, &case.weights).unwrap(),
+            DeviceBuffer::from_host(dev, &case.scales).unwrap(),
+        );
+        let regs = host.then(|| unsafe {
+            (
+                HostRegistration::register(dev, hw.as_mut_ptr(), hw.len(), REGISTER_FLAGS).unwrap(),
+                HostRegistration::register(dev, hs.as_mut_ptr(), hs.len(), REGISTER_FLAGS).unwrap(),
+            )
+        });
+        let (weights, scales) = match &regs {
+            Some((rw, rs)) => unsafe {
+                (
+                    Buf::from_raw(rw.device_addr(), hw.len(), kvtier::Location::Device),
+                    Buf::from_raw(rs.device_addr(), hs.len(), kvtier::Location::Device),
+                )
+            },
+            None => (dw.as_buf(), ds.as_buf()),
+        };
+        g.gather(
+            &EngramArgs {
+                weights,
+                scales,
+                ids: if case.ids_int64 {
+                    IndexBuf::I64(ids64.as_buf())
+                } else {
+                    IndexBuf::I32(ids32.as_buf())
+                },
+                out: out.as_buf_mut(),
+                dim: case.dim,
+                block: case.block,
+                row_lo: case.row_lo,
+                row_hi: case.row_hi,
+            },
+            Stream::null(),
+        )
+        .unwrap();
+        let gpu_res = g.check();
+        assert!(
+            out.to_vec().unwrap() == cpu_out,
+            "case {k} differs: {case:?}"
+        );
+        assert_eq!(reported(&gpu_res), reported(&cpu_res), "case {k}: {case:?}");
+        drop(regs);
+    }
+}

@@ -8,6 +8,8 @@
 //! not replace the GPU run (no real memory model, no timing).
 
 mod common;
+#[path = "common/engram.rs"]
+mod engram_model;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,7 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use common::spec::*;
 use common::swap::*;
 use common::*;
-use kvtier::abi::{kvt_gather_params, kvt_swap_in_params, kvt_writeback_params};
+use kvtier::abi::{
+    kvt_engram_gather_params, kvt_gather_params, kvt_swap_in_params, kvt_writeback_params,
+};
 use kvtier::swap_in::{EmulationScratch, emulation_params, emulation_replay_params};
 use kvtier::{ErrorWord, Executor, LayerFirstLayout, SwapInStrategy};
 
@@ -1585,5 +1589,89 @@ fn plan_kernels_let_a_successor_start_only_when_the_copy_kernel_follows() {
             "{strategy:?}, {opts:?}: {} threads triggered",
             plan.dependents_allowed
         );
+    }
+}
+
+type EngramFn = unsafe extern "C" fn(
+    *const kvt_engram_gather_params,
+    u32,
+    u32,
+    *const Range,
+    usize,
+    *const Range,
+    usize,
+) -> Report;
+
+/// The Engram gather kernel under the emulator, on the model's random and
+/// hostile cases, at every grid and schedule: the CPU executor's output and
+/// error word, every load inside the table rows it may read.
+#[test]
+fn engram_gather_kernel_matches_the_cpu_executor() {
+    let f: libloading::Symbol<'static, EngramFn> =
+        unsafe { emulator().get(b"kvt_emu_engram_gather") }.unwrap();
+    for hostile in [false, true] {
+        for case in engram_model::cases(40, hostile) {
+            let (cpu_out, cpu_res) = case.run_cpu();
+            let (want, _) = case.expected();
+            assert!(
+                cpu_out == want,
+                "CPU executor differs from the model for {case:?}"
+            );
+            let weights = Aligned::from(&case.weights);
+            let scales = Aligned::from(&case.scales);
+            let ids64 = case.ids.clone();
+            let ids32 = case.ids32();
+            let (ids_addr, ids_bytes) = if case.ids_int64 {
+                (ids64.as_ptr() as u64, 8 * ids64.len() as u64)
+            } else {
+                (ids32.as_ptr() as u64, 4 * ids32.len() as u64)
+            };
+            let n = case.ids.len();
+            let rows = (n as u64).max(1);
+            for (grid, schedule) in grid_schedules(rows) {
+                set_schedule(schedule);
+                let out = Aligned::new(2 * n * case.dim as usize, 0, 0xCD);
+                let mut err = ErrorWord::clear();
+                let p = kvt_engram_gather_params {
+                    weights: weights.addr(),
+                    scales: scales.addr(),
+                    ids: ids_addr,
+                    out: out.addr(),
+                    error: &mut err as *mut ErrorWord as u64,
+                    row_lo: case.row_lo,
+                    row_hi: case.row_hi,
+                    rows: case.rows as u64,
+                    n: n as u32,
+                    dim: case.dim,
+                    block: case.block,
+                    ids_int64: case.ids_int64 as u32,
+                };
+                let loads = [
+                    weights.range(),
+                    scales.range(),
+                    Range {
+                        start: ids_addr,
+                        end: ids_addr + ids_bytes,
+                    },
+                ];
+                let stores = [out.range()];
+                let report = unsafe { f(&p, grid, BLOCK, loads.as_ptr(), 3, stores.as_ptr(), 1) };
+                assert!(report.clean(), "bad accesses {report:?} for {case:?}");
+                let got: Vec<u16> = out
+                    .bytes()
+                    .chunks(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                    .collect();
+                assert!(
+                    got == cpu_out,
+                    "kernel differs from the CPU executor (grid {grid}) for {case:?}"
+                );
+                assert_eq!(
+                    expected_report(&err),
+                    reported(&cpu_res),
+                    "grid {grid}: {case:?}"
+                );
+            }
+        }
     }
 }

@@ -204,9 +204,10 @@ pub enum Kernel {
     SpecSwapIn = 4,
     SwapInFewMissPlan = 5,
     ErrorTake = 6,
+    EngramGather = 7,
 }
 
-const KERNELS: usize = 7;
+const KERNELS: usize = 8;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -217,6 +218,7 @@ impl Kernel {
         Kernel::SpecSwapIn,
         Kernel::SwapInFewMissPlan,
         Kernel::ErrorTake,
+        Kernel::EngramGather,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -229,6 +231,7 @@ impl Kernel {
             Kernel::SpecSwapIn => "kvt_spec_swap_in",
             Kernel::SwapInFewMissPlan => "kvt_swap_in_few_miss_plan",
             Kernel::ErrorTake => "kvt_error_take",
+            Kernel::EngramGather => "kvt_engram_gather",
         }
     }
 

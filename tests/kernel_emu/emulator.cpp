@@ -14,6 +14,7 @@
 #include "swap_in_few_miss.cu"
 #include "writeback.cu"
 #include "error_word.cu"
+#include "engram.cu"
 #include "planted.cu"
 
 // ---- the race detector -----------------------------------------------------
@@ -500,6 +501,13 @@ extern "C" kvt_emu_report kvt_emu_gather(const kvt_gather_params* p, unsigned gr
                                          const kvt_emu_range* loads, size_t n_loads,
                                          const kvt_emu_range* stores, size_t n_stores) {
     return run<kvt_gather_params, kvt_gather>(p, grid, block, 0, loads, n_loads, stores, n_stores);
+}
+
+extern "C" kvt_emu_report kvt_emu_engram_gather(const kvt_engram_gather_params* p, unsigned grid,
+                                                unsigned block, const kvt_emu_range* loads, size_t n_loads,
+                                                const kvt_emu_range* stores, size_t n_stores) {
+    return run<kvt_engram_gather_params, kvt_engram_gather>(p, grid, block, 0, loads, n_loads, stores,
+                                                            n_stores);
 }
 
 extern "C" kvt_emu_report kvt_emu_writeback(const kvt_writeback_params* p, unsigned grid,

@@ -1,0 +1,284 @@
+//! The Engram row gather: rows of fp8 e4m3 values with e8m0 block scales
+//! (DeepSeek-V4.1's Engram tables, read a few rows per token per layer),
+//! dequantized to bf16, on either executor: the CPU reference below, or
+//! `kvt_engram_gather` in `kernels/engram.cu`. Both follow the contract of
+//! `kvt_engram_gather_params` in `kernels/abi.h`, which is SGLang 0.5.23's
+//! `engram_gather` arithmetic:
+//!
+//! `out[i][j] = bf16_rne(f32(e4m3(w[id - row_lo][j])) × 2^(e − 127))` for an
+//! id the table holds inside `[row_lo, row_hi)`, `e` the row's scale byte of
+//! `j`'s block (0 is 2^−127, 255 is +inf); +0 rows for other ids. Where
+//! kvtier differs from SGLang's Triton kernel, it is safer: an id inside the
+//! range asked for but past the table's rows (SGLang's shared table passes
+//! `row_hi = 2^62`) reads nothing, gives a +0 row and is reported, where
+//! SGLang would read past the table; NaN values come out as the canonical
+//! bf16 NaN `0x7FFF`.
+
+use crate::abi::kvt_engram_gather_params;
+use crate::cuda::{DeviceErrorWord, Kernel, Stream};
+use crate::error::{Result, invalid};
+use crate::error_word::ErrorWord;
+use crate::executor::Executor;
+use crate::mem::{Buf, BufMut, Location, check_buf};
+use crate::swap_in::IndexBuf;
+
+/// The widest row (values) a gather takes.
+pub const MAX_DIM: u32 = 4096;
+/// The most ids one call takes.
+pub const MAX_IDS: u32 = i32::MAX as u32;
+
+/// One gather's arguments: the table's bytes where the executor reads them,
+/// the ids, the output.
+pub struct EngramArgs<'a> {
+    /// `[rows][dim]` e4m3 bytes of global rows `row_lo..row_lo + rows`;
+    /// 8-byte aligned.
+    pub weights: Buf<'a, u8>,
+    /// `[rows][dim / block]` e8m0 bytes.
+    pub scales: Buf<'a, u8>,
+    /// `[n]` global row ids.
+    pub ids: IndexBuf<'a>,
+    /// `[n][dim]` bf16 bits; 16-byte aligned.
+    pub out: BufMut<'a, u16>,
+    pub dim: u32,
+    /// Values per scale byte (DeepSeek-V4.1: 32).
+    pub block: u32,
+    /// The global rows asked for: `row_lo..row_hi` (SGLang's defaults: 0 and
+    /// 2^62).
+    pub row_lo: i64,
+    pub row_hi: i64,
+}
+
+/// Checks `a` for an executor reading `want` memory and builds the kernel's
+/// parameters (the error word's address filled by the caller).
+fn plan(a: &EngramArgs<'_>, want: Location) -> Result<kvt_engram_gather_params> {
+    let (dim, block) = (a.dim, a.block);
+    if !dim.is_power_of_two() || !(8..=MAX_DIM).contains(&dim) {
+        return Err(invalid(
+            "dim",
+            format!("{dim} is not a power of two in 8..={MAX_DIM}"),
+        ));
+    }
+    if block == 0 || dim % block != 0 {
+        return Err(invalid(
+            "block_size",
+            format!("{block} does not divide dim {dim}"),
+        ));
+    }
+    if a.row_lo < 0 || a.row_hi < a.row_lo {
+        return Err(invalid(
+            "row_lo/row_hi",
+            format!(
+                "rows {}..{} are not a range of row ids (0 <= row_lo <= row_hi)",
+                a.row_lo, a.row_hi
+            ),
+        ));
+    }
+    let n = a.ids.len();
+    if n > MAX_IDS as usize {
+        return Err(invalid("ids", format!("{n} ids; at most {MAX_IDS} a call")));
+    }
+    if !a.weights.len().is_multiple_of(dim as usize) {
+        return Err(invalid(
+            "weights",
+            format!("{} bytes are not whole rows of {dim}", a.weights.len()),
+        ));
+    }
+    let rows = (a.weights.len() / dim as usize) as u64;
+    let per_row = (dim / block) as usize;
+    if a.scales.len() < rows as usize * per_row {
+        return Err(invalid(
+            "scales",
+            format!(
+                "{} bytes; {rows} rows of {per_row} scales need {}",
+                a.scales.len(),
+                rows as usize * per_row
+            ),
+        ));
+    }
+    let (ids_addr, ids_loc, ids_align, ids_int64) = match &a.ids {
+        IndexBuf::I32(b) => (b.addr(), b.location(), 4, 0),
+        IndexBuf::I64(b) => (b.addr(), b.location(), 8, 1),
+    };
+    let touches = if n == 0 { 0 } else { rows as usize };
+    check_buf("ids", ids_addr, n, ids_loc, want, ids_align, n)?;
+    check_buf(
+        "out",
+        a.out.addr(),
+        a.out.len(),
+        a.out.location(),
+        want,
+        16,
+        n * dim as usize,
+    )?;
+    check_buf(
+        "weights",
+        a.weights.addr(),
+        a.weights.len(),
+        a.weights.location(),
+        want,
+        8,
+        touches * dim as usize,
+    )?;
+    check_buf(
+        "scales",
+        a.scales.addr(),
+        a.scales.len(),
+        a.scales.location(),
+        want,
+        1,
+        touches * per_row,
+    )?;
+    Ok(kvt_engram_gather_params {
+        weights: a.weights.addr(),
+        scales: a.scales.addr(),
+        ids: ids_addr,
+        out: a.out.addr(),
+        error: 0,
+        row_lo: a.row_lo,
+        row_hi: a.row_hi,
+        rows,
+        n: n as u32,
+        dim,
+        block,
+        ids_int64,
+    })
+}
+
+/// An e4m3fn byte as fp32, exactly (bias 7, no infinities, 0x7F and 0xFF
+/// NaN, exponent 0 subnormal).
+pub fn e4m3_to_f32(b: u8) -> f32 {
+    let sign = ((b & 0x80) as u32) << 24;
+    let (e, m) = (((b >> 3) & 0xF) as u32, (b & 0x7) as u32);
+    if e == 0xF && m == 0x7 {
+        return f32::from_bits(0x7FC0_0000 | sign);
+    }
+    if e == 0 {
+        return f32::from_bits((m as f32 * 0.001_953_125).to_bits() | sign);
+    }
+    f32::from_bits(sign | ((e + 120) << 23) | (m << 20))
+}
+
+/// 2^(e − 127) for an e8m0 byte; 0 is 2^−127 (no flush), 255 +inf.
+pub fn e8m0_scale(e: u8) -> f32 {
+    f32::from_bits(if e == 0 {
+        0x0040_0000
+    } else {
+        (e as u32) << 23
+    })
+}
+
+/// fp32 to bf16 bits, round to nearest even; NaN to 0x7FFF.
+pub fn bf16_rne(x: f32) -> u16 {
+    let u = x.to_bits();
+    if u & 0x7FFF_FFFF > 0x7F80_0000 {
+        return 0x7FFF;
+    }
+    ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) as u16
+}
+
+/// The CPU reference of `kvt_engram_gather`: the same outputs and error word.
+///
+/// # Safety
+/// Every address in `p` must be host memory of the lengths [`plan`] checked.
+unsafe fn run_cpu(p: &kvt_engram_gather_params) -> ErrorWord {
+    let mut err = ErrorWord::clear();
+    let (n, dim) = (p.n as usize, p.dim as usize);
+    if n == 0 {
+        return err;
+    }
+    let per_row = dim / p.block as usize;
+    // SAFETY: lengths checked by `plan`, per this function's contract.
+    let (weights, scales, out) = unsafe {
+        (
+            std::slice::from_raw_parts(p.weights as *const u8, p.rows as usize * dim),
+            std::slice::from_raw_parts(p.scales as *const u8, p.rows as usize * per_row),
+            std::slice::from_raw_parts_mut(p.out as *mut u16, n * dim),
+        )
+    };
+    let row_end = p
+        .row_hi
+        .min(p.row_lo.saturating_add(p.rows.min(i64::MAX as u64) as i64));
+    for i in 0..n {
+        // SAFETY: `i < n` ids of the checked width.
+        let id = unsafe {
+            if p.ids_int64 != 0 {
+                *(p.ids as *const i64).add(i)
+            } else {
+                *(p.ids as *const i32).add(i) as i64
+            }
+        };
+        let o = &mut out[i * dim..][..dim];
+        if id < p.row_lo || id >= row_end {
+            o.fill(0);
+            if id >= row_end && id < p.row_hi {
+                err.report(crate::abi::KVT_ERR_GATHER_INDEX, i as u32, id);
+            }
+            continue;
+        }
+        let row = (id - p.row_lo) as usize;
+        let (w, s) = (
+            &weights[row * dim..][..dim],
+            &scales[row * per_row..][..per_row],
+        );
+        for (j, v) in o.iter_mut().enumerate() {
+            *v = bf16_rne(e4m3_to_f32(w[j]) * e8m0_scale(s[j / p.block as usize]));
+        }
+    }
+    err
+}
+
+/// Runs Engram gathers on one executor and owns the error word they report
+/// into.
+pub struct EngramGatherer {
+    exec: Executor,
+    error: Option<DeviceErrorWord>,
+}
+
+impl EngramGatherer {
+    /// A gatherer on `exec` (the CUDA executor's allocates its error word).
+    pub fn new(exec: Executor) -> Result<Self> {
+        let error = match &exec {
+            Executor::Cpu => None,
+            Executor::Cuda(dev) => Some(DeviceErrorWord::new(dev)?),
+        };
+        Ok(EngramGatherer { exec, error })
+    }
+
+    /// Gathers `a.ids`' rows into `a.out`: on the CPU executor now (an id
+    /// past the table is an [`crate::Error::BadIndices`] once every row is
+    /// written), on the CUDA executor enqueued on `stream` (no host sync,
+    /// capturable in a CUDA graph; ids past the table are recorded for
+    /// [`EngramGatherer::check`]).
+    pub fn gather(&self, a: &EngramArgs<'_>, stream: Stream) -> Result<()> {
+        match (&self.exec, &self.error) {
+            (Executor::Cpu, _) => {
+                let p = plan(a, Location::Host)?;
+                // SAFETY: host buffers of the lengths `plan` checked.
+                unsafe { run_cpu(&p) }.into_result()
+            }
+            (Executor::Cuda(dev), Some(error)) => {
+                let mut p = plan(a, Location::Device)?;
+                if p.n == 0 {
+                    return Ok(());
+                }
+                p.error = error.device_ptr();
+                let grid = dev.grid_for_rows(Kernel::EngramGather, p.n as u64);
+                let threads = Kernel::EngramGather.block_threads();
+                // SAFETY: device buffers of the lengths `plan` checked, which
+                // the caller keeps alive until the kernel completes.
+                unsafe { dev.launch(Kernel::EngramGather, grid, threads, 0, &p, stream) }
+            }
+            (Executor::Cuda(_), None) => unreachable!("made with its error word"),
+        }
+    }
+
+    /// The ids past the table that gathers since the last check recorded
+    /// (the CUDA executor waits for the device; the CPU executor reported
+    /// them at once).
+    pub fn check(&self) -> Result<()> {
+        match &self.error {
+            Some(e) => e.take()?.into_result(),
+            None => Ok(()),
+        }
+    }
+}
