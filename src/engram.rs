@@ -158,6 +158,12 @@ pub fn e4m3_to_f32(b: u8) -> f32 {
     f32::from_bits(sign | ((e + 120) << 23) | (m << 20))
 }
 
+/// Every e4m3 byte's value, for the CPU executor's inner loop.
+fn e4m3_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|b| e4m3_to_f32(b as u8)))
+}
+
 /// 2^(e − 127) for an e8m0 byte; 0 is 2^−127 (no flush), 255 +inf.
 pub fn e8m0_scale(e: u8) -> f32 {
     f32::from_bits(if e == 0 {
@@ -220,8 +226,16 @@ unsafe fn run_cpu(p: &kvt_engram_gather_params) -> ErrorWord {
             &weights[row * dim..][..dim],
             &scales[row * per_row..][..per_row],
         );
-        for (j, v) in o.iter_mut().enumerate() {
-            *v = bf16_rne(e4m3_to_f32(w[j]) * e8m0_scale(s[j / p.block as usize]));
+        let lut = e4m3_table();
+        for ((o, w), &e) in o
+            .chunks_mut(p.block as usize)
+            .zip(w.chunks(p.block as usize))
+            .zip(s)
+        {
+            let scale = e8m0_scale(e);
+            for (v, &b) in o.iter_mut().zip(w) {
+                *v = bf16_rne(lut[b as usize] * scale);
+            }
         }
     }
     err

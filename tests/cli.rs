@@ -84,7 +84,7 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
     ]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("wrote 5 figures to") && out.contains("headline.png, gather.png"),
+        out.contains("wrote 6 figures to") && out.contains("headline.png, gather.png"),
         "{out}"
     );
     let cpu = out.contains("executor: CPU executor");
@@ -139,13 +139,15 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
     // methods
     let spec = 2 * 2 * 2;
     assert_eq!(count("spec-swap-in"), spec * 2, "{out}");
+    // Engram gather: 2 token counts (1 and 64, 24 rows each), 3 methods
+    assert_eq!(count("engram-gather"), 2 * 3, "{out}");
     // every point has one limit, at ratio 1, and the others' ratios
     for l in lines.iter().filter(|l| l["is_limit"] == true) {
         assert_eq!(l["ratio_to_limit"].as_f64(), Some(1.0), "{l}");
     }
     assert_eq!(
         lines.iter().filter(|l| l["is_limit"] == true).count(),
-        4 + 4 + 3 + spec
+        4 + 4 + 3 + spec + 2
     );
     let g = lines
         .iter()
@@ -178,7 +180,7 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
         "--plot",
         again.to_str().unwrap(),
     ]);
-    assert!(ok && out.contains("wrote 5 figures"), "{out}{err}");
+    assert!(ok && out.contains("wrote 6 figures"), "{out}{err}");
     assert!(!out.contains("executor:"), "measures nothing: {out}");
     for name in ["headline", "writeback"] {
         let a = std::fs::read(figures.join(format!("{name}.png"))).unwrap();
@@ -1208,7 +1210,7 @@ fn bench_tables_are_aligned_and_print_no_zero_rates() {
             }
         }
     }
-    assert_eq!(tables, 4, "{out}");
+    assert_eq!(tables, 5, "{out}");
 }
 
 /// `selftest --cpu` prints its table once, and no link rows of "0 cases"

@@ -5,9 +5,11 @@
 # fp8 DSA items, batch up to 256), each with SGLang's own kernel beside
 # kvtier's strategies; then the speculative swap-in beside SGLang's
 # speculative kernels, the gather (128K context) and the writeback against the
-# link. One JSON-lines file and log per scenario; the figures are drawn where
-# cargo is, from the JSON (kvtier bench --from-json ... --plot DIR), since the
-# GPU machines have no fonts. Took about 4 minutes on an H100.
+# link, and the Engram gather (an 8 GiB table in mapped host memory, new since
+# the last run). One JSON-lines file and log per scenario; the figures are
+# drawn where cargo is, from the JSON (kvtier bench --from-json ... --plot
+# DIR), since the GPU machines have no fonts. Took about 4 minutes on an H100
+# before the Engram gather.
 # Dry run: the quick grid on the CPU executor.
 source "$(dirname "$0")/common.sh"
 export KVTIER_SGLANG_KERNELS="$bundle/lib/libkvt_sglang_kernels.so"
@@ -24,4 +26,5 @@ else
   bench spec-swap-in 100 --scenario spec-swap-in --max-seconds 1
   bench gather 150 --scenario gather --context 131072 --max-seconds 1
   bench writeback 60 --scenario writeback --max-seconds 1
+  bench engram-gather 120 --scenario engram-gather --max-seconds 1
 fi

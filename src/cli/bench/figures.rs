@@ -179,7 +179,13 @@ pub(super) fn read(paths: &[PathBuf]) -> kvtier::Result<Vec<Record>> {
 }
 
 /// The scenarios' order in the figures; others follow in first-seen order.
-const SCENARIOS: [&str; 4] = ["gather", "swap-in", "spec-swap-in", "writeback"];
+const SCENARIOS: [&str; 5] = [
+    "gather",
+    "swap-in",
+    "spec-swap-in",
+    "writeback",
+    "engram-gather",
+];
 
 fn scenarios(records: &[Record]) -> Vec<String> {
     let mut out: Vec<String> = SCENARIOS
@@ -205,6 +211,7 @@ fn x_key(r: &Record) -> &'static str {
         r.param("phase").and_then(Value::as_str),
     ) {
         ("gather", _) => "k",
+        ("engram-gather", _) => "tokens",
         ("writeback", Some("prefill")) => "tokens",
         _ => "batch",
     }

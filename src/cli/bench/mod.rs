@@ -12,11 +12,17 @@
 //!   token per request: kvtier's writeback; the limit (one device→host copy);
 //!   per-entry copies; one copy into pinned staging and a CPU scatter.
 //!
+//! * `engram-gather`: DeepSeek-V4.1's Engram lookups: kvtier's gather of
+//!   e4m3 rows with e8m0 scales into bf16; the limit (the rows' bytes in one
+//!   copy); SGLang's host staging (`index_select` into pinned staging, one
+//!   copy).
+//!
 //! On a GPU the CUDA executor runs and times with CUDA events (host-driven
 //! methods with the wall clock around a stream sync); the limit is a
 //! copy-engine transfer. Without one the CPU executor runs, the limit is a
 //! host memcpy, and every line of the output says so.
 
+mod engram;
 mod figures;
 mod gather;
 mod link;
@@ -87,6 +93,17 @@ pub struct BenchArgs {
     /// have a request longer than its HOT buffer (the others copy nothing).
     #[arg(long, default_value_t = 8, requires = "trace")]
     trace_calls: u32,
+    /// engram-gather: tokens whose Engram rows one layer gathers (24 rows a
+    /// token; default 1,8,64,320,8192: decode, a 64-token verify of 5
+    /// drafts, prefill; the CPU executor's default grid: 1,64,8192;
+    /// --quick: 1,64).
+    #[arg(long, value_delimiter = ',')]
+    engram_tokens: Vec<u32>,
+    /// engram-gather: rows of the table (264 B each; default: as many as
+    /// --pool-memory holds, at most 384M, DeepSeek-V4.1-Flash's; the CPU
+    /// executor's default grid: 2M; --quick: 64K).
+    #[arg(long)]
+    engram_rows: Option<u64>,
     /// writeback: tokens of the prefill chunk written back for one layer
     /// (default 1024,8192; --quick: 1024).
     #[arg(long, value_delimiter = ',')]
@@ -160,6 +177,8 @@ enum Scenario {
     /// The speculative swap-in (MTP/EAGLE verify).
     SpecSwapIn,
     Writeback,
+    /// DeepSeek-V4.1's Engram row gather.
+    EngramGather,
     All,
 }
 
@@ -476,7 +495,27 @@ const ITERS: u32 = 50;
 const WARMUP: u32 = 5;
 const MAX_SECONDS: f64 = 5.0;
 
+/// The full grid's Engram tokens per gather.
+const ENGRAM_TOKENS: [u32; 5] = [1, 8, 64, 320, 8192];
+/// DeepSeek-V4.1-Flash's table rows (its config's engram_num_embeddings).
+const ENGRAM_MAX_ROWS: u64 = 384_016_682;
+
 impl BenchArgs {
+    fn engram_tokens(&self) -> &[u32] {
+        if self.engram_tokens.is_empty() {
+            &ENGRAM_TOKENS
+        } else {
+            &self.engram_tokens
+        }
+    }
+
+    /// The rows given, else as many as the pool budget holds (at most a
+    /// real table's).
+    fn engram_rows(&self) -> u64 {
+        self.engram_rows
+            .unwrap_or_else(|| (pool_budget(self).unwrap_or(0) / 264).min(ENGRAM_MAX_ROWS))
+    }
+
     /// Timed iterations per measurement: the value given or the default.
     fn iters(&self) -> u32 {
         self.iters.unwrap_or(ITERS)
@@ -514,6 +553,8 @@ struct Lower {
     /// None: the full grid's.
     prefill_tokens: Option<&'static [u32]>,
     hot: &'static [u32],
+    engram_tokens: &'static [u32],
+    engram_rows: u64,
     iters: u32,
     warmup: u32,
     max_seconds: f64,
@@ -531,6 +572,8 @@ fn lower_defaults(args: &mut BenchArgs, grid: Grid) -> Vec<String> {
         context,
         prefill_tokens: prefill,
         hot,
+        engram_tokens,
+        engram_rows,
         iters,
         warmup,
         max_seconds,
@@ -542,6 +585,8 @@ fn lower_defaults(args: &mut BenchArgs, grid: Grid) -> Vec<String> {
             context: &[32768],
             prefill_tokens: None,
             hot: &[4096],
+            engram_tokens: &[1, 64, 8192],
+            engram_rows: 2 << 20,
             iters: 20,
             warmup: 3,
             max_seconds: 1.0,
@@ -552,6 +597,8 @@ fn lower_defaults(args: &mut BenchArgs, grid: Grid) -> Vec<String> {
             context: &[8192],
             prefill_tokens: Some(&[1024]),
             hot: &[4096],
+            engram_tokens: &[1, 64],
+            engram_rows: 64 << 10,
             iters: 10,
             warmup: 2,
             max_seconds: 1.0,
@@ -605,6 +652,22 @@ fn lower_defaults(args: &mut BenchArgs, grid: Grid) -> Vec<String> {
     }
     // the speculative swap-in takes the first size only
     set("--hot", &mut args.hot, hot, &list(&HOT), swap);
+    let engram = runs(&[Scenario::EngramGather]);
+    set(
+        "--engram-tokens",
+        &mut args.engram_tokens,
+        engram_tokens,
+        &list(&ENGRAM_TOKENS),
+        engram,
+    );
+    if args.engram_rows.is_none() {
+        args.engram_rows = Some(engram_rows);
+        if engram {
+            lowered.push(format!(
+                "--engram-rows {engram_rows} (not as many as --pool-memory holds)"
+            ));
+        }
+    }
     if grid == Grid::Quick && args.entry.is_empty() {
         args.entry = vec!["fp8-dsa".into()];
         lowered.push("--entry fp8-dsa (not each scenario's own)".into());
@@ -703,6 +766,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
                 Err(e) => println!("note: {} skipped: {e}", spec_swap_in::SCENARIO),
             }
             all.push(Scenario::Writeback);
+            all.push(Scenario::EngramGather);
             all
         }
         s => vec![s],
@@ -714,6 +778,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
             Scenario::SwapIn => swap_in::points(&bench),
             Scenario::SpecSwapIn => spec_swap_in::points(&bench),
             Scenario::Writeback => writeback::points(&bench),
+            Scenario::EngramGather => engram::points(&bench),
             Scenario::All => Ok(0),
         })
         .sum::<kvtier::Result<u64>>()?;
@@ -746,6 +811,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
             Scenario::SwapIn => swap_in::run(&bench)?,
             Scenario::SpecSwapIn => spec_swap_in::run(&bench)?,
             Scenario::Writeback => writeback::run(&bench)?,
+            Scenario::EngramGather => engram::run(&bench)?,
             Scenario::All => unreachable!(),
         };
         bench.progress.suspend(|| {
