@@ -30,13 +30,15 @@ pub(crate) const PALETTE: [RGBColor; 7] = [
 ];
 
 /// Parameters that follow from the others (not a dimension of the grid);
-/// a trace call's layer, requests and misses follow from the call.
-const DERIVED: [&str; 5] = [
+/// a trace call's layer, requests and misses follow from the call, an
+/// Engram gather's ids from its tokens.
+const DERIVED: [&str; 6] = [
     "distinct_regions",
     "unique_misses_per_request",
     "layer",
     "requests",
     "misses_total",
+    "ids",
 ];
 
 /// The most grid points a headline panel shows; beyond it parameters are
