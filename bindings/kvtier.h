@@ -145,6 +145,46 @@ kvt_status kvt_pool_info_get(const kvt_pool *pool, kvt_pool_info *out);
  * at most 1 MiB, replaces what the process published before. Written to
  * $KVTIER_RUN_DIR (default /dev/shm/kvtier)/<pool uuid>/<pid>.json. */
 kvt_status kvt_pool_publish_stats(const kvt_pool *pool, const char *json);
+/* ---- tables: large read-only arrays in shared memory, loaded once per host
+ * (a file on tmpfs or hugetlbfs, or a devdax device; see the Rust module
+ * `kvtier::table`). A loader holds the file's exclusive flock until it is
+ * closed; readers a shared one. */
+typedef struct kvt_table_loader kvt_table_loader;
+typedef struct kvt_table kvt_table;
+/* Opens or makes the table `key` of `data_bytes` bytes at `path` for loading,
+ * waiting at most `wait_ms` for another process's lock. *out is NULL when the
+ * table is loaded already (attach to it instead), else a loader holding the
+ * exclusive lock; a loader killed before publishing leaves a table the next
+ * loader resumes. */
+kvt_status kvt_table_load(const char *path, const char *key, uint64_t data_bytes, uint32_t wait_ms,
+                          kvt_table_loader **out);
+/* The first byte range [*start, *end) at or after `from` not written yet
+ * (*start == *end: none). */
+kvt_status kvt_table_loader_next_missing(const kvt_table_loader *loader, uint64_t from, uint64_t *start,
+                                         uint64_t *end);
+/* Copies `len` bytes to the table's data at `offset`; a chunk counts as
+ * written once a write reaches its end. */
+kvt_status kvt_table_loader_write(const kvt_table_loader *loader, uint64_t offset, const void *bytes,
+                                  uint64_t len);
+/* Publishes the table READY (refused, and the load kept, while bytes are
+ * missing); close the loader after it to let readers in. */
+kvt_status kvt_table_loader_publish(const kvt_table_loader *loader);
+/* Releases the loader and its lock (an unpublished table stays resumable). */
+void kvt_table_loader_close(kvt_table_loader *loader);
+/* Attaches to the READY table `key` at `path` (a shared lock, waiting at most
+ * `wait_ms` for its loader); a table not loaded is KVT_POOL_ERROR saying how
+ * far its load got. */
+kvt_status kvt_table_attach(const char *path, const char *key, uint32_t wait_ms, kvt_table **out);
+/* The table's bytes in this process: valid until kvt_table_close. */
+kvt_status kvt_table_data(const kvt_table *table, const void **data, uint64_t *len);
+void kvt_table_close(kvt_table *table);
+/* The file of `key` in the table directory `dir`, NUL-terminated into `out`
+ * (`capacity` bytes); *needed is set to the bytes it takes either way. */
+kvt_status kvt_table_store_path(const char *dir, const char *key, char *out, size_t capacity,
+                                size_t *needed);
+/* Removes the table file at `path`: refused while a reader or loader holds it. */
+kvt_status kvt_table_destroy(const char *path);
+
 /* The NUMA node GPU `ordinal` is attached to (from its PCI device in sysfs),
  * -1 where the machine does not say; KVT_NO_DRIVER without a GPU. */
 kvt_status kvt_cuda_numa_node(int32_t ordinal, int32_t *out);

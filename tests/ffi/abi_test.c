@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define FIELD(t, f) printf("%s.%s %zu\n", #t, #f, offsetof(t, f))
 #define SIZE(t) printf("sizeof %s %zu\n", #t, sizeof(t))
@@ -428,6 +430,56 @@ static void tier(void) {
     kvt_tier_destroy(NULL);
 }
 
+/* A table loaded, resumed after a loader closed mid-way, published, attached
+ * and destroyed through the C ABI; bad arguments refused. */
+static void tables(void) {
+    char dir[256], path[512];
+    snprintf(dir, sizeof dir, "/tmp/kvtier-abi-tables-%d", (int)getpid());
+    mkdir(dir, 0700);
+    size_t needed = 0;
+    CHECK(kvt_table_store_path(dir, "k", path, 4, &needed) == KVT_INVALID_ARGUMENT && needed > 4,
+          "a short buffer is refused and the size said (%zu)", needed);
+    CHECK(kvt_table_store_path(dir, "k", path, sizeof path, &needed) == KVT_OK &&
+              strncmp(path, dir, strlen(dir)) == 0,
+          "store path %s", path);
+    uint64_t n = (5u << 20) + 3; /* 3 chunks of 2 MiB */
+    uint8_t *bytes = malloc(n);
+    for (uint64_t i = 0; i < n; ++i) bytes[i] = (uint8_t)(i * 7);
+    kvt_table_loader *l = NULL;
+    CHECK(kvt_table_load(path, "k", n, 0, &l) == KVT_OK && l != NULL, "a new table is a loader");
+    CHECK(kvt_table_loader_write(l, 0, bytes, 2u << 20) == KVT_OK, "the first chunk written");
+    CHECK(kvt_table_loader_publish(l) == KVT_POOL_ERROR, "publishing with bytes missing is refused");
+    kvt_table_loader_close(l); /* as a loader that stops */
+    kvt_table *t = NULL;
+    CHECK(kvt_table_attach(path, "k", 0, &t) == KVT_POOL_ERROR && t == NULL, "an unfinished table is not served");
+    CHECK(kvt_table_load(path, "k", n, 0, &l) == KVT_OK && l != NULL, "the next loader resumes");
+    uint64_t a = 0, b = 0;
+    CHECK(kvt_table_loader_next_missing(l, 0, &a, &b) == KVT_OK && a == (2u << 20) && b == n,
+          "missing [%" PRIu64 ", %" PRIu64 ")", a, b);
+    CHECK(kvt_table_loader_write(l, a, bytes + a, b - a) == KVT_OK, "the rest written");
+    CHECK(kvt_table_loader_write(l, n - 1, bytes, 2) == KVT_INVALID_ARGUMENT, "a write past the end is refused");
+    CHECK(kvt_table_loader_publish(l) == KVT_OK, "published");
+    CHECK(kvt_table_loader_publish(l) == KVT_INVALID_ARGUMENT, "published once only");
+    kvt_table_loader_close(l);
+    CHECK(kvt_table_load(path, "k", n, 0, &l) == KVT_OK && l == NULL, "loaded already: no loader");
+    CHECK(kvt_table_attach(path, "other", 0, &t) == KVT_POOL_ERROR, "another key does not attach");
+    CHECK(kvt_table_attach(path, "k", 0, &t) == KVT_OK && t != NULL, "attached");
+    const void *data = NULL;
+    uint64_t len = 0;
+    CHECK(kvt_table_data(t, &data, &len) == KVT_OK && len == n && memcmp(data, bytes, n) == 0,
+          "every byte as written");
+    CHECK(kvt_table_destroy(path) == KVT_POOL_ERROR, "not destroyed under a reader");
+    CHECK(kvt_table_data((const kvt_table *)l, &data, &len) == KVT_INVALID_ARGUMENT, "a null handle is refused");
+    kvt_table_close(t);
+    CHECK(kvt_table_destroy(path) == KVT_OK, "destroyed");
+    CHECK(kvt_table_load(NULL, "k", n, 0, &l) == KVT_INVALID_ARGUMENT, "a null path is refused");
+    CHECK(kvt_table_load(path, "", n, 0, &l) == KVT_INVALID_ARGUMENT, "an empty key is refused");
+    kvt_table_close(NULL);
+    kvt_table_loader_close(NULL);
+    free(bytes);
+    rmdir(dir);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "layout") == 0) {
         layout();
@@ -437,6 +489,7 @@ int main(int argc, char **argv) {
     CHECK(strlen(kvt_version()) > 0, "version %s", kvt_version());
     swap_in();
     tier();
+    tables();
     printf("failures %d\n", failures);
     return failures == 0 ? 0 : 1;
 }

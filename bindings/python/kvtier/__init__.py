@@ -9,12 +9,15 @@ library's message.
   arrays or CPU tensors run on the CPU executor, CUDA tensors on the GPU),
   and its per-layer :class:`SwapInCounters`.
 - :class:`Pool`, :class:`Region`, :class:`Layout`: the pool on CXL devices.
+- :func:`load_table`, :class:`Table`: tables in shared memory, loaded once
+  per host and attached by every process.
 - :mod:`kvtier.sglang`: the drop-in for SGLang.
 """
 
 from ._lib import KvtierError, library
 from ._pool import DeviceCapacity, Layout, Pool, Region, device_bytes_for, device_capacity
 from ._swap_in import SwapInCounters, SwapInEngine, engine_for, spec_swap_in, swap_in
+from ._table import Table, TableLoader, destroy_table, load_table, table_path
 
 __all__ = [
     "DeviceCapacity",
@@ -24,6 +27,11 @@ __all__ = [
     "Region",
     "SwapInCounters",
     "SwapInEngine",
+    "Table",
+    "TableLoader",
+    "destroy_table",
+    "load_table",
+    "table_path",
     "engine_for",
     "device_bytes_for",
     "device_capacity",

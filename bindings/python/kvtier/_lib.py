@@ -195,6 +195,17 @@ _PROTOTYPES = {
     "kvt_swap_in_enable_counters": (_S, [_P, _U32]),
     "kvt_swap_in_read_counters": (_S, [_P, _U32, ctypes.POINTER(SwapInCountersC), _U32, ctypes.POINTER(_U32)]),
     "kvt_swap_in_destroy": (None, [_P]),
+    "kvt_table_load": (_S, [ctypes.c_char_p, ctypes.c_char_p, _U64, _U32, ctypes.POINTER(_P)]),
+    "kvt_table_loader_next_missing": (_S, [_P, _U64, ctypes.POINTER(_U64), ctypes.POINTER(_U64)]),
+    "kvt_table_loader_write": (_S, [_P, _U64, _P, _U64]),
+    "kvt_table_loader_publish": (_S, [_P]),
+    "kvt_table_loader_close": (None, [_P]),
+    "kvt_table_attach": (_S, [ctypes.c_char_p, ctypes.c_char_p, _U32, ctypes.POINTER(_P)]),
+    "kvt_table_data": (_S, [_P, ctypes.POINTER(_P), ctypes.POINTER(_U64)]),
+    "kvt_table_close": (None, [_P]),
+    "kvt_table_store_path": (_S, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                  ctypes.POINTER(ctypes.c_size_t)]),
+    "kvt_table_destroy": (_S, [ctypes.c_char_p]),
 }
 
 _lock = threading.Lock()
