@@ -38,9 +38,10 @@
 //! `max_requests × 3.6e6 / step_ms` tokens an hour, so a million tokens cost
 //! `node_per_hour × 1e6 / tokens_per_hour`. Against recomputing: a context
 //! token dropped and re-prefilled costs `gpu_hour / 3600 /
-//! prefill_tokens_per_s` of GPU time, and kept on a host tier
-//! `host_bytes_per_token / 2^30 × gib_hour` an hour, so keeping it is the
-//! cheaper while it is reused within `recompute / keep` hours.
+//! prefill_tokens_per_s` of GPU time, and kept on a host tier `tp ×
+//! host_bytes_per_token / 2^30 × gib_hour` an hour (each of a request's
+//! `tp` GPUs keeps its own copy), so keeping it is the cheaper while it is
+//! reused within `recompute / keep` hours.
 
 use crate::error::{Result, invalid};
 
@@ -444,9 +445,10 @@ pub struct TierCost {
 pub struct Recompute {
     /// GPU cost of re-prefilling a million context tokens.
     pub per_million_context_tokens: f64,
-    /// Cost of keeping a million context tokens' KV for an hour, and the
-    /// hours of reuse below which keeping is cheaper: DRAM, then CXL.
-    pub keep_per_million_tokens_hour: (f64, f64),
+    /// Cost of keeping a million context tokens' KV for an hour (every
+    /// copy: `tp` of them), and the hours of reuse below which keeping is
+    /// cheaper: DRAM, then CXL (None without CXL devices).
+    pub keep_per_million_tokens_hour: (f64, Option<f64>),
     pub break_even_hours: (Option<f64>, Option<f64>),
 }
 
@@ -493,13 +495,15 @@ pub fn cost(p: &Plan, d: &Deployment, prices: &Prices) -> Result<Cost> {
         .collect();
     let recompute = prices.prefill_tokens_per_s.map(|rate| {
         let per_million_context_tokens = prices.gpu_hour / 3600.0 / rate * 1e6;
-        let keep = |gib_hour: f64| p.host_bytes_per_token * 1e6 / GIB * gib_hour;
-        let (dram, cxl) = (keep(prices.dram_gib_hour), keep(prices.cxl_gib_hour));
+        // each of a request's `tp` GPUs keeps its own copy on the host
+        let keep = |gib_hour: f64| d.tp as f64 * p.host_bytes_per_token * 1e6 / GIB * gib_hour;
+        let dram = keep(prices.dram_gib_hour);
+        let cxl = (!d.cxl.is_empty()).then(|| keep(prices.cxl_gib_hour));
         let hours = |k: f64| (k > 0.0).then(|| per_million_context_tokens / k);
         Recompute {
             per_million_context_tokens,
             keep_per_million_tokens_hour: (dram, cxl),
-            break_even_hours: (hours(dram), hours(cxl)),
+            break_even_hours: (hours(dram), cxl.and_then(hours)),
         }
     });
     Ok(Cost {
@@ -713,6 +717,7 @@ mod tests {
         // keeping them: 40,016 B per token (656 B x 61 layers)
         let keep_dram = 40_016.0 * 1e6 / (1u64 << 30) as f64 * 0.001;
         assert!((r.keep_per_million_tokens_hour.0 - keep_dram).abs() < 1e-12);
+        assert!((r.keep_per_million_tokens_hour.1.unwrap() - keep_dram / 2.0).abs() < 1e-12);
         let hours = (2.0 / 36.0) / keep_dram;
         assert!((r.break_even_hours.0.unwrap() - hours).abs() < 1e-9);
         assert!((r.break_even_hours.1.unwrap() - 2.0 * hours).abs() < 1e-9);
@@ -739,8 +744,27 @@ mod tests {
         }
         let p3 = Prices {
             prefill_tokens_per_s: Some(0.0),
-            ..prices
+            ..prices.clone()
         };
         assert!(cost(&p, &d, &p3).is_err());
+        // attention TP 8: eight host copies of each request, eight times the cost
+        let mut d8 = d.clone();
+        d8.tp = 8;
+        let r8 = cost(&plan(&v32(), &d8).unwrap(), &d8, &prices)
+            .unwrap()
+            .recompute
+            .unwrap();
+        assert!((r8.keep_per_million_tokens_hour.0 - 8.0 * keep_dram).abs() < 1e-9);
+        // no CXL: no CXL figures
+        let mut no_cxl = d.clone();
+        no_cxl.cxl.clear();
+        let r = cost(&plan(&v32(), &no_cxl).unwrap(), &no_cxl, &prices)
+            .unwrap()
+            .recompute
+            .unwrap();
+        assert_eq!(
+            (r.keep_per_million_tokens_hour.1, r.break_even_hours.1),
+            (None, None)
+        );
     }
 }

@@ -363,11 +363,20 @@ fn parse_locks(locks: &str, dev_ino: &str) -> Vec<Holder> {
     out
 }
 
-fn open(path: &Path, create: bool) -> Result<(std::fs::File, std::fs::Metadata)> {
+/// How a table file is opened: a loader (or destroy) writes, and makes a
+/// missing file; a reader only reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Load,
+    Write,
+    Read,
+}
+
+fn open(path: &Path, access: Access) -> Result<(std::fs::File, std::fs::Metadata)> {
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .write(true)
-        .create(create)
+        .write(access != Access::Read)
+        .create(access == Access::Load)
         .truncate(false)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
@@ -402,26 +411,59 @@ fn open(path: &Path, create: bool) -> Result<(std::fs::File, std::fs::Metadata)>
     Ok((file, meta))
 }
 
-fn map(file: &std::fs::File, path: &Path, len: u64) -> Result<MmapRaw> {
-    let len =
-        usize::try_from(len).map_err(|_| invalid("table", "larger than the address space"))?;
-    let map = MmapOptions::new()
-        .len(len)
-        .map_raw(file)
+/// The length mappings of a table are multiples of: hugetlbfs's page (a
+/// mapping of another length cannot be unmapped) and a devdax device's
+/// alignment (it refuses others); 2 MiB elsewhere.
+fn page_of(backing: &Backing, path: &Path) -> u64 {
+    match backing {
+        Backing::HugeTlb { page_bytes } => (*page_bytes).max(MIN_CHUNK_BYTES),
+        Backing::DevDax => path
+            .file_name()
+            .and_then(|n| {
+                std::fs::read_to_string(Path::new("/sys/bus/dax/devices").join(n).join("align"))
+                    .ok()
+            })
+            .and_then(|a| a.trim().parse::<u64>().ok())
+            .filter(|a| a.is_power_of_two())
+            .unwrap_or(MIN_CHUNK_BYTES)
+            .max(MIN_CHUNK_BYTES),
+        _ => MIN_CHUNK_BYTES,
+    }
+}
+
+/// The bytes the file (or devdax device) holds, read now.
+fn length_of(file: &std::fs::File, path: &Path, backing: &Backing) -> Result<u64> {
+    if *backing == Backing::DevDax {
+        return Ok(crate::pool::device_capacity(&format!("dax:{}", path.display()))?.bytes);
+    }
+    file.metadata()
+        .map(|m| m.len())
         .map_err(|source| Error::Io {
-            context: format!("mapping {}", path.display()),
+            context: format!("reading {}", path.display()),
             source,
-        })?;
+        })
+}
+
+/// Maps the first `len` bytes of `file`, the length rounded up to `page`;
+/// read-only unless `writable`.
+fn map(file: &std::fs::File, path: &Path, len: u64, page: u64, writable: bool) -> Result<MmapRaw> {
+    let len = usize::try_from(len.next_multiple_of(page))
+        .map_err(|_| invalid("table", "larger than the address space"))?;
+    let mut opts = MmapOptions::new();
+    opts.len(len);
+    let map = if writable {
+        opts.map_raw(file)
+    } else {
+        opts.map_raw_read_only(file)
+    }
+    .map_err(|source| Error::Io {
+        context: format!("mapping {}", path.display()),
+        source,
+    })?;
     // Where shmem takes transparent huge pages on advice, ask for them (a
     // row lookup then costs no TLB miss of its own); harmless elsewhere.
     // SAFETY: advice on a mapping this function made.
-    unsafe {
-        libc::madvise(
-            map.as_mut_ptr() as *mut libc::c_void,
-            len,
-            libc::MADV_HUGEPAGE,
-        )
-    };
+    unsafe { libc::madvise(map.as_ptr() as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
     Ok(map)
 }
 
@@ -448,7 +490,7 @@ pub fn load(path: &Path, key: &str, data_bytes: u64, wait: Duration) -> Result<L
     if data_bytes == 0 {
         return Err(invalid("table", "a table holds at least one byte"));
     }
-    let (file, meta) = open(path, true)?;
+    let (file, meta) = open(path, Access::Load)?;
     // A READY table needs no exclusive lock (readers may hold it): look
     // first under a shared one.
     lock(&file, path, libc::LOCK_SH, wait)?;
@@ -463,47 +505,22 @@ pub fn load(path: &Path, key: &str, data_bytes: u64, wait: Duration) -> Result<L
     unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
     lock(&file, path, libc::LOCK_EX, wait)?;
     let backing = backing_of(path, &meta);
-    let page = match backing {
-        Backing::HugeTlb { page_bytes } => page_bytes.max(MIN_CHUNK_BYTES),
-        _ => MIN_CHUNK_BYTES,
-    };
+    let page = page_of(&backing, path);
     let want_len = (TABLE_DATA_OFFSET + data_bytes).next_multiple_of(page);
-    let len = file
-        .metadata()
-        .map(|m| m.len())
-        .map_err(|source| Error::Io {
-            context: format!("reading {}", path.display()),
-            source,
-        })?;
-    let mut head = [0u8; 8];
-    let n = std::os::unix::fs::FileExt::read_at(&file, &mut head, 0).unwrap_or(0);
-    let fresh = n < 8 || head == [0; 8];
-    if fresh {
-        if backing != Backing::DevDax && len < want_len {
-            // SAFETY: fallocate on a descriptor this function owns; the
-            // bytes are allocated now, so a full filesystem says so here
-            // instead of killing a reader with SIGBUS later.
-            let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, want_len as libc::off_t) };
-            if r != 0 {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-                    file.set_len(want_len).map_err(|source| Error::Io {
-                        context: format!("growing {}", path.display()),
-                        source,
-                    })?;
-                } else {
-                    return Err(Error::Io {
-                        context: format!(
-                            "allocating {} for the table {}",
-                            crate::pool::human_size(want_len),
-                            path.display()
-                        ),
-                        source: e,
-                    });
-                }
-            }
-        }
-    } else if head != TABLE_MAGIC {
+    // What the file holds now (after the lock: another loader may have made it).
+    let len = length_of(&file, path, &backing)?;
+    let head = if backing == Backing::DevDax {
+        // a character device has no read(): through a mapping
+        let probe = map(&file, path, TABLE_DATA_OFFSET, page, false)?;
+        // SAFETY: the mapping is at least 2 MiB.
+        unsafe { *(probe.as_ptr() as *const [u8; 8]) }
+    } else {
+        let mut head = [0u8; 8];
+        let n = std::os::unix::fs::FileExt::read_at(&file, &mut head, 0).unwrap_or(0);
+        if n < 8 { [0; 8] } else { head }
+    };
+    let fresh = head == [0; 8];
+    if !fresh && head != TABLE_MAGIC {
         return Err(invalid(
             "table",
             format!(
@@ -512,11 +529,39 @@ pub fn load(path: &Path, key: &str, data_bytes: u64, wait: Duration) -> Result<L
             ),
         ));
     }
-    let file_len = if backing == Backing::DevDax {
-        crate::pool::device_capacity(&format!("dax:{}", path.display()))?.bytes
-    } else {
-        len.max(want_len)
-    };
+    if !fresh && len < want_len {
+        return Err(Error::Pool(format!(
+            "{} is truncated: it holds {}, the table {} (destroy it and load it again)",
+            path.display(),
+            crate::pool::human_size(len),
+            crate::pool::human_size(want_len)
+        )));
+    }
+    if fresh && backing != Backing::DevDax && len < want_len {
+        // SAFETY: fallocate on a descriptor this function owns; the
+        // bytes are allocated now, so a full filesystem says so here
+        // instead of killing a reader with SIGBUS later.
+        let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, want_len as libc::off_t) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                file.set_len(want_len).map_err(|source| Error::Io {
+                    context: format!("growing {}", path.display()),
+                    source,
+                })?;
+            } else {
+                return Err(Error::Io {
+                    context: format!(
+                        "allocating {} for the table {}",
+                        crate::pool::human_size(want_len),
+                        path.display()
+                    ),
+                    source: e,
+                });
+            }
+        }
+    }
+    let file_len = length_of(&file, path, &backing)?;
     if file_len < want_len {
         return Err(invalid(
             "table",
@@ -528,7 +573,7 @@ pub fn load(path: &Path, key: &str, data_bytes: u64, wait: Duration) -> Result<L
             ),
         ));
     }
-    let map = map(&file, path, want_len)?;
+    let map = map(&file, path, want_len, page, true)?;
     let m = Mapped {
         path: path.to_path_buf(),
         file,
@@ -572,7 +617,11 @@ pub fn load(path: &Path, key: &str, data_bytes: u64, wait: Duration) -> Result<L
     if m.state() == READY {
         return Ok(Load::Ready);
     }
-    Ok(Load::Filling(Box::new(TableLoader { m, h })))
+    Ok(Load::Filling(Box::new(TableLoader {
+        m,
+        h,
+        partial: std::collections::HashMap::new(),
+    })))
 }
 
 /// What [`load`] found.
@@ -588,6 +637,9 @@ pub enum Load {
 pub struct TableLoader {
     m: Mapped,
     h: Header,
+    /// Chunks written in pieces from their start: the bytes written so far
+    /// (a chunk is marked when they reach its end).
+    partial: std::collections::HashMap<u64, u64>,
 }
 
 impl TableLoader {
@@ -627,9 +679,10 @@ impl TableLoader {
         (self.m.chunks_done(&self.h), self.h.chunks)
     }
 
-    /// Copies `bytes` to the data at `offset` and marks the chunks the
-    /// write covers whole (a chunk's last write marks it: write each chunk
-    /// whole, or in order up to its end).
+    /// Copies `bytes` to the data at `offset` and marks every chunk now
+    /// written whole: one this write covers, or one written in pieces from
+    /// its start up to its end (pieces in order; a chunk written otherwise
+    /// stays unmarked and is written again by a resumed load).
     pub fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
         let end = offset
             .checked_add(bytes.len() as u64)
@@ -660,23 +713,35 @@ impl TableLoader {
         Ok(())
     }
 
-    /// Marks the chunks inside `range` that end within it (the range's own
-    /// last chunk when it reaches the table's end).
-    fn mark(&self, range: Range<u64>) {
+    /// Marks the chunks `range` completes (see [`TableLoader::write`]).
+    fn mark(&mut self, range: Range<u64>) {
+        if range.is_empty() {
+            return;
+        }
         let cb = self.h.chunk_bytes;
-        let first = range.start.div_ceil(cb);
-        let last = if range.end == self.h.data_bytes {
-            self.h.chunks
-        } else {
-            range.end / cb
-        };
         // the bytes before the mark, the mark before READY
         std::sync::atomic::fence(Ordering::Release);
-        for c in first..last {
-            if c * cb >= range.start {
+        for c in range.start / cb..range.end.div_ceil(cb) {
+            let (start, stop) = (c * cb, ((c + 1) * cb).min(self.h.data_bytes));
+            let done = if range.start <= start {
+                range.end - start
+            } else {
+                // a piece inside the chunk: counts if it continues what
+                // was written from the chunk's start
+                match self.partial.get(&c) {
+                    Some(&upto) if start + upto >= range.start => range.end - start,
+                    _ => continue,
+                }
+            };
+            let upto = done.min(stop - start);
+            if start + upto >= stop {
+                self.partial.remove(&c);
                 self.m
                     .word(BITMAP_OFFSET + (c / 64) as usize * 8)
                     .fetch_or(1 << (c % 64), Ordering::Release);
+            } else {
+                let e = self.partial.entry(c).or_insert(0);
+                *e = (*e).max(upto);
             }
         }
     }
@@ -713,20 +778,19 @@ impl Table {
     /// how far its loading got.
     pub fn attach(path: &Path, key: &str, wait: Duration) -> Result<Table> {
         check_key(key)?;
-        let (file, meta) = open(path, false)?;
+        let (file, meta) = open(path, Access::Read)?;
         lock(&file, path, libc::LOCK_SH, wait)?;
-        let file_len = if meta.file_type().is_char_device() {
-            crate::pool::device_capacity(&format!("dax:{}", path.display()))?.bytes
-        } else {
-            meta.len()
-        };
+        let backing = backing_of(path, &meta);
+        let page = page_of(&backing, path);
+        // the length now, after the lock (a loader may have grown the file)
+        let file_len = length_of(&file, path, &backing)?;
         if file_len < TABLE_DATA_OFFSET {
             return Err(Error::Pool(format!(
                 "{} is not a kvtier table ({file_len} B)",
                 path.display()
             )));
         }
-        let head = map(&file, path, TABLE_DATA_OFFSET)?;
+        let head = map(&file, path, TABLE_DATA_OFFSET, page, false)?;
         let probe = Mapped {
             path: path.to_path_buf(),
             file,
@@ -750,7 +814,7 @@ impl Table {
             )));
         }
         let Mapped { path, file, .. } = probe;
-        let map = map(&file, &path, h.data_offset + h.data_bytes)?;
+        let map = map(&file, &path, h.data_offset + h.data_bytes, page, false)?;
         Ok(Table {
             m: Mapped { path, file, map },
             h,
@@ -794,15 +858,22 @@ pub struct TableStatus {
 
 /// Reads a table's header and state without locking it.
 pub fn status(path: &Path) -> Result<TableStatus> {
-    let (file, meta) = open(path, false)?;
-    let file_len = meta.len();
+    let (file, meta) = open(path, Access::Read)?;
+    let backing = backing_of(path, &meta);
+    let file_len = length_of(&file, path, &backing)?;
     if file_len < TABLE_DATA_OFFSET {
         return Err(Error::Pool(format!(
             "{} is not a kvtier table ({file_len} B)",
             path.display()
         )));
     }
-    let map = map(&file, path, TABLE_DATA_OFFSET)?;
+    let map = map(
+        &file,
+        path,
+        TABLE_DATA_OFFSET,
+        page_of(&backing, path),
+        false,
+    )?;
     let m = Mapped {
         path: path.to_path_buf(),
         file,
@@ -818,15 +889,41 @@ pub fn status(path: &Path) -> Result<TableStatus> {
         chunks_done: m.chunks_done(&h),
         chunks: h.chunks,
         holders: holders(path)?,
-        backing: backing_of(path, &meta),
+        backing,
     })
 }
 
 /// Removes the table file at `path`: refused while a reader or loader holds
 /// it (naming them).
 pub fn destroy(path: &Path) -> Result<()> {
-    let (file, _) = open(path, false)?;
+    let (file, meta) = open(path, Access::Write)?;
     lock(&file, path, libc::LOCK_EX, Duration::ZERO)?;
+    let backing = backing_of(path, &meta);
+    if backing == Backing::DevDax {
+        // the device stays; its table goes: the magic cleared
+        let m = map(
+            &file,
+            path,
+            TABLE_DATA_OFFSET,
+            page_of(&backing, path),
+            true,
+        )?;
+        // SAFETY: the first 8 bytes of a mapping of at least 2 MiB, under
+        // the exclusive lock.
+        unsafe { std::ptr::write_bytes(m.as_mut_ptr(), 0, 8) };
+        return Ok(());
+    }
+    // The path must still name the file locked: a process that removed it
+    // meanwhile leaves nothing here to remove.
+    match std::fs::symlink_metadata(path) {
+        Ok(now) if now.dev() == meta.dev() && now.ino() == meta.ino() => {}
+        _ => {
+            return Err(Error::Pool(format!(
+                "{} changed while it was being destroyed; look again",
+                path.display()
+            )));
+        }
+    }
     std::fs::remove_file(path).map_err(|source| Error::Io {
         context: format!("removing {}", path.display()),
         source,
@@ -982,6 +1079,46 @@ mod tests {
         std::fs::write(&other, vec![1u8; 3 << 20]).unwrap();
         let e = load(&other, "a", 100, LOCK_WAIT).err().unwrap();
         assert!(e.to_string().contains("not a kvtier table"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn chunks_written_in_pieces_in_order_count_and_a_truncated_table_is_reported() {
+        let d = dir("pieces");
+        let path = d.join("t.table");
+        let n = 3 * MIN_CHUNK_BYTES;
+        let Load::Filling(mut l) = load(&path, "p", n, LOCK_WAIT).unwrap() else {
+            panic!()
+        };
+        let half = (MIN_CHUNK_BYTES / 2) as usize;
+        // chunk 0 in two pieces, in order: marked
+        l.write(0, &pattern(0, half)).unwrap();
+        assert_eq!(l.progress().0, 0);
+        l.write(half as u64, &pattern(half as u64, half)).unwrap();
+        assert_eq!(l.progress().0, 1);
+        // chunk 1's second half alone: not marked (its start was never written)
+        let c1 = MIN_CHUNK_BYTES;
+        l.write(c1 + half as u64, &pattern(c1 + half as u64, half))
+            .unwrap();
+        assert_eq!(l.progress().0, 1);
+        // a write across chunks 1 and 2 from chunk 1's start completes both
+        l.write(c1, &pattern(c1, 2 * MIN_CHUNK_BYTES as usize))
+            .unwrap();
+        assert_eq!(l.progress(), (3, 3));
+        l.publish().unwrap();
+        assert!(
+            Table::attach(&path, "p", Duration::ZERO).unwrap().data() == pattern(0, n as usize)
+        );
+        // cut short (a full disk, a careless `truncate`): reported, never mapped past its end
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(3 << 20).unwrap();
+        let e = load(&path, "p", n, LOCK_WAIT).err().unwrap();
+        assert!(e.to_string().contains("truncated"), "{e}");
+        assert!(Table::attach(&path, "p", Duration::ZERO).is_err());
+        assert!(status(&path).is_err());
+        f.set_len(4096).unwrap();
+        assert!(load(&path, "p", n, LOCK_WAIT).is_err());
+        assert!(Table::attach(&path, "p", Duration::ZERO).is_err());
         let _ = std::fs::remove_dir_all(&d);
     }
 

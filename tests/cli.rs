@@ -191,6 +191,25 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
 }
 
 #[test]
+fn the_engram_bench_refuses_more_ids_than_table_rows() {
+    // the limit copies as many rows' bytes as there are ids: a table
+    // smaller than that is refused, not read past
+    let (ok, _, err) = kvtier(&[
+        "bench",
+        "--scenario",
+        "engram-gather",
+        "--engram-rows",
+        "100",
+        "--engram-tokens",
+        "8192",
+    ]);
+    assert!(
+        !ok && err.contains("--engram-rows") && err.contains("196608"),
+        "{err}"
+    );
+}
+
+#[test]
 fn figures_from_json_name_a_bad_line_and_the_plot_takes_a_folder() {
     let dir = std::env::temp_dir().join(format!("kvtier-cli-figures-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -385,15 +385,25 @@ fn print_cost(c: &Cost) {
                 format!("within {h:.1} hours")
             })
         };
-        println!(
-            "recomputing a context: {} per million tokens re-prefilled; keeping their KV: {} an hour in DRAM, {} in CXL; \
-             keeping is the cheaper when the context is reused {} (DRAM), {} (CXL)",
-            money(r.per_million_context_tokens),
-            money(r.keep_per_million_tokens_hour.0),
-            money(r.keep_per_million_tokens_hour.1),
-            hours(r.break_even_hours.0),
-            hours(r.break_even_hours.1),
-        );
+        match r.keep_per_million_tokens_hour.1 {
+            Some(cxl) => println!(
+                "recomputing a context: {} per million tokens re-prefilled; keeping their KV (every TP copy): {} \
+                 an hour in DRAM, {} in CXL; keeping is the cheaper when the context is reused {} (DRAM), {} \
+                 (CXL)",
+                money(r.per_million_context_tokens),
+                money(r.keep_per_million_tokens_hour.0),
+                money(cxl),
+                hours(r.break_even_hours.0),
+                hours(r.break_even_hours.1),
+            ),
+            None => println!(
+                "recomputing a context: {} per million tokens re-prefilled; keeping their KV (every TP copy): {} \
+                 an hour in DRAM; keeping is the cheaper when the context is reused {}",
+                money(r.per_million_context_tokens),
+                money(r.keep_per_million_tokens_hour.0),
+                hours(r.break_even_hours.0),
+            ),
+        }
     }
 }
 

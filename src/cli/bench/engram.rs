@@ -37,6 +37,20 @@ fn grid(b: &Bench) -> kvtier::Result<(Vec<u32>, u64)> {
             "need at least one row and one token",
         ));
     }
+    // The limit copies the bytes of as many rows as the ids from the
+    // table's start: the table must hold them.
+    if let Some(&t) = tokens
+        .iter()
+        .find(|&&t| t as u64 * IDS_PER_TOKEN as u64 > rows)
+    {
+        return Err(invalid(
+            "--engram-rows",
+            format!(
+                "{rows} rows; {t} tokens read {} ({IDS_PER_TOKEN} a token): give at least as many rows",
+                t as u64 * IDS_PER_TOKEN as u64
+            ),
+        ));
+    }
     let bytes = rows.saturating_mul(ROW_BYTES as u64);
     let budget = b.pool_budget()?;
     if bytes > budget {
@@ -75,7 +89,7 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
     for &t in &tokens {
         b.progress
             .set_message(format!("engram-gather: {}", count(t, "token", "tokens")));
-        let n = (t * IDS_PER_TOKEN) as usize;
+        let n = (t as u64 * IDS_PER_TOKEN as u64) as usize; // <= rows (checked)
         let ids: Vec<i64> = {
             use rand::{Rng, SeedableRng};
             let mut rng = rand::rngs::StdRng::seed_from_u64(b.args.seed ^ t as u64);
@@ -114,8 +128,9 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
         gatherer.check()?;
         verify(host, n_rows, &ids, &out_rows.to_vec()?)?;
         let dst = ExecVec::<u8>::zeroed(exec, useful)?;
-        // SAFETY: the table holds at least `useful` bytes (ids <= rows) from
-        // its start, registered for the CUDA executor; `dst` as many.
+        // SAFETY: the table holds at least `useful` bytes (as many ids as
+        // rows at most, checked by `grid`) from its start, registered for
+        // the CUDA executor; `dst` as many.
         let limit = b.time(&clock, Timing::Device, none, |s| unsafe {
             transfer::contiguous(exec, Dir::HostToDevice, host, dst.addr(), useful, s)
         })?;
