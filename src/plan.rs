@@ -12,7 +12,9 @@
 //!   buffer, `offloaded_layers × entry_bytes × slots`, where `slots` is `E`
 //!   rounded up to a page for a request that fits the buffer, else the
 //!   buffer's `hot` slots and one page more for the newest tokens (SGLang's
-//!   `padded_buffer_size`);
+//!   `padded_buffer_size`), plus layers kept whole in HBM (DeepSeek-V4's
+//!   compressed-by-128 ones), `layers × entry_bytes × ceil(L /
+//!   tokens_per_entry)` each, plus a fixed `hbm_bytes_per_request`;
 //! - the host link, per decode step: each request longer than its HOT
 //!   buffer misses `miss_rate × top_k` entries per offloaded layer, each
 //!   `entry_bytes` moved from the host.
@@ -70,6 +72,12 @@ pub struct ModelSpec {
     pub page_entries: u32,
     /// The longest context the model takes, in tokens.
     pub max_context: u64,
+    /// Layers whose whole KV stays in HBM under HiSparse (DeepSeek-V4's
+    /// compressed-by-128 layers): (layers, bytes per entry, tokens per entry).
+    pub resident_layers: Vec<(u32, u32, u32)>,
+    /// HBM a request takes whatever its length (DeepSeek-V4's sliding-window
+    /// KV and compressor state).
+    pub hbm_bytes_per_request: u64,
     /// Where the numbers come from.
     pub source: String,
 }
@@ -90,6 +98,8 @@ impl ModelSpec {
             hot_slots: 4096,
             page_entries: 64,
             max_context: 163_840,
+            resident_layers: Vec::new(),
+            hbm_bytes_per_request: 0,
             source: format!(
                 "DeepSeek's inference/config_671B_v3.2.json (61 layers, kv_lora_rank 512, qk_rope_head_dim \
                  64, index_head_dim 128, index_topk 2048) and inference/model.py (4096 × rope_factor 40 = \
@@ -113,6 +123,46 @@ impl ModelSpec {
             ),
             ..dsa(name, entry, dtype)
         };
+        // DeepSeek-V4 under SGLang 0.5.23's HiSparse: only the
+        // compressed-by-4 (C4) layers go to the host (HiSparseC4DevicePool),
+        // 584 B entries padded to 585 B in 64-entry pages, one per 4 tokens;
+        // their indexer keys (132 B an entry) stay in HBM, and the HOT
+        // buffer holds 4096 C4 entries plus a 64-entry page. The
+        // compressed-by-128 layers stay in HBM (2-entry pages padded to
+        // 1728 B: 864 B an entry). A request also holds, whatever its
+        // length, its sliding-window KV (the 768 tokens the pool reserves a
+        // request: window 128, eviction interval 128 and two 256-token pages)
+        // in every layer at 585 B a token, the C4 compressor's ring state
+        // (320 B a window token a C4 layer) and the C128 compressor's state
+        // (512 KiB a C128 layer).
+        let v4 = |name: &str, layers: u32, c4: u32, c128: u32, topk: u32| {
+            let window_tokens = 768u64;
+            ModelSpec {
+                name: name.into(),
+                offloaded_layers: c4,
+                entry_bytes: 585,
+                tokens_per_entry: 4,
+                indexer_layers: c4,
+                indexer_entry_bytes: 132,
+                top_k: topk,
+                hot_slots: 4096,
+                page_entries: 64,
+                max_context: 1 << 20,
+                resident_layers: vec![(c128, 864, 128)],
+                hbm_bytes_per_request: window_tokens * 585 * layers as u64
+                    + window_tokens * 320 * c4 as u64
+                    + (512 << 10) * c128 as u64,
+                source: format!(
+                    "the {name} config.json (num_hidden_layers {layers}: {c4} compressed by 4, {c128} by 128, \
+                     the rest sliding-window only; index_topk {topk}; max_position_embeddings 1048576; as \
+                     copied in ai-dynamo/aiconfigurator's model_configs at 095f58a); SGLang 0.5.23's \
+                     DeepSeek-V4 pool and HiSparse coordinator (C4 layers offloaded, 585 B an entry of 4 \
+                     tokens; C128 layers resident, 864 B an entry of 128; indexer keys 132 B a C4 entry; \
+                     HOT 4096 + 64 C4 entries; per request a 768-token window in every layer and the \
+                     compressors' state)"
+                ),
+            }
+        };
         vec![
             dsa(
                 "deepseek-v3.2",
@@ -126,6 +176,8 @@ impl ModelSpec {
                 "fp8: 512 nope + 4 scales × 4 B + 64 rope × 2 B",
             ),
             glm("glm-5-bf16", 1152, "bf16: 576 × 2 B"),
+            v4("deepseek-v4-flash", 43, 21, 20, 512),
+            v4("deepseek-v4-pro", 61, 30, 31, 1024),
         ]
     }
 
@@ -164,6 +216,19 @@ impl ModelSpec {
                 ));
             }
         }
+        if self
+            .resident_layers
+            .iter()
+            .any(|&(l, e, t)| l == 0 || e == 0 || t == 0)
+        {
+            return Err(invalid(
+                "model",
+                format!(
+                    "{}: every resident layer set needs layers, entry bytes and tokens per entry",
+                    self.name
+                ),
+            ));
+        }
         if self.top_k > self.hot_slots {
             return Err(invalid(
                 "model",
@@ -190,6 +255,11 @@ impl ModelSpec {
     /// indexer's keys).
     pub fn hbm_bytes_per_token(&self) -> f64 {
         self.indexer_layers as f64 * self.indexer_entry_bytes as f64 / self.tokens_per_entry as f64
+            + self
+                .resident_layers
+                .iter()
+                .map(|&(l, e, t)| l as f64 * e as f64 / t as f64)
+                .sum::<f64>()
     }
 
     /// HOT buffer slots a request of `tokens` tokens holds in HBM.
@@ -210,6 +280,12 @@ impl ModelSpec {
     pub fn hbm_bytes(&self, tokens: u64) -> u64 {
         self.indexer_layers as u64 * self.indexer_entry_bytes as u64 * self.entries(tokens)
             + self.offloaded_layers as u64 * self.entry_bytes as u64 * self.hot_slots_for(tokens)
+            + self
+                .resident_layers
+                .iter()
+                .map(|&(l, e, t)| l as u64 * e as u64 * tokens.div_ceil(t as u64))
+                .sum::<u64>()
+            + self.hbm_bytes_per_request
     }
 
     /// Bytes one request of `tokens` tokens moves over the host link per
@@ -765,6 +841,48 @@ mod tests {
         assert_eq!(
             (r.keep_per_million_tokens_hour.1, r.break_even_hours.1),
             (None, None)
+        );
+    }
+
+    #[test]
+    fn the_deepseek_v4_presets_are_their_configs_in_sglangs_hisparse_layout() {
+        // V4-Flash's config.json: 43 layers, compress_ratios [0,0] + [4,128] x 20
+        // + [4] (the MTP slot's 0 left out): 21 C4, 20 C128, 2 window-only;
+        // index_topk 512
+        let m = ModelSpec::preset("deepseek-v4-flash").unwrap();
+        assert_eq!(
+            (m.offloaded_layers, m.indexer_layers, m.top_k),
+            (21, 21, 512)
+        );
+        // SGLang 0.5.23: 584 B entries in 64-entry pages padded to 576 B
+        // multiples (37,440 B a page: 585 B an entry), one per 4 tokens
+        assert_eq!((64 * 584u32).next_multiple_of(576) / 64, m.entry_bytes);
+        assert_eq!(m.tokens_per_entry, 4);
+        // C128: 2-entry pages padded to 1728 B, one entry per 128 tokens
+        assert_eq!(
+            m.resident_layers,
+            vec![(20, (2 * 584u32).next_multiple_of(576) / 2, 128)]
+        );
+        assert_eq!(m.host_bytes_per_token(), 21.0 * 585.0 / 4.0);
+        assert_eq!(
+            m.hbm_bytes_per_token(),
+            21.0 * 132.0 / 4.0 + 20.0 * 864.0 / 128.0
+        );
+        // a 128K-token request, by hand: 32768 C4 entries
+        let host = 21 * 585 * 32_768u64;
+        let indexer = 21 * 132 * 32_768u64;
+        let hot = 21 * 585 * (4096 + 64u64);
+        let c128 = 20 * 864 * 1024u64;
+        let fixed = 768 * 585 * 43 + 768 * 320 * 21 + (512 << 10) * 20u64;
+        assert_eq!(m.host_bytes(131_072), host);
+        assert_eq!(m.hbm_bytes(131_072), indexer + hot + c128 + fixed);
+        assert_eq!(m.max_context, 1_048_576);
+        let pro = ModelSpec::preset("deepseek-v4-pro").unwrap();
+        assert_eq!((pro.offloaded_layers, pro.top_k), (30, 1024));
+        assert_eq!(pro.resident_layers, vec![(31, 864, 128)]);
+        assert_eq!(
+            pro.hbm_bytes_per_request,
+            768 * 585 * 61 + 768 * 320 * 30 + (512 << 10) * 31
         );
     }
 }

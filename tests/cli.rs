@@ -1701,3 +1701,63 @@ fn a_table_killed_while_loading_is_never_served_and_the_next_load_resumes_it() {
     assert!(ok && !file.exists(), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_model_file_may_keep_layers_and_bytes_per_request_in_hbm() {
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("m.json");
+    let base = r#""name": "x", "offloaded_layers": 2, "entry_bytes": 100, "tokens_per_entry": 4,
+        "indexer_layers": 2, "indexer_entry_bytes": 10, "top_k": 8, "hot_slots": 16,
+        "page_entries": 4, "max_context": 4096"#;
+    let run = |extra: &str| {
+        std::fs::write(&file, format!("{{{base}{extra}}}")).unwrap();
+        kvtier(&[
+            "plan",
+            "--model-file",
+            file.to_str().unwrap(),
+            "--context",
+            "1024",
+            "--hbm-for-kv",
+            "1MiB",
+            "--dram-for-kv",
+            "1GiB",
+            "--json",
+        ])
+    };
+    let (ok, out, err) =
+        run(r#", "resident_layers": [[3, 50, 128]], "hbm_bytes_per_request": 1000"#);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // 2 x 10 / 4 + 3 x 50 / 128 per token; at 1024 tokens (256 entries):
+    // indexer 5120 + HOT 2 x 100 x 20 + resident 3 x 50 x 8 + 1000
+    assert_eq!(v["hbm_bytes_per_token"].as_f64(), Some(6.171875));
+    assert_eq!(v["hbm_bytes_per_request"].as_f64(), Some(11320.0));
+    let (ok, out, _) = run("");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(ok && v["hbm_bytes_per_request"].as_f64() == Some(9120.0));
+    for bad in [
+        r#", "resident_layers": [[3, 50]]"#,
+        r#", "resident_layers": 3"#,
+        r#", "resident_layers": [[0, 50, 128]]"#,
+    ] {
+        let (ok, _, err) = run(bad);
+        assert!(!ok && err.contains("--model-file"), "{bad}: {err}");
+    }
+    let (ok, out, err) = kvtier(&[
+        "plan",
+        "--model",
+        "deepseek-v4-flash",
+        "--context",
+        "1M",
+        "--hbm-for-kv",
+        "40GiB",
+        "--dram-for-kv",
+        "1536GiB",
+    ]);
+    assert!(
+        ok && out.contains("per token: host 3071.25 B, HBM 828 B"),
+        "{out}{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -9,13 +9,15 @@ use serde_json::{Value, json};
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// A built-in model: deepseek-v3.2 or glm-5 (GLM-5 and 5.1), fp8 KV;
-    /// deepseek-v3.2-bf16 or glm-5-bf16.
+    /// A built-in model: deepseek-v3.2, glm-5 (GLM-5 and 5.1),
+    /// deepseek-v4-flash or deepseek-v4-pro (fp8 KV); deepseek-v3.2-bf16 or
+    /// glm-5-bf16.
     #[arg(long, default_value = "deepseek-v3.2", conflicts_with = "model_file")]
     model: String,
     /// A model described in JSON instead: offloaded_layers, entry_bytes,
     /// tokens_per_entry, indexer_layers, indexer_entry_bytes, top_k,
-    /// hot_slots, page_entries, max_context (see the README).
+    /// hot_slots, page_entries, max_context; optionally resident_layers and
+    /// hbm_bytes_per_request (see the README).
     #[arg(long)]
     model_file: Option<PathBuf>,
     /// A context length in tokens (128K = 131072), with its share of the
@@ -165,6 +167,46 @@ fn model(a: &PlanArgs) -> kvtier::Result<ModelSpec> {
         hot_slots: small("hot_slots")?,
         page_entries: small("page_entries")?,
         max_context: field("max_context")?,
+        resident_layers: match v.get("resident_layers") {
+            None => Vec::new(),
+            Some(list) => list
+                .as_array()
+                .ok_or_else(|| {
+                    arg_err(
+                        "--model-file",
+                        format!(
+                            "{}: `resident_layers` must be a list of [layers, entry_bytes, tokens_per_entry]",
+                            path.display()
+                        ),
+                    )
+                })?
+                .iter()
+                .map(|t| {
+                    let n: Vec<u32> = t
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    match n[..] {
+                        [l, e, tpe] if t.as_array().is_some_and(|a| a.len() == 3) => Ok((l, e, tpe)),
+                        _ => Err(arg_err(
+                            "--model-file",
+                            format!(
+                                "{}: `resident_layers` entry {t} is not [layers, entry_bytes, tokens_per_entry]",
+                                path.display()
+                            ),
+                        )),
+                    }
+                })
+                .collect::<kvtier::Result<Vec<_>>>()?,
+        },
+        hbm_bytes_per_request: match v.get("hbm_bytes_per_request") {
+            None => 0,
+            Some(_) => field("hbm_bytes_per_request")?,
+        },
         source: v
             .get("source")
             .and_then(Value::as_str)
@@ -422,12 +464,25 @@ fn print_table(p: &Plan, d: &Deployment) {
         d.tp
     );
     println!(
-        "per token: host {} B, HBM {} B (indexer keys); per request: host {}, HBM {} (HOT buffer of {} slots included)",
+        "per token: host {} B, HBM {} B (indexer keys{}); per request: host {}, HBM {} (HOT buffer of {} slots included{})",
         p.host_bytes_per_token,
         p.hbm_bytes_per_token,
+        if m.resident_layers.is_empty() {
+            ""
+        } else {
+            ", layers kept in HBM"
+        },
         human_size(p.host_bytes_per_request as u64),
         human_size(p.hbm_bytes_per_request as u64),
-        m.hot_slots
+        m.hot_slots,
+        if m.hbm_bytes_per_request == 0 {
+            String::new()
+        } else {
+            format!(
+                ", and {} a request whatever its length",
+                human_size(m.hbm_bytes_per_request)
+            )
+        }
     );
     println!(
         "assumed: {}% of the top-k missing per layer and step, {} ms steps, swap-ins in {}% of a step, {} GB/s per GPU",
