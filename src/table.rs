@@ -96,21 +96,15 @@ impl Header {
 
     /// FNV-1a over every field but the magic and the checksum.
     fn sum(&self) -> u64 {
-        let mut x: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut eat = |bytes: &[u8]| {
-            for &b in bytes {
-                x ^= b as u64;
-                x = x.wrapping_mul(0x0000_0100_0000_01b3);
-            }
-        };
-        eat(&self.version.to_le_bytes());
-        eat(&self.key_len.to_le_bytes());
-        eat(&self.data_bytes.to_le_bytes());
-        eat(&self.data_offset.to_le_bytes());
-        eat(&self.chunk_bytes.to_le_bytes());
-        eat(&self.chunks.to_le_bytes());
-        eat(&self.key);
-        x
+        fnv1a(&[
+            &self.version.to_le_bytes(),
+            &self.key_len.to_le_bytes(),
+            &self.data_bytes.to_le_bytes(),
+            &self.data_offset.to_le_bytes(),
+            &self.chunk_bytes.to_le_bytes(),
+            &self.chunks.to_le_bytes(),
+            &self.key,
+        ])
     }
 
     fn key(&self) -> &[u8] {
@@ -154,6 +148,17 @@ impl Header {
     }
 }
 
+/// 64-bit FNV-1a over `parts` in order: the header's checksum, a key's
+/// file name.
+pub fn fnv1a(parts: &[&[u8]]) -> u64 {
+    parts
+        .iter()
+        .flat_map(|p| p.iter())
+        .fold(0xcbf2_9ce4_8422_2325, |x, &b| {
+            (x ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+}
+
 /// Where a table's pages come from, as far as lookups go (one TLB entry per
 /// page).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -191,28 +196,13 @@ impl std::fmt::Display for Backing {
 }
 
 fn backing_of(path: &Path, meta: &std::fs::Metadata) -> Backing {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    const RAMFS_MAGIC: i64 = 0x8584_58f6;
-    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    use crate::pool::device::{HUGETLBFS_MAGIC, RAMFS_MAGIC, TMPFS_MAGIC, statfs};
     if meta.file_type().is_char_device() {
         return Backing::DevDax;
     }
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
-        return Backing::Other;
-    };
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: a NUL-terminated path and a statfs buffer of the right type.
-    if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
-        return Backing::Other;
-    }
-    // SAFETY: statfs succeeded, so it filled the buffer.
-    let st = unsafe { st.assume_init() };
-    #[allow(clippy::unnecessary_cast)] // f_type's type differs between targets
-    match st.f_type as i64 {
-        HUGETLBFS_MAGIC => Backing::HugeTlb {
-            page_bytes: st.f_bsize as u64,
-        },
-        TMPFS_MAGIC | RAMFS_MAGIC => Backing::Shmem {
+    match statfs(path) {
+        Ok((HUGETLBFS_MAGIC, page_bytes)) => Backing::HugeTlb { page_bytes },
+        Ok((TMPFS_MAGIC | RAMFS_MAGIC, _)) => Backing::Shmem {
             shmem_enabled: std::fs::read_to_string(
                 "/sys/kernel/mm/transparent_hugepage/shmem_enabled",
             )
@@ -267,55 +257,45 @@ impl Mapped {
 pub const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 fn lock(file: &std::fs::File, path: &Path, how: i32, wait: Duration) -> Result<()> {
-    let deadline = Instant::now() + wait;
-    loop {
-        // SAFETY: flock on a descriptor the caller owns.
-        if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if !matches!(
-            e.raw_os_error(),
-            Some(libc::EWOULDBLOCK) | Some(libc::EINTR)
-        ) {
-            return Err(Error::Io {
+    let locked =
+        crate::pool::device::flock_until(file, how, Instant::now() + wait).map_err(|source| {
+            Error::Io {
                 context: format!("locking {}", path.display()),
-                source: e,
-            });
-        }
-        if Instant::now() >= deadline {
-            let holders = holders(path)
-                .map(|h| {
-                    h.iter()
-                        .map(|l| {
-                            format!(
-                                "pid {} ({})",
-                                l.pid,
-                                if l.exclusive { "loading" } else { "reading" }
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                })
-                .unwrap_or_default();
-            return Err(Error::Pool(format!(
-                "{} is held by {} ({} s waited): {}",
-                path.display(),
-                if how == libc::LOCK_EX {
-                    "readers or a loader"
-                } else {
-                    "its loader"
-                },
-                wait.as_secs(),
-                if holders.is_empty() {
-                    "see `fuser` for who".to_string()
-                } else {
-                    holders
-                }
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(10));
+                source,
+            }
+        })?;
+    if locked {
+        return Ok(());
     }
+    let holders = holders(path)
+        .map(|h| {
+            h.iter()
+                .map(|l| {
+                    format!(
+                        "pid {} ({})",
+                        l.pid,
+                        if l.exclusive { "loading" } else { "reading" }
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    Err(Error::Pool(format!(
+        "{} is held by {} ({} s waited): {}",
+        path.display(),
+        if how == libc::LOCK_EX {
+            "readers or a loader"
+        } else {
+            "its loader"
+        },
+        wait.as_secs(),
+        if holders.is_empty() {
+            "see `fuser` for who".to_string()
+        } else {
+            holders
+        }
+    )))
 }
 
 /// A process holding a table's lock.
@@ -944,11 +924,7 @@ impl TableStore {
 
     /// The file of `key` in this store.
     pub fn path_of(&self, key: &str) -> PathBuf {
-        let mut x: u64 = 0xcbf2_9ce4_8422_2325;
-        for &b in key.as_bytes() {
-            x ^= b as u64;
-            x = x.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        let x = fnv1a(&[key.as_bytes()]);
         let readable: String = key
             .chars()
             .map(|c| {

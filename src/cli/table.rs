@@ -120,9 +120,7 @@ fn synthetic_word(seed: u64, i: u64) -> u64 {
 }
 
 fn seed_of(key: &str) -> u64 {
-    key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |x, b| {
-        (x ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    table::fnv1a(&[key.as_bytes()])
 }
 
 /// The synthetic bytes `offset..offset + out.len()` (offset a multiple of 8).

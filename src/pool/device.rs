@@ -413,11 +413,31 @@ enum FileSystem {
     Disk,
 }
 
+/// tmpfs, ramfs and hugetlbfs, as `statfs` names them.
+pub(crate) const TMPFS_MAGIC: i64 = 0x0102_1994;
+pub(crate) const RAMFS_MAGIC: i64 = 0x8584_58f6;
+pub(crate) const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+
+/// `statfs` of `path`: the filesystem's type and its block size (a
+/// hugetlbfs mount's page size).
+pub(crate) fn statfs(path: &Path) -> Result<(i64, u64)> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| invalid("device", format!("{} holds a NUL byte", path.display())))?;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: a NUL-terminated path and a statfs buffer of the right type.
+    if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(io(format!("statfs of {}", path.display()))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: statfs succeeded, so it filled the buffer.
+    let st = unsafe { st.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // the fields' types differ between targets
+    Ok((st.f_type as i64, st.f_bsize as u64))
+}
+
 /// The filesystem `path` (or, for a file not made yet, its directory) is on.
 fn file_system_of(path: &Path) -> Result<FileSystem> {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    const RAMFS_MAGIC: i64 = 0x8584_58f6;
-    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
     let probe = if path.exists() {
         path.to_path_buf()
     } else {
@@ -426,23 +446,38 @@ fn file_system_of(path: &Path) -> Result<FileSystem> {
             _ => PathBuf::from("."),
         }
     };
-    let c = std::ffi::CString::new(probe.as_os_str().as_encoded_bytes())
-        .map_err(|_| invalid("device", format!("{} holds a NUL byte", path.display())))?;
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: a NUL-terminated path and a statfs buffer of the right type.
-    if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
-        return Err(io(format!("statfs of {}", probe.display()))(
-            std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: statfs succeeded, so it filled the buffer.
-    #[allow(clippy::unnecessary_cast)] // f_type's type differs between targets
-    let kind = unsafe { st.assume_init() }.f_type as i64;
-    Ok(match kind {
+    Ok(match statfs(&probe)?.0 {
         TMPFS_MAGIC | RAMFS_MAGIC => FileSystem::Memory,
         HUGETLBFS_MAGIC => FileSystem::Device,
         _ => FileSystem::Disk,
     })
+}
+
+/// Takes `flock(how)` on `file`, retrying until `deadline`: Ok(false) when
+/// another holder kept it that long.
+pub(crate) fn flock_until(
+    file: &std::fs::File,
+    how: i32,
+    deadline: std::time::Instant,
+) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: flock on a descriptor the caller owns.
+        if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        if !matches!(
+            e.raw_os_error(),
+            Some(libc::EWOULDBLOCK) | Some(libc::EINTR)
+        ) {
+            return Err(e);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// Parses `4096`, `64KiB`, `512MiB`, `8GiB`, `1TiB` (binary), `8GB` (decimal),
@@ -648,7 +683,6 @@ impl CreateLock {
         file_mode: u32,
         wait: std::time::Duration,
     ) -> Result<CreateLock> {
-        use std::os::fd::AsRawFd;
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let (path, is_file) = match spec {
             DeviceSpec::File { path, .. } => (path, true),
@@ -700,31 +734,19 @@ impl CreateLock {
             if is_file {
                 check_owner(path, &meta)?;
             }
-            loop {
-                // SAFETY: flock on a descriptor this function owns.
-                if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                    break;
-                }
-                let e = std::io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EWOULDBLOCK) | Some(libc::EINTR) => {}
-                    _ => {
-                        return Err(Error::Io {
-                            context: format!("locking {}", path.display()),
-                            source: e,
-                        });
-                    }
-                }
-                if std::time::Instant::now() >= deadline {
-                    return Err(Error::Pool(format!(
-                        "another process has held the create lock on {} for {} s (a pool being created \
-                         there, or a process stuck while holding it); try again, or find it with `fuser {}`",
-                        path.display(),
-                        wait.as_secs(),
-                        path.display()
-                    )));
-                }
-                std::thread::sleep(std::time::Duration::from_millis(5));
+            let locked =
+                flock_until(&file, libc::LOCK_EX, deadline).map_err(|source| Error::Io {
+                    context: format!("locking {}", path.display()),
+                    source,
+                })?;
+            if !locked {
+                return Err(Error::Pool(format!(
+                    "another process has held the create lock on {} for {} s (a pool being created \
+                     there, or a process stuck while holding it); try again, or find it with `fuser {}`",
+                    path.display(),
+                    wait.as_secs(),
+                    path.display()
+                )));
             }
             if is_file {
                 match std::fs::symlink_metadata(path) {

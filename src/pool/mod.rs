@@ -19,7 +19,7 @@
 //! device-mapped; flags configurable) when a CUDA tier uses the pool.
 
 mod clients;
-mod device;
+pub(crate) mod device;
 mod identity;
 mod lifecycle;
 pub mod metadata;
