@@ -407,6 +407,26 @@ unsafe fn put_pool(out: *mut *mut KvtPool, open: impl FnOnce() -> Result<Arc<Poo
     }
 }
 
+/// Frees a handle this library made with `Box::into_raw`, its tag cleared
+/// first (which often catches a use after release); null, or a handle of
+/// another kind, is left alone. Panics stay inside.
+///
+/// # Safety
+/// `p` is null or a live handle, released once and not used afterwards.
+unsafe fn release<T: Tagged>(p: *mut T, arg: &'static str) {
+    guard_void(|| {
+        // SAFETY: per this function's contract.
+        if unsafe { handle(p, arg) }.is_ok() {
+            // SAFETY: every handle is #[repr(C)] with its tag first; made by
+            // into_raw in this library and released once.
+            unsafe {
+                (p as *mut u64).write(0);
+                drop(Box::from_raw(p));
+            }
+        }
+    })
+}
+
 /// Writes `value` through `out` (checked non-null first).
 ///
 /// # Safety
@@ -432,6 +452,8 @@ unsafe fn arg_ref<'a, T>(p: *const T, arg: &'static str) -> Result<&'a T> {
     Ok(unsafe { &*p })
 }
 
+/// A NUL-terminated UTF-8 argument.
+///
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic inside a call was reported as an internal error; the object
     // itself holds no invariant a panic could break halfway.
@@ -1044,14 +1066,8 @@ pub unsafe extern "C" fn kvt_pool_publish_stats(
     guard(|| {
         // SAFETY: the header's contract for each pointer.
         let p = &unsafe { handle(pool, "pool")? }.pool;
-        if json.is_null() {
-            return Err(invalid("json", "is a null pointer"));
-        }
         // SAFETY: a NUL-terminated string, per the header.
-        let text = unsafe { CStr::from_ptr(json) }
-            .to_str()
-            .map_err(|_| invalid("json", "is not UTF-8"))?;
-        p.publish_stats(text)
+        p.publish_stats(unsafe { text_arg(json, "json")? })
     })
 }
 
@@ -1059,14 +1075,8 @@ pub unsafe extern "C" fn kvt_pool_publish_stats(
 /// `pool` is null or a live `kvt_pool`; it must not be used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvt_pool_close(pool: *mut KvtPool) {
-    guard_void(|| {
-        // SAFETY: the header's contract.
-        if unsafe { handle(pool, "pool") }.is_ok() {
-            // SAFETY: made by into_raw in this library; released once.
-            let mut b = unsafe { Box::from_raw(pool) };
-            b.tag = 0;
-        }
-    })
+    // SAFETY: the header's contract.
+    unsafe { release(pool, "pool") }
 }
 
 /// # Safety
@@ -1386,14 +1396,8 @@ pub unsafe extern "C" fn kvt_swap_in_read_counters(
 /// `engine` is null or a live `kvt_swap_in`; it must not be used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvt_swap_in_destroy(engine: *mut KvtSwapIn) {
-    guard_void(|| {
-        // SAFETY: the header's contract.
-        if unsafe { handle(engine, "engine") }.is_ok() {
-            // SAFETY: made by into_raw in this library; released once.
-            let mut b = unsafe { Box::from_raw(engine) };
-            b.tag = 0;
-        }
-    })
+    // SAFETY: the header's contract.
+    unsafe { release(engine, "engine") }
 }
 
 // ---- tier ------------------------------------------------------------------
@@ -1566,14 +1570,8 @@ pub unsafe extern "C" fn kvt_tier_check(tier: *const KvtTier, stream_: CUstream)
 /// `tier` is null or a live `kvt_tier`; it must not be used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvt_tier_destroy(tier: *mut KvtTier) {
-    guard_void(|| {
-        // SAFETY: the header's contract.
-        if unsafe { handle(tier, "tier") }.is_ok() {
-            // SAFETY: made by into_raw in this library; released once.
-            let mut b = unsafe { Box::from_raw(tier) };
-            b.tag = 0;
-        }
-    })
+    // SAFETY: the header's contract.
+    unsafe { release(tier, "tier") }
 }
 
 /// Sizes and field offsets of the `#[repr(C)]` mirrors, for the layout test
@@ -1643,8 +1641,6 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
 
 // ---- tables ---------------------------------------------------------------
 
-/// A NUL-terminated UTF-8 argument.
-///
 /// # Safety
 /// A non-null `p` must be a NUL-terminated string.
 unsafe fn text_arg<'a>(p: *const c_char, arg: &'static str) -> Result<&'a str> {
@@ -1676,10 +1672,10 @@ pub unsafe extern "C" fn kvt_table_load(
         let wait = std::time::Duration::from_millis(wait_ms as u64);
         let handle = match crate::table::load(std::path::Path::new(path), key, data_bytes, wait)? {
             crate::table::Load::Ready => std::ptr::null_mut(),
-            crate::table::Load::Filling(l) => Box::into_raw(Box::new(KvtTableLoader {
+            crate::table::Load::Filling(l) => into_raw(KvtTableLoader {
                 tag: KvtTableLoader::TAG,
                 loader: Mutex::new(Some(l)),
-            })),
+            }),
         };
         // SAFETY: checked non-null above.
         unsafe { out.write(handle) };
@@ -1777,14 +1773,8 @@ pub unsafe extern "C" fn kvt_table_loader_publish(loader: *const KvtTableLoader)
 /// `loader` is null or a live `kvt_table_loader`; not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvt_table_loader_close(loader: *mut KvtTableLoader) {
-    guard_void(|| {
-        // SAFETY: the header's contract.
-        if unsafe { handle(loader, "loader") }.is_ok() {
-            // SAFETY: made by into_raw in this library; released once.
-            let mut b = unsafe { Box::from_raw(loader) };
-            b.tag = 0;
-        }
-    })
+    // SAFETY: the header's contract.
+    unsafe { release(loader, "loader") }
 }
 
 /// # Safety
@@ -1799,18 +1789,16 @@ pub unsafe extern "C" fn kvt_table_attach(
     guard(|| {
         // SAFETY: the header's contract for each pointer.
         let (path, key) = unsafe { (text_arg(path, "path")?, text_arg(key, "key")?) };
-        if out.is_null() {
-            return Err(invalid("out", "is a null pointer"));
-        }
         let wait = std::time::Duration::from_millis(wait_ms as u64);
-        let table = crate::table::Table::attach(std::path::Path::new(path), key, wait)?;
-        let h = Box::into_raw(Box::new(KvtTable {
-            tag: KvtTable::TAG,
-            table,
-        }));
-        // SAFETY: checked non-null above.
-        unsafe { out.write(h) };
-        Ok(())
+        // SAFETY: the header's contract.
+        unsafe {
+            put(out, || {
+                Ok(KvtTable {
+                    tag: KvtTable::TAG,
+                    table: crate::table::Table::attach(std::path::Path::new(path), key, wait)?,
+                })
+            })
+        }
     })
 }
 
@@ -1838,14 +1826,8 @@ pub unsafe extern "C" fn kvt_table_data(
 /// `table` is null or a live `kvt_table`; not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvt_table_close(table: *mut KvtTable) {
-    guard_void(|| {
-        // SAFETY: the header's contract.
-        if unsafe { handle(table, "table") }.is_ok() {
-            // SAFETY: made by into_raw in this library; released once.
-            let mut b = unsafe { Box::from_raw(table) };
-            b.tag = 0;
-        }
-    })
+    // SAFETY: the header's contract.
+    unsafe { release(table, "table") }
 }
 
 /// # Safety
