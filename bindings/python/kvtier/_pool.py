@@ -223,6 +223,16 @@ class _Handle:
             self._handle = ctypes.c_void_p()
             free(h)
 
+    # The library function that frees this kind of handle.
+    _FREE = ""
+
+    def __del__(self):
+        # No reference is left: nothing else can be using or freeing it.
+        try:
+            self._release_unreferenced(getattr(library(), self._FREE))
+        except Exception:
+            pass
+
     def _after_fork_in_child(self) -> None:
         # The parent's other threads are gone: their calls in flight will
         # never leave, and the lock may be held by one of them. A release they
@@ -237,6 +247,21 @@ class _Handle:
 _HANDLES: "weakref.WeakSet[_Handle]" = weakref.WeakSet()
 
 
+class _Closable(_Handle):
+    """A handle closed by :meth:`close` or a ``with`` block."""
+
+    def close(self) -> None:
+        """Closes it, after the calls on it in flight in other threads have
+        returned; calls made after it raise. Closing twice is a no-op."""
+        self._release(getattr(library(), self._FREE))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def _reset_handles_in_child() -> None:
     for h in list(_HANDLES):
         h._after_fork_in_child()
@@ -246,7 +271,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_handles_in_child)
 
 
-class Pool(_Handle):
+class Pool(_Closable):
     """A kvtier pool; see :meth:`create`, :meth:`open`, :meth:`open_or_create`.
     Closing it (or dropping the last reference) frees the regions this process
     still holds.
@@ -256,6 +281,7 @@ class Pool(_Handle):
     it raises ``KvtierError("this Pool was closed")``."""
 
     _GONE = "this Pool was closed"
+    _FREE = "kvt_pool_close"
 
     def __init__(self, handle: ctypes.c_void_p):
         self._init_handle(handle)
@@ -328,22 +354,6 @@ class Pool(_Handle):
         self._call(library().kvt_region_alloc, request, ctypes.byref(h))
         return Region(h, self)
 
-    def close(self) -> None:
-        """Closes the pool, after the calls on it in flight in other threads
-        have returned; calls made after it raise. Closing twice is a no-op."""
-        self._release(library().kvt_pool_close)
-
-    def __del__(self):
-        try:
-            self._release_unreferenced(library().kvt_pool_close)
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _prefix_bytes(shape, itemsize: int, nbytes: int) -> int:
@@ -365,6 +375,8 @@ class Region(_Handle):
     caller's to stop using before freeing it."""
 
     _GONE = "this Region was freed"
+    # Views of the region hold a reference to it: when it is collected, none is left.
+    _FREE = "kvt_region_free"
     _published = False  # whether publish() succeeded on this handle
 
     def __init__(self, handle: ctypes.c_void_p, pool: Pool):
@@ -468,9 +480,3 @@ class Region(_Handle):
         returned. Freeing twice is a no-op."""
         check(self._release(library().kvt_region_free))
 
-    def __del__(self):
-        # Views of the region hold a reference to it, so by now none is left.
-        try:
-            self._release_unreferenced(library().kvt_region_free)
-        except Exception:
-            pass

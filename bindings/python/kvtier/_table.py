@@ -18,7 +18,7 @@ import ctypes
 
 
 from ._lib import KvtierError, as_int, check, library
-from ._pool import _Handle
+from ._pool import _Closable
 
 
 def _text(value, name: str) -> bytes:
@@ -62,11 +62,12 @@ def load_table(path: str, key: str, nbytes: int, wait: float = 30.0) -> "TableLo
     return TableLoader(h, nbytes) if h else None
 
 
-class TableLoader(_Handle):
+class TableLoader(_Closable):
     """A table being filled. Closing it without :meth:`publish` leaves a
     table the next loader resumes (only the missing chunks written)."""
 
     _GONE = "this TableLoader was closed"
+    _FREE = "kvt_table_loader_close"
 
     def __init__(self, handle: ctypes.c_void_p, nbytes: int):
         self._init_handle(handle)
@@ -105,27 +106,14 @@ class TableLoader(_Handle):
         :meth:`close` lets readers in."""
         self._call(library().kvt_table_loader_publish)
 
-    def close(self) -> None:
-        self._release(library().kvt_table_loader_close)
-
-    def __del__(self):
-        try:
-            self._release_unreferenced(library().kvt_table_loader_close)
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
-class Table(_Handle):
+class Table(_Closable):
     """A loaded table attached for reading (a shared lock held until
     :meth:`close`)."""
 
     _GONE = "this Table was closed"
+    _FREE = "kvt_table_close"
 
     def __init__(self, handle: ctypes.c_void_p):
         self._init_handle(handle)
@@ -156,20 +144,6 @@ class Table(_Handle):
         arr = arr.view(dtype)
         return arr if shape is None else arr.reshape(shape)
 
-    def close(self) -> None:
-        self._release(library().kvt_table_close)
-
-    def __del__(self):
-        try:
-            self._release_unreferenced(library().kvt_table_close)
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def destroy_table(path: str) -> None:
