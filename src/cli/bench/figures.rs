@@ -578,46 +578,63 @@ fn marker<'a, DB: DrawingBackend + 'a>(
 
 /// The legend of `styles` in rows across `area`'s width, each entry as wide
 /// as its text (nothing clipped); returns the height used.
-fn legend_rows(area: &Area, styles: &Styles, top: i32) -> Result<i32, String> {
-    legend_rows_with(area, styles, top, REFERENCE)
-}
-
 /// How the limit is named in a detail figure's legend, and in the headline's.
 const REFERENCE: &str = " (the reference)";
 const AT_ONE: &str = ": the dashed line at 1";
 
-fn legend_rows_with(
-    area: &Area,
-    styles: &Styles,
-    top: i32,
-    limit_note: &str,
-) -> Result<i32, String> {
-    let font = ("sans-serif", 15).into_font().color(&BLACK);
-    let (w, _) = area.dim_in_pixel();
-    let (mut x, mut y) = (16i32, top);
-    for (method, limit) in &styles.methods {
-        let text = if *limit {
-            format!("{method}{limit_note}")
-        } else {
-            method.clone()
-        };
-        let entry = 34 + text_width(&text)? as i32 + 26;
-        if x + entry > w as i32 - 8 && x > 16 {
-            x = 16;
-            y += 22;
+/// A legend's entries placed in rows across `w` pixels, each as wide as
+/// its text (nothing clipped): (method, text, x, row), and the rows.
+struct Legend {
+    entries: Vec<(String, String, i32, u32)>,
+    rows: u32,
+}
+
+impl Legend {
+    fn layout(w: u32, styles: &Styles, limit_note: &str) -> Result<Legend, String> {
+        let (mut x, mut row) = (16i32, 0u32);
+        let mut entries = Vec::new();
+        for (method, limit) in &styles.methods {
+            let text = if *limit {
+                format!("{method}{limit_note}")
+            } else {
+                method.clone()
+            };
+            let width = 34 + text_width(&text)? as i32 + 26;
+            if x + width > w as i32 - 8 && x > 16 {
+                x = 16;
+                row += 1;
+            }
+            entries.push((method.clone(), text, x, row));
+            x += width;
         }
-        let (color, m) = styles.style(method);
-        area.draw(&PathElement::new(
-            vec![(x, y + 8), (x + 26, y + 8)],
-            color.stroke_width(2),
-        ))
-        .map_err(|e| e.to_string())?;
-        marker((x + 13, y + 8), m, color, area)?;
-        area.draw_text(&text, &font, (x + 34, y))
-            .map_err(|e| e.to_string())?;
-        x += entry;
+        Ok(Legend {
+            entries,
+            rows: row + 1,
+        })
     }
-    Ok(y + 22 - top)
+
+    /// Pixels the legend takes.
+    fn height(&self) -> u32 {
+        self.rows * 22 + 4
+    }
+
+    /// Draws the legend on `area` from `top` down.
+    fn draw(&self, area: &Area, styles: &Styles, top: i32) -> Result<(), String> {
+        let font = ("sans-serif", 15).into_font().color(&BLACK);
+        for (method, text, x, row) in &self.entries {
+            let (x, y) = (*x, top + 22 * *row as i32);
+            let (color, m) = styles.style(method);
+            area.draw(&PathElement::new(
+                vec![(x, y + 8), (x + 26, y + 8)],
+                color.stroke_width(2),
+            ))
+            .map_err(|e| e.to_string())?;
+            marker((x + 13, y + 8), m, color, area)?;
+            area.draw_text(text, &font, (x + 34, y))
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
 }
 
 fn header(area: &Area, lines: &[(String, u32)]) -> Result<(), String> {
@@ -814,9 +831,10 @@ fn headline_panel(area: &Area, scenario: &str, rs: &[&Record]) -> Result<(), Str
     if !key.is_empty() {
         title += &format!(" — {key}");
     }
-    let legend_h = legend_height(area.dim_in_pixel().0, &styles, AT_ONE)?;
-    let (legend, chart) = area.split_vertically(legend_h + 8);
-    legend_rows_with(&legend, &styles, 4, AT_ONE)?;
+    let legend = Legend::layout(area.dim_in_pixel().0, &styles, AT_ONE)?;
+    let legend_h = legend.height();
+    let (legend_area, chart) = area.split_vertically(legend_h + 8);
+    legend.draw(&legend_area, &styles, 4)?;
     if marks.is_empty() {
         chart
             .draw_text(
@@ -881,25 +899,6 @@ fn headline_panel(area: &Area, scenario: &str, rs: &[&Record]) -> Result<(), Str
     Ok(())
 }
 
-/// Height of the legend rows for `styles` across `w` pixels.
-fn legend_height(w: u32, styles: &Styles, limit_note: &str) -> Result<u32, String> {
-    let (mut x, mut rows) = (16i32, 1u32);
-    for (method, limit) in &styles.methods {
-        let text = if *limit {
-            format!("{method}{limit_note}")
-        } else {
-            method.clone()
-        };
-        let entry = 34 + text_width(&text)? as i32 + 26;
-        if x + entry > w as i32 - 8 && x > 16 {
-            x = 16;
-            rows += 1;
-        }
-        x += entry;
-    }
-    Ok(rows * 22 + 4)
-}
-
 /// A scenario's detail figure: median latency (log) against its x
 /// parameter, a panel per slice of the rest of the grid.
 fn detail(path: &Path, scenario: &str, rs: &[&Record]) -> Result<(), String> {
@@ -918,7 +917,8 @@ fn detail(path: &Path, scenario: &str, rs: &[&Record]) -> Result<(), String> {
     let rows = (facets.len() as u32).div_ceil(cols);
     let (w, panel_h) = (1800u32, 400u32);
     let sub: Vec<Record> = rs.iter().map(|r| (*r).clone()).collect();
-    let legend_h = legend_height(w, &styles, REFERENCE)?;
+    let legend = Legend::layout(w, &styles, REFERENCE)?;
+    let legend_h = legend.height();
     let head = 96 + legend_h;
     let root = BitMapBackend::new(path, (w, head + rows * panel_h)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
@@ -942,7 +942,7 @@ fn detail(path: &Path, scenario: &str, rs: &[&Record]) -> Result<(), String> {
             (format!("markers: medians; {}", spread_words(&sub)), 15),
         ],
     )?;
-    legend_rows(&top, &styles, 92)?;
+    legend.draw(&top, &styles, 92)?;
     let areas = body.split_evenly((rows as usize, cols as usize));
     for (f, area) in facets.iter().zip(&areas) {
         let in_facet = |r: &&&Record| {
