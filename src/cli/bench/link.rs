@@ -126,9 +126,9 @@ fn against_limit(rows: &[Measurement], goal: &str) -> kvtier::Result<String> {
     Ok(format!(
         "{:.2} MB: kvtier {:.1} us ({:.1} GB/s), contiguous copy {:.1} us: {} of the link ({goal})",
         ours.bytes as f64 / 1e6,
-        ours.median_us,
-        ours.bytes as f64 / ours.median_us / 1e3,
-        limit.median_us,
-        super::report::format_rate(Some(limit.median_us / ours.median_us)),
+        ours.time.median_us,
+        ours.bytes as f64 / ours.time.median_us / 1e3,
+        limit.time.median_us,
+        super::report::format_rate(Some(limit.time.median_us / ours.time.median_us)),
     ))
 }

@@ -247,13 +247,8 @@ pub(super) struct Measurement {
     /// Bytes this method moves (the full-context fetch moves more than the
     /// others, which move the point's useful bytes).
     pub bytes: u64,
-    pub median_us: f64,
-    pub q1_us: f64,
-    pub q3_us: f64,
-    /// None below [`P99_MIN_SAMPLES`] samples.
-    pub p99_us: Option<f64>,
-    pub max_us: f64,
-    pub samples: usize,
+    /// Its samples' statistics.
+    pub time: Stats,
     /// The point's limit: the ratio column divides its time by the others'.
     pub limit: bool,
 }
@@ -273,12 +268,7 @@ impl Measurement {
             method,
             params: params.to_vec(),
             bytes: bytes as u64,
-            median_us: t.median_us,
-            q1_us: t.q1_us,
-            q3_us: t.q3_us,
-            p99_us: t.p99_us,
-            max_us: t.max_us,
-            samples: t.samples,
+            time: t,
             limit,
         }
     }

@@ -75,11 +75,11 @@ fn ratio(all: &[Measurement], m: &Measurement) -> Option<f64> {
     all.iter()
         .find(|o| o.limit && o.scenario == m.scenario && o.params == m.params)
         .filter(|l| l.bytes > 0 && m.bytes > 0)
-        .map(|l| l.median_us / m.median_us)
+        .map(|l| l.time.median_us / m.time.median_us)
 }
 
 fn gbps(m: &Measurement) -> f64 {
-    m.bytes as f64 / m.median_us / 1e3
+    m.bytes as f64 / m.time.median_us / 1e3
 }
 
 /// A time in µs: two decimals below 10 µs, one above.
@@ -137,10 +137,10 @@ fn table(rows: &[Measurement]) -> Vec<String> {
             point,
             r.method,
             format_bytes(r.bytes),
-            r.samples,
-            format_us(r.median_us),
-            r.p99_us.map_or("-".into(), format_us),
-            format_us(r.max_us),
+            r.time.samples,
+            format_us(r.time.median_us),
+            r.time.p99_us.map_or("-".into(), format_us),
+            format_us(r.time.max_us),
             format_rate((r.bytes > 0).then(|| gbps(r))),
             format_rate(ratio(rows, r)),
         ));
@@ -184,12 +184,12 @@ pub(super) fn json_lines(env: &Environment, all: &[Measurement]) -> Vec<serde_js
                 "method": m.method,
                 "params": params,
                 "bytes": m.bytes,
-                "median_us": m.median_us,
-                "q1_us": m.q1_us,
-                "q3_us": m.q3_us,
-                "p99_us": m.p99_us,
-                "max_us": m.max_us,
-                "samples": m.samples,
+                "median_us": m.time.median_us,
+                "q1_us": m.time.q1_us,
+                "q3_us": m.time.q3_us,
+                "p99_us": m.time.p99_us,
+                "max_us": m.time.max_us,
+                "samples": m.time.samples,
                 "gbps": gbps(m),
                 "ratio_to_limit": ratio(all, m),
                 "is_limit": m.limit,
