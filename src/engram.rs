@@ -19,7 +19,7 @@ use crate::cuda::{DeviceErrorWord, Kernel, Stream};
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
 use crate::executor::Executor;
-use crate::mem::{Buf, BufMut, Location, check_buf};
+use crate::mem::{Buf, BufMut, Location};
 use crate::swap_in::IndexBuf;
 
 /// The widest row (values) a gather takes.
@@ -95,43 +95,17 @@ fn plan(a: &EngramArgs<'_>, want: Location) -> Result<kvt_engram_gather_params> 
             ),
         ));
     }
-    let (ids_addr, ids_loc, ids_align, ids_int64) = match &a.ids {
-        IndexBuf::I32(b) => (b.addr(), b.location(), 4, 0),
-        IndexBuf::I64(b) => (b.addr(), b.location(), 8, 1),
-    };
     let touches = if n == 0 { 0 } else { rows as usize };
-    check_buf("ids", ids_addr, n, ids_loc, want, ids_align, n)?;
-    check_buf(
-        "out",
-        a.out.addr(),
-        a.out.len(),
-        a.out.location(),
-        want,
-        16,
-        n * dim as usize,
-    )?;
-    check_buf(
-        "weights",
-        a.weights.addr(),
-        a.weights.len(),
-        a.weights.location(),
-        want,
-        8,
-        touches * dim as usize,
-    )?;
-    check_buf(
-        "scales",
-        a.scales.addr(),
-        a.scales.len(),
-        a.scales.location(),
-        want,
-        1,
-        touches * per_row,
-    )?;
+    a.ids.check("ids", want, n)?;
+    a.out.check_aligned("out", want, 16, n * dim as usize)?;
+    a.weights
+        .check_aligned("weights", want, 8, touches * dim as usize)?;
+    a.scales
+        .check_aligned("scales", want, 1, touches * per_row)?;
     Ok(kvt_engram_gather_params {
         weights: a.weights.addr(),
         scales: a.scales.addr(),
-        ids: ids_addr,
+        ids: a.ids.addr(),
         out: a.out.addr(),
         error: 0,
         row_lo: a.row_lo,
@@ -140,7 +114,7 @@ fn plan(a: &EngramArgs<'_>, want: Location) -> Result<kvt_engram_gather_params> 
         n: n as u32,
         dim,
         block,
-        ids_int64,
+        ids_int64: a.ids.is_i64() as u32,
     })
 }
 

@@ -10,7 +10,7 @@ use crate::abi::{
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
-use crate::mem::{Buf, BufMut, check_buf};
+use crate::mem::{Buf, BufMut};
 use crate::slots::{TierTables, bound_base};
 
 /// Largest batch one gather accepts (error positions keep the row in 16 bits).
@@ -92,22 +92,10 @@ pub(crate) fn plan(
     };
     let out_len = n * k as usize * entry as usize;
     let want = t.location;
-    let b = |buf: &Buf<'_, i32>| (buf.addr(), buf.len(), buf.location());
-    let (a, l, loc) = b(&batch.req_slots);
-    check_buf("req_slots", a, l, loc, want, 4, n)?;
-    let (a, l, loc) = b(&batch.seq_lens);
-    check_buf("seq_lens", a, l, loc, want, 4, n)?;
-    let (a, l, loc) = b(&batch.topk);
-    check_buf("topk", a, l, loc, want, 4, topk_len)?;
-    check_buf(
-        "out",
-        out.addr(),
-        out.len(),
-        out.location(),
-        want,
-        8,
-        out_len,
-    )?;
+    batch.req_slots.check("req_slots", want, n)?;
+    batch.seq_lens.check("seq_lens", want, n)?;
+    batch.topk.check("topk", want, topk_len)?;
+    out.check_aligned("out", want, 8, out_len)?;
     Ok(kvt_gather_params {
         slot_bases: t.slot_bases,
         req_slots: batch.req_slots.addr(),

@@ -94,15 +94,19 @@ impl<'a, T> Buf<'a, T> {
     /// Checks it as argument `arg` of a call on `want` memory that reads
     /// `min_len` elements: location, element alignment, length.
     pub(crate) fn check(&self, arg: &'static str, want: Location, min_len: usize) -> Result<()> {
-        check_buf(
-            arg,
-            self.addr,
-            self.len,
-            self.loc,
-            want,
-            align_of::<T>() as u64,
-            min_len,
-        )
+        self.check_aligned(arg, want, align_of::<T>() as u64, min_len)
+    }
+
+    /// [`Buf::check`] with a wider alignment than the element's (a kernel's
+    /// vector loads).
+    pub(crate) fn check_aligned(
+        &self,
+        arg: &'static str,
+        want: Location,
+        align: u64,
+        min_len: usize,
+    ) -> Result<()> {
+        check_buf(arg, self.addr, self.len, self.loc, want, align, min_len)
     }
 }
 
@@ -188,15 +192,18 @@ impl<'a, T> BufMut<'a, T> {
 
     /// As [`Buf::check`], for a buffer the call writes.
     pub(crate) fn check(&self, arg: &'static str, want: Location, min_len: usize) -> Result<()> {
-        check_buf(
-            arg,
-            self.addr,
-            self.len,
-            self.loc,
-            want,
-            align_of::<T>() as u64,
-            min_len,
-        )
+        self.check_aligned(arg, want, align_of::<T>() as u64, min_len)
+    }
+
+    /// As [`Buf::check_aligned`], for a buffer the call writes.
+    pub(crate) fn check_aligned(
+        &self,
+        arg: &'static str,
+        want: Location,
+        align: u64,
+        min_len: usize,
+    ) -> Result<()> {
+        check_buf(arg, self.addr, self.len, self.loc, want, align, min_len)
     }
 
     /// The same memory, read-only.

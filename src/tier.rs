@@ -19,7 +19,7 @@ use crate::error_word::ErrorWord;
 use crate::executor::Executor;
 use crate::gather::{self, GatherBatch};
 use crate::layout::LayerFirstLayout;
-use crate::mem::{Buf, BufMut, check_buf};
+use crate::mem::{Buf, BufMut};
 use crate::pool::{Pool, Region};
 use crate::slots::TierTables;
 use crate::swap_in::{SwapInArgs, SwapInEngine, SwapInStrategy};
@@ -210,15 +210,7 @@ impl Tier {
         // With items to copy, at least one whole row, and the alignment checks
         // that come with a non-empty requirement.
         let min_len = if items.is_empty() { 0 } else { entry };
-        check_buf(
-            "src",
-            src.addr(),
-            src.len(),
-            src.location(),
-            self.exec.location(),
-            8,
-            min_len,
-        )?;
+        src.check_aligned("src", self.exec.location(), 8, min_len)?;
         self.writeback(
             layer,
             items,
@@ -257,15 +249,7 @@ impl Tier {
             ));
         }
         for b in layers {
-            check_buf(
-                "layers",
-                b.addr(),
-                b.len(),
-                b.location(),
-                self.exec.location(),
-                8,
-                len,
-            )?;
+            b.check_aligned("layers", self.exec.location(), 8, len)?;
             if b.len() != len {
                 return Err(invalid(
                     "layers",

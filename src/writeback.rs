@@ -12,7 +12,7 @@ use crate::abi::{
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
-use crate::mem::{Buf, check_buf};
+use crate::mem::Buf;
 use crate::slots::{TierTables, bound_base};
 
 /// What to write back: item `i` copies source row `src_rows[i]` to token
@@ -63,33 +63,9 @@ pub(crate) fn plan(
             format!("{n} items exceed 2^32 - 1; split the call"),
         ));
     }
-    check_buf(
-        "slots",
-        items.slots.addr(),
-        items.slots.len(),
-        items.slots.location(),
-        want,
-        4,
-        n,
-    )?;
-    check_buf(
-        "tokens",
-        items.tokens.addr(),
-        items.tokens.len(),
-        items.tokens.location(),
-        want,
-        4,
-        n,
-    )?;
-    check_buf(
-        "src_rows",
-        items.src_rows.addr(),
-        items.src_rows.len(),
-        items.src_rows.location(),
-        want,
-        8,
-        n,
-    )?;
+    items.slots.check_aligned("slots", want, 4, n)?;
+    items.tokens.check_aligned("tokens", want, 4, n)?;
+    items.src_rows.check_aligned("src_rows", want, 8, n)?;
     let (src_base, src_layer_bases, num_layers, src_rows) = match src {
         WritebackSource::Layer { base, rows } => (base, 0, 1, rows),
         WritebackSource::AllLayers {

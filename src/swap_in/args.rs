@@ -33,18 +33,18 @@ impl IndexBuf<'_> {
         self.len() == 0
     }
 
-    pub(super) fn is_i64(&self) -> bool {
+    pub(crate) fn is_i64(&self) -> bool {
         matches!(self, IndexBuf::I64(_))
     }
 
-    pub(super) fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         match self {
             IndexBuf::I32(b) => b.addr(),
             IndexBuf::I64(b) => b.addr(),
         }
     }
 
-    pub(super) fn check(&self, arg: &'static str, want: Location, len: usize) -> Result<()> {
+    pub(crate) fn check(&self, arg: &'static str, want: Location, len: usize) -> Result<()> {
         match self {
             IndexBuf::I32(b) => b.check(arg, want, len),
             IndexBuf::I64(b) => b.check(arg, want, len),
