@@ -474,10 +474,10 @@ pub fn load(path: &Path, key: &str, data_bytes: u64, wait: Duration) -> Result<L
     // A READY table needs no exclusive lock (readers may hold it): look
     // first under a shared one.
     lock(&file, path, libc::LOCK_SH, wait)?;
-    if let Ok(s) = status(path)
-        && s.ready
-        && s.key == key
-        && s.data_bytes == data_bytes
+    if let Ok((m, h, _)) = read_header(path, None)
+        && m.state() == READY
+        && h.key() == key.as_bytes()
+        && h.data_bytes == data_bytes
     {
         return Ok(Load::Ready);
     }
@@ -758,26 +758,7 @@ impl Table {
     /// how far its loading got.
     pub fn attach(path: &Path, key: &str, wait: Duration) -> Result<Table> {
         check_key(key)?;
-        let (file, meta) = open(path, Access::Read)?;
-        lock(&file, path, libc::LOCK_SH, wait)?;
-        let backing = backing_of(path, &meta);
-        let page = page_of(&backing, path);
-        // the length now, after the lock (a loader may have grown the file)
-        let file_len = length_of(&file, path, &backing)?;
-        if file_len < TABLE_DATA_OFFSET {
-            return Err(Error::Pool(format!(
-                "{} is not a kvtier table ({file_len} B)",
-                path.display()
-            )));
-        }
-        let head = map(&file, path, TABLE_DATA_OFFSET, page, false)?;
-        let probe = Mapped {
-            path: path.to_path_buf(),
-            file,
-            map: head,
-        };
-        let h = probe.header();
-        h.check(path, file_len)?;
+        let (probe, h, backing) = read_header(path, Some(wait))?;
         if h.key() != key.as_bytes() {
             return Err(Error::Pool(format!(
                 "{} holds the table {:?}, not {key:?}",
@@ -794,6 +775,7 @@ impl Table {
             )));
         }
         let Mapped { path, file, .. } = probe;
+        let page = page_of(&backing, &path);
         let map = map(&file, &path, h.data_offset + h.data_bytes, page, false)?;
         Ok(Table {
             m: Mapped { path, file, map },
@@ -838,7 +820,27 @@ pub struct TableStatus {
 
 /// Reads a table's header and state without locking it.
 pub fn status(path: &Path) -> Result<TableStatus> {
+    let (m, h, backing) = read_header(path, None)?;
+    Ok(TableStatus {
+        path: path.to_path_buf(),
+        key: String::from_utf8_lossy(h.key()).into_owned(),
+        data_bytes: h.data_bytes,
+        ready: m.state() == READY,
+        chunks_done: m.chunks_done(&h),
+        chunks: h.chunks,
+        holders: holders(path)?,
+        backing,
+    })
+}
+
+/// Opens the table at `path` read-only (with `lock`, under a shared lock
+/// taken within that wait), maps its header and checks it against the
+/// file's length read after the lock.
+fn read_header(path: &Path, lock_wait: Option<Duration>) -> Result<(Mapped, Header, Backing)> {
     let (file, meta) = open(path, Access::Read)?;
+    if let Some(wait) = lock_wait {
+        lock(&file, path, libc::LOCK_SH, wait)?;
+    }
     let backing = backing_of(path, &meta);
     let file_len = length_of(&file, path, &backing)?;
     if file_len < TABLE_DATA_OFFSET {
@@ -861,16 +863,7 @@ pub fn status(path: &Path) -> Result<TableStatus> {
     };
     let h = m.header();
     h.check(path, file_len)?;
-    Ok(TableStatus {
-        path: path.to_path_buf(),
-        key: String::from_utf8_lossy(h.key()).into_owned(),
-        data_bytes: h.data_bytes,
-        ready: m.state() == READY,
-        chunks_done: m.chunks_done(&h),
-        chunks: h.chunks,
-        holders: holders(path)?,
-        backing,
-    })
+    Ok((m, h, backing))
 }
 
 /// Removes the table file at `path`: refused while a reader or loader holds

@@ -1537,28 +1537,10 @@ fn plan_prices_a_million_tokens_and_recomputing() {
     // without prices, no cost; a price alone needs the GPU's; bad values refused
     let (ok, out, _) = kvtier(&base[..11]);
     assert!(ok && !out.contains("cost,"), "{out}");
-    let (ok, _, err) = kvtier(&[
-        "plan",
-        "--context",
-        "128K",
-        "--hbm-for-kv",
-        "40GiB",
-        "--dram-for-kv",
-        "512GiB",
-        "--price-dram-gib-hour",
-        "0.1",
-    ]);
+    // base[..7]: the node without CXL or prices
+    let (ok, _, err) = kvtier(&[&base[..7], &["--price-dram-gib-hour", "0.1"]].concat());
     assert!(!ok && err.contains("--price-gpu-hour"), "{err}");
-    let (ok, _, err) = kvtier(&[
-        "plan",
-        "--context",
-        "128K",
-        "--hbm-for-kv",
-        "40GiB",
-        "--dram-for-kv",
-        "512GiB",
-        "--price-gpu-hour=-1",
-    ]);
+    let (ok, _, err) = kvtier(&[&base[..7], &["--price-gpu-hour=-1"]].concat());
     assert!(
         !ok && err.contains("--price-*") && err.contains("not negative"),
         "{err}"
