@@ -20,13 +20,25 @@
 //!   `entry_bytes` moved from the host.
 //!
 //! Every GPU holds the KV of its own requests; under attention tensor
-//! parallelism (`tp` > 1) each of a request's `tp` GPUs holds a full copy
-//! (MLA's KV is replicated across tensor-parallel ranks, and each rank's host
-//! pool is its own), so a node serves `gpus / tp` times the requests one GPU
-//! holds, and its host memory holds `gpus` copies of that GPU's set.
+//! parallelism (`tp` > 1) each of a request's `tp` GPUs holds its own part
+//! (for MLA a full copy: its KV is replicated across tensor-parallel ranks;
+//! for MiniMax-M3 one of its four KV heads, so its bytes above are a
+//! rank's), and each rank's host pool is its own, so a node serves `gpus /
+//! tp` times the requests one GPU holds, and its host memory holds `gpus`
+//! times that GPU's set.
 //!
-//! Requests per GPU are then the least of: HBM for KV over HBM per request;
-//! the node's host memory over `gpus ×` host bytes per request; the link's
+//! A model without HiSparse (DeepSeek-V4.1 under SGLang 0.5.23) keeps its
+//! whole KV in HBM (`offloaded_layers` 0: no host KV, no link traffic). A
+//! model with static tables (`table_bytes`, DeepSeek-V4.1's Engram tables)
+//! has them where the deployment says ([`TablePlacement`]): in HBM,
+//! `table_bytes / tp` a GPU off its HBM for KV; in host memory once per TP
+//! group, `gpus / tp × table_bytes` off the node's host memory; or once a
+//! node, `table_bytes` off it.
+//!
+//! Requests per GPU are then the least of: HBM for KV (less the tables'
+//! share) over HBM per request; the node's host memory (less the tables)
+//! over `gpus ×` host bytes per request (0 when the tables alone do not
+//! fit); the link's
 //! bytes in `link_budget × step_ms` over the missed bytes per request per
 //! step; and, where CXL devices' bandwidth is given, their combined
 //! bandwidth (the share of the misses they serve is their share of the host
@@ -78,6 +90,13 @@ pub struct ModelSpec {
     /// HBM a request takes whatever its length (DeepSeek-V4's sliding-window
     /// KV and compressor state).
     pub hbm_bytes_per_request: u64,
+    /// Static tables the model reads every step whatever the requests
+    /// (DeepSeek-V4.1's Engram tables), in bytes for one copy; where they
+    /// live is the deployment's [`TablePlacement`].
+    pub table_bytes: u64,
+    /// The attention TP sizes SGLang's HiSparse serves the model at (empty:
+    /// any). MiniMax-M3's needs one KV head a rank.
+    pub attention_tp: Vec<u32>,
     /// Where the numbers come from.
     pub source: String,
 }
@@ -100,6 +119,8 @@ impl ModelSpec {
             max_context: 163_840,
             resident_layers: Vec::new(),
             hbm_bytes_per_request: 0,
+            table_bytes: 0,
+            attention_tp: Vec::new(),
             source: format!(
                 "DeepSeek's inference/config_671B_v3.2.json (61 layers, kv_lora_rank 512, qk_rope_head_dim \
                  64, index_head_dim 128, index_topk 2048) and inference/model.py (4096 × rope_factor 40 = \
@@ -152,6 +173,8 @@ impl ModelSpec {
                 hbm_bytes_per_request: window_tokens * 585 * layers as u64
                     + window_tokens * 320 * c4 as u64
                     + (512 << 10) * c128 as u64,
+                table_bytes: 0,
+                attention_tp: Vec::new(),
                 source: format!(
                     "the {name} config.json (num_hidden_layers {layers}: {c4} compressed by 4, {c128} by 128, \
                      the rest sliding-window only; index_topk {topk}; max_position_embeddings 1048576; as \
@@ -162,6 +185,74 @@ impl ModelSpec {
                      compressors' state)"
                 ),
             }
+        };
+        // DeepSeek-V4.1-Flash under SGLang 0.5.23: HiSparse is refused for
+        // it (arg_groups/deepseek_v4_hook.py), so its KV stays in HBM, where
+        // only the kv_source_layer_ids layers (2, 8, 14: one entry per 2
+        // tokens; 20: one a token) store compressed KV, 585 B an entry on
+        // Hopper's layout, each with its 68 B fp4 indexer key; the layers
+        // after each read its entries. A request also holds a 768-token
+        // window in all 40 layers at 585 B and 24 KiB of pair state. Its two
+        // Engram tables (layers 1 and 14) are the host's part: 384006168 and
+        // 384016682 rows of 256 fp8 values and 8 e8m0 scales (264 B).
+        let v41_flash = || {
+            ModelSpec {
+            name: "deepseek-v4.1-flash".into(),
+            offloaded_layers: 0,
+            entry_bytes: 0,
+            tokens_per_entry: 1,
+            indexer_layers: 0,
+            indexer_entry_bytes: 0,
+            top_k: 0,
+            hot_slots: 0,
+            page_entries: 0,
+            max_context: 1 << 20,
+            resident_layers: vec![(3, 585 + 68, 2), (1, 585 + 68, 1)],
+            hbm_bytes_per_request: 768 * 40 * 585 + 3 * 2 * 4096,
+            table_bytes: (384_006_168 + 384_016_682) * 264,
+            attention_tp: Vec::new(),
+            source: "DeepSeek-V4.1-Flash's config (num_hidden_layers 40, compress_ratios, kv_source_layer_ids \
+                     [2, 8, 14, 20], engram layers [1, 14], engram_num_embeddings [384006168, 384016682], \
+                     max_position_embeddings 1048576; as in LivingAgile/mlx-lm's tests/test_deepseek_v41.py); \
+                     SGLang 0.5.23 refuses HiSparse for it, so its KV stays in HBM (source layers only: 585 B \
+                     an entry on Hopper plus a 68 B fp4 index key; a 768-token window in every layer; 24 KiB \
+                     of pair state), and its Engram tables (264 B a row: 256 B e4m3 + 8 B e8m0) go to HBM \
+                     or, with SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE, to host memory"
+                .into(),
+        }
+        };
+        // MiniMax-M3 under SGLang 0.5.23's HiSparse: its 57 sparse layers
+        // (sparse_attention_freq) go to the host, K and V of the one KV head
+        // a rank holds (the coordinator requires one: attention TP 4, or 8
+        // with the 4 heads replicated), so an entry is per rank; their index
+        // keys (128 values, K only) stay in HBM, as do the 3 dense layers'
+        // K and V. Top-k is 16 blocks of 128 tokens; the HOT buffer 2 ×
+        // 2048 slots plus a 128-token page. Each request slot also holds
+        // its int64 host-location row for the longest context (8 B a
+        // token of 1M + 128).
+        let m3 = |name: &str, kv: u32, index: u32, dtype: &str| ModelSpec {
+            name: name.into(),
+            offloaded_layers: 57,
+            entry_bytes: kv,
+            tokens_per_entry: 1,
+            indexer_layers: 57,
+            indexer_entry_bytes: index,
+            top_k: 2048,
+            hot_slots: 4096,
+            page_entries: 128,
+            max_context: 1 << 20,
+            resident_layers: vec![(3, kv, 1)],
+            hbm_bytes_per_request: 8 * ((1 << 20) + 128),
+            table_bytes: 0,
+            attention_tp: vec![4, 8],
+            source: format!(
+                "MiniMaxAI/MiniMax-M3's config.json (60 layers: 3 dense, 57 sparse; 4 KV heads of 128; \
+                 index_head_dim 128; topk_blocks 16 of 128 tokens; max_position_embeddings 1048576; as \
+                 copied in ai-dynamo/aiconfigurator's model_configs at 095f58a); SGLang 0.5.23's HiSparse \
+                 for it ({dtype}: K and V of the rank's one head, {kv} B a token and layer; index keys \
+                 {index} B; HOT 4096 + 128; pages of 128). SGLang sizes the host pool at \
+                 host_to_device_ratio (default 2) × the device pool: raise it to use more host memory"
+            ),
         };
         vec![
             dsa(
@@ -178,7 +269,21 @@ impl ModelSpec {
             glm("glm-5-bf16", 1152, "bf16: 576 × 2 B"),
             v4("deepseek-v4-flash", 43, 21, 20, 512),
             v4("deepseek-v4-pro", 61, 30, 31, 1024),
+            v41_flash(),
+            m3("minimax-m3", 512, 256, "bf16 KV and index keys"),
+            m3(
+                "minimax-m3-fp8",
+                256,
+                128,
+                "fp8 KV; fp8 index keys (SGLang's choice on Hopper with fp8 KV)",
+            ),
         ]
+    }
+
+    /// Whether SGLang's HiSparse serves the model (some of its KV on the
+    /// host).
+    pub fn offloads(&self) -> bool {
+        self.offloaded_layers > 0
     }
 
     pub fn preset(name: &str) -> Result<ModelSpec> {
@@ -201,14 +306,16 @@ impl ModelSpec {
     }
 
     fn check(&self) -> Result<()> {
-        for (what, v) in [
-            ("offloaded_layers", self.offloaded_layers),
-            ("entry_bytes", self.entry_bytes),
-            ("tokens_per_entry", self.tokens_per_entry),
-            ("top_k", self.top_k),
-            ("hot_slots", self.hot_slots),
-            ("page_entries", self.page_entries),
-        ] {
+        let mut positive = vec![("tokens_per_entry", self.tokens_per_entry)];
+        if self.offloads() {
+            positive.extend([
+                ("entry_bytes", self.entry_bytes),
+                ("top_k", self.top_k),
+                ("hot_slots", self.hot_slots),
+                ("page_entries", self.page_entries),
+            ]);
+        }
+        for (what, v) in positive {
             if v == 0 {
                 return Err(invalid(
                     "model",
@@ -229,12 +336,21 @@ impl ModelSpec {
                 ),
             ));
         }
-        if self.top_k > self.hot_slots {
+        if self.offloads() && self.top_k > self.hot_slots {
             return Err(invalid(
                 "model",
                 format!(
                     "{}: top_k {} exceeds the HOT buffer's {} slots",
                     self.name, self.top_k, self.hot_slots
+                ),
+            ));
+        }
+        if self.hbm_bytes(1) == 0 {
+            return Err(invalid(
+                "model",
+                format!(
+                    "{}: keeps nothing in HBM (no offloaded, indexer or resident layers, no bytes a request)",
+                    self.name
                 ),
             ));
         }
@@ -264,6 +380,9 @@ impl ModelSpec {
 
     /// HOT buffer slots a request of `tokens` tokens holds in HBM.
     pub fn hot_slots_for(&self, tokens: u64) -> u64 {
+        if !self.offloads() {
+            return 0;
+        }
         let page = self.page_entries as u64;
         self.entries(tokens)
             .next_multiple_of(page)
@@ -291,7 +410,7 @@ impl ModelSpec {
     /// Bytes one request of `tokens` tokens moves over the host link per
     /// decode step at `miss_rate` (none while it fits its HOT buffer).
     pub fn miss_bytes_per_step(&self, tokens: u64, miss_rate: f64) -> f64 {
-        if self.entries(tokens) <= self.hot_slots as u64 {
+        if !self.offloads() || self.entries(tokens) <= self.hot_slots as u64 {
             return 0.0;
         }
         self.offloaded_layers as f64 * miss_rate * self.top_k as f64 * self.entry_bytes as f64
@@ -329,6 +448,58 @@ pub struct Deployment {
     /// A decode step's time, and the share of it the swap-ins may take.
     pub step_ms: f64,
     pub link_budget: f64,
+    /// Where the model's static tables live (models with tables only).
+    pub tables: TablePlacement,
+}
+
+/// Where a model's static tables (DeepSeek-V4.1's Engram tables) live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TablePlacement {
+    /// In HBM, sharded over each TP group (SGLang's default): each GPU
+    /// holds `table_bytes / tp`.
+    Hbm,
+    /// In host memory, one copy per TP group (SGLang's host table, either
+    /// layout: "shared" maps one copy, "per_rank" shards one copy).
+    HostPerGroup,
+    /// In host memory, one copy per node, loaded once and attached by
+    /// every instance and restart (kvtier's table store).
+    HostShared,
+}
+
+impl TablePlacement {
+    pub const ALL: [TablePlacement; 3] = [Self::Hbm, Self::HostPerGroup, Self::HostShared];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hbm => "hbm",
+            Self::HostPerGroup => "host-per-group",
+            Self::HostShared => "host-shared",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Hbm => "in HBM, sharded over each TP group (SGLang's default)",
+            Self::HostPerGroup => "in host memory, a copy per TP group (SGLang's host table)",
+            Self::HostShared => "in host memory, one copy a node (kvtier's table store)",
+        }
+    }
+}
+
+impl std::str::FromStr for TablePlacement {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                invalid(
+                    "tables",
+                    format!("{s:?} is not hbm, host-per-group or host-shared"),
+                )
+            })
+    }
 }
 
 /// What runs out first.
@@ -379,6 +550,10 @@ pub struct Plan {
     pub hbm_bytes_per_request: f64,
     /// Without CXL, then with it (when the node has any).
     pub capacities: Vec<Capacity>,
+    /// The model's static tables: HBM they take per GPU, and host memory
+    /// per node, where the deployment places them.
+    pub table_hbm_per_gpu: u64,
+    pub table_host_bytes: u64,
 }
 
 impl Deployment {
@@ -413,6 +588,15 @@ impl Deployment {
                 "link bandwidth, step time and link budget must be positive",
             ));
         }
+        if !model.attention_tp.is_empty() && !model.attention_tp.contains(&self.tp) {
+            return Err(invalid(
+                "tp",
+                format!(
+                    "{} is served at attention TP {:?} only (SGLang's HiSparse needs one KV head a rank), not {}",
+                    model.name, model.attention_tp, self.tp
+                ),
+            ));
+        }
         if !(self.miss_rate.is_finite() && (0.0..=1.0).contains(&self.miss_rate)) {
             return Err(invalid(
                 "miss_rate",
@@ -440,6 +624,11 @@ pub fn plan(model: &ModelSpec, d: &Deployment) -> Result<Plan> {
     let window_s = d.step_ms / 1e3 * d.link_budget;
     let fit = |budget: f64, per: f64| (per > 0.0).then(|| (budget / per).floor().max(0.0) as u64);
     let groups = (d.gpus / d.tp) as u64;
+    let (table_hbm_per_gpu, table_host_bytes) = match d.tables {
+        TablePlacement::Hbm => (model.table_bytes.div_ceil(d.tp as u64), 0),
+        TablePlacement::HostPerGroup => (0, groups * model.table_bytes),
+        TablePlacement::HostShared => (0, model.table_bytes),
+    };
     let mut tiers = vec![("DRAM only".to_string(), d.dram_for_kv, Vec::new())];
     if !d.cxl.is_empty() {
         let bytes = d.dram_for_kv + d.cxl.iter().map(|c| c.bytes).sum::<u64>();
@@ -448,12 +637,18 @@ pub fn plan(model: &ModelSpec, d: &Deployment) -> Result<Plan> {
     let capacities = tiers
         .into_iter()
         .map(|(name, host_bytes, cxl)| {
+            let host_left = host_bytes.saturating_sub(table_host_bytes);
+            let host_limit = if table_host_bytes > host_bytes {
+                Some(0) // the tables alone do not fit
+            } else {
+                fit(host_left as f64, d.gpus as f64 * host)
+            };
             let mut per_gpu = vec![
-                (Limit::Hbm, fit(d.hbm_for_kv as f64, hbm)),
                 (
-                    Limit::HostMemory,
-                    fit(host_bytes as f64, d.gpus as f64 * host),
+                    Limit::Hbm,
+                    fit(d.hbm_for_kv.saturating_sub(table_hbm_per_gpu) as f64, hbm),
                 ),
+                (Limit::HostMemory, host_limit),
                 (Limit::Link, fit(d.link_gbps * 1e9 * window_s, miss)),
             ];
             let cxl_bytes: u64 = cxl.iter().map(|c| c.bytes).sum();
@@ -489,6 +684,8 @@ pub fn plan(model: &ModelSpec, d: &Deployment) -> Result<Plan> {
         host_bytes_per_request: host,
         hbm_bytes_per_request: hbm,
         capacities,
+        table_hbm_per_gpu,
+        table_host_bytes,
     })
 }
 
@@ -608,6 +805,7 @@ mod tests {
             miss_rate: 0.02,
             step_ms: 50.0,
             link_budget: 0.2,
+            tables: TablePlacement::HostShared,
         }
     }
 
@@ -884,5 +1082,164 @@ mod tests {
             pro.hbm_bytes_per_request,
             768 * 585 * 61 + 768 * 320 * 30 + (512 << 10) * 31
         );
+    }
+
+    #[test]
+    fn deepseek_v4_1_keeps_its_kv_in_hbm_and_its_engram_tables_where_placed() {
+        // V4.1-Flash's config: 40 layers; compress_ratios [0,0] + [2]x18 +
+        // [1]x20; kv_source_layer_ids [2, 8, 14, 20] (the only layers with
+        // their own compressed KV: three at ratio 2, one at ratio 1)
+        let ratios: Vec<u32> = [0, 0].into_iter().chain([2; 18]).chain([1; 20]).collect();
+        let sources = [2usize, 8, 14, 20];
+        let mut by_ratio = std::collections::BTreeMap::<u32, u32>::new();
+        for &l in &sources {
+            *by_ratio.entry(ratios[l]).or_default() += 1;
+        }
+        let m = ModelSpec::preset("deepseek-v4.1-flash").unwrap();
+        assert!(!m.offloads());
+        // 585 B a KV entry (Hopper's layout) + a 68 B fp4 index key
+        let entry = 585 + 68;
+        assert_eq!(
+            m.resident_layers,
+            vec![(by_ratio[&2], entry, 2), (by_ratio[&1], entry, 1)]
+        );
+        assert_eq!(m.host_bytes_per_token(), 0.0);
+        assert_eq!(m.hbm_bytes_per_token(), 1632.5);
+        // a 128K-token request by hand: 3 × 65536 + 131072 entries, the
+        // window (768 tokens × 40 layers × 585 B) and 3 × 2 × 4 KiB of state
+        assert_eq!(
+            m.hbm_bytes(131_072),
+            653 * (3 * 65_536 + 131_072) + 768 * 40 * 585 + 24_576
+        );
+        assert_eq!(m.host_bytes(131_072), 0);
+        // the Engram tables: 384006168 + 384016682 rows of 256 + 256/32 B
+        assert_eq!(
+            m.table_bytes,
+            (384_006_168 + 384_016_682) * (256 + 256 / 32)
+        );
+        assert_eq!(m.table_bytes, 202_758_032_400);
+
+        // 8 GPUs in TP groups of 8 (one group), 100 GiB of HBM for KV a GPU
+        let d = |tables| Deployment {
+            tp: 8,
+            hbm_for_kv: 100 << 30,
+            dram_for_kv: 512 << 30,
+            tables,
+            ..node(vec![(131_072, 1.0)])
+        };
+        let per_req = m.hbm_bytes(131_072) as f64;
+        let requests = |tables| {
+            let p = plan(&m, &d(tables)).unwrap();
+            assert_eq!(p.capacities.len(), 1);
+            let c = &p.capacities[0];
+            (
+                c.max_requests,
+                c.limited_by,
+                p.table_hbm_per_gpu,
+                p.table_host_bytes,
+            )
+        };
+        // in HBM: each GPU gives up an eighth of the tables
+        let hbm_left = (100u64 << 30) - 202_758_032_400u64.div_ceil(8);
+        assert_eq!(
+            requests(TablePlacement::Hbm),
+            (
+                (hbm_left as f64 / per_req) as u64,
+                Limit::Hbm,
+                202_758_032_400u64.div_ceil(8),
+                0
+            )
+        );
+        // on the host: HBM whole, and the tables fit 512 GiB once
+        let whole = ((100u64 << 30) as f64 / per_req) as u64;
+        assert_eq!(
+            requests(TablePlacement::HostShared),
+            (whole, Limit::Hbm, 0, 202_758_032_400)
+        );
+        assert_eq!(
+            requests(TablePlacement::HostPerGroup),
+            (whole, Limit::Hbm, 0, 202_758_032_400)
+        );
+        // eight instances of TP 1: a copy each is 1.5 TiB, past 512 GiB
+        let eight = Deployment {
+            tp: 1,
+            ..d(TablePlacement::HostPerGroup)
+        };
+        let p = plan(&m, &eight).unwrap();
+        assert_eq!(
+            (p.capacities[0].max_requests, p.capacities[0].limited_by),
+            (0, Limit::HostMemory)
+        );
+        let shared = plan(
+            &m,
+            &Deployment {
+                tables: TablePlacement::HostShared,
+                ..eight
+            },
+        )
+        .unwrap();
+        assert_eq!(shared.capacities[0].max_requests, 8 * whole);
+        assert_eq!(shared.capacities[0].link_bytes_per_step, 0.0);
+    }
+
+    #[test]
+    fn minimax_m3_is_a_ranks_head_of_its_sparse_layers_at_tp_4_or_8() {
+        // MiniMax-M3's config.json: 60 layers, sparse_attention_freq 0 for
+        // layers 0-2 and 1 for 3-59; 4 KV heads of head_dim 128; index
+        // head_dim 128 (K only); topk_blocks 16 of 128 tokens
+        let freq: Vec<u32> = [0; 3].into_iter().chain([1; 57]).collect();
+        let sparse = freq.iter().filter(|&&f| f == 1).count() as u32;
+        let (head_dim, index_head_dim) = (128u32, 128u32);
+        let m = ModelSpec::preset("minimax-m3").unwrap();
+        // one head a rank, K and V, bf16
+        let entry = 2 * head_dim * 2;
+        assert_eq!(
+            (m.offloaded_layers, m.entry_bytes, m.indexer_layers),
+            (sparse, entry, sparse)
+        );
+        assert_eq!(m.indexer_entry_bytes, index_head_dim * 2);
+        assert_eq!(m.resident_layers, vec![(60 - sparse, entry, 1)]);
+        assert_eq!(
+            (m.top_k, m.hot_slots, m.page_entries),
+            (16 * 128, 4096, 128)
+        );
+        assert_eq!(m.host_bytes_per_token(), 29_184.0);
+        let fp8 = ModelSpec::preset("minimax-m3-fp8").unwrap();
+        assert_eq!((fp8.entry_bytes, fp8.indexer_entry_bytes), (256, 128));
+        // a 128K-token request by hand, per rank
+        let t = 131_072u64;
+        assert_eq!(m.host_bytes(t), 57 * 512 * t);
+        assert_eq!(
+            m.hbm_bytes(t),
+            57 * 256 * t + 57 * 512 * (4096 + 128) + 3 * 512 * t + 8 * ((1 << 20) + 128)
+        );
+        // the link: 57 layers × 2% of 2048 × 512 B a decode step
+        assert_eq!(m.miss_bytes_per_step(t, 0.02), 57.0 * 0.02 * 2048.0 * 512.0);
+        // TP 1 or 2 is refused: SGLang's coordinator needs one head a rank
+        for tp in [1, 2] {
+            let e = plan(
+                &m,
+                &Deployment {
+                    tp,
+                    ..node(vec![(t, 1.0)])
+                },
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("one KV head a rank"), "{e}");
+        }
+        let p = plan(
+            &m,
+            &Deployment {
+                tp: 4,
+                ..node(vec![(t, 1.0)])
+            },
+        )
+        .unwrap();
+        let c = &p.capacities[0];
+        let hbm = ((40u64 << 30) as f64 / m.hbm_bytes(t) as f64) as u64;
+        let host = ((1u64 << 40) as f64 / (8.0 * m.host_bytes(t) as f64)) as u64;
+        assert_eq!(c.per_gpu[0], (Limit::Hbm, Some(hbm)));
+        assert_eq!(c.per_gpu[1], (Limit::HostMemory, Some(host)));
+        assert_eq!(c.max_requests, hbm.min(host) * 2);
     }
 }

@@ -1743,3 +1743,73 @@ fn a_model_file_may_keep_layers_and_bytes_per_request_in_hbm() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The README's DeepSeek-V4.1 case: eight TP-1 instances on one node, the
+/// Engram tables in HBM, a copy per instance, or one copy in kvtier's store.
+#[test]
+fn plan_places_deepseek_v4_1s_engram_tables() {
+    let args = [
+        "plan",
+        "--model",
+        "deepseek-v4.1-flash",
+        "--context",
+        "128K",
+        "--tp",
+        "1",
+        "--hbm-for-kv",
+        "20GiB",
+        "--dram-for-kv",
+        "1TiB",
+        "--json",
+    ];
+    let run = |tables: &str| {
+        let (ok, out, err) = kvtier(&[&args[..], &["--tables", tables]].concat());
+        assert!(ok, "{err}");
+        serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()
+    };
+    let table = 202_758_032_400u64;
+    // by hand: a 128K request takes 653 × (3 × 65536 + 131072) B of KV, the
+    // 768-token window in 40 layers at 585 B and 24 KiB: 20 GiB holds 92
+    let per_request = 653 * (3 * 65_536 + 131_072) + 768 * 40 * 585 + 24_576u64;
+    assert_eq!((20u64 << 30) / per_request, 92);
+    let v = run("hbm");
+    assert_eq!(v["hisparse"], false);
+    assert_eq!(v["table_bytes"], table);
+    assert_eq!(v["tables"]["hbm_bytes_per_gpu"], table);
+    assert_eq!(
+        (v["max_requests"].as_u64(), v["limited_by"].as_str()),
+        (Some(0), Some("hbm"))
+    );
+    let v = run("host-per-group");
+    assert_eq!(v["tables"]["host_bytes_per_node"], 8 * table);
+    assert_eq!(
+        (v["max_requests"].as_u64(), v["limited_by"].as_str()),
+        (Some(0), Some("host_memory"))
+    );
+    let v = run("host-shared");
+    assert_eq!(v["tables"]["host_bytes_per_node"], table);
+    assert_eq!(
+        (v["max_requests"].as_u64(), v["limited_by"].as_str()),
+        (Some(736), Some("hbm"))
+    );
+    let (ok, _, err) = kvtier(&[&args[..], &["--tables", "disk"]].concat());
+    assert!(!ok && err.contains("--tables"), "{err}");
+    // MiniMax-M3 at TP 2 is refused, saying why
+    let (ok, _, err) = kvtier(&[
+        "plan",
+        "--model",
+        "minimax-m3",
+        "--context",
+        "128K",
+        "--tp",
+        "2",
+        "--hbm-for-kv",
+        "40GiB",
+        "--dram-for-kv",
+        "1TiB",
+    ]);
+    assert!(
+        !ok && err.contains("--tp") && err.contains("one KV head a rank"),
+        "{err}"
+    );
+}

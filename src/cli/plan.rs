@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use kvtier::plan::{Cost, Deployment, HostTier, ModelSpec, Plan, Prices, cost, plan};
+use kvtier::plan::{
+    Cost, Deployment, HostTier, ModelSpec, Plan, Prices, TablePlacement, cost, plan,
+};
 use kvtier::pool::{human_size, parse_size};
 use serde_json::{Value, json};
 
@@ -11,13 +13,14 @@ use serde_json::{Value, json};
 pub struct PlanArgs {
     /// A built-in model: deepseek-v3.2, glm-5 (GLM-5 and 5.1),
     /// deepseek-v4-flash or deepseek-v4-pro (fp8 KV); deepseek-v3.2-bf16 or
-    /// glm-5-bf16.
+    /// glm-5-bf16; deepseek-v4.1-flash (no HiSparse: KV in HBM, Engram
+    /// tables); minimax-m3 (bf16 KV) or minimax-m3-fp8, at --tp 4 or 8.
     #[arg(long, default_value = "deepseek-v3.2", conflicts_with = "model_file")]
     model: String,
     /// A model described in JSON instead: offloaded_layers, entry_bytes,
     /// tokens_per_entry, indexer_layers, indexer_entry_bytes, top_k,
-    /// hot_slots, page_entries, max_context; optionally resident_layers and
-    /// hbm_bytes_per_request (see the README).
+    /// hot_slots, page_entries, max_context; optionally resident_layers,
+    /// hbm_bytes_per_request, table_bytes and attention_tp (see the README).
     #[arg(long)]
     model_file: Option<PathBuf>,
     /// A context length in tokens (128K = 131072), with its share of the
@@ -71,6 +74,12 @@ pub struct PlanArgs {
     /// price recomputing a context against keeping its KV on the host.
     #[arg(long, requires = "price_gpu_hour")]
     prefill_tokens_per_s: Option<f64>,
+    /// Where a model's static tables (DeepSeek-V4.1's Engram tables) live:
+    /// hbm (sharded over each TP group, SGLang's default), host-per-group
+    /// (SGLang's host table: a copy per TP group) or host-shared (kvtier's
+    /// table store: one copy a node).
+    #[arg(long, default_value = "host-shared")]
+    tables: String,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -207,6 +216,29 @@ fn model(a: &PlanArgs) -> kvtier::Result<ModelSpec> {
             None => 0,
             Some(_) => field("hbm_bytes_per_request")?,
         },
+        table_bytes: match v.get("table_bytes") {
+            None => 0,
+            Some(_) => field("table_bytes")?,
+        },
+        attention_tp: match v.get("attention_tp") {
+            None => Vec::new(),
+            Some(list) => list
+                .as_array()
+                .and_then(|a| {
+                    a.iter()
+                        .map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()))
+                        .collect::<Option<Vec<u32>>>()
+                })
+                .ok_or_else(|| {
+                    arg_err(
+                        "--model-file",
+                        format!(
+                            "{}: `attention_tp` must be a list of TP sizes",
+                            path.display()
+                        ),
+                    )
+                })?,
+        },
         source: v
             .get("source")
             .and_then(Value::as_str)
@@ -250,6 +282,10 @@ fn deployment(a: &PlanArgs, contexts: Vec<(u64, f64)>) -> kvtier::Result<Deploym
         miss_rate: a.miss_rate,
         step_ms: a.step_ms,
         link_budget: a.link_budget,
+        tables: a
+            .tables
+            .parse()
+            .map_err(|e: kvtier::Error| arg_err("--tables", e.to_string()))?,
     })
 }
 
@@ -319,6 +355,7 @@ fn in_the_users_words(e: kvtier::Error) -> kvtier::Error {
             arg: match arg {
                 "context" => "--context",
                 "tp" => "--tp",
+                "tables" => "--tables",
                 "miss_rate" => "--miss-rate",
                 "link" => "--link-gbps/--step-ms/--link-budget",
                 "model" => "--model-file",
@@ -366,6 +403,13 @@ fn to_json(p: &Plan, d: &Deployment) -> Value {
         "hbm_bytes_per_request": p.hbm_bytes_per_request,
         "max_requests": last.max_requests,
         "limited_by": last.limited_by.name(),
+        "hisparse": p.model.offloads(),
+        "table_bytes": p.model.table_bytes,
+        "tables": (p.model.table_bytes > 0).then(|| json!({
+            "placement": d.tables.name(),
+            "hbm_bytes_per_gpu": p.table_hbm_per_gpu,
+            "host_bytes_per_node": p.table_host_bytes,
+        })),
         "configurations": configs,
         "assumptions": {"miss_rate": d.miss_rate, "step_ms": d.step_ms, "link_budget": d.link_budget,
                         "link_gbps": d.link_gbps},
@@ -463,27 +507,72 @@ fn print_table(p: &Plan, d: &Deployment) {
         d.gpus,
         d.tp
     );
-    println!(
-        "per token: host {} B, HBM {} B (indexer keys{}); per request: host {}, HBM {} (HOT buffer of {} slots included{})",
-        p.host_bytes_per_token,
-        p.hbm_bytes_per_token,
-        if m.resident_layers.is_empty() {
-            ""
-        } else {
-            ", layers kept in HBM"
-        },
-        human_size(p.host_bytes_per_request as u64),
-        human_size(p.hbm_bytes_per_request as u64),
-        m.hot_slots,
-        if m.hbm_bytes_per_request == 0 {
-            String::new()
-        } else {
-            format!(
-                ", and {} a request whatever its length",
-                human_size(m.hbm_bytes_per_request)
-            )
+    let fixed = if m.hbm_bytes_per_request == 0 {
+        String::new()
+    } else {
+        format!(
+            ", and {} a request whatever its length",
+            human_size(m.hbm_bytes_per_request)
+        )
+    };
+    if m.offloads() {
+        println!(
+            "per token: host {} B, HBM {} B (indexer keys{}); per request: host {}, HBM {} (HOT buffer of {} slots \
+             included{fixed})",
+            p.host_bytes_per_token,
+            p.hbm_bytes_per_token,
+            if m.resident_layers.is_empty() {
+                ""
+            } else {
+                ", layers kept in HBM"
+            },
+            human_size(p.host_bytes_per_request as u64),
+            human_size(p.hbm_bytes_per_request as u64),
+            m.hot_slots,
+        );
+    } else {
+        println!(
+            "per token: HBM {} B (the whole KV); per request: HBM {} ({} of it whatever its length)",
+            p.hbm_bytes_per_token,
+            human_size(p.hbm_bytes_per_request as u64),
+            human_size(m.hbm_bytes_per_request),
+        );
+    }
+    if !m.offloads() {
+        println!(
+            "no HiSparse for this model in SGLang: its whole KV stays in HBM, so host memory and the link hold \
+             no KV"
+        );
+    }
+    if m.table_bytes > 0 {
+        println!(
+            "static tables: {} a copy, {}: {} of HBM a GPU, {} of the node's host memory",
+            human_size(m.table_bytes),
+            d.tables.describe(),
+            human_size(p.table_hbm_per_gpu),
+            human_size(p.table_host_bytes)
+        );
+        for other in TablePlacement::ALL {
+            if other == d.tables {
+                continue;
+            }
+            if let Ok(q) = plan(
+                m,
+                &Deployment {
+                    tables: other,
+                    ..d.clone()
+                },
+            ) {
+                let c = q.capacities.last().expect("DRAM only is always there");
+                println!(
+                    "  with the tables {}: {} requests, limited by {}",
+                    other.describe(),
+                    c.max_requests,
+                    c.limited_by.name()
+                );
+            }
         }
-    );
+    }
     println!(
         "assumed: {}% of the top-k missing per layer and step, {} ms steps, swap-ins in {}% of a step, {} GB/s per GPU",
         d.miss_rate * 100.0,
