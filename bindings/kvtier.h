@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes. */
-#define KVT_ABI_VERSION 4
+#define KVT_ABI_VERSION 5
 
 typedef int32_t kvt_status;
 #define KVT_OK 0
@@ -184,6 +184,39 @@ kvt_status kvt_table_store_path(const char *dir, const char *key, char *out, siz
                                 size_t *needed);
 /* Removes the table file at `path`: refused while a reader or loader holds it. */
 kvt_status kvt_table_destroy(const char *path);
+
+/* ---- Engram gather ------------------------------------------------------
+ * Rows of fp8 e4m3 values with e8m0 block scales (DeepSeek-V4.1's Engram
+ * tables), dequantized to bf16 with SGLang 0.5.23's engram_gather arithmetic:
+ * out[i][j] = bf16_rne(f32(e4m3(weights[id - row_lo][j])) * 2^(e - 127)), e the
+ * row's scale byte of j's block (0 is 2^-127, 255 is +inf), for an id in
+ * [row_lo, row_hi) that the table holds; a +0 row for every other id. An id
+ * inside [row_lo, row_hi) but past the table's rows reads nothing, gives a +0
+ * row and is reported (the CPU executor: KVT_BAD_INDICES at once, naming the
+ * first; the CUDA executor: at kvt_engram_check). NaN values come out as the
+ * bf16 NaN 0x7FFF. */
+typedef struct kvt_engram kvt_engram;
+typedef struct kvt_engram_args {
+    kvt_buf weights;   /* uint8 [rows][dim]: e4m3 bytes of global rows row_lo..row_lo + rows; 8-byte aligned */
+    kvt_buf scales;    /* uint8 [rows][dim / block]: e8m0 bytes */
+    kvt_buf ids;       /* int32 or int64 [n] (ids_type): global row ids */
+    kvt_buf out;       /* uint16 [n][dim]: bf16 bits, written; 16-byte aligned */
+    int64_t row_lo;    /* the rows asked for: [row_lo, row_hi), 0 <= row_lo <= row_hi */
+    int64_t row_hi;
+    uint32_t dim;      /* values a row: a power of two in 8..=4096 */
+    uint32_t block;    /* values a scale byte (DeepSeek-V4.1: 32); divides dim */
+    uint32_t ids_type; /* KVT_INDEX_INT32 or KVT_INDEX_INT64 */
+} kvt_engram_args;
+/* A gatherer on `executor` (KVT_EXECUTOR_CPU or a GPU ordinal). */
+kvt_status kvt_engram_create(int32_t executor, kvt_engram **out);
+/* Gathers args->ids' rows into args->out: on the CPU executor now (host
+ * memory); on a GPU enqueued on `stream` (device memory, or host memory the
+ * GPU maps), no host synchronisation, capturable in a CUDA graph. */
+kvt_status kvt_engram_gather(const kvt_engram *engram, const kvt_engram_args *args, kvt_cuda_stream stream);
+/* The ids past the table that gathers since the last check recorded
+ * (KVT_BAD_INDICES naming the first; waits for the GPU). */
+kvt_status kvt_engram_check(const kvt_engram *engram);
+void kvt_engram_destroy(kvt_engram *engram);
 
 /* The NUMA node GPU `ordinal` is attached to (from its PCI device in sysfs),
  * -1 where the machine does not say; KVT_NO_DRIVER without a GPU. */

@@ -20,6 +20,7 @@ SGLANG_TESTS=(
   bindings/python/tests/test_sglang_kernel_tests.py
   bindings/python/tests/test_sglang_coordinator.py
   bindings/python/tests/test_install.py
+  bindings/python/tests/test_engram_sglang.py
 )
 
 scripts/install-tools.sh

@@ -118,6 +118,14 @@ fn plan(a: &EngramArgs<'_>, want: Location) -> Result<kvt_engram_gather_params> 
     })
 }
 
+/// A word's report in the Engram gather's terms.
+fn engram_result(r: Result<()>) -> Result<()> {
+    r.map_err(|e| match e {
+        crate::Error::BadIndices(report) => crate::Error::BadIndices(report.as_engram()),
+        other => other,
+    })
+}
+
 /// An e4m3fn byte as fp32, exactly (bias 7, no infinities, 0x7F and 0xFF
 /// NaN, exponent 0 subnormal).
 pub fn e4m3_to_f32(b: u8) -> f32 {
@@ -232,6 +240,11 @@ impl EngramGatherer {
         Ok(EngramGatherer { exec, error })
     }
 
+    /// The executor it runs on.
+    pub fn executor(&self) -> &Executor {
+        &self.exec
+    }
+
     /// Gathers `a.ids`' rows into `a.out`: on the CPU executor now (an id
     /// past the table is an [`crate::Error::BadIndices`] once every row is
     /// written), on the CUDA executor enqueued on `stream` (no host sync,
@@ -242,7 +255,7 @@ impl EngramGatherer {
             (Executor::Cpu, _) => {
                 let p = plan(a, Location::Host)?;
                 // SAFETY: host buffers of the lengths `plan` checked.
-                unsafe { run_cpu(&p) }.into_result()
+                engram_result(unsafe { run_cpu(&p) }.into_result())
             }
             (Executor::Cuda(dev), Some(error)) => {
                 let mut p = plan(a, Location::Device)?;
@@ -265,7 +278,7 @@ impl EngramGatherer {
     /// them at once).
     pub fn check(&self) -> Result<()> {
         match &self.error {
-            Some(e) => e.take()?.into_result(),
+            Some(e) => engram_result(e.take()?.into_result()),
             None => Ok(()),
         }
     }

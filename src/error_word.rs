@@ -106,6 +106,11 @@ pub enum BadIndexKind {
     /// the batch names (the row was refused: the request's state is the
     /// earlier row's to change).
     SwapDuplicateRequest,
+    /// Engram gather: `ids[i]` is inside the rows asked for but past the
+    /// table's (recorded under [`BadIndexKind::GatherIndex`]'s bit, which
+    /// the Engram gather borrows: the error word has no free kind; see
+    /// [`BadIndexReport::as_engram`]).
+    EngramId,
 }
 
 impl BadIndexKind {
@@ -130,6 +135,9 @@ impl BadIndexKind {
 
     /// The kind's bit number in the error word (`KVT_ERR_*`).
     pub fn code(self) -> u32 {
+        if self == Self::EngramId {
+            return KVT_ERR_GATHER_INDEX;
+        }
         Self::ALL.iter().find(|(_, k)| *k == self).unwrap().0
     }
 
@@ -137,7 +145,7 @@ impl BadIndexKind {
     fn has_column(self) -> bool {
         !matches!(
             self,
-            Self::WritebackSlot | Self::WritebackToken | Self::WritebackSrcRow
+            Self::WritebackSlot | Self::WritebackToken | Self::WritebackSrcRow | Self::EngramId
         )
     }
 }
@@ -195,6 +203,23 @@ impl BadIndexReport {
             first,
             unknown_flags: word.0.flags & !known,
         }
+    }
+
+    /// The report of an Engram gather's word: its ids past the table are
+    /// recorded with the gather-index bit at position `i`, which decodes as
+    /// `(i >> 16, i & 0xffff)`; they are named for what they are.
+    pub fn as_engram(mut self) -> Self {
+        for b in &mut self.first {
+            if b.kind == BadIndexKind::GatherIndex {
+                *b = BadIndex {
+                    kind: BadIndexKind::EngramId,
+                    row: (b.row << 16) | b.col,
+                    col: 0,
+                    value: b.value,
+                };
+            }
+        }
+        self
     }
 
     /// True when an entry of `kind` was refused.
@@ -280,6 +305,12 @@ impl fmt::Display for BadIndex {
                 f,
                 "device_buffer_locs of slot {c} of the request of batch row {r} is {v}, outside the \
                  device buffer; the slot was not loaded into"
+            ),
+            BadIndexKind::EngramId => write!(
+                f,
+                "ids[{r}] = {v}{} is inside [row_lo, row_hi) but past the table's rows; its output row \
+                 is +0 and nothing was read",
+                clamped(v)
             ),
             BadIndexKind::SwapPlanCount => write!(
                 f,

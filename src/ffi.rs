@@ -31,7 +31,7 @@ use crate::tier::Tier;
 use crate::writeback::WritebackItems;
 
 /// `KVT_ABI_VERSION` in the header.
-pub const KVT_ABI_VERSION: u32 = 4;
+pub const KVT_ABI_VERSION: u32 = 5;
 
 pub type KvtStatus = i32;
 pub const KVT_OK: KvtStatus = 0;
@@ -296,6 +296,28 @@ pub struct KvtTier {
     tier: Mutex<Tier>,
 }
 
+/// `kvt_engram_args`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvtEngramArgs {
+    pub weights: KvtBuf,
+    pub scales: KvtBuf,
+    pub ids: KvtBuf,
+    pub out: KvtBuf,
+    pub row_lo: i64,
+    pub row_hi: i64,
+    pub dim: u32,
+    pub block: u32,
+    pub ids_type: u32,
+}
+
+/// `kvt_engram`.
+#[repr(C)]
+pub struct KvtEngram {
+    tag: u64,
+    gatherer: crate::engram::EngramGatherer,
+}
+
 /// `kvt_swap_in`.
 #[repr(C)]
 pub struct KvtSwapIn {
@@ -338,6 +360,10 @@ impl Tagged for KvtRegion {
 impl Tagged for KvtTier {
     const TAG: u64 = u64::from_le_bytes(*b"kvt:tier");
     const NAME: &'static str = "kvt_tier";
+}
+impl Tagged for KvtEngram {
+    const TAG: u64 = u64::from_le_bytes(*b"kvt:engr");
+    const NAME: &'static str = "kvt_engram";
 }
 impl Tagged for KvtSwapIn {
     const TAG: u64 = u64::from_le_bytes(*b"kvt:swap");
@@ -1636,6 +1662,10 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         out),
     );
     v.extend(fields!(KvtWritebackArgs, "kvt_writeback_args": slots, tokens, src_rows, src));
+    v.extend(
+        fields!(KvtEngramArgs, "kvt_engram_args": weights, scales, ids, out, row_lo, row_hi, dim,
+        block, ids_type),
+    );
     v
 }
 
@@ -1874,4 +1904,73 @@ pub unsafe extern "C" fn kvt_table_destroy(path: *const c_char) -> KvtStatus {
         let path = unsafe { text_arg(path, "path")? };
         crate::table::destroy(std::path::Path::new(path))
     })
+}
+
+// ---- Engram gather ---------------------------------------------------------
+
+/// # Safety
+/// `out` is null or valid for a pointer write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_engram_create(exec: i32, out: *mut *mut KvtEngram) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        unsafe {
+            put(out, || {
+                executor(exec)
+                    .and_then(crate::engram::EngramGatherer::new)
+                    .map(|gatherer| KvtEngram {
+                        tag: KvtEngram::TAG,
+                        gatherer,
+                    })
+            })
+        }
+    })
+}
+
+/// # Safety
+/// Pointers as `kvt_engram_gather` in `bindings/kvtier.h` describes them;
+/// every buffer in `args` addresses what it claims.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_engram_gather(
+    engram: *const KvtEngram,
+    args: *const KvtEngramArgs,
+    stream_: CUstream,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract for each pointer and buffer.
+        let e = unsafe { handle(engram, "engram")? };
+        let a = unsafe { arg_ref(args, "args")? };
+        let loc = e.gatherer.executor().location();
+        let args = unsafe {
+            crate::engram::EngramArgs {
+                weights: buf(&a.weights, "weights", loc)?,
+                scales: buf(&a.scales, "scales", loc)?,
+                ids: index_buf(&a.ids, a.ids_type, "ids", loc)?,
+                out: buf_mut(&a.out, "out", loc)?,
+                dim: a.dim,
+                block: a.block,
+                row_lo: a.row_lo,
+                row_hi: a.row_hi,
+            }
+        };
+        e.gatherer.gather(&args, stream(stream_))
+    })
+}
+
+/// # Safety
+/// `engram` is null or a live `kvt_engram`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_engram_check(engram: *const KvtEngram) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        unsafe { handle(engram, "engram")? }.gatherer.check()
+    })
+}
+
+/// # Safety
+/// `engram` is null or a live `kvt_engram`, released once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_engram_destroy(engram: *mut KvtEngram) {
+    // SAFETY: the header's contract.
+    unsafe { release(engram, "engram") }
 }

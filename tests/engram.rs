@@ -58,12 +58,21 @@ fn random_tables_and_ids_match_the_model_and_ids_past_the_table_are_reported() {
                 (None, Ok(())) => {}
                 (Some(&(pos, id)), Err(Error::BadIndices(rep))) => {
                     assert_eq!(rep.count as usize, bad.len(), "{case:?}");
-                    // the id's index is the entry's position (row << 16 | col)
+                    // named for what it is: ids[i], the id (clamped to i32)
                     let first = rep.first.first().expect("an entry");
                     assert_eq!(
-                        ((first.row << 16) | first.col, first.value),
-                        (pos, id.clamp(i32::MIN as i64, i32::MAX as i64) as i32),
+                        (first.kind, first.row, first.value),
+                        (
+                            kvtier::error_word::BadIndexKind::EngramId,
+                            pos,
+                            id.clamp(i32::MIN as i64, i32::MAX as i64) as i32
+                        ),
                         "{case:?}"
+                    );
+                    let text = Error::BadIndices(rep.clone()).to_string();
+                    assert!(
+                        text.contains(&format!("ids[{pos}] = ")) && text.contains("past the table"),
+                        "{text}"
                     );
                 }
                 (b, r) => panic!("expected {b:?}, got {r:?} for {case:?}"),

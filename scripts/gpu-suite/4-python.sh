@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Stage 4: the Python package on torch CUDA tensors (test_torch.py, whose
-# CUDA half has never run), and the per-call cost of the SGLang entry points
-# on CUDA tensors. Needs python3 with torch and numpy (pytest comes from the
+# Stage 4: the Python package on torch CUDA tensors (test_torch.py and
+# test_engram_gather.py, whose CUDA halves have never run), and the per-call
+# cost of the SGLang entry points on CUDA tensors. Needs python3 with torch and numpy (pytest comes from the
 # bundle's wheels). Dry run: the same on numpy, without torch.
 source "$(dirname "$0")/common.sh"
 # The device's python3; the bundle's dry run passes one with numpy.
@@ -10,9 +10,11 @@ site=$(mktemp -d)
 "$py" -m pip install --quiet --no-index --find-links "$bundle/wheels" --target "$site" pytest >/dev/null
 export PYTHONPATH="$bundle/python:$bundle/python/tests:$site"
 if [ "$dry" = 1 ]; then
-  run pytest 300 "$py" -m pytest -q -p no:cacheprovider "$bundle/python/tests/test_swap_in.py"
+  run pytest 300 "$py" -m pytest -q -p no:cacheprovider "$bundle/python/tests/test_swap_in.py" \
+    "$bundle/python/tests/test_engram_gather.py"
   run per-call 120 "$py" "$bundle/python/per_call.py" --device cpu --calls 200 --json "$logs/per-call.jsonl"
 else
-  run pytest 400 "$py" -m pytest -q -p no:cacheprovider "$bundle/python/tests/test_torch.py"
+  run pytest 400 "$py" -m pytest -q -p no:cacheprovider "$bundle/python/tests/test_torch.py" \
+    "$bundle/python/tests/test_engram_gather.py"
   run per-call 120 "$py" "$bundle/python/per_call.py" --device cuda --json "$logs/per-call-cuda.jsonl"
 fi

@@ -163,6 +163,16 @@ static void layout(void) {
     FIELD(kvt_writeback_args, tokens);
     FIELD(kvt_writeback_args, src_rows);
     FIELD(kvt_writeback_args, src);
+    SIZE(kvt_engram_args);
+    FIELD(kvt_engram_args, weights);
+    FIELD(kvt_engram_args, scales);
+    FIELD(kvt_engram_args, ids);
+    FIELD(kvt_engram_args, out);
+    FIELD(kvt_engram_args, row_lo);
+    FIELD(kvt_engram_args, row_hi);
+    FIELD(kvt_engram_args, dim);
+    FIELD(kvt_engram_args, block);
+    FIELD(kvt_engram_args, ids_type);
 }
 
 static int failures = 0;
@@ -480,6 +490,48 @@ static void tables(void) {
     rmdir(dir);
 }
 
+/* Two rows of a table (dim 32, one scale byte a row) gathered on the CPU
+ * executor: values by hand, an id past the table reported, bad shapes refused. */
+static void engram(void) {
+    kvt_engram *e = NULL;
+    CHECK(kvt_engram_create(KVT_EXECUTOR_CPU, &e) == KVT_OK && e != NULL, "an Engram gatherer");
+    static uint8_t w[2][32] __attribute__((aligned(16)));
+    uint8_t s[2] = {127, 128}; /* scale 1, then 2 */
+    for (int j = 0; j < 32; ++j) {
+        w[0][j] = 0x38; /* e4m3 1.0 */
+        w[1][j] = 0xB8; /* -1.0 */
+    }
+    int32_t ids[4] = {1, 0, 7, 2}; /* 7: outside [0, 4), 2: inside but past the table */
+    static uint16_t out[4][32] __attribute__((aligned(16)));
+    memset(out, 0xAB, sizeof out);
+    kvt_engram_args a = {
+        {w, sizeof w}, {s, sizeof s}, {ids, 4}, {out, 4 * 32}, 0, 4, 32, 32, KVT_INDEX_INT32,
+    };
+    CHECK(kvt_engram_gather(e, &a, NULL) == KVT_BAD_INDICES && strstr(kvt_last_error(), "ids"),
+          "the id past the table is reported: %s", kvt_last_error());
+    CHECK(out[0][0] == 0xC000 && out[0][31] == 0xC000 && out[1][0] == 0x3F80 && out[2][5] == 0 &&
+              out[3][5] == 0,
+          "rows -2, 1, +0, +0: %04x %04x %04x %04x", out[0][0], out[1][0], out[2][5], out[3][5]);
+    a.row_hi = 2;
+    memset(out, 0xAB, sizeof out);
+    CHECK(kvt_engram_gather(e, &a, NULL) == KVT_OK && out[0][0] == 0xC000 && out[3][0] == 0,
+          "every id outside [0, 2) is a +0 row");
+    CHECK(kvt_engram_check(e) == KVT_OK, "nothing left to report");
+    a.dim = 24;
+    CHECK(kvt_engram_gather(e, &a, NULL) == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "dim"),
+          "dim 24 is refused");
+    a.dim = 32;
+    a.out.len = 4 * 32 - 1;
+    CHECK(kvt_engram_gather(e, &a, NULL) == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "out"),
+          "a short output is refused");
+    a.out.len = 4 * 32;
+    a.ids_type = 9;
+    CHECK(kvt_engram_gather(e, &a, NULL) == KVT_INVALID_ARGUMENT, "an unknown index type is refused");
+    CHECK(kvt_engram_gather(NULL, &a, NULL) == KVT_INVALID_ARGUMENT, "a null gatherer is refused");
+    kvt_engram_destroy(e);
+    kvt_engram_destroy(NULL);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "layout") == 0) {
         layout();
@@ -490,6 +542,7 @@ int main(int argc, char **argv) {
     swap_in();
     tier();
     tables();
+    engram();
     printf("failures %d\n", failures);
     return failures == 0 ? 0 : 1;
 }

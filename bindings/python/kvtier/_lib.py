@@ -13,7 +13,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 LIB_NAME = "libkvtier.so"
 
 # Status codes (bindings/kvtier.h).
@@ -206,6 +206,11 @@ _PROTOTYPES = {
     "kvt_table_store_path": (_S, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                   ctypes.POINTER(ctypes.c_size_t)]),
     "kvt_table_destroy": (_S, [ctypes.c_char_p]),
+    # kvt_engram_create and kvt_engram_gather are called by kvtier._native
+    "kvt_engram_create": (_S, [ctypes.c_int32, ctypes.POINTER(_P)]),
+    "kvt_engram_gather": (_S, [_P, _P, _P]),
+    "kvt_engram_check": (_S, [_P]),
+    "kvt_engram_destroy": (None, [_P]),
 }
 
 _lock = threading.Lock()

@@ -27,7 +27,8 @@ STRATEGIES = {
 # The library functions the native module calls (by address: one library in
 # the process, the one ctypes loaded).
 _NATIVE_CALLS = ("kvt_swap_in_create", "kvt_swap_in_reserve", "kvt_swap_in_capacity", "kvt_swap_in_run",
-                 "kvt_swap_in_copy_planned", "kvt_swap_in_run_spec", "kvt_swap_in_map_host", "kvt_last_error")
+                 "kvt_swap_in_copy_planned", "kvt_swap_in_run_spec", "kvt_swap_in_map_host", "kvt_last_error",
+                 "kvt_engram_create", "kvt_engram_gather")
 NATIVE_NAME = "_native.abi3.so"
 _native_module = None
 _native_lock = threading.Lock()

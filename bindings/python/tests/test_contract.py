@@ -81,6 +81,61 @@ def test_supported_releases_get_every_non_speculative_path(version):
     assert len(r["lines"]) == 1 + len(routes) and r["lines"][0].startswith(f"kvtier: would install into SGLang {version}")
 
 
+ENGRAM_REPORT = """
+import json, sys, kvtier.sglang as k
+r = k.report({"engram_tables": {"store": "/dev/shm/kvtier-tables", "gather": True}} if sys.argv[1] == "on" else None)
+print(json.dumps({x.name: [x.served_by, x.why] for x in r.routes}))
+"""
+
+
+def engram_routes_of(version: str, config: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TREES / version), str(PACKAGE_ROOT)]))
+    run = subprocess.run([sys.executable, "-c", ENGRAM_REPORT, config], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=TREES)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+@needs
+@pytest.mark.parametrize("version", [v for v in FOUND if v in compat.CHECKED_VERSIONS])
+def test_the_engram_host_table_and_gather_are_served_by_choice(version):
+    """Every supported release's engram module has what kvtier's table
+    replaces (the three methods, the names it reads) and an engram_gather
+    kvtier's takes every call of (0.5.23 adds sort_ids; the older ones do
+    not have it, and kvtier's default is theirs): served when the config
+    asks, SGLang's own otherwise."""
+    on = engram_routes_of(version, "on")
+    assert on["_HostTable"][0] == "kvtier", on["_HostTable"]
+    assert on["engram_gather"][0] == "kvtier", on["engram_gather"]
+    off = engram_routes_of(version, "off")
+    assert off["_HostTable"] == ["SGLang", "engram_tables is off in the kvtier config"]
+    assert off["engram_gather"] == ["SGLang", compat.ENGRAM_GATHER_LEFT]
+
+
+@needs
+def test_an_engram_module_kvtier_does_not_know_is_left_to_sglang(tmp_path):
+    """A renamed parameter of a method the table replaces, and an
+    engram_gather with a parameter kvtier lacks: each route says why, and
+    the rest of the install is unaffected."""
+    newest = max(FOUND, key=lambda v: tuple(map(int, v.split("."))))
+    tree = tmp_path / "tree"
+    import shutil
+
+    shutil.copytree(TREES / newest, tree, symlinks=True)
+    engram = tree / compat.ENGRAM_FILE
+    engram.write_text(engram.read_text().replace("def _load_rows(self, param", "def _load_rows(self, p"))
+    gather = tree / compat.ENGRAM_GATHER_FILE
+    gather.write_text(gather.read_text().replace("sort_ids: bool = False,", "sort_ids: bool = False, fused=None,"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(PACKAGE_ROOT)]))
+    run = subprocess.run([sys.executable, "-c", ENGRAM_REPORT, "on"], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    routes = json.loads(run.stdout)
+    assert routes["_HostTable"][0] == "SGLang" and "_load_rows" in routes["_HostTable"][1], routes["_HostTable"]
+    assert routes["engram_gather"][0] == "SGLang" and "fused" in routes["engram_gather"][1], routes["engram_gather"]
+    assert routes["load_cache_to_device_buffer_mla"][0] == "kvtier"
+
+
 @needs
 def test_the_newest_release_has_kvtiers_signatures_exactly():
     newest = max(compat.CHECKED_VERSIONS, key=lambda v: tuple(map(int, v.split("."))))

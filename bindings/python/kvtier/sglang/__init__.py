@@ -20,6 +20,12 @@
   stand in for them; :func:`report` says what it would do here, and why.
   ``python -m kvtier.sglang [serve] <SGLang server arguments> --kvtier-config
   FILE`` installs and launches (``sglang.launch_server``, or ``sglang serve``).
+- DeepSeek-V4.1's Engram tables (:mod:`kvtier.sglang.engram`): with
+  ``engram_tables`` in the config, SGLang's host tables become kvtier
+  tables, loaded once per checkpoint and attached by every start and
+  instance; :func:`engram_gather` is kvtier's gather with SGLang's
+  signature (installed only when the config asks), :func:`engram_check`
+  raises the ids past a table its GPU gathers recorded.
 - :func:`swap_in_counters`: each layer's swap-in hits, misses, bytes and bad
   indices, counted on the GPU while serving (:mod:`kvtier.sglang.counters`;
   exported to SGLang's Prometheus metrics where it serves them).
@@ -40,6 +46,7 @@ from .entry_points import (
     load_cache_to_device_buffer_mla,
     load_cache_to_device_buffer_spec_mla,
 )
+from .engram import engram_check, engram_gather
 from .host_pool import KvtierHostTensorAllocator
 
 __all__ = [
@@ -52,6 +59,8 @@ __all__ = [
     "check",
     "copy_cache_planned_mla",
     "current_config",
+    "engram_check",
+    "engram_gather",
     "install",
     "installed_report",
     "load_blocks_to_device_buffer_mha",

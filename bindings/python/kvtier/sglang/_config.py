@@ -62,6 +62,14 @@ class KvtierConfig:
       (:mod:`kvtier.sglang.counters`: hits, misses, bytes, bad indices).
     - ``counters_export_s``: the least time between two refreshes of their
       Prometheus export and the pool (0.5 to 3600; null: no export).
+    - ``engram_tables``: DeepSeek-V4.1's Engram tables in kvtier's table
+      store (:mod:`kvtier.sglang.engram`), where SGLang keeps them in host
+      memory (``SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE``): null (off: SGLang's
+      own host table), or ``{"store": DIR, "fingerprint": null, "wait_s":
+      3600, "gather": false}``: the table directory (on hugetlbfs, tmpfs or
+      a devdax device's mount), the checkpoint's fingerprint (null: computed
+      from its files), how long a start waits for another instance loading
+      the same table, and whether kvtier's gather replaces SGLang's.
     - ``trace``: record the indexer's selections for ``kvtier plan --trace``
       (:mod:`kvtier.sglang.trace`): null (off), or ``{"path": FILE,
       "layers": [..] or null, "rows_every": 1, "max_mb": 256}``.
@@ -81,6 +89,7 @@ class KvtierConfig:
     counters: bool = True
     counters_export_s: float | None = 5.0
     trace: dict | None = None
+    engram_tables: dict | None = None
 
     def __post_init__(self):
         if isinstance(self.devices, str):
@@ -142,9 +151,33 @@ class KvtierConfig:
         from .trace import check_config
 
         check_config(self.trace)
+        _check_engram_tables(self.engram_tables)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
+
+
+ENGRAM_KEYS = {"store", "fingerprint", "wait_s", "gather"}
+
+
+def _check_engram_tables(t) -> None:
+    if t is None:
+        return
+    if not isinstance(t, dict):
+        raise KvtierError("kvtier config: `engram_tables` must be null or an object")
+    unknown = sorted(set(t) - ENGRAM_KEYS)
+    if unknown:
+        raise KvtierError(f"kvtier config: engram_tables has unknown keys {unknown}; known: {sorted(ENGRAM_KEYS)}")
+    if not isinstance(t.get("store"), str) or not t["store"]:
+        raise KvtierError("kvtier config: engram_tables.store must be the table directory (a path)")
+    fp = t.get("fingerprint")
+    if fp is not None and (not isinstance(fp, str) or not fp or "/" in fp):
+        raise KvtierError("kvtier config: engram_tables.fingerprint must be null or a non-empty string without '/'")
+    wait = t.get("wait_s", 3600)
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 86400:
+        raise KvtierError("kvtier config: engram_tables.wait_s must be a number of seconds in 0..86400")
+    if not isinstance(t.get("gather", False), bool):
+        raise KvtierError("kvtier config: engram_tables.gather must be true or false")
 
 
 def load_config(config=None) -> KvtierConfig:

@@ -15,6 +15,7 @@ from . import bad_indices, compat, counters, trace
 from ._config import ENV, KvtierConfig, load_config
 
 COORDINATOR = compat.COORDINATOR
+ENGRAM = "sglang.srt.layers.engram"
 
 logger = logging.getLogger("kvtier")
 
@@ -62,10 +63,11 @@ def install(config=None, hisparse_config=None, log=True) -> compat.Report:
         counters.configure_export(cfg.counters_export_s if cfg.swap_in and cfg.counters else None)
         trace.configure(cfg.trace if cfg.swap_in else None)
         os.environ[ENV] = cfg.to_json()
-        module = sys.modules.get(COORDINATOR)
-        if module is not None:
-            _patch(module)
-        else:
+        for name in (COORDINATOR, ENGRAM):
+            module = sys.modules.get(name)
+            if module is not None:
+                _patch(module)
+        if any(name not in sys.modules for name in (COORDINATOR, ENGRAM)):
             _add_hook()
     return rep
 
@@ -84,6 +86,11 @@ def uninstall() -> None:
         if _hook is not None and _hook in sys.meta_path:
             sys.meta_path.remove(_hook)
         _hook = None
+        engram_module = sys.modules.get(ENGRAM)
+        if engram_module is not None:
+            from . import engram
+
+            engram.unpatch(engram_module)
         module = sys.modules.get(COORDINATOR)
         originals = getattr(module, "_kvtier_originals", None) if module else None
         if originals:
@@ -99,6 +106,11 @@ def is_installed(module) -> bool:
 def _patch(module) -> None:
     global _report
     if is_installed(module) or _config is None or _report is None:
+        return
+    if module.__name__ == ENGRAM:
+        from . import engram
+
+        engram.patch(module, table=_report.served("_HostTable"), gather=_report.served("engram_gather"))
         return
     problem = compat.live_incompatibility(module)
     if problem:
@@ -146,7 +158,7 @@ class _CoordinatorHook(importlib.abc.MetaPathFinder):
     """Finds the coordinator module with the other finders and wraps its loader."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != COORDINATOR:
+        if fullname not in (COORDINATOR, ENGRAM):
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):

@@ -70,7 +70,23 @@ USED_FOR = {
     "MLATokenToKVPoolHost": "DSA host KV",
     "DeepSeekV4PagedHostPool": "DeepSeek-V4 host KV",
     "HiSparseMHATokenToKVPoolHost": "MiniMax-M3 host KV",
+    "_HostTable": "DeepSeek-V4.1 Engram host tables",
+    "engram_gather": "DeepSeek-V4.1 Engram lookups",
 }
+ENGRAM_FILE = "sglang/srt/layers/engram.py"
+ENGRAM_GATHER_FILE = "sglang/kernels/ops/embeddings/engram_gather.py"
+# What kvtier's engram table relies on in SGLang's engram module: the
+# methods it replaces (with their parameters) and the names it reads.
+ENGRAM_METHODS = {
+    "_init_host_table": ["self", "num_embeddings", "dim", "layer_id"],
+    "_load_rows": ["self", "param", "loaded_weight"],
+    "finish_load": ["self", "label"],
+}
+ENGRAM_NAMES = ("_HostTable", "engram_gather", "envs", "get_parallel", "get_model", "FP8_BLOCK_SIZE")
+ENGRAM_GATHER_LEFT = (
+    "SGLang's Triton kernel serves it; kvtier's has the same signature and is installed only by choice "
+    "(engram_tables.gather) until a GPU has measured it against SGLang's"
+)
 
 
 @dataclass(frozen=True)
@@ -159,11 +175,35 @@ def params_of_source(node: ast.FunctionDef) -> list:
     return out
 
 
+_ARITH = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+          ast.FloorDiv: lambda a, b: a // b, ast.Pow: lambda a, b: a**b, ast.LShift: lambda a, b: a << b}
+
+
+def _int_arith(node: ast.AST) -> int:
+    """The value of integer arithmetic on literals (``2**62``, ``1 << 20``);
+    ValueError for anything else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_int_arith(node.operand)
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
+        a, b = _int_arith(node.left), _int_arith(node.right)
+        if isinstance(node.op, (ast.Pow, ast.LShift)) and not 0 <= b <= 256:
+            raise ValueError("exponent out of range")
+        return _ARITH[type(node.op)](a, b)
+    raise ValueError("not integer arithmetic")
+
+
 def _literal(node: ast.AST) -> str:
-    """A default's value as repr() writes it (source text where it is not a literal)."""
+    """A default's value as repr() writes it: literals and integer arithmetic
+    on them evaluated (source text for anything else)."""
     try:
         return repr(ast.literal_eval(node))
     except ValueError:
+        pass
+    try:
+        return repr(_int_arith(node))
+    except (ValueError, ZeroDivisionError):
         return ast.unparse(node)
 
 
@@ -387,6 +427,56 @@ def host_pool_routes(names: set, config) -> list:
     return routes
 
 
+def engram_routes(root: Path, config) -> list:
+    """Who serves SGLang's Engram host table and gather, from its source."""
+    path = root / ENGRAM_FILE
+    if not path.exists():
+        return [Route(n, "absent", "not in this SGLang") for n in ("_HostTable", "engram_gather")]
+    tree = ast.parse(path.read_text())
+    names = module_names(path.read_text()) | {
+        t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    embed = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EngramEmbedding"), None)
+    problems = [f"no {n}" for n in ENGRAM_NAMES if n not in names]
+    if embed is None:
+        problems.append("no EngramEmbedding")
+    else:
+        methods = {n.name: [a.arg for a in n.args.args] for n in embed.body if isinstance(n, ast.FunctionDef)}
+        for name, params in ENGRAM_METHODS.items():
+            if methods.get(name) != params:
+                problems.append(f"EngramEmbedding.{name} is {methods.get(name)}, kvtier knows {params}")
+    tables = (config.engram_tables or {}) if config is not None else {}
+    if problems:
+        table = Route("_HostTable", "SGLang", "SGLang's engram module differs from what kvtier knows: "
+                      + "; ".join(problems))
+    elif not tables.get("store"):
+        table = Route("_HostTable", "SGLang", "engram_tables is off in the kvtier config")
+    else:
+        table = Route("_HostTable", "kvtier", f"each table a file in kvtier's table store {tables['store']}, "
+                      "loaded once per key, attached by every start and instance (with "
+                      "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE)")
+    gather_src = root / ENGRAM_GATHER_FILE
+    theirs = None
+    if gather_src.exists():
+        fn = next((n for n in ast.parse(gather_src.read_text()).body
+                   if isinstance(n, ast.FunctionDef) and n.name == "engram_gather"), None)
+        theirs = params_of_source(fn) if fn is not None else None
+    from .engram import engram_gather
+
+    why = "not found in SGLang's kernels" if theirs is None else incompatibility(
+        theirs, params_of_function(engram_gather))
+    if why:
+        gather = Route("engram_gather", "SGLang", f"kvtier's differs: {why}")
+    elif not tables.get("gather"):
+        gather = Route("engram_gather", "SGLang", ENGRAM_GATHER_LEFT)
+    elif problems:
+        gather = Route("engram_gather", "SGLang", "SGLang's engram module differs from what kvtier knows")
+    elif not kernels_built():
+        gather = Route("engram_gather", "SGLang", "this libkvtier.so has no CUDA kernels")
+    else:
+        gather = Route("engram_gather", "kvtier", "same signature as SGLang's (engram_tables.gather)")
+    return [table, gather]
+
+
 def kernels_built() -> bool:
     """Whether the loaded library carries its CUDA kernels."""
     return bool(library().kvt_kernels_built())
@@ -466,7 +556,7 @@ def report(config=None, hisparse_config=None) -> Report:
                     "reinstall the package with `pip install ./bindings/python`, whose build brings one, "
                     "to serve the swap-in"
                 )
-    r.routes = routes + host_pool_routes(names, config)
+    r.routes = routes + host_pool_routes(names, config) + engram_routes(root, config)
     if any(route.served_by == "kvtier" and route.name in HOST_POOLS for route in r.routes):
         r.warnings = device_warnings(config.devices if config is not None else [])
     r.installs = True

@@ -82,8 +82,11 @@ def main(argv=None) -> None:
     for line in rep.lines():
         print(line, file=sys.stderr)
     if rep.installs and not any(a == "--enable-hisparse" or a.startswith("--enable-hisparse=") for a in rest):
+        engram = rep.served("_HostTable") or rep.served("engram_gather")
         print("  warning: --enable-hisparse is not among SGLang's arguments: unless a config file of SGLang's "
-              "sets it, SGLang runs without HiSparse and kvtier serves nothing", file=sys.stderr)
+              "sets it, SGLang runs without HiSparse and kvtier serves "
+              + ("only the Engram tables (DeepSeek-V4.1, which refuses HiSparse)" if engram else "nothing"),
+              file=sys.stderr)
     if rest[:1] == ["serve"]:
         # `sglang serve ...`, SGLang's command-line entry point
         sys.argv = ["sglang", *rest]

@@ -6,14 +6,14 @@
 use std::ffi::c_void;
 
 use kvtier::ffi::{
-    KvtBuf, KvtItems, KvtKvBuffers, KvtPlannedCopyArgs, KvtSpecState, KvtSpecSwapInArgs,
-    KvtSwapInArgs,
+    KvtBuf, KvtEngramArgs, KvtItems, KvtKvBuffers, KvtPlannedCopyArgs, KvtSpecState,
+    KvtSpecSwapInArgs, KvtSwapInArgs,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 
 use crate::view::{DType, Device, View, view};
-use crate::{Handle, engine_handle, ensure_capacity, invalid, library, status};
+use crate::{Handle, engine_handle, engram_handle, ensure_capacity, invalid, library, status};
 
 const INDEX_INT32: u32 = 1;
 const INDEX_INT64: u32 = 2;
@@ -257,25 +257,28 @@ fn engine_and_stream(
         return Ok((engine_handle(EXECUTOR_CPU)?, EXECUTOR_CPU, 0));
     };
     debug_assert!(cuda);
-    let raw = match stream.filter(|s| !s.is_none()) {
-        None => current_stream(py, gpu)?,
+    Ok((engine_handle(gpu)?, gpu, raw_stream(py, gpu, stream)?))
+}
+
+/// The raw CUstream a call on `gpu` runs on: `stream` (a torch.cuda.Stream
+/// or a raw int), else torch's current stream.
+fn raw_stream(py: Python<'_>, gpu: i32, stream: Arg<'_, '_>) -> PyResult<usize> {
+    match stream.filter(|s| !s.is_none()) {
+        None => current_stream(py, gpu),
         Some(s) if s.is_instance_of::<pyo3::types::PyInt>() && !s.is_instance_of::<PyBool>() => {
-            s.extract()?
+            s.extract()
         }
         Some(s) => match s.getattr("cuda_stream") {
-            Ok(r) => r.extract()?,
-            Err(_) => {
-                return Err(invalid(
-                    "stream",
-                    format!(
-                        "{} is neither a torch.cuda.Stream nor a raw CUstream int",
-                        s.repr()?
-                    ),
-                ));
-            }
+            Ok(r) => r.extract(),
+            Err(_) => Err(invalid(
+                "stream",
+                format!(
+                    "{} is neither a torch.cuda.Stream nor a raw CUstream int",
+                    s.repr()?
+                ),
+            )),
         },
-    };
-    Ok((engine_handle(gpu)?, gpu, raw))
+    }
 }
 
 /// torch's current raw stream on `gpu`.
@@ -883,6 +886,106 @@ pub fn spec_swap_in<'py>(
             engine as Handle,
             args_addr as *const KvtSpecSwapInArgs,
             raw_stream as *mut c_void,
+        )
+    });
+    status(s)
+}
+
+/// One Engram gather (see `kvtier.sglang.engram_gather`): the table as raw
+/// addresses (`weight_ptr`, `scale_ptr`) of `rows` rows of global ids
+/// `row_lo..`, read where the executor reads (host memory for the CPU, GPU
+/// memory or host memory the GPU maps for CUDA); `ids` `[N]` int32/int64 and
+/// `out` `[N, dim]` bf16 (uint16 bits) decide the executor.
+#[pyfunction]
+#[pyo3(signature = (weight_ptr, scale_ptr, rows, ids, out, dim, block_size, row_lo, row_hi, stream=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn engram_gather<'py>(
+    py: Python<'py>,
+    weight_ptr: u64,
+    scale_ptr: u64,
+    rows: u64,
+    ids: &Bound<'py, PyAny>,
+    out: &Bound<'py, PyAny>,
+    dim: u32,
+    block_size: u32,
+    row_lo: i64,
+    row_hi: i64,
+    stream: Arg<'_, 'py>,
+) -> PyResult<()> {
+    let ids = view(ids, "ids")?;
+    let out = view(out, "out")?;
+    need(matches!(ids.dtype, DType::I32 | DType::I64), "ids", || {
+        format!("is {}; it must be int32 or int64", ids.dtype_name())
+    })?;
+    need(ids.contiguous, "ids", || "must be contiguous".into())?;
+    need(matches!(out.dtype, DType::BF16 | DType::U16), "out", || {
+        format!(
+            "is {}; it must be bfloat16 (a numpy array: uint16 holding bf16 bits)",
+            out.dtype_name()
+        )
+    })?;
+    need(out.contiguous && out.writable, "out", || {
+        "must be contiguous and writable".into()
+    })?;
+    let n = ids.numel;
+    need(
+        out.numel == n.saturating_mul(dim as usize) && (out.ndim != 2 || out.shape[0] == n),
+        "out",
+        || {
+            format!(
+                "has shape {}; it must be [{n}, {dim}] (one row of dim values an id)",
+                out.shape_list()
+            )
+        },
+    )?;
+    let cuda = placement(&[&ids, &out], &ids)?;
+    for (ptr, name) in [(weight_ptr, "weight_ptr"), (scale_ptr, "scale_ptr")] {
+        need(ptr != 0 || rows == 0, name, || {
+            "is 0 (a null address)".into()
+        })?;
+    }
+    let per_row = if block_size != 0 && dim.is_multiple_of(block_size) {
+        (dim / block_size) as u64
+    } else {
+        0 // the library refuses the block size before it reads the scales
+    };
+    let bytes = |per: u64, name: &str| {
+        rows.checked_mul(per)
+            .ok_or_else(|| invalid(name, format!("{rows} rows of {per} bytes overflow")))
+    };
+    let args = KvtEngramArgs {
+        weights: KvtBuf {
+            ptr: weight_ptr as *mut c_void,
+            len: bytes(dim as u64, "weight_ptr")?,
+        },
+        scales: KvtBuf {
+            ptr: scale_ptr as *mut c_void,
+            len: bytes(per_row, "scale_ptr")?,
+        },
+        ids: buf(Some(&ids)),
+        out: buf(Some(&out)),
+        row_lo,
+        row_hi,
+        dim,
+        block: block_size,
+        ids_type: index_type(&ids),
+    };
+    let (executor, raw) = match ids.device {
+        Device::Cuda(gpu) => (gpu, raw_stream(py, gpu, stream)?),
+        Device::Cpu => (EXECUTOR_CPU, 0),
+    };
+    debug_assert_eq!(cuda, executor != EXECUTOR_CPU);
+    let handle = engram_handle(executor)? as usize;
+    let lib = library()?;
+    let args_addr = &args as *const KvtEngramArgs as usize;
+    // SAFETY: `args` lives across the call; its buffers are the arrays'
+    // memory (checked above: dtype, contiguity, lengths) and the caller's
+    // table addresses (the contract of kvtier.sglang.engram_gather).
+    let s = py.detach(|| unsafe {
+        (lib.engram_gather)(
+            handle as Handle,
+            args_addr as *const KvtEngramArgs,
+            raw as *mut c_void,
         )
     });
     status(s)

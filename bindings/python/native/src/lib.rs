@@ -15,7 +15,7 @@ mod view;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::{Mutex, OnceLock};
 
-use kvtier::ffi::{KvtPlannedCopyArgs, KvtSpecSwapInArgs, KvtStatus, KvtSwapInArgs};
+use kvtier::ffi::{KvtEngramArgs, KvtPlannedCopyArgs, KvtSpecSwapInArgs, KvtStatus, KvtSwapInArgs};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
@@ -31,6 +31,8 @@ type CopyPlannedFn =
 type RunSpecFn = unsafe extern "C" fn(Handle, *const KvtSpecSwapInArgs, *mut c_void) -> KvtStatus;
 type MapHostFn = unsafe extern "C" fn(Handle, *const c_void, *mut u64) -> KvtStatus;
 type LastErrorFn = unsafe extern "C" fn() -> *const c_char;
+type EngramCreateFn = unsafe extern "C" fn(i32, *mut Handle) -> KvtStatus;
+type EngramGatherFn = unsafe extern "C" fn(Handle, *const KvtEngramArgs, *mut c_void) -> KvtStatus;
 
 /// The library functions the calls use (bindings/kvtier.h's signatures).
 struct Library {
@@ -42,6 +44,8 @@ struct Library {
     run_spec: RunSpecFn,
     map_host: MapHostFn,
     last_error: LastErrorFn,
+    engram_create: EngramCreateFn,
+    engram_gather: EngramGatherFn,
 }
 
 static LIBRARY: OnceLock<Library> = OnceLock::new();
@@ -87,6 +91,8 @@ fn bind(functions: &Bound<'_, PyDict>) -> PyResult<()> {
             run_spec: std::mem::transmute::<usize, RunSpecFn>(addr("kvt_swap_in_run_spec")?),
             map_host: std::mem::transmute::<usize, MapHostFn>(addr("kvt_swap_in_map_host")?),
             last_error: std::mem::transmute::<usize, LastErrorFn>(addr("kvt_last_error")?),
+            engram_create: std::mem::transmute::<usize, EngramCreateFn>(addr("kvt_engram_create")?),
+            engram_gather: std::mem::transmute::<usize, EngramGatherFn>(addr("kvt_engram_gather")?),
         }
     };
     // A second bind (the same library) keeps the first.
@@ -149,6 +155,44 @@ fn engines() -> Vec<(i32, usize)> {
         .iter()
         .map(|e| (e.executor, e.handle))
         .collect()
+}
+
+/// The process's Engram gatherer per executor, as (executor, handle).
+static ENGRAMS: Mutex<Vec<(i32, usize)>> = Mutex::new(Vec::new());
+
+/// The Engram gatherer of `executor`, made on first use (it lives as long
+/// as the process).
+fn engram_handle(executor: i32) -> PyResult<Handle> {
+    let lib = library()?;
+    let rc = {
+        let mut all = ENGRAMS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&(_, h)) = all.iter().find(|e| e.0 == executor) {
+            return Ok(h as Handle);
+        }
+        let mut h: Handle = std::ptr::null_mut();
+        // SAFETY: an out pointer to a local; made under the lock, so the
+        // process has one gatherer per executor; no Python runs here.
+        let rc = unsafe { (lib.engram_create)(executor, &mut h) };
+        if rc == kvtier::ffi::KVT_OK {
+            all.push((executor, h as usize));
+            return Ok(h);
+        }
+        rc
+    };
+    Err(status(rc).expect_err("a failed create"))
+}
+
+/// The Engram gatherer of `executor`, as an address for ctypes
+/// (`kvt_engram_check`).
+#[pyfunction]
+fn engram(executor: i32) -> PyResult<usize> {
+    engram_handle(executor).map(|h| h as usize)
+}
+
+/// The Engram gatherers made so far, as (executor, address).
+#[pyfunction]
+fn engrams() -> Vec<(i32, usize)> {
+    ENGRAMS.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 /// Makes sure the engine of `executor` has plan scratch for `batch` ×
@@ -274,5 +318,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(calls::swap_in, m)?)?;
     m.add_function(wrap_pyfunction!(calls::copy_planned, m)?)?;
     m.add_function(wrap_pyfunction!(calls::spec_swap_in, m)?)?;
+    m.add_function(wrap_pyfunction!(calls::engram_gather, m)?)?;
+    m.add_function(wrap_pyfunction!(engram, m)?)?;
+    m.add_function(wrap_pyfunction!(engrams, m)?)?;
     Ok(())
 }

@@ -17,6 +17,10 @@ pub enum DType {
     I32,
     I64,
     U8,
+    /// numpy's uint16 (bf16 bits), torch's uint16.
+    U16,
+    /// torch's bfloat16.
+    BF16,
     Other,
 }
 
@@ -27,6 +31,8 @@ impl DType {
             DType::I32 => "int32",
             DType::I64 => "int64",
             DType::U8 => "uint8",
+            DType::U16 => "uint16",
+            DType::BF16 => "bfloat16",
             DType::Other => "other",
         }
     }
@@ -181,6 +187,7 @@ fn numpy_view<'a, 'py>(
         (b'i', 4) => DType::I32,
         (b'i', 8) => DType::I64,
         (b'u', 1) => DType::U8,
+        (b'u', 2) => DType::U16,
         _ => DType::Other,
     };
     // SAFETY: `arr` is a live numpy array; its header fields are read as
@@ -300,7 +307,7 @@ fn torch_tensor_type(py: Python<'_>) -> PyResult<Option<&'static Py<PyAny>>> {
 
 /// The torch dtypes the checks name, by identity.
 fn torch_dtype(d: &Bound<'_, PyAny>) -> PyResult<DType> {
-    static DTYPES: PyOnceLock<[(Py<PyAny>, DType); 4]> = PyOnceLock::new();
+    static DTYPES: PyOnceLock<[(Py<PyAny>, DType); 5]> = PyOnceLock::new();
     let py = d.py();
     let table = DTYPES.get_or_try_init(py, || -> PyResult<_> {
         let torch = py.import("torch")?;
@@ -310,6 +317,7 @@ fn torch_dtype(d: &Bound<'_, PyAny>) -> PyResult<DType> {
             (get("int32")?, DType::I32),
             (get("int64")?, DType::I64),
             (get("uint8")?, DType::U8),
+            (get("bfloat16")?, DType::BF16),
         ])
     })?;
     Ok(table
