@@ -488,6 +488,7 @@ pub struct kvt_engram_gather_params {
     pub scales: kvt_addr,
     pub ids: kvt_addr,
     pub out: kvt_addr,
+    pub out_rows: kvt_addr,
     pub error: kvt_addr,
     pub row_lo: i64,
     pub row_hi: i64,
@@ -500,7 +501,7 @@ pub struct kvt_engram_gather_params {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of kvt_engram_gather_params"]
-        [::core::mem::size_of::<kvt_engram_gather_params>() - 80usize];
+        [::core::mem::size_of::<kvt_engram_gather_params>() - 88usize];
     ["Alignment of kvt_engram_gather_params"]
         [::core::mem::align_of::<kvt_engram_gather_params>() - 8usize];
     ["Offset of field: kvt_engram_gather_params::weights"]
@@ -511,20 +512,22 @@ const _: () = {
         [::core::mem::offset_of!(kvt_engram_gather_params, ids) - 16usize];
     ["Offset of field: kvt_engram_gather_params::out"]
         [::core::mem::offset_of!(kvt_engram_gather_params, out) - 24usize];
+    ["Offset of field: kvt_engram_gather_params::out_rows"]
+        [::core::mem::offset_of!(kvt_engram_gather_params, out_rows) - 32usize];
     ["Offset of field: kvt_engram_gather_params::error"]
-        [::core::mem::offset_of!(kvt_engram_gather_params, error) - 32usize];
+        [::core::mem::offset_of!(kvt_engram_gather_params, error) - 40usize];
     ["Offset of field: kvt_engram_gather_params::row_lo"]
-        [::core::mem::offset_of!(kvt_engram_gather_params, row_lo) - 40usize];
+        [::core::mem::offset_of!(kvt_engram_gather_params, row_lo) - 48usize];
     ["Offset of field: kvt_engram_gather_params::row_hi"]
-        [::core::mem::offset_of!(kvt_engram_gather_params, row_hi) - 48usize];
+        [::core::mem::offset_of!(kvt_engram_gather_params, row_hi) - 56usize];
     ["Offset of field: kvt_engram_gather_params::rows"]
-        [::core::mem::offset_of!(kvt_engram_gather_params, rows) - 56usize];
+        [::core::mem::offset_of!(kvt_engram_gather_params, rows) - 64usize];
     ["Offset of field: kvt_engram_gather_params::n"]
-        [::core::mem::offset_of!(kvt_engram_gather_params, n) - 64usize];
+        [::core::mem::offset_of!(kvt_engram_gather_params, n) - 72usize];
     ["Offset of field: kvt_engram_gather_params::dim"]
-        [::core::mem::offset_of!(kvt_engram_gather_params, dim) - 68usize];
+        [::core::mem::offset_of!(kvt_engram_gather_params, dim) - 76usize];
     ["Offset of field: kvt_engram_gather_params::block"]
-        [::core::mem::offset_of!(kvt_engram_gather_params, block) - 72usize];
+        [::core::mem::offset_of!(kvt_engram_gather_params, block) - 80usize];
     ["Offset of field: kvt_engram_gather_params::ids_int64"]
-        [::core::mem::offset_of!(kvt_engram_gather_params, ids_int64) - 76usize];
+        [::core::mem::offset_of!(kvt_engram_gather_params, ids_int64) - 84usize];
 };

@@ -163,7 +163,7 @@ kvt_status kvt_table_load(const char *path, const char *key, uint64_t data_bytes
 kvt_status kvt_table_loader_next_missing(const kvt_table_loader *loader, uint64_t from, uint64_t *start,
                                          uint64_t *end);
 /* Copies `len` bytes to the table's data at `offset`; a chunk counts as
- * written once a write reaches its end. */
+ * written once this loader's writes cover it (in any order and pieces). */
 kvt_status kvt_table_loader_write(const kvt_table_loader *loader, uint64_t offset, const void *bytes,
                                   uint64_t len);
 /* Publishes the table READY (refused, and the load kept, while bytes are
@@ -201,6 +201,9 @@ typedef struct kvt_engram_args {
     kvt_buf scales;    /* uint8 [rows][dim / block]: e8m0 bytes */
     kvt_buf ids;       /* int32 or int64 [n] (ids_type): global row ids */
     kvt_buf out;       /* uint16 [n][dim]: bf16 bits, written; 16-byte aligned */
+    kvt_buf out_rows;  /* optional int32 [n] (NULL: row i): id i's row of out. Sorted reads pass the ids
+                        * sorted and the permutation that sorted them; an entry outside [0, n) writes
+                        * nothing and is reported */
     int64_t row_lo;    /* the rows asked for: [row_lo, row_hi), 0 <= row_lo <= row_hi */
     int64_t row_hi;
     uint32_t dim;      /* values a row: a power of two in 8..=4096 */

@@ -387,14 +387,21 @@ typedef struct kvt_error_take_params {
  *                            [row_end, row_hi) (inside the range asked for but
  *                            past the table) is also reported
  *                            (KVT_ERR_GATHER_INDEX, position i, value id).
- * Rows are read in ids order: sorting ids (SGLang's sort_ids) would change
- * the order of the reads, not the output.
+ * With out_rows, id i's row is written to out[out_rows[i]] instead of
+ * out[i]: sorted reads (SGLang's sort_ids) pass the ids sorted and, as
+ * out_rows, the permutation that sorted them (a device sort's indices), so
+ * the table is read in address order and every row still lands in its
+ * place, with no host synchronisation. out_rows must be a permutation of
+ * [0, n); an entry outside [0, n) writes nothing for its id and is reported
+ * (KVT_ERR_GATHER_SLOT, position i, value out_rows[i]); rows no entry
+ * names are left as they were.
  */
 typedef struct kvt_engram_gather_params {
     kvt_addr weights;              /* const uint8_t[rows][dim], e4m3; 8-byte aligned */
     kvt_addr scales;               /* const uint8_t[rows][dim / block], e8m0 */
     kvt_addr ids;                  /* const int32_t or int64_t [n] */
     kvt_addr out;                  /* uint16_t[n][dim], bf16 bits; 16-byte aligned */
+    kvt_addr out_rows;             /* const int32_t[n]: id i's row of out (0: row i) */
     kvt_addr error;                /* kvt_error_word* */
     int64_t row_lo;                /* first global row the table holds */
     int64_t row_hi;                /* end of the global rows asked for (SGLang's default 2^62) */

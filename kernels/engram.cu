@@ -54,8 +54,9 @@ __device__ __forceinline__ uint32_t bf16_rne(float x) {
 // Reads:   ids (device memory); a row's dim weight bytes and dim / block
 //          scale bytes (host-mapped or device) only for an id inside the
 //          table, checked against row_lo, row_hi and rows.
-// Writes:  out rows [0, n), every one of them (data or +0); the error word
-//          for ids past the table.
+// Reads:   out_rows[i] (device memory), when given.
+// Writes:  out row i (or out_rows[i]) for every id (data or +0); the error
+//          word for ids past the table and out_rows entries outside [0, n).
 // Assumes: the host launcher validated dim (a power of two, 8..4096), block
 //          (divides dim), weights 8-byte and out 16-byte aligned.
 // Mapping: one warp per id, grid-stride; each lane converts groups of 8
@@ -73,6 +74,14 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS)
 
     for (uint32_t i = kvt::global_warp(); i < p.n; i += kvt::grid_warps()) {
         const int64_t id = kvt::load_index(p.ids, i, p.ids_int64 != 0);
+        int64_t out_row = i;
+        if (p.out_rows != 0) {
+            out_row = kvt::load_index(p.out_rows, i, false);
+            if (out_row < 0 || out_row >= (int64_t)p.n) {
+                if (lane == 0) kvt::report(err, KVT_ERR_GATHER_SLOT, i, out_row);
+                continue;  // the whole warp: one id a warp
+            }
+        }
         const bool owned = id >= p.row_lo && id < row_end;
         if (!owned && id >= row_end && id < p.row_hi && lane == 0) {
             kvt::report(err, KVT_ERR_GATHER_INDEX, i, id);
@@ -80,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS)
         const uint64_t row = owned ? (uint64_t)(id - p.row_lo) : 0;
         const uint8_t* w = reinterpret_cast<const uint8_t*>(p.weights) + row * p.dim;
         const uint8_t* s = reinterpret_cast<const uint8_t*>(p.scales) + row * blocks_per_row;
-        char* dst = reinterpret_cast<char*>(p.out) + (uint64_t)i * p.dim * 2;
+        char* dst = reinterpret_cast<char*>(p.out) + (uint64_t)out_row * p.dim * 2;
         for (uint32_t g = lane; g < groups; g += KVT_WARP) {
             uint4 o = make_uint4(0, 0, 0, 0);
             if (owned) {

@@ -39,6 +39,10 @@ pub struct EngramArgs<'a> {
     pub ids: IndexBuf<'a>,
     /// `[n][dim]` bf16 bits; 16-byte aligned.
     pub out: BufMut<'a, u16>,
+    /// `[n]`: the row of `out` id `i` goes to (None: row `i`). Sorted reads
+    /// pass the ids sorted and the permutation that sorted them; it must be
+    /// a permutation of `0..n` (an entry outside is skipped and reported).
+    pub out_rows: Option<Buf<'a, i32>>,
     pub dim: u32,
     /// Values per scale byte (DeepSeek-V4.1: 32).
     pub block: u32,
@@ -97,6 +101,9 @@ fn plan(a: &EngramArgs<'_>, want: Location) -> Result<kvt_engram_gather_params> 
     }
     let touches = if n == 0 { 0 } else { rows as usize };
     a.ids.check("ids", want, n)?;
+    if let Some(r) = &a.out_rows {
+        r.check_aligned("out_rows", want, 4, n)?;
+    }
     a.out.check_aligned("out", want, 16, n * dim as usize)?;
     a.weights
         .check_aligned("weights", want, 8, touches * dim as usize)?;
@@ -107,6 +114,7 @@ fn plan(a: &EngramArgs<'_>, want: Location) -> Result<kvt_engram_gather_params> 
         scales: a.scales.addr(),
         ids: a.ids.addr(),
         out: a.out.addr(),
+        out_rows: a.out_rows.as_ref().map_or(0, |r| r.addr()),
         error: 0,
         row_lo: a.row_lo,
         row_hi: a.row_hi,
@@ -195,7 +203,16 @@ unsafe fn run_cpu(p: &kvt_engram_gather_params) -> ErrorWord {
                 *(p.ids as *const i32).add(i) as i64
             }
         };
-        let o = &mut out[i * dim..][..dim];
+        let mut out_row = i as i64;
+        if p.out_rows != 0 {
+            // SAFETY: `i < n` entries, checked by `plan`.
+            out_row = unsafe { *(p.out_rows as *const i32).add(i) } as i64;
+            if !(0..n as i64).contains(&out_row) {
+                err.report(crate::abi::KVT_ERR_GATHER_SLOT, i as u32, out_row);
+                continue;
+            }
+        }
+        let o = &mut out[out_row as usize * dim..][..dim];
         if id < p.row_lo || id >= row_end {
             o.fill(0);
             if id >= row_end && id < p.row_hi {

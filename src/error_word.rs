@@ -111,6 +111,9 @@ pub enum BadIndexKind {
     /// the Engram gather borrows: the error word has no free kind; see
     /// [`BadIndexReport::as_engram`]).
     EngramId,
+    /// Engram gather: `out_rows[i]` is outside `0..n` (id `i` wrote
+    /// nothing; recorded under [`BadIndexKind::GatherSlot`]'s bit).
+    EngramOutRow,
 }
 
 impl BadIndexKind {
@@ -135,8 +138,10 @@ impl BadIndexKind {
 
     /// The kind's bit number in the error word (`KVT_ERR_*`).
     pub fn code(self) -> u32 {
-        if self == Self::EngramId {
-            return KVT_ERR_GATHER_INDEX;
+        match self {
+            Self::EngramId => return KVT_ERR_GATHER_INDEX,
+            Self::EngramOutRow => return KVT_ERR_GATHER_SLOT,
+            _ => {}
         }
         Self::ALL.iter().find(|(_, k)| *k == self).unwrap().0
     }
@@ -145,7 +150,11 @@ impl BadIndexKind {
     fn has_column(self) -> bool {
         !matches!(
             self,
-            Self::WritebackSlot | Self::WritebackToken | Self::WritebackSrcRow | Self::EngramId
+            Self::WritebackSlot
+                | Self::WritebackToken
+                | Self::WritebackSrcRow
+                | Self::EngramId
+                | Self::EngramOutRow
         )
     }
 }
@@ -206,18 +215,22 @@ impl BadIndexReport {
     }
 
     /// The report of an Engram gather's word: its ids past the table are
-    /// recorded with the gather-index bit at position `i`, which decodes as
-    /// `(i >> 16, i & 0xffff)`; they are named for what they are.
+    /// recorded with the gather-index bit, its `out_rows` entries outside
+    /// `0..n` with the gather-slot bit, both at position `i`, which decodes
+    /// as `(i >> 16, i & 0xffff)`; they are named for what they are.
     pub fn as_engram(mut self) -> Self {
         for b in &mut self.first {
-            if b.kind == BadIndexKind::GatherIndex {
-                *b = BadIndex {
-                    kind: BadIndexKind::EngramId,
-                    row: (b.row << 16) | b.col,
-                    col: 0,
-                    value: b.value,
-                };
-            }
+            let kind = match b.kind {
+                BadIndexKind::GatherIndex => BadIndexKind::EngramId,
+                BadIndexKind::GatherSlot => BadIndexKind::EngramOutRow,
+                _ => continue,
+            };
+            *b = BadIndex {
+                kind,
+                row: (b.row << 16) | b.col,
+                col: 0,
+                value: b.value,
+            };
         }
         self
     }
@@ -310,6 +323,12 @@ impl fmt::Display for BadIndex {
                 f,
                 "ids[{r}] = {v}{} is inside [row_lo, row_hi) but past the table's rows; its output row \
                  is +0 and nothing was read",
+                clamped(v)
+            ),
+            BadIndexKind::EngramOutRow => write!(
+                f,
+                "out_rows[{r}] = {v}{} is outside [0, n) (it must be a permutation of the rows); ids[{r}]'s \
+                 row was not written",
                 clamped(v)
             ),
             BadIndexKind::SwapPlanCount => write!(

@@ -304,6 +304,7 @@ pub struct KvtEngramArgs {
     pub scales: KvtBuf,
     pub ids: KvtBuf,
     pub out: KvtBuf,
+    pub out_rows: KvtBuf,
     pub row_lo: i64,
     pub row_hi: i64,
     pub dim: u32,
@@ -1663,8 +1664,8 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
     );
     v.extend(fields!(KvtWritebackArgs, "kvt_writeback_args": slots, tokens, src_rows, src));
     v.extend(
-        fields!(KvtEngramArgs, "kvt_engram_args": weights, scales, ids, out, row_lo, row_hi, dim,
-        block, ids_type),
+        fields!(KvtEngramArgs, "kvt_engram_args": weights, scales, ids, out, out_rows, row_lo,
+        row_hi, dim, block, ids_type),
     );
     v
 }
@@ -1947,6 +1948,7 @@ pub unsafe extern "C" fn kvt_engram_gather(
                 scales: buf(&a.scales, "scales", loc)?,
                 ids: index_buf(&a.ids, a.ids_type, "ids", loc)?,
                 out: buf_mut(&a.out, "out", loc)?,
+                out_rows: optional_buf(&a.out_rows, "out_rows", loc)?,
                 dim: a.dim,
                 block: a.block,
                 row_lo: a.row_lo,

@@ -31,9 +31,11 @@
 //! whole KV in HBM (`offloaded_layers` 0: no host KV, no link traffic). A
 //! model with static tables (`table_bytes`, DeepSeek-V4.1's Engram tables)
 //! has them where the deployment says ([`TablePlacement`]): in HBM,
-//! `table_bytes / tp` a GPU off its HBM for KV; in host memory once per TP
-//! group, `gpus / tp × table_bytes` off the node's host memory; or once a
-//! node, `table_bytes` off it.
+//! sharded over each server instance's GPUs (its TP group: `tp`, or more
+//! with DP attention), `table_bytes / instance_gpus` a GPU off its HBM for
+//! KV; in host memory once per instance, `gpus / instance_gpus ×
+//! table_bytes` off the node's host memory; or once a node, `table_bytes`
+//! off it.
 //!
 //! Requests per GPU are then the least of: HBM for KV (less the tables'
 //! share) over HBM per request; the node's host memory (less the tables)
@@ -450,15 +452,19 @@ pub struct Deployment {
     pub link_budget: f64,
     /// Where the model's static tables live (models with tables only).
     pub tables: TablePlacement,
+    /// GPUs of one server instance: its TP group, over which SGLang shards
+    /// the tables (None: `tp`, as without DP attention; with DP attention
+    /// the engine's TP, `tp ×` the DP size).
+    pub instance_gpus: Option<u32>,
 }
 
 /// Where a model's static tables (DeepSeek-V4.1's Engram tables) live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TablePlacement {
-    /// In HBM, sharded over each TP group (SGLang's default): each GPU
-    /// holds `table_bytes / tp`.
+    /// In HBM, sharded over each instance's TP group (SGLang's default):
+    /// each GPU holds `table_bytes / instance_gpus`.
     Hbm,
-    /// In host memory, one copy per TP group (SGLang's host table, either
+    /// In host memory, one copy per instance (SGLang's host table, either
     /// layout: "shared" maps one copy, "per_rank" shards one copy).
     HostPerGroup,
     /// In host memory, one copy per node, loaded once and attached by
@@ -479,8 +485,8 @@ impl TablePlacement {
 
     pub fn describe(self) -> &'static str {
         match self {
-            Self::Hbm => "in HBM, sharded over each TP group (SGLang's default)",
-            Self::HostPerGroup => "in host memory, a copy per TP group (SGLang's host table)",
+            Self::Hbm => "in HBM, sharded over each instance's GPUs (SGLang's default)",
+            Self::HostPerGroup => "in host memory, a copy per instance (SGLang's host table)",
             Self::HostShared => "in host memory, one copy a node (kvtier's table store)",
         }
     }
@@ -557,6 +563,11 @@ pub struct Plan {
 }
 
 impl Deployment {
+    /// GPUs of one server instance (`instance_gpus`, else `tp`).
+    pub fn instance_gpus(&self) -> u32 {
+        self.instance_gpus.unwrap_or(self.tp)
+    }
+
     fn check(&self, model: &ModelSpec) -> Result<()> {
         if self.contexts.is_empty() {
             return Err(invalid("context", "give at least one context length"));
@@ -586,6 +597,18 @@ impl Deployment {
             return Err(invalid(
                 "link",
                 "link bandwidth, step time and link budget must be positive",
+            ));
+        }
+        let instance = self.instance_gpus();
+        if instance == 0 || !instance.is_multiple_of(self.tp) || !self.gpus.is_multiple_of(instance)
+        {
+            return Err(invalid(
+                "instance_gpus",
+                format!(
+                    "{instance} GPUs an instance: it must be a multiple of the attention TP {} and divide the {} \
+                     GPUs",
+                    self.tp, self.gpus
+                ),
             ));
         }
         if !model.attention_tp.is_empty() && !model.attention_tp.contains(&self.tp) {
@@ -624,9 +647,11 @@ pub fn plan(model: &ModelSpec, d: &Deployment) -> Result<Plan> {
     let window_s = d.step_ms / 1e3 * d.link_budget;
     let fit = |budget: f64, per: f64| (per > 0.0).then(|| (budget / per).floor().max(0.0) as u64);
     let groups = (d.gpus / d.tp) as u64;
+    let instances = (d.gpus / d.instance_gpus()) as u64;
     let (table_hbm_per_gpu, table_host_bytes) = match d.tables {
-        TablePlacement::Hbm => (model.table_bytes.div_ceil(d.tp as u64), 0),
-        TablePlacement::HostPerGroup => (0, groups * model.table_bytes),
+        TablePlacement::Hbm => (model.table_bytes.div_ceil(d.instance_gpus() as u64), 0),
+        // saturating: more than any host holds is "does not fit"
+        TablePlacement::HostPerGroup => (0, instances.saturating_mul(model.table_bytes)),
         TablePlacement::HostShared => (0, model.table_bytes),
     };
     let mut tiers = vec![("DRAM only".to_string(), d.dram_for_kv, Vec::new())];
@@ -806,6 +831,7 @@ mod tests {
             step_ms: 50.0,
             link_budget: 0.2,
             tables: TablePlacement::HostShared,
+            instance_gpus: None,
         }
     }
 
@@ -1174,12 +1200,50 @@ mod tests {
             &m,
             &Deployment {
                 tables: TablePlacement::HostShared,
-                ..eight
+                ..eight.clone()
             },
         )
         .unwrap();
         assert_eq!(shared.capacities[0].max_requests, 8 * whole);
         assert_eq!(shared.capacities[0].link_bytes_per_step, 0.0);
+        // DP attention: attention TP 1, one 8-GPU instance (engine TP 8):
+        // SGLang shards the tables over all 8, one copy in all
+        let dp = Deployment {
+            tp: 1,
+            instance_gpus: Some(8),
+            ..d(TablePlacement::Hbm)
+        };
+        let p = plan(&m, &dp).unwrap();
+        assert_eq!(p.table_hbm_per_gpu, 202_758_032_400u64.div_ceil(8));
+        let p = plan(
+            &m,
+            &Deployment {
+                tables: TablePlacement::HostPerGroup,
+                ..dp.clone()
+            },
+        )
+        .unwrap();
+        assert_eq!(p.table_host_bytes, 202_758_032_400);
+        for bad in [3, 16, 0] {
+            let e = plan(
+                &m,
+                &Deployment {
+                    instance_gpus: Some(bad),
+                    tp: 2,
+                    ..dp.clone()
+                },
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("instance"), "{e}");
+        }
+        // a model file's huge table: saturates to "does not fit", never wraps
+        let huge = ModelSpec {
+            table_bytes: 1 << 63,
+            ..m.clone()
+        };
+        let p = plan(&huge, &eight).unwrap();
+        assert_eq!(p.table_host_bytes, u64::MAX);
+        assert_eq!(p.capacities[0].max_requests, 0);
     }
 
     #[test]

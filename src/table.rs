@@ -617,9 +617,10 @@ pub enum Load {
 pub struct TableLoader {
     m: Mapped,
     h: Header,
-    /// Chunks written in pieces from their start: the bytes written so far
-    /// (a chunk is marked when they reach its end).
-    partial: std::collections::HashMap<u64, u64>,
+    /// Chunks written in pieces by this loader: the byte ranges written so
+    /// far, merged, relative to the chunk (a chunk is marked when they
+    /// cover it).
+    partial: std::collections::HashMap<u64, Vec<Range<u64>>>,
 }
 
 impl TableLoader {
@@ -660,9 +661,9 @@ impl TableLoader {
     }
 
     /// Copies `bytes` to the data at `offset` and marks every chunk now
-    /// written whole: one this write covers, or one written in pieces from
-    /// its start up to its end (pieces in order; a chunk written otherwise
-    /// stays unmarked and is written again by a resumed load).
+    /// written whole: one this write covers, or one this loader's writes
+    /// have covered in pieces, in any order (pieces a killed loader wrote
+    /// are not remembered: a resumed load writes such a chunk again).
     pub fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
         let end = offset
             .checked_add(bytes.len() as u64)
@@ -703,25 +704,24 @@ impl TableLoader {
         std::sync::atomic::fence(Ordering::Release);
         for c in range.start / cb..range.end.div_ceil(cb) {
             let (start, stop) = (c * cb, ((c + 1) * cb).min(self.h.data_bytes));
-            let done = if range.start <= start {
-                range.end - start
-            } else {
-                // a piece inside the chunk: counts if it continues what
-                // was written from the chunk's start
-                match self.partial.get(&c) {
-                    Some(&upto) if start + upto >= range.start => range.end - start,
-                    _ => continue,
+            let piece = range.start.max(start) - start..range.end.min(stop) - start;
+            let covered = self.partial.entry(c).or_default();
+            covered.push(piece);
+            covered.sort_by_key(|r| r.start);
+            let mut merged: Vec<Range<u64>> = Vec::with_capacity(covered.len());
+            for r in covered.drain(..) {
+                match merged.last_mut() {
+                    Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                    _ => merged.push(r),
                 }
-            };
-            let upto = done.min(stop - start);
-            if start + upto >= stop {
+            }
+            if merged.len() == 1 && merged[0] == (0..stop - start) {
                 self.partial.remove(&c);
                 self.m
                     .word(BITMAP_OFFSET + (c / 64) as usize * 8)
                     .fetch_or(1 << (c % 64), Ordering::Release);
             } else {
-                let e = self.partial.entry(c).or_insert(0);
-                *e = (*e).max(upto);
+                *covered = merged;
             }
         }
     }
@@ -1052,7 +1052,7 @@ mod tests {
     }
 
     #[test]
-    fn chunks_written_in_pieces_in_order_count_and_a_truncated_table_is_reported() {
+    fn chunks_written_in_pieces_in_any_order_count_and_a_truncated_table_is_reported() {
         let d = dir("pieces");
         let path = d.join("t.table");
         let n = 3 * MIN_CHUNK_BYTES;
@@ -1065,14 +1065,23 @@ mod tests {
         assert_eq!(l.progress().0, 0);
         l.write(half as u64, &pattern(half as u64, half)).unwrap();
         assert_eq!(l.progress().0, 1);
-        // chunk 1's second half alone: not marked (its start was never written)
+        // chunk 1's second half first (a table's second tensor loaded
+        // before its first): not marked until its first half comes
         let c1 = MIN_CHUNK_BYTES;
         l.write(c1 + half as u64, &pattern(c1 + half as u64, half))
             .unwrap();
         assert_eq!(l.progress().0, 1);
-        // a write across chunks 1 and 2 from chunk 1's start completes both
-        l.write(c1, &pattern(c1, 2 * MIN_CHUNK_BYTES as usize))
+        // three pieces of chunk 2 out of order, the middle last, and gaps
+        // between them at first: marked only when covered
+        let c2 = 2 * MIN_CHUNK_BYTES;
+        let q = half as u64 / 2;
+        l.write(c2 + 3 * q, &pattern(c2 + 3 * q, q as usize))
             .unwrap();
+        l.write(c2, &pattern(c2, q as usize)).unwrap();
+        assert_eq!(l.progress().0, 1);
+        l.write(c1, &pattern(c1, half)).unwrap();
+        assert_eq!(l.progress().0, 2);
+        l.write(c2 + q, &pattern(c2 + q, 2 * q as usize)).unwrap();
         assert_eq!(l.progress(), (3, 3));
         l.publish().unwrap();
         assert!(

@@ -139,8 +139,9 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
     // methods
     let spec = 2 * 2 * 2;
     assert_eq!(count("spec-swap-in"), spec * 2, "{out}");
-    // Engram gather: 2 token counts (1 and 64, 24 rows each), 3 methods
-    assert_eq!(count("engram-gather"), 2 * 3, "{out}");
+    // Engram gather: 2 token counts (1 and 64, 24 rows each), 4 methods
+    // (unsorted and sorted reads, the limit, SGLang's staging)
+    assert_eq!(count("engram-gather"), 2 * 4, "{out}");
     // every point has one limit, at ratio 1, and the others' ratios
     for l in lines.iter().filter(|l| l["is_limit"] == true) {
         assert_eq!(l["ratio_to_limit"].as_f64(), Some(1.0), "{l}");

@@ -24,6 +24,7 @@ fn every_e4m3_byte_times_every_e8m0_byte_is_the_models_bf16() {
         ids_int64: false,
         row_lo: 0,
         row_hi: 256,
+        out_rows: None,
     };
     let (out, r) = case.run_cpu();
     r.unwrap();
@@ -97,6 +98,7 @@ fn bad_arguments_are_refused_before_anything_is_written() {
                 scales: Buf::host(&scales),
                 ids: IndexBuf::I32(Buf::host(&ids)),
                 out: BufMut::host(out),
+                out_rows: None,
                 dim,
                 block,
                 row_lo: lo,

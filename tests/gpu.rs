@@ -861,6 +861,7 @@ fn engram_gather_matches_cpu_from_device_and_host_tables() {
         ids_int64: false,
         row_lo: 0,
         row_hi: 256,
+        out_rows: None,
     }];
     all.extend(engram_model::cases(200, false));
     all.extend(engram_model::cases(200, true));
@@ -870,6 +871,10 @@ fn engram_gather_matches_cpu_from_device_and_host_tables() {
         let ids64 = DeviceBuffer::from_host(dev, &case.ids).unwrap();
         let ids32 = DeviceBuffer::from_host(dev, &case.ids32()).unwrap();
         let mut out = DeviceBuffer::<u16>::zeroed(dev, n * case.dim as usize).unwrap();
+        let out_rows = case
+            .out_rows
+            .as_ref()
+            .map(|r| DeviceBuffer::from_host(dev, r).unwrap());
         // odd cases read the table from host memory the GPU maps
         let host = k % 2 == 1;
         let (mut hw, mut hs) = (case.weights.clone(), case.scales.clone());
@@ -902,6 +907,7 @@ fn engram_gather_matches_cpu_from_device_and_host_tables() {
                     IndexBuf::I32(ids32.as_buf())
                 },
                 out: out.as_buf_mut(),
+                out_rows: out_rows.as_ref().map(|r| r.as_buf()),
                 dim: case.dim,
                 block: case.block,
                 row_lo: case.row_lo,

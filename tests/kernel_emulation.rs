@@ -1627,6 +1627,13 @@ fn engram_gather_kernel_matches_the_cpu_executor() {
                 (ids32.as_ptr() as u64, 4 * ids32.len() as u64)
             };
             let n = case.ids.len();
+            let out_rows = case.out_rows.clone();
+            let out_rows_range = out_rows
+                .as_ref()
+                .map_or(Range { start: 0, end: 0 }, |r| Range {
+                    start: r.as_ptr() as u64,
+                    end: r.as_ptr() as u64 + 4 * r.len() as u64,
+                });
             let rows = (n as u64).max(1);
             for (grid, schedule) in grid_schedules(rows) {
                 set_schedule(schedule);
@@ -1637,6 +1644,7 @@ fn engram_gather_kernel_matches_the_cpu_executor() {
                     scales: scales.addr(),
                     ids: ids_addr,
                     out: out.addr(),
+                    out_rows: out_rows.as_ref().map_or(0, |r| r.as_ptr() as u64),
                     error: &mut err as *mut ErrorWord as u64,
                     row_lo: case.row_lo,
                     row_hi: case.row_hi,
@@ -1653,9 +1661,10 @@ fn engram_gather_kernel_matches_the_cpu_executor() {
                         start: ids_addr,
                         end: ids_addr + ids_bytes,
                     },
+                    out_rows_range,
                 ];
                 let stores = [out.range()];
-                let report = unsafe { f(&p, grid, BLOCK, loads.as_ptr(), 3, stores.as_ptr(), 1) };
+                let report = unsafe { f(&p, grid, BLOCK, loads.as_ptr(), 4, stores.as_ptr(), 1) };
                 assert!(report.clean(), "bad accesses {report:?} for {case:?}");
                 let got: Vec<u16> = out
                     .bytes()
@@ -1666,8 +1675,9 @@ fn engram_gather_kernel_matches_the_cpu_executor() {
                     got == cpu_out,
                     "kernel differs from the CPU executor (grid {grid}) for {case:?}"
                 );
+                // the raw word, read as the Engram gather reads it
                 assert_eq!(
-                    expected_report(&err),
+                    expected_report(&err).map(|r| r.as_engram()),
                     reported(&cpu_res),
                     "grid {grid}: {case:?}"
                 );

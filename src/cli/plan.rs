@@ -80,6 +80,10 @@ pub struct PlanArgs {
     /// table store: one copy a node).
     #[arg(long, default_value = "host-shared")]
     tables: String,
+    /// GPUs of one server instance, over which SGLang shards the tables
+    /// (default: --tp; with DP attention the engine's TP, --tp × DP).
+    #[arg(long)]
+    instance_gpus: Option<u32>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -286,6 +290,7 @@ fn deployment(a: &PlanArgs, contexts: Vec<(u64, f64)>) -> kvtier::Result<Deploym
             .tables
             .parse()
             .map_err(|e: kvtier::Error| arg_err("--tables", e.to_string()))?,
+        instance_gpus: a.instance_gpus,
     })
 }
 
@@ -356,6 +361,7 @@ fn in_the_users_words(e: kvtier::Error) -> kvtier::Error {
                 "context" => "--context",
                 "tp" => "--tp",
                 "tables" => "--tables",
+                "instance_gpus" => "--instance-gpus",
                 "miss_rate" => "--miss-rate",
                 "link" => "--link-gbps/--step-ms/--link-budget",
                 "model" => "--model-file",

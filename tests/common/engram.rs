@@ -74,6 +74,9 @@ pub struct EngramCase {
     pub ids_int64: bool,
     pub row_lo: i64,
     pub row_hi: i64,
+    /// Sorted reads: `ids` in the order they are read (sorted) and each
+    /// one's output row (the permutation that sorted them).
+    pub out_rows: Option<Vec<i32>>,
 }
 
 impl EngramCase {
@@ -117,7 +120,7 @@ impl EngramCase {
             _ => row_lo + rows as i64,
         };
         let n = rng.random_range(0..60usize);
-        let ids = (0..n)
+        let mut ids: Vec<i64> = (0..n)
             .map(|_| match rng.random_range(0..10) {
                 0 if hostile => rng.random_range(i64::MIN / 2..0),
                 1 if hostile => row_lo + rows as i64 + rng.random_range(0..1000),
@@ -126,6 +129,13 @@ impl EngramCase {
                 _ => row_lo + rng.random_range(0..rows as i64),
             })
             .collect();
+        // a third of the cases read sorted, as SGLang's sort_ids does
+        let out_rows = rng.random_bool(1.0 / 3.0).then(|| {
+            let mut order: Vec<i32> = (0..n as i32).collect();
+            order.sort_by_key(|&i| ids[i as usize]);
+            ids = order.iter().map(|&i| ids[i as usize]).collect();
+            order
+        });
         EngramCase {
             dim,
             block,
@@ -136,7 +146,13 @@ impl EngramCase {
             ids_int64: rng.random_bool(0.5) || hostile,
             row_lo,
             row_hi,
+            out_rows,
         }
+    }
+
+    /// The output row of the `i`-th id read.
+    pub fn out_row(&self, i: usize) -> usize {
+        self.out_rows.as_ref().map_or(i, |r| r[i] as usize)
     }
 
     /// What the gather must write, and the (position, id) it must report.
@@ -149,8 +165,9 @@ impl EngramCase {
         for (i, &id) in self.ids.iter().enumerate() {
             if id >= self.row_lo && id < end {
                 let r = (id - self.row_lo) as usize;
+                let o = self.out_row(i);
                 for j in 0..dim {
-                    out[i * dim + j] = model_value(
+                    out[o * dim + j] = model_value(
                         self.weights[r * dim + j],
                         self.scales[r * per_row + j / self.block as usize],
                     );
@@ -189,6 +206,7 @@ impl EngramCase {
                     IndexBuf::I32(Buf::host(&ids32))
                 },
                 out: BufMut::host(&mut out[skip..skip + n]),
+                out_rows: self.out_rows.as_deref().map(Buf::host),
                 dim: self.dim,
                 block: self.block,
                 row_lo: self.row_lo,

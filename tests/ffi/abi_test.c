@@ -168,6 +168,7 @@ static void layout(void) {
     FIELD(kvt_engram_args, scales);
     FIELD(kvt_engram_args, ids);
     FIELD(kvt_engram_args, out);
+    FIELD(kvt_engram_args, out_rows);
     FIELD(kvt_engram_args, row_lo);
     FIELD(kvt_engram_args, row_hi);
     FIELD(kvt_engram_args, dim);
@@ -505,7 +506,7 @@ static void engram(void) {
     static uint16_t out[4][32] __attribute__((aligned(16)));
     memset(out, 0xAB, sizeof out);
     kvt_engram_args a = {
-        {w, sizeof w}, {s, sizeof s}, {ids, 4}, {out, 4 * 32}, 0, 4, 32, 32, KVT_INDEX_INT32,
+        {w, sizeof w}, {s, sizeof s}, {ids, 4}, {out, 4 * 32}, {NULL, 0}, 0, 4, 32, 32, KVT_INDEX_INT32,
     };
     CHECK(kvt_engram_gather(e, &a, NULL) == KVT_BAD_INDICES && strstr(kvt_last_error(), "ids"),
           "the id past the table is reported: %s", kvt_last_error());
@@ -517,6 +518,20 @@ static void engram(void) {
     CHECK(kvt_engram_gather(e, &a, NULL) == KVT_OK && out[0][0] == 0xC000 && out[3][0] == 0,
           "every id outside [0, 2) is a +0 row");
     CHECK(kvt_engram_check(e) == KVT_OK, "nothing left to report");
+    /* sorted reads: ids 0, 1 read in that order, written to rows 3 and 0 */
+    int32_t sorted[4] = {0, 1, 9, 9}, rows_of[4] = {3, 0, 1, 4};
+    a.ids.ptr = sorted;
+    a.out_rows.ptr = rows_of;
+    a.out_rows.len = 4;
+    memset(out, 0xAB, sizeof out);
+    CHECK(kvt_engram_gather(e, &a, NULL) == KVT_BAD_INDICES && strstr(kvt_last_error(), "out_rows[3] = 4"),
+          "an out row outside [0, n) is reported: %s", kvt_last_error());
+    CHECK(out[3][0] == 0x3F80 && out[0][0] == 0xC000 && out[1][0] == 0 && out[2][0] == 0xABAB,
+          "rows placed by out_rows, row 2 untouched: %04x %04x %04x %04x", out[0][0], out[1][0], out[2][0],
+          out[3][0]);
+    a.ids.ptr = ids;
+    a.out_rows.ptr = NULL;
+    a.out_rows.len = 0;
     a.dim = 24;
     CHECK(kvt_engram_gather(e, &a, NULL) == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "dim"),
           "dim 24 is refused");

@@ -88,8 +88,9 @@ print(json.dumps({x.name: [x.served_by, x.why] for x in r.routes}))
 """
 
 
-def engram_routes_of(version: str, config: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TREES / version), str(PACKAGE_ROOT)]))
+def engram_routes_of(version: str, config: str, host_table: str = "1") -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TREES / version), str(PACKAGE_ROOT)]),
+               SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=host_table)
     run = subprocess.run([sys.executable, "-c", ENGRAM_REPORT, config], env=env, capture_output=True, text=True,
                          timeout=120, cwd=TREES)
     assert run.returncode == 0, run.stderr
@@ -110,6 +111,9 @@ def test_the_engram_host_table_and_gather_are_served_by_choice(version):
     off = engram_routes_of(version, "off")
     assert off["_HostTable"] == ["SGLang", "engram_tables is off in the kvtier config"]
     assert off["engram_gather"] == ["SGLang", compat.ENGRAM_GATHER_LEFT]
+    # the config asks, but SGLang keeps the tables in HBM: said, not claimed
+    hbm = engram_routes_of(version, "on", host_table="0")
+    assert hbm["_HostTable"][0] == "SGLang" and "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE" in hbm["_HostTable"][1]
 
 
 @needs
@@ -126,7 +130,8 @@ def test_an_engram_module_kvtier_does_not_know_is_left_to_sglang(tmp_path):
     engram.write_text(engram.read_text().replace("def _load_rows(self, param", "def _load_rows(self, p"))
     gather = tree / compat.ENGRAM_GATHER_FILE
     gather.write_text(gather.read_text().replace("sort_ids: bool = False,", "sort_ids: bool = False, fused=None,"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(PACKAGE_ROOT)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(PACKAGE_ROOT)]),
+               SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE="1")
     run = subprocess.run([sys.executable, "-c", ENGRAM_REPORT, "on"], env=env, capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
     assert run.returncode == 0, run.stderr

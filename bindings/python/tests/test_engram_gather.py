@@ -130,6 +130,29 @@ def test_bad_arguments_are_refused(change, match):
                       a["row_hi"], sort_ids=a["sort_ids"])
 
 
+def test_out_rows_place_each_row_and_are_checked():
+    """The native call's out_rows (what sort_ids passes): id i's row goes to
+    out[out_rows[i]]; an entry outside [0, n) writes nothing and is
+    reported; a wrong dtype or length is refused."""
+    from kvtier._swap_in import native
+
+    w, s = table(16, 64, 32, seed=6)
+    ids = np.array([3, 7, 9], dtype=np.int32)
+    want = model(w, s, ids, 64, 32, 0, 16)
+    out = np.full((3, 64), 0xABAB, dtype=np.uint16)
+    native().engram_gather(w.ctypes.data, s.ctypes.data, 16, ids, out, 64, 32, 0, 16,
+                           np.array([2, 0, 1], dtype=np.int32))
+    assert np.array_equal(out, want[[1, 2, 0]])
+    out[:] = 0xABAB
+    with pytest.raises(kvtier.KvtierError, match=r"out_rows\[1\] = 3"):
+        native().engram_gather(w.ctypes.data, s.ctypes.data, 16, ids, out, 64, 32, 0, 16,
+                               np.array([2, 3, 0], dtype=np.int32))
+    assert np.array_equal(out[2], want[0]) and np.array_equal(out[0], want[2]) and (out[1] == 0xABAB).all()
+    for bad in (np.array([2, 0, 1], dtype=np.int64), np.array([0, 1], dtype=np.int32)):
+        with pytest.raises(kvtier.KvtierError, match="out_rows"):
+            native().engram_gather(w.ctypes.data, s.ctypes.data, 16, ids, out, 64, 32, 0, 16, bad)
+
+
 def test_sort_ids_gives_the_same_rows():
     w, s = table(64, 64, 32, seed=5)
     ids = np.array([63, 2, 40, 2, 0], dtype=np.int32)
@@ -177,6 +200,11 @@ def test_the_cuda_kernel_matches_the_cpu_executor(where):
     try:
         out = torch.empty(len(ids), dim, dtype=torch.bfloat16, device="cuda")
         engram_gather(tw.data_ptr(), ts.data_ptr(), torch.from_numpy(ids).cuda(), out, dim, block)
+        torch.cuda.synchronize()
+        assert np.array_equal(out.view(torch.int16).cpu().numpy().view(np.uint16), want)
+        # sorted reads (torch.sort on the GPU), the same rows
+        out.zero_()
+        engram_gather(tw.data_ptr(), ts.data_ptr(), torch.from_numpy(ids).cuda(), out, dim, block, sort_ids=True)
         torch.cuda.synchronize()
         assert np.array_equal(out.view(torch.int16).cpu().numpy().view(np.uint16), want)
         with pytest.raises(kvtier.KvtierError) as e:

@@ -123,6 +123,10 @@ def test_a_table_loads_once_and_every_start_after_attaches(engram_sglang, monkey
     got = first(ids)  # SGLang's forward: the shared table through kvtier's gather
     assert got.dtype == torch.bfloat16 and got.shape == (2, 3, dim)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    # sorted reads (what SGLang asks for on a GPU without ATS): the same rows
+    out = torch.empty(6, dim, dtype=torch.bfloat16)
+    m.engram_gather(*first._host_table_ptrs, ids.reshape(-1), out, dim, block, sort_ids=True)
+    assert torch.equal(out.view(torch.int16), want.view(-1, dim).view(torch.int16))
 
     # a restart (a second server, or the same one again): the table is READY
     # under the same key, so nothing is written and the bytes are the same
@@ -207,3 +211,57 @@ def test_without_the_config_sglangs_host_table_is_left_alone(monkeypatch):
     finally:
         kvtier.sglang.uninstall()
         forget()
+
+
+@needs_sglang
+def test_the_scale_may_come_before_the_weight_and_in_another_dtype(engram_sglang):
+    """SGLang's loader reads the checkpoint's keys in sorted order (the
+    scale first) on a thread pool, and a scale may come as float32: the
+    table still completes, byte for byte the checkpoint's, the chunk the
+    weight and scale share included (w_bytes is not chunk-aligned here)."""
+    import torch
+
+    m = engram_sglang.module
+    rows, dim = 40_000, 64  # 2,560,000 B of weights: past one 2 MiB chunk, not on a boundary
+    weight, scale = checkpoint_tensors(rows, dim, m.FP8_BLOCK_SIZE, seed=8)
+    embed = new_embedding(m, rows, dim, 1)
+    embed.scale.weight_loader(embed.scale, scale.float())
+    embed.weight.weight_loader(embed.weight, weight)
+    embed.finish_load("layer 1")
+    assert embed.host_table.ready
+    assert torch.equal(embed.weight.data.view(torch.uint8), weight.view(torch.uint8))
+    assert torch.equal(embed.scale.data.view(torch.uint8), scale.view(torch.uint8))
+
+
+@needs_sglang
+def test_a_weight_update_is_refused_not_ignored(engram_sglang):
+    import kvtier
+
+    m = engram_sglang.module
+    weight, scale = checkpoint_tensors(256, 64, m.FP8_BLOCK_SIZE, seed=9)
+    embed = build_and_load(m, 256, 64, 1, weight, scale)
+    new_w, _ = checkpoint_tensors(256, 64, m.FP8_BLOCK_SIZE, seed=10)
+    with pytest.raises(kvtier.KvtierError, match="weight update"):
+        embed.weight.weight_loader(embed.weight, new_w)
+
+
+@needs_sglang
+def test_a_model_built_on_the_meta_device_and_dropped_holds_nothing(engram_sglang):
+    """SGLang builds a meta-device copy of the model to learn its structure
+    and drops it: that copy must not hold the table's load lock, or the real
+    model would wait on its own process."""
+    import gc
+    import time
+
+    import torch
+
+    m = engram_sglang.module
+    weight, scale = checkpoint_tensors(512, 64, m.FP8_BLOCK_SIZE, seed=11)
+    with torch.device("meta"):
+        ghost = new_embedding(m, 512, 64, 1)
+    assert ghost.weight.is_meta and not ghost.host_table.ready
+    del ghost
+    gc.collect()
+    started = time.monotonic()
+    embed = build_and_load(m, 512, 64, 1, weight, scale)
+    assert embed.host_table.ready and time.monotonic() - started < 4  # the fixture's wait is 5 s

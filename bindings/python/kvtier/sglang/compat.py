@@ -22,6 +22,7 @@ import ast
 import importlib.util
 import inspect
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -445,11 +446,18 @@ def engram_routes(root: Path, config) -> list:
             if methods.get(name) != params:
                 problems.append(f"EngramEmbedding.{name} is {methods.get(name)}, kvtier knows {params}")
     tables = (config.engram_tables or {}) if config is not None else {}
+    host_table_on = _env_true("SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE")
     if problems:
         table = Route("_HostTable", "SGLang", "SGLang's engram module differs from what kvtier knows: "
                       + "; ".join(problems))
     elif not tables.get("store"):
         table = Route("_HostTable", "SGLang", "engram_tables is off in the kvtier config")
+    elif not host_table_on:
+        table = Route("_HostTable", "SGLang", "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE is not set, so SGLang keeps "
+                      "the Engram tables in HBM; set it to 1 for kvtier's tables")
+    elif _env_true("SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS"):
+        table = Route("_HostTable", "SGLang", "SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS is set: at TP > 1 SGLang keeps "
+                      "the tables in HBM shards instead of any host table")
     else:
         table = Route("_HostTable", "kvtier", f"each table a file in kvtier's table store {tables['store']}, "
                       "loaded once per key, attached by every start and instance (with "
@@ -475,6 +483,11 @@ def engram_routes(root: Path, config) -> list:
     else:
         gather = Route("engram_gather", "kvtier", "same signature as SGLang's (engram_tables.gather)")
     return [table, gather]
+
+
+def _env_true(name: str) -> bool:
+    """An SGLang boolean environment variable as SGLang reads it."""
+    return os.environ.get(name, "").lower() in ("true", "1", "yes", "y")
 
 
 def kernels_built() -> bool:

@@ -39,6 +39,7 @@ import hashlib
 import logging
 import os
 import threading
+import weakref
 from pathlib import Path
 
 from .._lib import KvtierError, check as _check, library
@@ -50,6 +51,9 @@ ENGRAM = "sglang.srt.layers.engram"
 ENGRAM_FILE = "sglang/srt/layers/engram.py"
 # SGLang's row-range default: "every row", unchecked.
 ALL_ROWS = 2**62
+# The byte layout of a table (SGLang's: every row's e4m3 bytes, then every
+# row's e8m0 bytes); a change of layout is a new key.
+TABLE_FORMAT = "v1"
 # cudaHostRegisterReadOnly: readers map the table read-only.
 _REGISTER_READ_ONLY = 0x08
 
@@ -87,9 +91,10 @@ def engram_gather(weight_ptr, scale_ptr, ids, out, dim, block_size, row_lo=0, ro
     device and staged tables pass their own); a call with neither is
     refused rather than read unbounded. An id past the table is reported:
     at once on the CPU (a KvtierError, every row still written), at
-    :func:`engram_check` on a GPU. `sort_ids` is accepted with SGLang's
-    meaning (the output is the same either way); kvtier reads in the ids'
-    order."""
+    :func:`engram_check` on a GPU. `sort_ids` reads the rows in address
+    order, as SGLang's does: the ids are sorted (torch.sort on their device:
+    no host sync, capturable; numpy's argsort on the CPU) and each row is
+    written to its own place by the kernel (the output is the same)."""
     from .._swap_in import native
 
     for name, v in (("weight_ptr", weight_ptr), ("scale_ptr", scale_ptr), ("dim", dim),
@@ -104,17 +109,37 @@ def engram_gather(weight_ptr, scale_ptr, ids, out, dim, block_size, row_lo=0, ro
         raise KvtierError(f"invalid argument `row_lo/row_hi`: rows {row_lo}..{row_hi} are not a range of row ids")
     with _tables_lock:
         rows = _table_rows.get(weight_ptr)
-    if rows is None:
-        if row_hi >= ALL_ROWS:
-            raise KvtierError(
-                "invalid argument `row_hi`: the table's rows are unknown (it is not one kvtier's shim made, and "
-                "row_hi is SGLang's unbounded default); pass row_lo and row_hi, or register_table() it"
-            )
-        rows = row_hi - row_lo
+    if rows is None and row_hi >= ALL_ROWS:
+        raise KvtierError(
+            "invalid argument `row_hi`: the table's rows are unknown (it is not one kvtier's shim made, and "
+            "row_hi is SGLang's unbounded default); pass row_lo and row_hi, or register_table() it"
+        )
+    # the table's rows where known, never more than the range asked for
+    rows = row_hi - row_lo if rows is None else min(rows, row_hi - row_lo)
     if not 0 <= weight_ptr < 2**64 or not 0 <= scale_ptr < 2**64:
         raise KvtierError("invalid argument `weight_ptr`/`scale_ptr`: not addresses")
-    native().engram_gather(weight_ptr, scale_ptr, rows, ids, out, dim, block_size, row_lo, row_hi)
+    out_rows = None
+    if sort_ids:
+        ids, out_rows = _sorted(ids)
+    native().engram_gather(weight_ptr, scale_ptr, rows, ids, out, dim, block_size, row_lo, row_hi, out_rows)
     return out
+
+
+def _sorted(ids):
+    """(the ids sorted, the int32 permutation that sorted them): what the
+    kernel reads in order and where each row goes."""
+    torch = _torch()
+    if torch is not None and isinstance(ids, torch.Tensor):
+        flat = ids.reshape(-1)
+        values, order = torch.sort(flat, stable=True)
+        return values, order.to(torch.int32)
+    import numpy as np
+
+    if not isinstance(ids, np.ndarray):
+        return ids, None  # refused by the call, as without sort_ids
+    flat = ids.reshape(-1)
+    order = np.argsort(flat, kind="stable")
+    return np.ascontiguousarray(flat[order]), order.astype(np.int32)
 
 
 def engram_check(device="cpu") -> None:
@@ -135,7 +160,7 @@ def engram_check(device="cpu") -> None:
 # ---- the table key -----------------------------------------------------------
 
 
-def checkpoint_fingerprint(model_path: str, revision=None) -> str:
+def checkpoint_fingerprint(model_path: str, revision=None, cache_dir=None) -> str:
     """A fingerprint of the checkpoint at `model_path` (a folder, or a
     Hugging Face id found in the local cache): each weight and index file's
     name and content hash where the cache names its blob by it, else its
@@ -146,7 +171,8 @@ def checkpoint_fingerprint(model_path: str, revision=None) -> str:
         try:
             from huggingface_hub import snapshot_download
 
-            folder = Path(snapshot_download(model_path, revision=revision, local_files_only=True))
+            folder = Path(snapshot_download(model_path, revision=revision, cache_dir=cache_dir,
+                                            local_files_only=True))
         except Exception as e:  # noqa: BLE001 - not in the cache, or no huggingface_hub
             raise KvtierError(
                 f"engram tables: cannot find the checkpoint of {model_path!r} on this machine to fingerprint it "
@@ -174,7 +200,8 @@ def table_key(fingerprint: str, layer_id: int, layout: str, first_row: int, rows
     """The key of one layer's table: what it holds and where it came from.
     A per-rank table is that rank's rows; a shared one all rows."""
     part = "all" if layout == "shared" else f"rank{rank}:{first_row}+{rows}"
-    return f"sglang-engram/{fingerprint}/layer{layer_id}/{layout}/{part}/{rows}x{dim}/e4m3+e8m0b{block}"
+    return (f"sglang-engram/{TABLE_FORMAT}/{fingerprint}/layer{layer_id}/{layout}/{part}/{rows}x{dim}/"
+            f"e4m3+e8m0b{block}")
 
 
 # ---- the table -------------------------------------------------------------------
@@ -182,32 +209,37 @@ def table_key(fingerprint: str, layer_id: int, layout: str, first_row: int, rows
 
 class KvtierEngramTable:
     """Stands in for SGLang's ``_HostTable``: one layer's table, a file in
-    the table directory. ``layout``, ``nbytes``, ``dirty``, ``device_ptr``
-    and ``finish_load(label)`` are SGLang's; ``loader`` is set while this
-    process writes it, ``table`` once it is attached (READY)."""
+    the table directory. ``layout``, ``nbytes``, ``dirty``, ``device_ptr``,
+    ``bytes`` (a uint8 CPU tensor over it, once mapped) and
+    ``finish_load(label)`` are SGLang's. Nothing is locked at construction
+    (a model built and dropped, as SGLang's meta-device structure pass does,
+    holds nothing): a table READY under the key is mapped at once, else the
+    first write opens it for loading (waiting for another process loading
+    the same key, then attaching to what it published or resuming what it
+    left)."""
 
     def __init__(self, layout: str, nbytes: int, key: str, store: str, group, writes: bool, wait_s: float):
         if layout not in ("shared", "per_rank"):
             raise ValueError(f"Invalid SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT={layout!r}; expected 'shared' or "
                              "'per_rank'")
         self.layout, self.nbytes, self.key, self.group = layout, nbytes, key, group
-        self.path = table_path(store, key)
+        self.store, self.path = store, table_path(store, key)
+        self.writes, self.wait_s = writes, wait_s
         self.dirty = False
         self.loader = None
         self.table = None
+        self.bytes = None
         self.device_ptr = 0
-        self.wait_s = wait_s
-        self._missing = []
         self.written_bytes = 0
-        if writes:
-            Path(store).mkdir(parents=True, exist_ok=True)
-            # waits for another instance's loader of the same key, then
-            # attaches to what it published or takes over what it left
-            self.loader = load_table(self.path, key, nbytes, wait=wait_s)
-            if self.loader is None:
-                self._attach()
-            else:
-                self._missing = self.loader.missing()
+        self.loaded = False  # finish_load has run
+        self._opened = False
+        self._missing = []
+        self._registered = False
+        if Path(self.path).exists() and not _default_device_is_meta():
+            try:
+                self._attach(wait=0)
+            except KvtierError:
+                pass  # not READY, or being loaded: the first write decides
 
     @property
     def ready(self) -> bool:
@@ -215,7 +247,23 @@ class KvtierEngramTable:
 
     def write(self, offset: int, data) -> None:
         """Writes the bytes of `data` (a contiguous uint8 numpy array) at
-        `offset`, only where the table still misses them (a resumed load)."""
+        `offset`, where the table still misses them; nothing when it is
+        READY or another rank writes it."""
+        if self.loaded:
+            raise KvtierError(
+                f"engram table {self.key}: weights loaded after the table was finished (a weight update); kvtier's "
+                "tables are loaded once per checkpoint and read-only after, so an update is refused rather than "
+                "ignored: restart with the new checkpoint (it gets its own table)")
+        if self.table is not None or not self.writes:
+            return
+        if not self._opened:
+            self._opened = True
+            Path(self.store).mkdir(parents=True, exist_ok=True)
+            self.loader = load_table(self.path, self.key, self.nbytes, wait=self.wait_s)
+            if self.loader is None:  # another process finished it meanwhile
+                self._attach(wait=self.wait_s)
+                return
+            self._missing = self.loader.missing()
         end = offset + data.nbytes
         for a, b in self._missing:
             lo, hi = max(a, offset), min(b, end)
@@ -224,19 +272,28 @@ class KvtierEngramTable:
                 self.written_bytes += hi - lo
         self.dirty = True
 
-    def _attach(self) -> None:
-        self.table = Table.attach(self.path, self.key, wait=self.wait_s)
-        self.device_ptr = self.table.address
+    def _attach(self, wait: float) -> None:
         torch = _torch()
-        if torch is not None and torch.cuda.is_available():
-            err = torch.cuda.cudart().cudaHostRegister(self.table.address, self.table.nbytes, _REGISTER_READ_ONLY)
-            if int(err) != 0:
-                raise KvtierError(f"engram table {self.key}: cudaHostRegister(read-only, {self.table.nbytes} "
-                                  f"bytes) failed: {err}")
+        self.table = Table.attach(self.path, self.key, wait=wait)
+        self.device_ptr = self.table.address
+        raw = (ctypes.c_uint8 * self.table.nbytes).from_address(self.table.address)
+        raw._kvtier_table = self.table  # the mapping lives as long as the views
+        self.bytes = torch.frombuffer(raw, dtype=torch.uint8)
+
+    def _register(self) -> None:
+        torch = _torch()
+        if self._registered or torch is None or not torch.cuda.is_available():
+            return
+        err = torch.cuda.cudart().cudaHostRegister(self.table.address, self.table.nbytes, _REGISTER_READ_ONLY)
+        if int(err) != 0:
+            raise KvtierError(f"engram table {self.key}: cudaHostRegister(read-only, {self.table.nbytes} bytes) "
+                              f"failed: {err}")
+        self._registered = True
 
     def finish_load(self, label: str) -> None:
         """SGLang's call after loading (collective in the shared layout):
-        publishes what this process wrote, then every rank attaches."""
+        publishes what this process wrote, then every rank attaches and
+        registers the table with CUDA."""
         if self.loader is not None:
             missing = self.loader.missing()
             if missing:
@@ -250,12 +307,22 @@ class KvtierEngramTable:
         if self.layout == "shared" and self.group is not None and getattr(self.group, "world_size", 1) > 1:
             self.group.barrier()
         if self.table is None:
-            self._attach()
+            self._attach(wait=self.wait_s)
+        self._register()
         how = (f"written from the checkpoint ({self.written_bytes} bytes)" if self.dirty
                else "attached (loaded before: nothing written)")
         logger.info("kvtier: engram table %s: layout=%s, %d bytes at %s, %s", label, self.layout, self.nbytes,
                     self.path, how)
         self.dirty = False
+        self.loaded = True
+
+
+def _default_device_is_meta() -> bool:
+    torch = _torch()
+    try:
+        return torch is not None and torch.empty(0).device.type == "meta"
+    except Exception:  # noqa: BLE001 - an odd default device: treat as real
+        return False
 
 
 def _torch():
@@ -277,13 +344,12 @@ def _bind_params(embed, table: KvtierEngramTable) -> None:
     n, dim, w_bytes = embed._kvtier_shape
     blocks = dim // module.FP8_BLOCK_SIZE
     if table.ready:
-        raw = (ctypes.c_uint8 * table.nbytes).from_address(table.table.address)
-        raw._kvtier_table = table  # the mapping lives as long as the views
-        flat = torch.frombuffer(raw, dtype=torch.uint8)
+        flat = table.bytes
         weight = flat[:w_bytes].view(torch.float8_e4m3fn).view(n, dim)
         scale = flat[w_bytes:w_bytes + n * blocks].view(torch.float8_e8m0fnu).view(n, blocks)
         embed._host_table_ptrs = (table.device_ptr, table.device_ptr + w_bytes)
         register_table(table.device_ptr, n)
+        weakref.finalize(table.table, forget_table, table.device_ptr)
     else:
         weight = torch.empty(n, dim, dtype=torch.float8_e4m3fn, device="meta")
         scale = torch.empty(n, blocks, dtype=torch.float8_e8m0fnu, device="meta")
@@ -321,23 +387,49 @@ def _init_host_table(self, num_embeddings: int, dim: int, layer_id: int):
     group = parallel.tp_group
     rank = getattr(group, "rank_in_group", 0)
     n = num_embeddings if layout == "shared" else self.rows
+    if n == 0:
+        # an empty shard: SGLang's own one-byte table (nothing to share)
+        return module._kvtier_originals["EngramEmbedding._init_host_table"](self, num_embeddings, dim, layer_id)
     w_bytes = n * dim
     s_bytes = n * (dim // module.FP8_BLOCK_SIZE)
-    fingerprint = tables.get("fingerprint") or _model_fingerprint(module)
-    key = table_key(fingerprint, layer_id, layout, self.row_start, n, dim, module.FP8_BLOCK_SIZE, rank)
+    if layout == "shared" and getattr(group, "world_size", 1) > 1:
+        # rank 0's key for every rank: ranks must not fingerprint apart
+        key = None
+        if rank == 0:
+            try:
+                key = _key(module, tables, layer_id, layout, self.row_start, n, dim, rank)
+            except KvtierError as e:
+                key = KvtierError(str(e))  # every rank raises it, none waits
+        key = group.broadcast_object(key, src=0)
+        if isinstance(key, Exception):
+            raise KvtierError(str(key))
+    else:
+        key = _key(module, tables, layer_id, layout, self.row_start, n, dim, rank)
     # shared: rank 0 writes every row, the others attach after it; per
     # rank: each writes its own table
     writes = layout == "per_rank" or rank == 0
     self._kvtier_shape = (n, dim, w_bytes)
-    self.host_table = KvtierEngramTable(layout, max(1, w_bytes + s_bytes), key, tables["store"], group, writes,
+    self.host_table = KvtierEngramTable(layout, w_bytes + s_bytes, key, tables["store"], group, writes,
                                         float(tables.get("wait_s", 3600)))
     _bind_params(self, self.host_table)
     self._sort_host_reads = _sorted_reads(module)
 
 
+def _key(module, tables: dict, layer_id, layout, first_row, n, dim, rank) -> str:
+    fingerprint = tables.get("fingerprint") or _model_fingerprint(module)
+    return table_key(fingerprint, layer_id, layout, first_row, n, dim, module.FP8_BLOCK_SIZE, rank)
+
+
 def _model_fingerprint(module) -> str:
     model = module.get_model()
-    return checkpoint_fingerprint(model.model_path, getattr(model, "revision", None))
+    download_dir = None
+    try:  # where SGLang downloads to when --download-dir is given
+        from sglang.srt.runtime_context import get_server_args
+
+        download_dir = getattr(get_server_args(), "download_dir", None)
+    except Exception:  # noqa: BLE001 - no server args here (tests, other releases): the default cache
+        pass
+    return checkpoint_fingerprint(model.model_path, getattr(model, "revision", None), download_dir)
 
 
 def _load_rows(self, param, loaded_weight):
@@ -346,8 +438,10 @@ def _load_rows(self, param, loaded_weight):
     table = self.host_table
     if not isinstance(table, KvtierEngramTable):
         return self._kvtier_module._kvtier_originals["EngramEmbedding._load_rows"](self, param, loaded_weight)
-    if table.loader is None:
-        return  # READY under this key (or another rank writes it)
+    if table.loaded:
+        table.write(0, None)  # refused: a weight update
+    if table.ready or not table.writes:
+        return  # READY under this key, or another rank writes it
     n, dim, w_bytes = self._kvtier_shape
     if param is self.weight:
         offset = 0
@@ -361,7 +455,12 @@ def _load_rows(self, param, loaded_weight):
     if src.shape[0] != n:
         raise KvtierError(f"engram table {table.key}: the checkpoint's tensor has {src.shape[0]} rows, the table "
                           f"{n}")
-    data = src.detach().to("cpu").contiguous().view(_torch().uint8).reshape(-1).numpy()
+    # SGLang's copy_ converts a tensor of another dtype; so does this
+    data = src.detach().to(device="cpu", dtype=param.dtype).contiguous().view(_torch().uint8).reshape(-1).numpy()
+    want = w_bytes if offset == 0 else n * (dim // self._kvtier_module.FP8_BLOCK_SIZE)
+    if data.nbytes != want:
+        raise KvtierError(f"engram table {table.key}: the checkpoint's {'weight' if offset == 0 else 'scale'} is "
+                          f"{data.nbytes} bytes, the table's {want}")
     table.write(offset, data)
 
 
@@ -371,9 +470,16 @@ def _finish_load(self, label: str):
     if not isinstance(table, KvtierEngramTable):
         return self._kvtier_module._kvtier_originals["EngramEmbedding.finish_load"](self, label)
     table.finish_load(label)
-    if not getattr(self.weight, "is_meta", False) and self._host_table_ptrs[0]:
-        return
-    _bind_params(self, table)
+    if getattr(self.weight, "is_meta", False) or not self._host_table_ptrs[0]:
+        _bind_params(self, table)
+    torch = _torch()
+    module = self._kvtier_module
+    if module.engram_gather is engram_gather and torch.cuda.is_available():
+        # the GPU gatherer (its error word a device allocation) made now,
+        # not at a first call that may come inside a CUDA graph capture
+        from .._swap_in import native
+
+        native().engram(torch.cuda.current_device())
 
 
 PATCHED_METHODS = {"_init_host_table": _init_host_table, "_load_rows": _load_rows, "finish_load": _finish_load}

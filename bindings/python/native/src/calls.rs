@@ -897,7 +897,9 @@ pub fn spec_swap_in<'py>(
 /// memory or host memory the GPU maps for CUDA); `ids` `[N]` int32/int64 and
 /// `out` `[N, dim]` bf16 (uint16 bits) decide the executor.
 #[pyfunction]
-#[pyo3(signature = (weight_ptr, scale_ptr, rows, ids, out, dim, block_size, row_lo, row_hi, stream=None))]
+#[pyo3(signature = (
+    weight_ptr, scale_ptr, rows, ids, out, dim, block_size, row_lo, row_hi, out_rows=None, stream=None
+))]
 #[allow(clippy::too_many_arguments)]
 pub fn engram_gather<'py>(
     py: Python<'py>,
@@ -910,10 +912,15 @@ pub fn engram_gather<'py>(
     block_size: u32,
     row_lo: i64,
     row_hi: i64,
+    out_rows: Arg<'_, 'py>,
     stream: Arg<'_, 'py>,
 ) -> PyResult<()> {
     let ids = view(ids, "ids")?;
     let out = view(out, "out")?;
+    let out_rows = match out_rows.filter(|o| !o.is_none()) {
+        Some(o) => Some(view(o, "out_rows")?),
+        None => None,
+    };
     need(matches!(ids.dtype, DType::I32 | DType::I64), "ids", || {
         format!("is {}; it must be int32 or int64", ids.dtype_name())
     })?;
@@ -938,7 +945,22 @@ pub fn engram_gather<'py>(
             )
         },
     )?;
-    let cuda = placement(&[&ids, &out], &ids)?;
+    if let Some(r) = &out_rows {
+        need(
+            r.dtype == DType::I32 && r.contiguous && r.numel == n,
+            "out_rows",
+            || {
+                format!(
+                    "is {} {}; it must be a contiguous int32 array of the {n} ids' output rows",
+                    r.dtype_name(),
+                    r.shape_list()
+                )
+            },
+        )?;
+    }
+    let mut all = vec![&ids, &out];
+    all.extend(out_rows.as_ref());
+    let cuda = placement(&all, &ids)?;
     for (ptr, name) in [(weight_ptr, "weight_ptr"), (scale_ptr, "scale_ptr")] {
         need(ptr != 0 || rows == 0, name, || {
             "is 0 (a null address)".into()
@@ -964,6 +986,7 @@ pub fn engram_gather<'py>(
         },
         ids: buf(Some(&ids)),
         out: buf(Some(&out)),
+        out_rows: buf(out_rows.as_ref()),
         row_lo,
         row_hi,
         dim,
