@@ -35,7 +35,10 @@ find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
 cp target/release/libkvtier.so "$out/python/kvtier/libkvtier.so"
 cp target/release/lib_native.so "$out/python/kvtier/_native.abi3.so"
 cp bindings/python/tests/*.py "$out/python/tests/"
-cp bindings/python/benchmarks/per_call.py "$out/python/per_call.py"
+cp bindings/python/benchmarks/per_call.py bindings/python/benchmarks/engram_triton.py "$out/python/"
+# SGLang 0.5.23's Triton Engram gather (torch and triton only), for the
+# side-by-side timing of stage 4
+cp .tools/sglang/0.5.23/sglang/kernels/ops/embeddings/engram_gather.py "$out/python/sglang_engram_gather.py"
 cp .tools/sglang-kernels/libkvt_sglang_kernels.so "$out/lib/"
 strip "$out/bin/"* "$out/python/kvtier/"*.so
 "$root/.tools/venv/bin/python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Stage 4: the Python package on torch CUDA tensors (test_torch.py and
-# test_engram_gather.py, whose CUDA halves have never run), and the per-call
-# cost of the SGLang entry points on CUDA tensors. Needs python3 with torch and numpy (pytest comes from the
+# test_engram_gather.py, whose CUDA halves have never run), the per-call
+# cost of the SGLang entry points on CUDA tensors, and kvtier's Engram
+# gather against SGLang's own Triton kernel (engram_triton.py; its rows say
+# so where triton is missing). Needs python3 with torch and numpy (pytest comes from the
 # bundle's wheels). Dry run: the same on numpy, without torch.
 source "$(dirname "$0")/common.sh"
 # The device's python3; the bundle's dry run passes one with numpy.
@@ -13,8 +15,11 @@ if [ "$dry" = 1 ]; then
   run pytest 300 "$py" -m pytest -q -p no:cacheprovider "$bundle/python/tests/test_swap_in.py" \
     "$bundle/python/tests/test_engram_gather.py"
   run per-call 120 "$py" "$bundle/python/per_call.py" --device cpu --calls 200 --json "$logs/per-call.jsonl"
+  run engram-triton 60 "$py" "$bundle/python/engram_triton.py" --reps 3 --json "$logs/engram-triton.jsonl"
 else
   run pytest 400 "$py" -m pytest -q -p no:cacheprovider "$bundle/python/tests/test_torch.py" \
     "$bundle/python/tests/test_engram_gather.py"
   run per-call 120 "$py" "$bundle/python/per_call.py" --device cuda --json "$logs/per-call-cuda.jsonl"
+  run engram-triton 150 "$py" "$bundle/python/engram_triton.py" --rows 8388608 --reps 30 \
+    --sglang-kernel "$bundle/python/sglang_engram_gather.py" --json "$logs/engram-triton.jsonl"
 fi
