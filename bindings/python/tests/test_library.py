@@ -36,6 +36,9 @@ def test_the_installed_package_carries_the_library_and_the_plugin():
     assert Path(kvtier.library()._kvtier_path) == package / "libkvtier.so"
     plugins = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
     assert plugins.get("kvtier") == "kvtier.sglang.plugin:register"
+    vllm_plugins = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert vllm_plugins.get("kvtier") == "kvtier.vllm:register"
+    assert (package / "vllm" / "host_pool.py").is_file()
 
 
 @pytest.mark.skipif(os.environ.get("KVTIER_EXPECT_INSTALLED") != "1", reason="testing a source checkout")

@@ -83,6 +83,7 @@ def test_the_wheel_holds_the_library_the_extension_and_the_command():
         wheel_meta = z.read(f"{dist}/WHEEL").decode()
     assert "kvtier = kvtier.__main__:main" in entry_points
     assert "kvtier = kvtier.sglang.plugin:register" in entry_points
+    assert "[vllm.general_plugins]" in entry_points and "kvtier = kvtier.vllm:register" in entry_points
     assert "License-Expression: Apache-2.0" in metadata
     assert "Root-Is-Purelib: false" in wheel_meta
 

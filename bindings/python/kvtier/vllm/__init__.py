@@ -1,0 +1,263 @@
+"""vLLM's HiSparse host pool in a kvtier pool (vLLM 0.33.0).
+
+vLLM's HiSparse keeps each rank's host KV in one CPU allocation
+(``HiSparseHostPool.allocate`` in ``vllm.v1.hisparse.runtime``: a byte
+buffer, layer-outermost, registered with CUDA as one range), refused above
+95 % of the memory psutil says is available: no capacity beyond DRAM, no CXL
+devices. With ``KVTIER_VLLM_CONFIG`` set (JSON: ``{"devices": [...], "rank":
+null, "ranks": null}``, the devices in kvtier's syntax: ``anon``,
+``numa:NODE[:SIZE]``, ``file:PATH:SIZE``, ``dax:PATH``), kvtier's vLLM plugin
+(entry point group ``vllm.general_plugins``, which vLLM loads in every
+process before the pool exists) makes the per-rank pool a kvtier region
+instead:
+
+- on the configured devices, rank ``r`` on device ``r mod n`` (devdax and
+  file devices shared by the ranks, each rank its own region);
+- refused, with the device and the sizes, where the pool does not fit the
+  kvtier device (kvtier's capacity check instead of vLLM's 95 % of DRAM);
+- registered with CUDA through vLLM's own ``pin_tensor`` (one range, as vLLM
+  registers its own), so that vLLM's shutdown (``cudaHostUnregister`` of the
+  ``registered`` tensor), its kernels' check that the pool is registered
+  host memory, and NIXL's registration of the per-layer views work as
+  before; the region stays mapped as long as the pool object.
+
+Not served yet: the shared single-node TP pool (``/dev/shm``, used when
+every rank is on one node with TP > 1); vLLM allocates it as before, and the
+report says so. The plugin reads vLLM's source before it patches anything
+(:func:`report`): where the pool's class, its ``allocate`` or the names it
+relies on differ from vLLM 0.33.0's, nothing is installed and one line says
+why.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .._lib import KvtierError
+
+logger = logging.getLogger("kvtier")
+
+ENV = "KVTIER_VLLM_CONFIG"
+RUNTIME = "vllm.v1.hisparse.runtime"
+RUNTIME_FILE = "vllm/v1/hisparse/runtime.py"
+BINDING_FILE = "vllm/v1/hisparse/binding.py"
+CHECKED_VERSIONS = ("0.33.0",)
+# What the per-rank pool relies on in vLLM's runtime module.
+RUNTIME_NAMES = ("HiSparseHostPool", "check_hisparse_host_memory", "allocate_pinned_host_pool", "pin_tensor",
+                 "get_hisparse_host_pool")
+POOL_ATTRS = ("vllm_config", "kv_cache_config", "backing", "registered", "shared_region")
+PAGE = 4096
+
+
+@dataclass
+class VllmConfig:
+    """What the plugin places where: the kvtier devices, and this process's
+    rank for the per-rank round-robin (default: torch.distributed's)."""
+
+    devices: list = field(default_factory=lambda: ["anon"])
+    rank: int | None = None
+    ranks: int | None = None
+
+    def __post_init__(self):
+        from ..sglang._config import KvtierConfig
+
+        # the same device and rank checks as the SGLang shim's
+        KvtierConfig(devices=self.devices, rank=self.rank, ranks=self.ranks)
+        if isinstance(self.devices, str):
+            self.devices = [self.devices]
+
+
+def load_config(config=None) -> VllmConfig:
+    """A VllmConfig from a VllmConfig, a dict, JSON text or a JSON file path,
+    or (None) ``KVTIER_VLLM_CONFIG``."""
+    if isinstance(config, VllmConfig):
+        return config
+    if config is None:
+        config = os.environ.get(ENV) or "{}"
+    if isinstance(config, (str, os.PathLike)):
+        text = str(config)
+        try:
+            config = json.loads(text) if text.lstrip().startswith("{") else json.loads(Path(text).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise KvtierError(f"kvtier vLLM config: cannot read {text!r}: {e}") from e
+    if not isinstance(config, dict):
+        raise KvtierError(f"kvtier vLLM config: expected a JSON object, got {type(config).__name__}")
+    unknown = sorted(set(config) - set(VllmConfig.__dataclass_fields__))
+    if unknown:
+        raise KvtierError(f"kvtier vLLM config: unknown keys {unknown}; known: devices, rank, ranks")
+    return VllmConfig(**config)
+
+
+# ---- what vLLM's source says ----------------------------------------------------
+
+
+def vllm_root() -> Path | None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]).parent
+
+
+def vllm_version(root: Path) -> str | None:
+    try:
+        from importlib.metadata import distributions
+
+        for dist in distributions(name="vllm", path=[str(root)]):
+            return dist.version
+    except Exception:  # noqa: BLE001 - no metadata: the version file
+        pass
+    v = root / "vllm/_version.py"
+    if v.exists():
+        for node in ast.walk(ast.parse(v.read_text())):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") in ("__version__", "version")
+                                                    for t in node.targets):
+                try:
+                    return ast.literal_eval(node.value)
+                except ValueError:
+                    pass
+    return None
+
+
+def source_problems(runtime_src: str, binding_src: str) -> list:
+    """Why kvtier's per-rank pool cannot stand in for vLLM's, from the
+    source of ``vllm/v1/hisparse/runtime.py`` and ``binding.py`` (empty:
+    it can)."""
+    tree = ast.parse(runtime_src)
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ImportFrom):
+            names |= {a.asname or a.name for a in node.names}
+    problems = [f"no {n}" for n in RUNTIME_NAMES if n not in names]
+    pool = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "HiSparseHostPool"), None)
+    if pool is not None:
+        methods = {n.name: n for n in pool.body if isinstance(n, ast.FunctionDef)}
+        want = {"__init__": ["self", "vllm_config", "kv_cache_config"], "allocate": ["self", "size"]}
+        for name, params in want.items():
+            got = [a.arg for a in methods[name].args.args] if name in methods else None
+            if got != params:
+                problems.append(f"HiSparseHostPool.{name} takes {got}, kvtier knows {params}")
+        init = methods.get("__init__")
+        targets = [t for n in ast.walk(init) if isinstance(n, ast.Assign) for t in n.targets] if init else []
+        targets += [n.target for n in ast.walk(init) if isinstance(n, ast.AnnAssign)] if init else []
+        assigned = {t.attr for t in targets if isinstance(t, ast.Attribute)}
+        missing = [a for a in POOL_ATTRS if a not in assigned]
+        if missing:
+            problems.append(f"HiSparseHostPool.__init__ does not set {missing}")
+    calls = [n for n in ast.walk(ast.parse(binding_src)) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == "allocate"]
+    if not any(len(c.args) == 1 and not c.keywords for c in calls):
+        problems.append("binding.py no longer calls host_pool.allocate(size)")
+    return problems
+
+
+@dataclass
+class Report:
+    vllm_version: str | None = None
+    installs: bool = False
+    refusal: str | None = None
+    lines_: list = field(default_factory=list)
+    config: VllmConfig | None = None
+
+    def lines(self) -> list:
+        if not self.installs:
+            return [f"kvtier: not installed into vLLM ({self.refusal}); vLLM runs unchanged"]
+        checked = "" if self.vllm_version in CHECKED_VERSIONS else (
+            f"; not one of the versions kvtier is checked against ({', '.join(CHECKED_VERSIONS)}), served because "
+            "its source matches")
+        return [f"kvtier: installed into vLLM {self.vllm_version}{checked}"] + self.lines_
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def report(config=None) -> Report:
+    """What :func:`install` does here, from vLLM's source (nothing of vLLM
+    imported)."""
+    cfg = load_config(config)
+    r = Report(config=cfg)
+    root = vllm_root()
+    if root is None:
+        r.refusal = "vLLM is not installed in this Python environment"
+        return r
+    r.vllm_version = vllm_version(root)
+    runtime, binding = root / RUNTIME_FILE, root / BINDING_FILE
+    if not runtime.exists() or not binding.exists():
+        r.refusal = f"vLLM {r.vllm_version} has no HiSparse runtime kvtier knows"
+        return r
+    problems = source_problems(runtime.read_text(), binding.read_text())
+    if problems:
+        r.refusal = f"vLLM {r.vllm_version}'s HiSparse host pool differs from what kvtier knows: " + "; ".join(problems)
+        return r
+    from ..sglang.capacity import device_problem
+
+    problem = device_problem(cfg.devices)
+    if problem:
+        r.refusal = problem
+        return r
+    where = ", ".join(cfg.devices)
+    r.lines_ = [
+        f"  HiSparseHostPool.allocate (per rank)   kvtier  a kvtier region on {where}, rank r on device r mod n; "
+        "kvtier's capacity check instead of 95 % of available DRAM",
+        "  shared single-node TP pool (/dev/shm)  vLLM    not served by kvtier yet",
+    ]
+    r.installs = True
+    return r
+
+
+# ---- installing ---------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_installed: Report | None = None
+
+
+def install(config=None, log=True) -> Report:
+    """Checks vLLM's source, then replaces ``HiSparseHostPool.allocate`` in
+    vLLM's runtime module (imported here) with kvtier's. Idempotent; returns
+    the report, and logs it."""
+    global _installed
+    rep = report(config)
+    for line in rep.lines() if log else ():
+        (logger.info if rep.installs else logger.warning)("%s", line)
+    if not rep.installs:
+        return rep
+    with _lock:
+        import importlib
+
+        runtime = importlib.import_module(RUNTIME)
+        from .host_pool import patch
+
+        patch(runtime, rep.config)
+        _installed = rep
+    return rep
+
+
+def uninstall() -> None:
+    global _installed
+    import sys
+
+    runtime = sys.modules.get(RUNTIME)
+    if runtime is not None:
+        from .host_pool import unpatch
+
+        unpatch(runtime)
+    _installed = None
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: installs when
+    ``KVTIER_VLLM_CONFIG`` is set, does nothing otherwise."""
+    if os.environ.get(ENV):
+        install()
+
+
+__all__ = ["CHECKED_VERSIONS", "ENV", "Report", "VllmConfig", "install", "load_config", "register", "report",
+           "source_problems", "uninstall"]
