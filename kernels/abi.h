@@ -386,7 +386,8 @@ typedef struct kvt_error_take_params {
  *   otherwise:               out[i][j] = +0 (0x0000), nothing read; an id in
  *                            [row_end, row_hi) (inside the range asked for but
  *                            past the table) is also reported
- *                            (KVT_ERR_GATHER_INDEX, position i, value id).
+ *                            (KVT_ERR_GATHER_INDEX, position i, or
+ *                            out_rows[i] with out_rows, value id).
  * With out_rows, id i's row is written to out[out_rows[i]] instead of
  * out[i]: sorted reads (SGLang's sort_ids) pass the ids sorted and, as
  * out_rows, the permutation that sorted them (a device sort's indices), so

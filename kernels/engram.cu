@@ -84,7 +84,8 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS)
         }
         const bool owned = id >= p.row_lo && id < row_end;
         if (!owned && id >= row_end && id < p.row_hi && lane == 0) {
-            kvt::report(err, KVT_ERR_GATHER_INDEX, i, id);
+            // the id's place in the caller's order (sorted reads: its out row)
+            kvt::report(err, KVT_ERR_GATHER_INDEX, (uint32_t)out_row, id);
         }
         const uint64_t row = owned ? (uint64_t)(id - p.row_lo) : 0;
         const uint8_t* w = reinterpret_cast<const uint8_t*>(p.weights) + row * p.dim;

@@ -216,7 +216,9 @@ unsafe fn run_cpu(p: &kvt_engram_gather_params) -> ErrorWord {
         if id < p.row_lo || id >= row_end {
             o.fill(0);
             if id >= row_end && id < p.row_hi {
-                err.report(crate::abi::KVT_ERR_GATHER_INDEX, i as u32, id);
+                // the id's place in the caller's order (sorted reads: its
+                // out row), as the kernel reports it
+                err.report(crate::abi::KVT_ERR_GATHER_INDEX, out_row as u32, id);
             }
             continue;
         }

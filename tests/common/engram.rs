@@ -173,7 +173,8 @@ impl EngramCase {
                     );
                 }
             } else if id >= end && id < self.row_hi {
-                bad.push((i as u32, id));
+                // reported at its place in the caller's order
+                bad.push((self.out_row(i) as u32, id));
             }
         }
         (out, bad)

@@ -221,3 +221,17 @@ def test_the_cuda_kernel_matches_the_cpu_executor(where):
         assert np.array_equal(out2.view(torch.int16).cpu().numpy().view(np.uint16), expect)
     finally:
         forget_table(tw.data_ptr())
+
+
+def test_sorted_reads_report_an_id_at_its_place_in_the_callers_order():
+    w, s = table(4, 64, 32, seed=13)
+    ids = np.array([9, 0, 1, 2, 3], dtype=np.int64)
+    register_table(w.ctypes.data, 4)
+    try:
+        for sort in (False, True):
+            out = np.zeros((5, 64), dtype=np.uint16)
+            with pytest.raises(kvtier.KvtierError, match=r"ids\[0\] = 9 "):
+                engram_gather(w.ctypes.data, s.ctypes.data, ids, out, 64, 32, sort_ids=sort)
+            assert np.array_equal(out, model(w, s, ids, 64, 32, 0, 4))
+    finally:
+        forget_table(w.ctypes.data)

@@ -265,3 +265,32 @@ def test_a_model_built_on_the_meta_device_and_dropped_holds_nothing(engram_sglan
     started = time.monotonic()
     embed = build_and_load(m, 512, 64, 1, weight, scale)
     assert embed.host_table.ready and time.monotonic() - started < 4  # the fixture's wait is 5 s
+
+
+@needs_sglang
+def test_rank_0_tells_the_other_ranks_when_its_table_fails(engram_sglang):
+    """The shared layout: rank 0's finish_load sends its outcome (here: the
+    scale never came) to the other ranks instead of leaving them at a
+    barrier, and raises it."""
+    import kvtier
+
+    m = engram_sglang.module
+    sent = []
+
+    class TwoRanks:
+        rank_in_group, world_size = 0, 2
+
+        def broadcast_object(self, obj, src=0):
+            sent.append(obj)
+            return obj
+
+        def barrier(self):
+            raise AssertionError("a barrier rank 0 may never reach")
+
+    engram_sglang.parallel.tp_group = TwoRanks()
+    weight, _ = checkpoint_tensors(256, 64, m.FP8_BLOCK_SIZE, seed=12)
+    embed = new_embedding(m, 256, 64, 1)
+    embed.weight.weight_loader(embed.weight, weight)
+    with pytest.raises(kvtier.KvtierError, match="never written"):
+        embed.finish_load("layer 1")
+    assert isinstance(sent[0], str) and sent[-1] and "never written" in sent[-1]

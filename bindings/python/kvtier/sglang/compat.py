@@ -455,13 +455,12 @@ def engram_routes(root: Path, config) -> list:
     elif not host_table_on:
         table = Route("_HostTable", "SGLang", "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE is not set, so SGLang keeps "
                       "the Engram tables in HBM; set it to 1 for kvtier's tables")
-    elif _env_true("SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS"):
-        table = Route("_HostTable", "SGLang", "SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS is set: at TP > 1 SGLang keeps "
-                      "the tables in HBM shards instead of any host table")
     else:
+        peer = (" (but SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS is set: at TP > 1 it takes precedence and the tables stay "
+                "in HBM shards)" if _env_true("SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS") else "")
         table = Route("_HostTable", "kvtier", f"each table a file in kvtier's table store {tables['store']}, "
                       "loaded once per key, attached by every start and instance (with "
-                      "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE)")
+                      f"SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE){peer}")
     gather_src = root / ENGRAM_GATHER_FILE
     theirs = None
     if gather_src.exists():

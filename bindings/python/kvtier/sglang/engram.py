@@ -257,9 +257,9 @@ class KvtierEngramTable:
         if self.table is not None or not self.writes:
             return
         if not self._opened:
-            self._opened = True
             Path(self.store).mkdir(parents=True, exist_ok=True)
             self.loader = load_table(self.path, self.key, self.nbytes, wait=self.wait_s)
+            self._opened = True
             if self.loader is None:  # another process finished it meanwhile
                 self._attach(wait=self.wait_s)
                 return
@@ -294,18 +294,26 @@ class KvtierEngramTable:
         """SGLang's call after loading (collective in the shared layout):
         publishes what this process wrote, then every rank attaches and
         registers the table with CUDA."""
+        failure = None
         if self.loader is not None:
             missing = self.loader.missing()
             if missing:
                 total = sum(b - a for a, b in missing)
-                raise KvtierError(
-                    f"engram table {label} ({self.key}): {total} of {self.nbytes} bytes were never written by the "
-                    "checkpoint; the table is left unpublished (the next start resumes it)")
-            self.loader.publish()
+                failure = (f"engram table {label} ({self.key}): {total} of {self.nbytes} bytes were never written by "
+                           "the checkpoint; the table is left unpublished (the next start resumes it)")
+            else:
+                try:
+                    self.loader.publish()
+                except KvtierError as e:
+                    failure = f"engram table {label} ({self.key}): {e}"
             self.loader.close()
             self.loader = None
         if self.layout == "shared" and self.group is not None and getattr(self.group, "world_size", 1) > 1:
-            self.group.barrier()
+            # rank 0's outcome to every rank, after its publish: the others
+            # attach to a published table or raise with it, none waits
+            failure = self.group.broadcast_object(failure, src=0)
+        if failure:
+            raise KvtierError(failure)
         if self.table is None:
             self._attach(wait=self.wait_s)
         self._register()
@@ -398,8 +406,8 @@ def _init_host_table(self, num_embeddings: int, dim: int, layer_id: int):
         if rank == 0:
             try:
                 key = _key(module, tables, layer_id, layout, self.row_start, n, dim, rank)
-            except KvtierError as e:
-                key = KvtierError(str(e))  # every rank raises it, none waits
+            except Exception as e:  # noqa: BLE001 - every rank raises it, none waits
+                key = KvtierError(f"engram table key of layer {layer_id}: {type(e).__name__}: {e}")
         key = group.broadcast_object(key, src=0)
         if isinstance(key, Exception):
             raise KvtierError(str(key))
