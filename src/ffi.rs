@@ -341,34 +341,24 @@ pub struct KvtTable {
     table: crate::table::Table,
 }
 
-impl Tagged for KvtTableLoader {
-    const TAG: u64 = u64::from_le_bytes(*b"kvt:tldr");
-    const NAME: &'static str = "kvt_table_loader";
-}
-impl Tagged for KvtTable {
-    const TAG: u64 = u64::from_le_bytes(*b"kvt:tabl");
-    const NAME: &'static str = "kvt_table";
+/// Each handle's tag (8 bytes spelling it) and its C name.
+macro_rules! tagged {
+    ($($t:ty => $tag:literal, $name:literal;)*) => {
+        $(impl Tagged for $t {
+            const TAG: u64 = u64::from_le_bytes(*$tag);
+            const NAME: &'static str = $name;
+        })*
+    };
 }
 
-impl Tagged for KvtPool {
-    const TAG: u64 = u64::from_le_bytes(*b"kvt:pool");
-    const NAME: &'static str = "kvt_pool";
-}
-impl Tagged for KvtRegion {
-    const TAG: u64 = u64::from_le_bytes(*b"kvt:regn");
-    const NAME: &'static str = "kvt_region";
-}
-impl Tagged for KvtTier {
-    const TAG: u64 = u64::from_le_bytes(*b"kvt:tier");
-    const NAME: &'static str = "kvt_tier";
-}
-impl Tagged for KvtEngram {
-    const TAG: u64 = u64::from_le_bytes(*b"kvt:engr");
-    const NAME: &'static str = "kvt_engram";
-}
-impl Tagged for KvtSwapIn {
-    const TAG: u64 = u64::from_le_bytes(*b"kvt:swap");
-    const NAME: &'static str = "kvt_swap_in";
+tagged! {
+    KvtTableLoader => b"kvt:tldr", "kvt_table_loader";
+    KvtTable => b"kvt:tabl", "kvt_table";
+    KvtPool => b"kvt:pool", "kvt_pool";
+    KvtRegion => b"kvt:regn", "kvt_region";
+    KvtTier => b"kvt:tier", "kvt_tier";
+    KvtEngram => b"kvt:engr", "kvt_engram";
+    KvtSwapIn => b"kvt:swap", "kvt_swap_in";
 }
 
 /// The handle behind `p`, after checking it is non-null and of type `T`.

@@ -192,7 +192,7 @@ impl<'a, T> BufMut<'a, T> {
 
     /// As [`Buf::check`], for a buffer the call writes.
     pub(crate) fn check(&self, arg: &'static str, want: Location, min_len: usize) -> Result<()> {
-        self.check_aligned(arg, want, align_of::<T>() as u64, min_len)
+        self.as_buf().check(arg, want, min_len)
     }
 
     /// As [`Buf::check_aligned`], for a buffer the call writes.
@@ -203,7 +203,7 @@ impl<'a, T> BufMut<'a, T> {
         align: u64,
         min_len: usize,
     ) -> Result<()> {
-        check_buf(arg, self.addr, self.len, self.loc, want, align, min_len)
+        self.as_buf().check_aligned(arg, want, align, min_len)
     }
 
     /// The same memory, read-only.

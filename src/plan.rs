@@ -835,14 +835,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_preset_is_the_published_config_in_sglangs_layout() {
-        // DeepSeek's config_671B_v3.2.json: n_layers 61, kv_lora_rank 512,
-        // qk_rope_head_dim 64, index_head_dim 128, index_topk 2048
-        let (layers, kv_lora_rank, rope, index_head_dim, index_topk) = (61, 512, 64, 128, 2048);
-        let m = v32();
-        assert_eq!(m.offloaded_layers, layers);
-        // fp8 nope + one 4 B scale per 128 + bf16 rope
+    /// SGLang's fp8 DSA layout of a config's latent: fp8 nope + one 4 B
+    /// scale per 128 + bf16 rope; the index key fp8 + one 4 B scale per 128.
+    fn assert_dsa_layout(m: &ModelSpec, kv_lora_rank: u32, rope: u32, index_head_dim: u32) {
         assert_eq!(
             m.entry_bytes,
             kv_lora_rank + kv_lora_rank / 128 * 4 + rope * 2
@@ -851,6 +846,16 @@ mod tests {
             m.indexer_entry_bytes,
             index_head_dim + index_head_dim / 128 * 4
         );
+    }
+
+    #[test]
+    fn the_preset_is_the_published_config_in_sglangs_layout() {
+        // DeepSeek's config_671B_v3.2.json: n_layers 61, kv_lora_rank 512,
+        // qk_rope_head_dim 64, index_head_dim 128, index_topk 2048
+        let (layers, kv_lora_rank, rope, index_head_dim, index_topk) = (61, 512, 64, 128, 2048);
+        let m = v32();
+        assert_eq!(m.offloaded_layers, layers);
+        assert_dsa_layout(&m, kv_lora_rank, rope, index_head_dim);
         assert_eq!(
             (m.indexer_layers, m.top_k, m.hot_slots),
             (layers, index_topk, 2 * 2048)
@@ -870,14 +875,7 @@ mod tests {
             (78, 512, 64, 128, 2048, 202_752);
         let m = ModelSpec::preset("glm-5").unwrap();
         assert_eq!((m.offloaded_layers, m.indexer_layers), (layers, layers));
-        assert_eq!(
-            m.entry_bytes,
-            kv_lora_rank + kv_lora_rank / 128 * 4 + rope * 2
-        );
-        assert_eq!(
-            m.indexer_entry_bytes,
-            index_head_dim + index_head_dim / 128 * 4
-        );
+        assert_dsa_layout(&m, kv_lora_rank, rope, index_head_dim);
         assert_eq!((m.top_k, m.hot_slots), (index_topk, 2 * 2048));
         assert_eq!(m.max_context, max_pos);
         assert_eq!(m.host_bytes_per_token(), 78.0 * 656.0); // 51,168 B

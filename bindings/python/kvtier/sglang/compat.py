@@ -19,7 +19,6 @@ coordinator module is patched.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
 import json
 import os
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._lib import library
+from .._packages import package_root, package_version
 from .._swap_in import swap_in_limits
 from ._config import load_config
 from .capacity import device_problem, device_warnings
@@ -317,31 +317,12 @@ def module_names(source: str) -> set:
 def sglang_root() -> Path | None:
     """The directory holding the importable `sglang` package, found without
     importing it (None when SGLang is not installed)."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]).parent
+    return package_root("sglang")
 
 
 def sglang_version(root: Path) -> str | None:
-    """The version of the SGLang package under `root`: its distribution's
-    metadata there (not the first `sglang` distribution anywhere on the path,
-    which may belong to another copy), else its ``_version.py``."""
-    try:
-        from importlib.metadata import distributions
-
-        for dist in distributions(name="sglang", path=[str(root)]):
-            return dist.version
-    except Exception:
-        pass
-    text = (root / "sglang/_version.py").read_text() if (root / "sglang/_version.py").exists() else ""
-    for node in ast.walk(ast.parse(text)) if text else []:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__version__" for t in node.targets):
-            try:
-                return ast.literal_eval(node.value)
-            except ValueError:
-                pass
-    return None
+    """The version of the SGLang package under `root`."""
+    return package_version(root, "sglang")
 
 
 def platform() -> tuple:

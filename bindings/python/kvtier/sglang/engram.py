@@ -43,6 +43,7 @@ import weakref
 from pathlib import Path
 
 from .._lib import KvtierError, check as _check, library
+from .._swap_in import native
 from .._table import Table, destroy_table, load_table, table_path
 
 logger = logging.getLogger("kvtier")
@@ -95,8 +96,6 @@ def engram_gather(weight_ptr, scale_ptr, ids, out, dim, block_size, row_lo=0, ro
     order, as SGLang's does: the ids are sorted (torch.sort on their device:
     no host sync, capturable; numpy's argsort on the CPU) and each row is
     written to its own place by the kernel (the output is the same)."""
-    from .._swap_in import native
-
     for name, v in (("weight_ptr", weight_ptr), ("scale_ptr", scale_ptr), ("dim", dim),
                     ("block_size", block_size), ("row_lo", row_lo), ("row_hi", row_hi)):
         if not isinstance(v, int) or isinstance(v, bool):
@@ -147,8 +146,6 @@ def engram_check(device="cpu") -> None:
     since the last check: ids past their table (a KvtierError with status
     BAD_INDICES naming the first); waits for the device. The CPU executor
     reports at once."""
-    from .._swap_in import native
-
     if device == "cpu":
         return
     ordinal = int(device)
@@ -485,8 +482,6 @@ def _finish_load(self, label: str):
     if module.engram_gather is engram_gather and torch.cuda.is_available():
         # the GPU gatherer (its error word a device allocation) made now,
         # not at a first call that may come inside a CUDA graph capture
-        from .._swap_in import native
-
         native().engram(torch.cuda.current_device())
 
 

@@ -126,14 +126,14 @@ class KvtierHostTensorAllocator:
                 f"[2, layers, rows, heads, head_dim], or one [rows, bytes] per layer of a pool of known "
                 f"layers); got dims {dims} (use layout='layer_first' for the HiSparse host pool)"
             )
-        region = self._region(layers, rows, entry, dims, planes)
+        region = self.region(layers, rows, entry, dims, planes)
         self.dtype, self.dims = dtype, dims
         return _view(region, dtype, dims)
 
     def _next_layer(self, dims, dtype, itemsize):
         if self._per_layer is None:
             rows, entry = dims[0], dims[1] * itemsize
-            region = self._region(self.layers, rows, entry, (self.layers,) + dims)
+            region = self.region(self.layers, rows, entry, (self.layers,) + dims)
             self._per_layer = [dims, dtype, _view(region, dtype, (self.layers,) + dims), 0]
             self.dtype, self.dims = dtype, dims
         want, want_dtype, whole, i = self._per_layer
@@ -157,7 +157,7 @@ class KvtierHostTensorAllocator:
         self.choice = choice
         return [choice.device]
 
-    def _region(self, layers: int, rows: int, entry: int, dims: tuple, planes: int = 1):
+    def region(self, layers: int, rows: int, entry: int, dims: tuple, planes: int = 1):
         """A region for `layers` model layers of `rows` entries of `entry` B
         (`planes` layer-first planes each: MHA's K and V), sized for the
         config's region_layers when that is more (the stages of a pipeline

@@ -32,7 +32,6 @@ why.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import logging
 import os
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._lib import KvtierError
+from .._packages import package_root, package_version
 
 logger = logging.getLogger("kvtier")
 
@@ -96,33 +96,6 @@ def load_config(config=None) -> VllmConfig:
 
 
 # ---- what vLLM's source says ----------------------------------------------------
-
-
-def vllm_root() -> Path | None:
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]).parent
-
-
-def vllm_version(root: Path) -> str | None:
-    try:
-        from importlib.metadata import distributions
-
-        for dist in distributions(name="vllm", path=[str(root)]):
-            return dist.version
-    except Exception:  # noqa: BLE001 - no metadata: the version file
-        pass
-    v = root / "vllm/_version.py"
-    if v.exists():
-        for node in ast.walk(ast.parse(v.read_text())):
-            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") in ("__version__", "version")
-                                                    for t in node.targets):
-                try:
-                    return ast.literal_eval(node.value)
-                except ValueError:
-                    pass
-    return None
 
 
 def source_problems(runtime_src: str, binding_src: str) -> list:
@@ -184,11 +157,11 @@ def report(config=None) -> Report:
     imported)."""
     cfg = load_config(config)
     r = Report(config=cfg)
-    root = vllm_root()
+    root = package_root("vllm")
     if root is None:
         r.refusal = "vLLM is not installed in this Python environment"
         return r
-    r.vllm_version = vllm_version(root)
+    r.vllm_version = package_version(root, "vllm")
     runtime, binding = root / RUNTIME_FILE, root / BINDING_FILE
     if not runtime.exists() or not binding.exists():
         r.refusal = f"vLLM {r.vllm_version} has no HiSparse runtime kvtier knows"

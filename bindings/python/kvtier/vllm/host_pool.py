@@ -58,7 +58,7 @@ def _allocate_in_kvtier(pool, runtime, config: VllmConfig, size: int):
     sglang_config = KvtierConfig(devices=list(config.devices), rank=config.rank, ranks=config.ranks)
     allocator = KvtierHostTensorAllocator(sglang_config)
     try:
-        region = allocator._region(layers=1, rows=pages, entry=PAGE, dims=(size,))
+        region = allocator.region(layers=1, rows=pages, entry=PAGE, dims=(size,))
     except KvtierError as e:
         raise KvtierError(
             f"vLLM's HiSparse host pool of {size / 2**30:.2f} GiB does not fit the kvtier devices "

@@ -31,7 +31,6 @@ type CopyPlannedFn =
 type RunSpecFn = unsafe extern "C" fn(Handle, *const KvtSpecSwapInArgs, *mut c_void) -> KvtStatus;
 type MapHostFn = unsafe extern "C" fn(Handle, *const c_void, *mut u64) -> KvtStatus;
 type LastErrorFn = unsafe extern "C" fn() -> *const c_char;
-type EngramCreateFn = unsafe extern "C" fn(i32, *mut Handle) -> KvtStatus;
 type EngramGatherFn = unsafe extern "C" fn(Handle, *const KvtEngramArgs, *mut c_void) -> KvtStatus;
 
 /// The library functions the calls use (bindings/kvtier.h's signatures).
@@ -44,7 +43,7 @@ struct Library {
     run_spec: RunSpecFn,
     map_host: MapHostFn,
     last_error: LastErrorFn,
-    engram_create: EngramCreateFn,
+    engram_create: CreateFn,
     engram_gather: EngramGatherFn,
 }
 
@@ -91,7 +90,7 @@ fn bind(functions: &Bound<'_, PyDict>) -> PyResult<()> {
             run_spec: std::mem::transmute::<usize, RunSpecFn>(addr("kvt_swap_in_run_spec")?),
             map_host: std::mem::transmute::<usize, MapHostFn>(addr("kvt_swap_in_map_host")?),
             last_error: std::mem::transmute::<usize, LastErrorFn>(addr("kvt_last_error")?),
-            engram_create: std::mem::transmute::<usize, EngramCreateFn>(addr("kvt_engram_create")?),
+            engram_create: std::mem::transmute::<usize, CreateFn>(addr("kvt_engram_create")?),
             engram_gather: std::mem::transmute::<usize, EngramGatherFn>(addr("kvt_engram_gather")?),
         }
     };
@@ -114,19 +113,18 @@ fn engines_lock() -> std::sync::MutexGuard<'static, Vec<Engine>> {
     ENGINES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The engine handle for `executor`, made on first use (it lives as long as
-/// the process).
-fn engine_handle(executor: i32) -> PyResult<Handle> {
-    let lib = library()?;
+/// The handle for `executor` in `list`, made with `create` on first use
+/// (it lives as long as the process).
+fn handle_in(list: &Mutex<Vec<Engine>>, executor: i32, create: CreateFn) -> PyResult<Handle> {
     let rc = {
-        let mut all = engines_lock();
+        let mut all = list.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = all.iter().find(|e| e.executor == executor) {
             return Ok(e.handle as Handle);
         }
         let mut h: Handle = std::ptr::null_mut();
         // SAFETY: an out pointer to a local. Made under the lock, so the
-        // process has one engine per executor; no Python runs here.
-        let rc = unsafe { (lib.create)(executor, &mut h) };
+        // process has one handle per executor; no Python runs here.
+        let rc = unsafe { create(executor, &mut h) };
         if rc == kvtier::ffi::KVT_OK {
             all.push(Engine {
                 executor,
@@ -139,6 +137,11 @@ fn engine_handle(executor: i32) -> PyResult<Handle> {
     };
     // the error (a Python object) made outside the lock
     Err(status(rc).expect_err("a failed create"))
+}
+
+/// The swap-in engine handle for `executor`.
+fn engine_handle(executor: i32) -> PyResult<Handle> {
+    handle_in(&ENGINES, executor, library()?.create)
 }
 
 /// The engine of `executor` ("the process's engine"), as an address for
@@ -157,29 +160,12 @@ fn engines() -> Vec<(i32, usize)> {
         .collect()
 }
 
-/// The process's Engram gatherer per executor, as (executor, handle).
-static ENGRAMS: Mutex<Vec<(i32, usize)>> = Mutex::new(Vec::new());
+/// The process's Engram gatherer per executor (its capacity unused).
+static ENGRAMS: Mutex<Vec<Engine>> = Mutex::new(Vec::new());
 
-/// The Engram gatherer of `executor`, made on first use (it lives as long
-/// as the process).
+/// The Engram gatherer of `executor`, made on first use.
 fn engram_handle(executor: i32) -> PyResult<Handle> {
-    let lib = library()?;
-    let rc = {
-        let mut all = ENGRAMS.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(&(_, h)) = all.iter().find(|e| e.0 == executor) {
-            return Ok(h as Handle);
-        }
-        let mut h: Handle = std::ptr::null_mut();
-        // SAFETY: an out pointer to a local; made under the lock, so the
-        // process has one gatherer per executor; no Python runs here.
-        let rc = unsafe { (lib.engram_create)(executor, &mut h) };
-        if rc == kvtier::ffi::KVT_OK {
-            all.push((executor, h as usize));
-            return Ok(h);
-        }
-        rc
-    };
-    Err(status(rc).expect_err("a failed create"))
+    handle_in(&ENGRAMS, executor, library()?.engram_create)
 }
 
 /// The Engram gatherer of `executor`, as an address for ctypes
@@ -192,7 +178,12 @@ fn engram(executor: i32) -> PyResult<usize> {
 /// The Engram gatherers made so far, as (executor, address).
 #[pyfunction]
 fn engrams() -> Vec<(i32, usize)> {
-    ENGRAMS.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    ENGRAMS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|e| (e.executor, e.handle))
+        .collect()
 }
 
 /// Makes sure the engine of `executor` has plan scratch for `batch` ×
