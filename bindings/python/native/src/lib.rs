@@ -154,7 +154,13 @@ fn engine(executor: i32) -> PyResult<usize> {
 /// The engines made so far, as (executor, address).
 #[pyfunction]
 fn engines() -> Vec<(i32, usize)> {
-    self::engines_lock()
+    made_in(&ENGINES)
+}
+
+/// The handles `list` holds, as (executor, address).
+fn made_in(list: &Mutex<Vec<Engine>>) -> Vec<(i32, usize)> {
+    list.lock()
+        .unwrap_or_else(|p| p.into_inner())
         .iter()
         .map(|e| (e.executor, e.handle))
         .collect()
@@ -178,12 +184,7 @@ fn engram(executor: i32) -> PyResult<usize> {
 /// The Engram gatherers made so far, as (executor, address).
 #[pyfunction]
 fn engrams() -> Vec<(i32, usize)> {
-    ENGRAMS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .map(|e| (e.executor, e.handle))
-        .collect()
+    made_in(&ENGRAMS)
 }
 
 /// Makes sure the engine of `executor` has plan scratch for `batch` ×
