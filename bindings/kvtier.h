@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes. */
-#define KVT_ABI_VERSION 5
+#define KVT_ABI_VERSION 6
 
 typedef int32_t kvt_status;
 #define KVT_OK 0
@@ -106,6 +106,11 @@ typedef struct kvt_region_info {
     uint32_t device;    /* the device it lives on */
     uint64_t host_addr; /* its first byte in this process */
     uint64_t bytes;     /* layers * tokens_per_region * entry_bytes */
+    uint64_t epoch;     /* the region's allocation count: (index, epoch) names this
+                         * allocation, as kvt_region_join takes it */
+    uint32_t joined;    /* 1: this handle joined a region another process owns */
+    uint32_t joined_elsewhere; /* 1: another process (or pool handle) has joined
+                                * it and holds it now */
 } kvt_region_info;
 
 /* What a device offers a pool, before it is mapped. */
@@ -233,6 +238,13 @@ void kvt_pool_close(kvt_pool *pool);
 /* A free region, placed by the pool's per-rank round-robin, owned by this
  * process, tagged with `request` (informational). */
 kvt_status kvt_region_alloc(kvt_pool *pool, uint64_t request, kvt_region **out);
+/* Maps region `index`, allocation `epoch`, which another live process allocated
+ * and owns (one copy shared by a TP group, say); needs a pool on file: or dax:
+ * devices on one host. While joined, the region is neither reclaimed nor freed
+ * by its owner (kvt_region_free of the owner's handle is refused and leaves it
+ * allocated, freed once every joiner has left). kvt_region_free of a joined
+ * handle leaves the region to its owner. */
+kvt_status kvt_region_join(kvt_pool *pool, uint32_t index, uint64_t epoch, kvt_region **out);
 kvt_status kvt_region_info_get(const kvt_region *region, kvt_region_info *out);
 /* Marks the region READY: its bytes are written and other processes may read them. */
 kvt_status kvt_region_publish(const kvt_region *region);

@@ -31,7 +31,7 @@ use crate::tier::Tier;
 use crate::writeback::WritebackItems;
 
 /// `KVT_ABI_VERSION` in the header.
-pub const KVT_ABI_VERSION: u32 = 5;
+pub const KVT_ABI_VERSION: u32 = 6;
 
 pub type KvtStatus = i32;
 pub const KVT_OK: KvtStatus = 0;
@@ -109,6 +109,9 @@ pub struct KvtRegionInfo {
     pub device: u32,
     pub host_addr: u64,
     pub bytes: u64,
+    pub epoch: u64,
+    pub joined: u32,
+    pub joined_elsewhere: u32,
 }
 
 /// `kvt_items`.
@@ -1104,12 +1107,25 @@ pub unsafe extern "C" fn kvt_region_alloc(
     request: u64,
     out: *mut *mut KvtRegion,
 ) -> KvtStatus {
+    // SAFETY: the header's contract for each pointer.
+    unsafe { region_handle(pool, out, |p| p.alloc_region_for(request)) }
+}
+
+/// A new `kvt_region` for the region `get` takes from `pool`, put in `out`.
+///
+/// # Safety
+/// `pool` is null or a live `kvt_pool`; `out` null or valid for a pointer write.
+unsafe fn region_handle(
+    pool: *mut KvtPool,
+    out: *mut *mut KvtRegion,
+    get: impl FnOnce(&Arc<Pool>) -> crate::Result<Region>,
+) -> KvtStatus {
     guard(|| {
-        // SAFETY: the header's contract for each pointer.
+        // SAFETY: the caller's contract for each pointer.
         let p = unsafe { handle(pool, "pool")? }.pool.clone();
         unsafe {
             put(out, || {
-                p.alloc_region_for(request).map(|region| KvtRegion {
+                get(&p).map(|region| KvtRegion {
                     tag: KvtRegion::TAG,
                     pool: p.clone(),
                     region,
@@ -1117,6 +1133,19 @@ pub unsafe extern "C" fn kvt_region_alloc(
             })
         }
     })
+}
+
+/// # Safety
+/// Pointers as `kvt_region_join` in `bindings/kvtier.h` describes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kvt_region_join(
+    pool: *mut KvtPool,
+    index: u32,
+    epoch: u64,
+    out: *mut *mut KvtRegion,
+) -> KvtStatus {
+    // SAFETY: the header's contract for each pointer.
+    unsafe { region_handle(pool, out, |p| p.join_region(index, epoch)) }
 }
 
 /// # Safety
@@ -1134,6 +1163,9 @@ pub unsafe extern "C" fn kvt_region_info_get(
             device: r.region.device(),
             host_addr: r.pool.region_host_addr(&r.region)?,
             bytes: r.pool.layout().region_bytes(),
+            epoch: r.pool.region_epoch(&r.region)?,
+            joined: r.region.is_joined() as u32,
+            joined_elsewhere: r.pool.region_joined_elsewhere(&r.region)? as u32,
         };
         unsafe { write_out(out, "out", info) }
     })
@@ -1612,7 +1644,7 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         region_stride, uuid),
     );
     v.extend(fields!(KvtDeviceCapacity, "kvt_device_capacity": bytes, host_dram, pinnable, movable_bytes));
-    v.extend(fields!(KvtRegionInfo, "kvt_region_info": index, device, host_addr, bytes));
+    v.extend(fields!(KvtRegionInfo, "kvt_region_info": index, device, host_addr, bytes, epoch, joined, joined_elsewhere));
     v.extend(
         fields!(KvtSwapInArgs, "kvt_swap_in_args": top_k_tokens, top_k_stride,
         device_buffer_tokens, tokens_stride, device_buffer_locs, locs_stride, lru_slots,

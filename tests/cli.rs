@@ -854,6 +854,7 @@ fn pool_status_json_counts_per_device_and_per_client() {
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["regions"]["allocated"], 2);
     assert_eq!(v["regions"]["ready"], 1);
+    assert_eq!(v["regions"]["joined"], 0);
     let dev = |i: usize, k: &str| v["devices"][i][k].as_u64().unwrap();
     assert_eq!(
         (

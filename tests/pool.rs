@@ -152,6 +152,10 @@ fn read_ready(pool: &Pool, index: u32) -> Option<Vec<u8>> {
 /// * hold;DEVICES;N;P: allocate N regions, write them, publish P, print
 ///   "held", then sleep until killed;
 /// * place;DEVICES;RANK;RANKS;N: allocate N regions, print their devices;
+/// * own;DEVICES: allocate one region, write it, print "owns INDEX EPOCH",
+///   wait for a line on stdin, exit normally;
+/// * joinregion;DEVICES;INDEX;EPOCH: join that region, print "joined B" (its
+///   first byte), wait for a line on stdin, leave it, print "left";
 /// * clean;DEVICES;N: allocate and publish N regions, then exit normally;
 /// * join;DEVICES;RANK;RANKS: open or create the pool, allocate one region,
 ///   print "joined UUID DEVICE", wait for a line on stdin, exit normally;
@@ -206,6 +210,26 @@ fn pool_worker() {
             println!("joined {uuid} {}", region.device());
             let mut line = String::new();
             std::io::stdin().read_line(&mut line).unwrap();
+        }
+        "own" => {
+            let pool = Pool::open(devices, PoolOptions::default()).unwrap();
+            let r = pool.alloc_region().unwrap();
+            write_region(&pool, &r, &contents(7, pid));
+            println!("owns {} {}", r.index(), pool.region_epoch(&r).unwrap());
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).unwrap();
+        }
+        "joinregion" => {
+            let (index, epoch): (u32, u64) = (parts[2].parse().unwrap(), parts[3].parse().unwrap());
+            let pool = Pool::open(devices, PoolOptions::default()).unwrap();
+            let r = pool.join_region(index, epoch).unwrap();
+            // the owner's bytes, read through this process's own mapping
+            let first = read_region(&pool, &r)[0];
+            println!("joined {first}");
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).unwrap();
+            pool.free_region(r).unwrap();
+            println!("left");
         }
         "clean" => {
             let pool = Pool::open(devices, PoolOptions::default()).unwrap();
@@ -442,6 +466,157 @@ fn a_killed_owner_is_reclaimed_by_the_next_opener() {
         "the dead owner's regions are back"
     );
     assert!(look.check().dead_clients.is_empty());
+}
+
+#[test]
+fn a_joined_region_is_one_copy_and_outlives_its_dead_owner() {
+    let dir = Dir::new("joined-dead");
+    let devices = dir.devices(1, 4);
+    drop(Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap());
+    let mut owner = worker(&format!("own;{}", specs_arg(&devices)));
+    let line = wait_line(&mut owner, "owns");
+    let f: Vec<u64> = line
+        .split(' ')
+        .skip(1)
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let (index, epoch) = (f[0] as u32, f[1]);
+
+    let pool = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
+    let err = |r: kvtier::Result<kvtier::Region>| r.map(|_| ()).unwrap_err().to_string();
+    assert!(err(pool.join_region(index, epoch + 1)).contains("is gone"));
+    assert!(err(pool.join_region(pool.num_regions(), epoch)).contains("does not exist"));
+    let free = (0..pool.num_regions()).find(|&i| i != index).unwrap();
+    assert!(err(pool.join_region(free, 0)).contains("free"));
+    let mine = pool.alloc_region().unwrap();
+    let my_epoch = pool.region_epoch(&mine).unwrap();
+    assert!(err(pool.join_region(mine.index(), my_epoch)).contains("own"));
+
+    let joined = pool.join_region(index, epoch).unwrap();
+    assert!(joined.is_joined());
+    // one copy: the owner's bytes, and a write here is the owner's too
+    assert_eq!(read_region(&pool, &joined), contents(7, owner.id()));
+    assert!(!pool.region_joined_elsewhere(&mine).unwrap());
+    let look = Pool::open(devices.clone(), inspect()).unwrap();
+
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    // the dead owner's region stays while this process maps it
+    assert!(
+        look.regions()
+            .iter()
+            .any(|r| r.index == index && r.joined && r.state == RegionState::Allocated)
+    );
+    assert_eq!(
+        look.check().reclaimable_regions,
+        0,
+        "a joined region is not reclaimable"
+    );
+    drop(Pool::open(devices.clone(), PoolOptions::default()).unwrap());
+    assert_eq!(look.region_state(index).unwrap(), RegionState::Allocated);
+    assert_eq!(read_region(&pool, &joined), contents(7, owner.id()));
+    // nor does a reclaim by this very process (its own hold is not a lock it sees)
+    assert_eq!(pool.reclaim_dead().unwrap().regions, 0);
+    assert!(err(pool.join_region(index, epoch)).contains("not alive"));
+
+    pool.free_region(joined).unwrap();
+    assert_eq!(
+        look.region_state(index).unwrap(),
+        RegionState::Allocated,
+        "leaving frees nothing"
+    );
+    drop(Pool::open(devices.clone(), PoolOptions::default()).unwrap());
+    assert_eq!(
+        look.region_state(index).unwrap(),
+        RegionState::Free,
+        "reclaimed once nobody holds it"
+    );
+    pool.free_region(mine).unwrap();
+}
+
+#[test]
+fn an_owner_cannot_free_a_region_while_a_peer_has_joined_it() {
+    let dir = Dir::new("joined-free");
+    let devices = dir.devices(1, 4);
+    let pool = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    let total = pool.num_regions();
+    let shared = pool.alloc_region().unwrap();
+    let other = pool.alloc_region().unwrap();
+    write_region(&pool, &shared, &[9u8; 128]);
+    let epoch = pool.region_epoch(&shared).unwrap();
+    let mut peer = worker(&format!(
+        "joinregion;{};{};{epoch}",
+        specs_arg(&devices),
+        shared.index()
+    ));
+    assert_eq!(wait_line(&mut peer, "joined"), "joined 9");
+    assert!(pool.region_joined_elsewhere(&shared).unwrap());
+    assert!(!pool.region_joined_elsewhere(&other).unwrap());
+    pool.free_region(other).unwrap();
+    // another opener's reclaim leaves a live owner's joined region alone
+    drop(Pool::open(devices.clone(), PoolOptions::default()).unwrap());
+    assert_eq!(
+        pool.region_state(shared.index()).unwrap(),
+        RegionState::Allocated
+    );
+
+    let index = shared.index();
+    let e = pool.free_region(shared).unwrap_err().to_string();
+    assert!(
+        e.contains("still mapped by a process that joined it"),
+        "{e}"
+    );
+    assert_eq!(pool.region_state(index).unwrap(), RegionState::Allocated);
+    writeln!(peer.stdin.as_mut().unwrap()).unwrap();
+    wait_line(&mut peer, "left");
+    assert!(peer.wait().unwrap().success());
+    // the refused region goes with the owner's handle, nobody holding it now
+    drop(pool);
+    let look = Pool::open(devices.clone(), inspect()).unwrap();
+    assert_eq!(look.free_regions(), total);
+}
+
+#[test]
+fn a_region_left_joined_by_a_clean_exit_is_reclaimed_after_its_joiner() {
+    let dir = Dir::new("joined-orphan");
+    let devices = dir.devices(1, 4);
+    let pool = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    let total = pool.num_regions();
+    let shared = pool.alloc_region().unwrap();
+    let epoch = pool.region_epoch(&shared).unwrap();
+    let mut peer = worker(&format!(
+        "joinregion;{};{};{epoch}",
+        specs_arg(&devices),
+        shared.index()
+    ));
+    wait_line(&mut peer, "joined");
+    let index = shared.index();
+    drop(pool); // the owner exits cleanly while the peer maps the region
+    let look = Pool::open(devices.clone(), inspect()).unwrap();
+    drop(Pool::open(devices.clone(), PoolOptions::default()).unwrap());
+    assert_eq!(
+        look.region_state(index).unwrap(),
+        RegionState::Allocated,
+        "an orphan still held stays"
+    );
+    writeln!(peer.stdin.as_mut().unwrap()).unwrap();
+    wait_line(&mut peer, "left");
+    assert!(peer.wait().unwrap().success());
+    drop(Pool::open(devices.clone(), PoolOptions::default()).unwrap());
+    assert_eq!(look.free_regions(), total);
+}
+
+#[test]
+fn private_devices_share_no_region() {
+    let pool = Pool::create_on(
+        layout(),
+        vec![DeviceSpec::Anon { bytes: 8 << 20 }],
+        PoolOptions::default(),
+    )
+    .unwrap();
+    let r = pool.alloc_region().unwrap();
+    let e = pool.join_region(r.index(), 1).unwrap_err().to_string();
+    assert!(e.contains("file: or dax:"), "{e}");
 }
 
 #[test]

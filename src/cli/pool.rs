@@ -369,6 +369,7 @@ fn status_json(pool: &Pool) -> serde_json::Value {
             "free": count(None, RegionState::Free),
             "allocated": count(None, RegionState::Allocated),
             "ready": count(None, RegionState::Ready),
+            "joined": regions.iter().filter(|r| r.joined).count(),
         },
         "devices": devices,
         "clients": clients,
@@ -438,6 +439,13 @@ fn print_status(pool: &Pool) {
         human_size((regions.len() - count(RegionState::Free)) as u64 * pool.region_stride()),
         human_size(regions.len() as u64 * pool.region_stride()),
     );
+    let joined = regions.iter().filter(|r| r.joined).count();
+    if joined > 0 {
+        println!(
+            "shared: {joined} allocated regions are joined by other processes (kept, even from a dead owner, \
+             while they map them)"
+        );
+    }
     let owners = owners_of(&regions);
     let attached = pool.clients_info();
     println!("clients attached: {}", attached.len());

@@ -217,6 +217,7 @@ impl Pool {
                 && c.state != RegionState::Free
                 && c.client == client
                 && c.generation == generation
+                && !self.held_by_joiner(r)
                 && self.cas(
                     &e.control,
                     w,
@@ -249,6 +250,7 @@ impl Pool {
                 None => false,
             };
             if orphan
+                && !self.held_by_joiner(r)
                 && self.cas(
                     &e.control,
                     w,

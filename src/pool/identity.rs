@@ -83,6 +83,11 @@ pub(crate) struct ClientLock {
 /// Where slot `i`'s byte is.
 const LOCK_BASE: i64 = 1 << 62;
 
+/// Where region `i`'s hold byte is: every process that maps a region another
+/// process allocated (a shared region, [`crate::Pool::join_region`]) holds a
+/// shared lock on it, so that no reclaim frees a region a live process maps.
+const REGION_HOLD_BASE: i64 = 1 << 61;
+
 /// The byte every attached client holds a shared (read) lock on, on every
 /// shared device it maps: a mark that the device is in use by a pool's
 /// live holder, whichever device of the pool it is.
@@ -167,18 +172,41 @@ impl ClientLock {
         kind: libc::c_short,
         slot: u32,
     ) -> std::io::Result<libc::flock> {
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock is plain data; l_pid must be 0 for OFD locks.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = kind;
-        fl.l_whence = libc::SEEK_SET as libc::c_short;
-        fl.l_start = LOCK_BASE + slot as i64;
-        fl.l_len = 1;
-        // SAFETY: a valid descriptor and a flock it may read and write.
-        if unsafe { libc::fcntl(self.file.as_raw_fd(), cmd, &mut fl) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(fl)
+        ofd_lock(&self.file, cmd, kind, LOCK_BASE + slot as i64, 1)
+    }
+
+    /// `fcntl` on region `index`'s hold byte (see [`REGION_HOLD_BASE`]).
+    fn region_lock(
+        &self,
+        cmd: libc::c_int,
+        kind: libc::c_int,
+        index: u32,
+    ) -> std::io::Result<libc::flock> {
+        let at = REGION_HOLD_BASE + index as i64;
+        ofd_lock(&self.file, cmd, kind as libc::c_short, at, 1)
+    }
+
+    /// Takes this process's shared hold on region `index`; holding it twice
+    /// is holding it once.
+    pub(crate) fn hold_region(&self, index: u32) -> Result<()> {
+        self.region_lock(libc::F_OFD_SETLK, libc::F_RDLCK, index)
+            .map(|_| ())
+            .map_err(|source| Error::Io {
+                context: format!("holding region {index}"),
+                source,
+            })
+    }
+
+    pub(crate) fn release_region(&self, index: u32) {
+        let _ = self.region_lock(libc::F_OFD_SETLK, libc::F_UNLCK, index);
+    }
+
+    /// Whether another open file (a live process, or another pool handle of
+    /// this one) holds region `index`; unknown counts as held, so that a
+    /// kernel that cannot say never lets a mapped region be freed.
+    pub(crate) fn region_held_by_another(&self, index: u32) -> bool {
+        self.region_lock(libc::F_OFD_GETLK, libc::F_WRLCK, index)
+            .map_or(true, |fl| fl.l_type != libc::F_UNLCK as libc::c_short)
     }
 
     /// Takes slot `slot`'s lock; false when another holds it.

@@ -536,6 +536,7 @@ impl Pool {
                 Some(f) => Some(identity::ClientLock::new(f)?),
                 None => None,
             },
+            joined: Mutex::new(Default::default()),
             placement: Mutex::new(placement),
             register_flags: options.register_flags,
             devices,

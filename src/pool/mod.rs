@@ -112,6 +112,9 @@ pub struct Pool {
     opened_by: u32,
     /// This process's liveness locks on the first device (shared pools).
     lock: Option<identity::ClientLock>,
+    /// Regions of other processes this process has joined, with how many
+    /// handles of each it holds (its hold lock goes with the last).
+    joined: Mutex<std::collections::HashMap<u32, u32>>,
     placement: Mutex<RoundRobinPlacement>,
     register_flags: u32,
     // Last: unmapped after everything above (Drop frees this client's
@@ -136,12 +139,14 @@ struct PoolDevice {
 
 /// One request's region: `layers × tokens_per_region × entry_bytes`, laid out
 /// layer-first, owned by the process that allocated it. Give it back with
-/// [`Pool::free_region`].
+/// [`Pool::free_region`]. A handle from [`Pool::join_region`] maps a region
+/// another process owns; giving it back leaves the region to its owner.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Region {
     pool: u64,
     index: u32,
     device: u32,
+    joined: bool,
 }
 
 impl Region {
@@ -154,6 +159,11 @@ impl Region {
     pub fn device(&self) -> u32 {
         self.device
     }
+
+    /// Whether this handle joined a region another process owns.
+    pub fn is_joined(&self) -> bool {
+        self.joined
+    }
 }
 
 /// A region as `Pool::regions` reports it.
@@ -165,6 +175,9 @@ pub struct RegionInfo {
     /// The owning client slot and its process, None when free.
     pub owner: Option<OwnerInfo>,
     pub request: u64,
+    /// Whether another process has joined it and holds it now (a shared
+    /// region: not freed, nor reclaimed, while it is held).
+    pub joined: bool,
 }
 
 /// The owner of a region.

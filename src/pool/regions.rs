@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::metadata::{PUBLISH, RegionControl};
+use super::metadata::{ClientControl, ClientState, PUBLISH, RegionControl};
 use super::*;
 
 impl Pool {
@@ -92,6 +92,7 @@ impl Pool {
                         pool: self.id,
                         index: r,
                         device: d,
+                        joined: false,
                     });
                 }
             }
@@ -118,9 +119,163 @@ impl Pool {
         }
     }
 
-    /// Returns a region to the pool.
+    /// The allocation count of region `region`: it changes with every
+    /// allocation of the region, so (index, epoch) names one allocation, as
+    /// [`Pool::join_region`] takes it.
+    pub fn region_epoch(&self, region: &Region) -> Result<u64> {
+        self.check_region(region)?;
+        Ok(self.load(&self.region_entry(region.index).epoch))
+    }
+
+    /// Maps region `index`, allocation `epoch`, which another process
+    /// allocated and still owns: one copy shared by processes that read and
+    /// write it together (the ranks of a tensor-parallel group, say). The
+    /// owner passes (index, epoch) over its own channel.
+    ///
+    /// While any handle of this process holds the region, so does a lock of
+    /// this process's (one byte of the first device, which the kernel drops
+    /// when the process goes): no reclaim frees a region a live process has
+    /// joined, and its owner's [`Pool::free_region`] is refused until every
+    /// joiner has left. A region whose owner exited or died while joined is
+    /// freed by the first reclaim after the last joiner has left.
+    ///
+    /// Needs a pool on `file:` or `dax:` devices (the holds are the kernel's
+    /// file locks, per host) on one host or hardware-coherent memory.
+    pub fn join_region(&self, index: u32, epoch: u64) -> Result<Region> {
+        let (me, _) = self.owner()?;
+        self.check_index(index)?;
+        let Some(lock) = self.lock.as_ref() else {
+            return Err(invalid(
+                "pool",
+                "its devices are private to one process: a region is shared between processes only in a pool on \
+                 file: or dax: devices",
+            ));
+        };
+        if self.coherence != Coherence::Coherent {
+            return Err(invalid(
+                "pool",
+                "spans hosts without hardware coherence: a shared region's holds are one host's file locks",
+            ));
+        }
+        let e = self.region_entry(index);
+        // The owner must be alive after this hold is taken: a reclaimer frees
+        // only a dead (or departed) owner's regions, and checks the holds
+        // after it has judged the owner, so it sees this one.
+        let owned_by_live_owner = || -> Result<()> {
+            let c = self
+                .region_control(index)
+                .ok_or_else(|| Error::Pool(format!("region {index}'s table entry is corrupt")))?;
+            let now = self.load(&e.epoch);
+            if c.state == RegionState::Free || now != epoch {
+                return Err(Error::Pool(format!(
+                    "region {index} allocation {epoch} is gone (the region is {}); its owner freed it, or died",
+                    if c.state == RegionState::Free {
+                        "free".to_string()
+                    } else {
+                        format!("at allocation {now}")
+                    }
+                )));
+            }
+            if c.client == me {
+                return Err(invalid(
+                    "index",
+                    format!(
+                        "region {index} is this pool handle's own; use the handle alloc_region gave"
+                    ),
+                ));
+            }
+            let owner =
+                ClientControl::decode(self.load(&self.client_entry(c.client as u32).control));
+            let live = owner
+                .is_some_and(|o| o.state == ClientState::Live && o.generation == c.generation)
+                && self
+                    .client_liveness(c.client as u32)
+                    .unwrap_or(Liveness::Unknown)
+                    == Liveness::Alive;
+            if !live {
+                return Err(Error::Pool(format!(
+                    "region {index}'s owner (client slot {}) is not alive: a region is joined only while its \
+                     owner lives",
+                    c.client
+                )));
+            }
+            Ok(())
+        };
+        owned_by_live_owner()?;
+        {
+            let mut joined = self.joined.lock().unwrap();
+            let n = joined.entry(index).or_insert(0);
+            if *n == 0 {
+                lock.hold_region(index)?;
+            }
+            *n += 1;
+        }
+        let region = Region {
+            pool: self.id,
+            index,
+            device: self.device_of(index) as u32,
+            joined: true,
+        };
+        if let Err(e) = owned_by_live_owner() {
+            self.leave(&region);
+            return Err(e);
+        }
+        Ok(region)
+    }
+
+    /// Drops one of this process's handles on a joined region.
+    fn leave(&self, region: &Region) {
+        let mut joined = self.joined.lock().unwrap();
+        if let Some(n) = joined.get_mut(&region.index) {
+            *n -= 1;
+            if *n == 0 {
+                joined.remove(&region.index);
+                if let Some(lock) = &self.lock {
+                    lock.release_region(region.index);
+                }
+            }
+        }
+    }
+
+    /// Whether a process other than through this handle maps region `index`
+    /// (a joiner): a region it holds is never freed.
+    pub(super) fn held_by_joiner(&self, index: u32) -> bool {
+        self.joined.lock().unwrap().contains_key(&index)
+            || self
+                .lock
+                .as_ref()
+                .is_some_and(|l| l.region_held_by_another(index))
+    }
+
+    /// Whether another process (or another pool handle of this one) has
+    /// joined `region` and holds it now.
+    pub fn region_joined_elsewhere(&self, region: &Region) -> Result<bool> {
+        self.check_region(region)?;
+        Ok(self
+            .lock
+            .as_ref()
+            .is_some_and(|l| l.region_held_by_another(region.index)))
+    }
+
+    /// Returns a region to the pool; a joined region's handle leaves it to
+    /// its owner. An owner's region that another process has joined is not
+    /// freed while it is held: an error says so, the handle is gone, and the
+    /// region stays allocated, freed when this pool handle closes if every
+    /// joiner has left by then, else by the first reclaim after they have
+    /// (wait for [`Pool::region_joined_elsewhere`] to turn false first).
     pub fn free_region(&self, region: Region) -> Result<()> {
         self.check_region(&region)?;
+        if region.joined {
+            self.leave(&region);
+            return Ok(());
+        }
+        if self.held_by_joiner(region.index) {
+            return Err(Error::Pool(format!(
+                "region {} is still mapped by a process that joined it, so it stays allocated: it is freed when \
+                 this pool handle closes if every joiner has left by then, else by the first reclaim after they have",
+                region.index
+            )));
+        }
         let e = &self.region_entry(region.index).control;
         for state in [RegionState::Allocated, RegionState::Ready] {
             if self.cas(
@@ -152,6 +307,20 @@ impl Pool {
     pub(super) fn check_region(&self, region: &Region) -> Result<()> {
         if region.pool != self.id || region.index >= self.num_regions {
             return Err(invalid("region", "belongs to another pool"));
+        }
+        Ok(())
+    }
+
+    /// Refuses a region index past the pool's regions.
+    fn check_index(&self, index: u32) -> Result<()> {
+        if index >= self.num_regions {
+            return Err(invalid(
+                "index",
+                format!(
+                    "region {index} does not exist; the pool has {}",
+                    self.num_regions
+                ),
+            ));
         }
         Ok(())
     }
@@ -215,15 +384,7 @@ impl Pool {
         first_token: u32,
         out: &mut [u8],
     ) -> Result<()> {
-        if index >= self.num_regions {
-            return Err(invalid(
-                "index",
-                format!(
-                    "region {index} does not exist; the pool has {}",
-                    self.num_regions
-                ),
-            ));
-        }
+        self.check_index(index)?;
         let e = self.region_entry(index);
         let seen = || (self.load(&e.control), self.load(&e.epoch));
         let before = seen();

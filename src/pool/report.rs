@@ -160,6 +160,7 @@ impl Pool {
                     state: c.state,
                     owner,
                     request: self.load(&self.region_entry(r).request),
+                    joined: c.state != RegionState::Free && self.held_by_joiner(r),
                 })
             })
             .collect()
@@ -241,7 +242,9 @@ impl Pool {
                             "region {r} names client slot {}, which does not exist",
                             c.client
                         ));
-                    } else if self.owner_info(c).liveness == Liveness::Dead {
+                    } else if self.owner_info(c).liveness == Liveness::Dead
+                        && !self.held_by_joiner(r)
+                    {
                         report.reclaimable_regions += 1;
                     }
                 }

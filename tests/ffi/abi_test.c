@@ -46,6 +46,9 @@ static void layout(void) {
     FIELD(kvt_region_info, device);
     FIELD(kvt_region_info, host_addr);
     FIELD(kvt_region_info, bytes);
+    FIELD(kvt_region_info, epoch);
+    FIELD(kvt_region_info, joined);
+    FIELD(kvt_region_info, joined_elsewhere);
     SIZE(kvt_swap_in_args);
     FIELD(kvt_swap_in_args, top_k_tokens);
     FIELD(kvt_swap_in_args, top_k_stride);
@@ -432,6 +435,13 @@ static void tier(void) {
               strstr(kvt_last_error(), "entry_bytes"),
           "12-byte entries");
 
+    kvt_region *joined = NULL;
+    CHECK(ri.epoch > 0 && ri.joined == 0 && ri.joined_elsewhere == 0, "epoch %" PRIu64 ", not joined", ri.epoch);
+    CHECK(kvt_region_join(pool, ri.index, ri.epoch, &joined) == KVT_INVALID_ARGUMENT && joined == NULL &&
+              strstr(kvt_last_error(), "file: or dax:"),
+          "no region of a private device is shared");
+    CHECK(kvt_region_join(pool, ri.index, ri.epoch, NULL) == KVT_INVALID_ARGUMENT, "join: a null out pointer");
+
     CHECK(kvt_region_publish(region) == KVT_OK, "publish");
     kvt_tier_destroy(t);
     CHECK(kvt_region_free(region) == KVT_OK, "free the region");
@@ -439,6 +449,46 @@ static void tier(void) {
     kvt_pool_close(pool);
     kvt_pool_close(NULL);
     kvt_tier_destroy(NULL);
+}
+
+/* A region on a file device joined through a second pool handle: one copy;
+ * the owner's free refused while it is joined, the joiner's leave frees
+ * nothing. */
+static void shared_region(void) {
+    kvt_layout l = {ITEM, 2, 8};
+    char path[64], spec[96];
+    snprintf(path, sizeof path, "/dev/shm/kvtier-abi-join-%d", (int)getpid());
+    snprintf(spec, sizeof spec, "file:%s:8MiB", path);
+    const char *devices[1] = {spec};
+    kvt_pool *owner = NULL, *peer = NULL;
+    CHECK(kvt_pool_create(&l, devices, 1, NULL, &owner) == KVT_OK, "create a pool on %s", spec);
+    CHECK(kvt_pool_open(devices, 1, NULL, &peer) == KVT_OK, "open it again");
+    kvt_region *region = NULL, *joined = NULL;
+    kvt_region_info ri, ji;
+    CHECK(kvt_region_alloc(owner, 1, &region) == KVT_OK && kvt_region_info_get(region, &ri) == KVT_OK, "allocate");
+    CHECK(kvt_region_join(peer, ri.index, ri.epoch + 1, &joined) == KVT_POOL_ERROR && joined == NULL &&
+              strstr(kvt_last_error(), "is gone"),
+          "another allocation's epoch");
+    CHECK(kvt_region_join(peer, ri.index, ri.epoch, &joined) == KVT_OK && kvt_region_info_get(joined, &ji) == KVT_OK &&
+              ji.joined == 1 && ji.index == ri.index && ji.epoch == ri.epoch,
+          "join region %u", ri.index);
+    ((uint8_t *)(uintptr_t)ji.host_addr)[3] = 0x5A;
+    CHECK(((const uint8_t *)(uintptr_t)ri.host_addr)[3] == 0x5A, "one copy, two mappings");
+    CHECK(kvt_region_info_get(region, &ri) == KVT_OK && ri.joined_elsewhere == 1, "the owner sees the joiner");
+    CHECK(kvt_region_free(joined) == KVT_OK, "the joiner leaves");
+    CHECK(kvt_region_info_get(region, &ri) == KVT_OK && ri.joined_elsewhere == 0, "no joiner left");
+    kvt_pool_info info;
+    CHECK(kvt_pool_info_get(owner, &info) == KVT_OK && info.free_regions == info.num_regions - 1,
+          "leaving frees nothing");
+    CHECK(kvt_region_join(peer, ri.index, ri.epoch, &joined) == KVT_OK, "join again");
+    CHECK(kvt_region_free(region) == KVT_POOL_ERROR && strstr(kvt_last_error(), "still mapped"),
+          "the owner's free is refused while joined");
+    CHECK(kvt_region_free(joined) == KVT_OK, "the joiner leaves again");
+    kvt_pool_close(owner);
+    CHECK(kvt_pool_info_get(peer, &info) == KVT_OK && info.free_regions == info.num_regions,
+          "the refused region went with its owner's pool handle");
+    kvt_pool_close(peer);
+    unlink(path);
 }
 
 /* A table loaded, resumed after a loader closed mid-way, published, attached
@@ -556,6 +606,7 @@ int main(int argc, char **argv) {
     CHECK(strlen(kvt_version()) > 0, "version %s", kvt_version());
     swap_in();
     tier();
+    shared_region();
     tables();
     engram();
     printf("failures %d\n", failures);

@@ -354,6 +354,18 @@ class Pool(_Closable):
         self._call(library().kvt_region_alloc, request, ctypes.byref(h))
         return Region(h, self)
 
+    def join_region(self, index: int, epoch: int) -> "Region":
+        """Maps region `index`, allocation `epoch` (its owner's
+        :attr:`Region.epoch`), which another live process owns: one copy
+        that processes share (a TP group's host KV). While joined it is
+        neither reclaimed nor freed by its owner; :meth:`Region.free` of the
+        joined handle leaves it to the owner. Needs file: or dax: devices."""
+        index = as_int(index, "index", 0, 2**32 - 1)
+        epoch = as_int(epoch, "epoch", 0, 2**64 - 1)
+        h = ctypes.c_void_p()
+        self._call(library().kvt_region_join, index, epoch, ctypes.byref(h))
+        return Region(h, self)
+
 
 
 def _prefix_bytes(shape, itemsize: int, nbytes: int) -> int:
@@ -388,6 +400,16 @@ class Region(_Handle):
         self.device = info.device
         self.host_addr = info.host_addr
         self.nbytes = info.bytes
+        self.epoch = info.epoch  # (index, epoch) names this allocation (Pool.join_region)
+        self.joined = bool(info.joined)  # a region another process owns, joined here
+
+    @property
+    def joined_elsewhere(self) -> bool:
+        """Whether another process (or pool handle) has joined this region
+        and holds it now (its owner's :meth:`free` is refused meanwhile)."""
+        info = _lib.RegionInfo()
+        self._call(library().kvt_region_info_get, ctypes.byref(info))
+        return bool(info.joined_elsewhere)
 
     def _bytes(self):
         if not self._open:
@@ -477,6 +499,8 @@ class Region(_Handle):
     def free(self) -> None:
         """Returns the region to the pool (views of it must no longer be
         used), after the calls on it in flight in other threads have
-        returned. Freeing twice is a no-op."""
+        returned; a joined region's handle leaves it to its owner. Freeing
+        twice is a no-op. An owner's region that another process holds
+        joined raises, and stays allocated until its joiners have left."""
         check(self._release(library().kvt_region_free))
 

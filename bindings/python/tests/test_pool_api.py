@@ -140,6 +140,43 @@ def test_publishing_a_region_twice_says_it_is_already_published():
         again.free()
 
 
+def test_a_region_joined_by_another_pool_handle_is_one_copy_its_owner_cannot_free_meanwhile(tmp_path):
+    import os
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="kvtier-join-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    device = f"file:{d}/cxl0:8MiB"
+    try:
+        owner = Pool.create(Layout(16, 2, 4), [device])
+        peer = Pool.open([device])
+        r = owner.alloc_region()
+        assert r.epoch > 0 and not r.joined and not r.joined_elsewhere
+        with pytest.raises(KvtierError, match="is gone"):
+            peer.join_region(r.index, r.epoch + 1)
+        with pytest.raises(KvtierError, match="epoch"):
+            peer.join_region(r.index, -1)
+        j = peer.join_region(r.index, r.epoch)
+        assert j.joined and (j.index, j.epoch, j.nbytes) == (r.index, r.epoch, r.nbytes)
+        j.numpy()[:4] = [1, 2, 3, 4]
+        assert list(r.numpy()[:4]) == [1, 2, 3, 4]  # one copy, two mappings
+        assert r.joined_elsewhere
+        with pytest.raises(KvtierError, match="still mapped by a process that joined it"):
+            r.free()
+        j.free()
+        assert owner.info()["free_regions"] == owner.info()["num_regions"] - 1, "the refused region stays"
+        owner.close()
+        assert peer.info()["free_regions"] == peer.info()["num_regions"], "and goes with its owner's handle"
+        peer.close()
+        with small_pool(Layout(16, 2, 4)) as private:
+            mine = private.alloc_region()
+            with pytest.raises(KvtierError, match="file: or dax:"):
+                private.join_region(mine.index, mine.epoch)
+    finally:
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_a_region_as_layers_of_tokens_of_entries():
     layout = Layout(24, 3, 5)
     with small_pool(layout) as pool:
