@@ -5,7 +5,8 @@ vLLM's HiSparse keeps each rank's host KV in one CPU allocation
 buffer, layer-outermost, registered with CUDA as one range), refused above
 95 % of the memory psutil says is available: no capacity beyond DRAM, no CXL
 devices. With ``KVTIER_VLLM_CONFIG`` set (JSON: ``{"devices": [...], "rank":
-null, "ranks": null}``, the devices in kvtier's syntax: ``anon``,
+null, "ranks": null, "placement": "round_robin"}``, the devices in
+kvtier's syntax: ``anon``,
 ``numa:NODE[:SIZE]``, ``file:PATH:SIZE``, ``dax:PATH``), kvtier's vLLM plugin
 (entry point group ``vllm.general_plugins``, which vLLM loads in every
 process before the pool exists) makes the per-rank pool a kvtier region
@@ -21,12 +22,23 @@ instead:
   host memory, and NIXL's registration of the per-layer views work as
   before; the region stays mapped as long as the pool object.
 
-Not served yet: the shared single-node TP pool (``/dev/shm``, used when
-every rank is on one node with TP > 1); vLLM allocates it as before, and the
-report says so. The plugin reads vLLM's source before it patches anything
-(:func:`report`): where the pool's class, its ``allocate`` or the names it
-relies on differ from vLLM 0.33.0's, nothing is installed and one line says
-why.
+The shared single-node TP pool (vLLM's ``/dev/shm`` file, used when every
+rank is on one node with TP > 1: one copy of the replicated MLA KV that TP
+rank 0 writes and every rank reads) becomes one kvtier region when the
+devices are shared ones (``file:``, ``dax:``): TP rank 0 allocates it, tells
+the others its (index, epoch) over vLLM's TP group, and they join it (a
+kvtier pool's joined region: never reclaimed nor freed while a live rank
+maps it). Every rank registers it in vLLM's own chunks
+(``_hisparse_registration_ranges``, on host-block and page boundaries)
+through ``pin_tensor``, and its ``cleanup()`` unregisters them through
+vLLM's ``host_unregister``, as vLLM's own shared region does. With private
+devices (``anon``, ``numa:``) the shared pool stays vLLM's.
+
+The plugin reads vLLM's source before it patches anything (:func:`report`):
+where the pool's class, its ``allocate`` or the names it relies on differ
+from vLLM 0.33.0's, nothing is installed and one line says why; where only
+the shared pool's names differ, the shared pool stays vLLM's and its line
+says why.
 """
 
 from __future__ import annotations
@@ -53,25 +65,37 @@ CHECKED_VERSIONS = ("0.33.0",)
 RUNTIME_NAMES = ("HiSparseHostPool", "check_hisparse_host_memory", "allocate_pinned_host_pool", "pin_tensor",
                  "get_hisparse_host_pool")
 POOL_ATTRS = ("vllm_config", "kv_cache_config", "backing", "registered", "shared_region")
+HOST_REGISTER_FILE = "vllm/v1/kv_offload/cpu/host_register.py"
+# What the shared TP pool relies on in vLLM's runtime module.
+SHARED_NAMES = ("allocate_hisparse_host_pools", "_hisparse_registration_ranges", "get_tp_group")
 PAGE = 4096
 
 
 @dataclass
 class VllmConfig:
-    """What the plugin places where: the kvtier devices, and this process's
-    rank for the per-rank round-robin (default: torch.distributed's)."""
+    """What the plugin places where: the kvtier devices, this process's rank
+    for the per-rank round-robin (default: torch.distributed's), and the
+    placement: ``round_robin`` (rank r's pool on device r mod n) or
+    ``nearest`` (``numa:`` devices only: each rank's pool interleaved over
+    the configured nodes nearest its GPU, as for SGLang)."""
 
     devices: list = field(default_factory=lambda: ["anon"])
     rank: int | None = None
     ranks: int | None = None
+    placement: str = "round_robin"
 
     def __post_init__(self):
-        from ..sglang._config import KvtierConfig
-
-        # the same device and rank checks as the SGLang shim's
-        KvtierConfig(devices=self.devices, rank=self.rank, ranks=self.ranks)
+        # the same device, rank and placement checks as the SGLang shim's
+        self.kvtier_config()
         if isinstance(self.devices, str):
             self.devices = [self.devices]
+
+    def kvtier_config(self):
+        """The SGLang shim's config for the same placement (its allocator
+        places vLLM's pools)."""
+        from ..sglang._config import KvtierConfig
+
+        return KvtierConfig(devices=self.devices, rank=self.rank, ranks=self.ranks, placement=self.placement)
 
 
 def load_config(config=None) -> VllmConfig:
@@ -91,7 +115,7 @@ def load_config(config=None) -> VllmConfig:
         raise KvtierError(f"kvtier vLLM config: expected a JSON object, got {type(config).__name__}")
     unknown = sorted(set(config) - set(VllmConfig.__dataclass_fields__))
     if unknown:
-        raise KvtierError(f"kvtier vLLM config: unknown keys {unknown}; known: devices, rank, ranks")
+        raise KvtierError(f"kvtier vLLM config: unknown keys {unknown}; known: devices, rank, ranks, placement")
     return VllmConfig(**config)
 
 
@@ -132,6 +156,47 @@ def source_problems(runtime_src: str, binding_src: str) -> list:
     return problems
 
 
+def _args(fn: ast.FunctionDef) -> tuple:
+    return [a.arg for a in fn.args.args], [a.arg for a in fn.args.kwonlyargs]
+
+
+def shared_source_problems(runtime_src: str, host_register_src: str) -> list:
+    """Why kvtier's shared TP pool cannot stand in for vLLM's, from the source
+    of ``vllm/v1/hisparse/runtime.py`` and
+    ``vllm/v1/kv_offload/cpu/host_register.py`` (empty: it can)."""
+    tree = ast.parse(runtime_src)
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    problems = [f"no {n}" for n in SHARED_NAMES if n not in defs and n not in imported]
+    want = {
+        "allocate_hisparse_host_pools": (["vllm_config", "tensor_sizes", "num_blocks", "host_block_stride"],
+                                         ["use_shared_host_pool"]),
+        "_hisparse_registration_ranges": (["tensor_sizes", "num_blocks", "host_block_stride", "max_chunk_bytes"], []),
+    }
+    for name, params in want.items():
+        fn = defs.get(name)
+        if isinstance(fn, ast.FunctionDef) and _args(fn) != params:
+            problems.append(f"{name} takes {_args(fn)}, kvtier knows {params}")
+    pool = defs.get("HiSparseHostPool")
+    allocate = next((n for n in pool.body if isinstance(n, ast.FunctionDef) and n.name == "allocate"), None) \
+        if isinstance(pool, ast.ClassDef) else None
+    calls = [n for n in ast.walk(allocate) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id == "allocate_hisparse_host_pools"] if allocate else []
+    if not any(any(k.arg == "use_shared_host_pool" and isinstance(k.value, ast.Constant) and k.value.value is True
+                   for k in c.keywords) for c in calls):
+        problems.append("HiSparseHostPool.allocate no longer calls allocate_hisparse_host_pools(..., "
+                        "use_shared_host_pool=True)")
+    base = [n for n in ast.walk(allocate) if isinstance(n, ast.Attribute) and n.attr == "base_tensor"] \
+        if allocate else []
+    if not base:
+        problems.append("HiSparseHostPool.allocate no longer registers the shared region's base_tensor")
+    unregister = next((n for n in ast.parse(host_register_src).body
+                       if isinstance(n, ast.FunctionDef) and n.name == "host_unregister"), None)
+    if unregister is None or _args(unregister) != (["ptr"], []):
+        problems.append("host_register.host_unregister(ptr) is gone")
+    return problems
+
+
 @dataclass
 class Report:
     vllm_version: str | None = None
@@ -139,6 +204,7 @@ class Report:
     refusal: str | None = None
     lines_: list = field(default_factory=list)
     config: VllmConfig | None = None
+    shared: bool = False  # the shared single-node TP pool is kvtier's
 
     def lines(self) -> list:
         if not self.installs:
@@ -170,6 +236,7 @@ def report(config=None) -> Report:
     if problems:
         r.refusal = f"vLLM {r.vllm_version}'s HiSparse host pool differs from what kvtier knows: " + "; ".join(problems)
         return r
+    from ..sglang._config import is_private
     from ..sglang.capacity import device_problem
 
     problem = device_problem(cfg.devices)
@@ -177,10 +244,25 @@ def report(config=None) -> Report:
         r.refusal = problem
         return r
     where = ", ".join(cfg.devices)
+    per_rank = (f"a kvtier region interleaved over the nodes of {where} nearest each rank's GPU"
+                if cfg.placement == "nearest" else f"a kvtier region on {where}, rank r on device r mod n")
+    host_register = root / HOST_REGISTER_FILE
+    shared_problems = shared_source_problems(
+        runtime.read_text(), host_register.read_text() if host_register.exists() else "")
+    shared = "  shared single-node TP pool (/dev/shm)  "
+    if any(is_private(d) for d in cfg.devices):
+        shared += ("vLLM    its own /dev/shm region: kvtier's devices here are memory of one process (anon, numa:); "
+                   "list file: or dax: devices to share one kvtier region")
+    elif shared_problems:
+        shared += "vLLM    its own: its source differs from what kvtier knows: " + "; ".join(shared_problems)
+    else:
+        shared += (f"kvtier  one kvtier region on {where} that the TP ranks share (rank 0 allocates, the others "
+                   "join), registered in vLLM's chunks")
+        r.shared = True
     r.lines_ = [
-        f"  HiSparseHostPool.allocate (per rank)   kvtier  a kvtier region on {where}, rank r on device r mod n; "
+        f"  HiSparseHostPool.allocate (per rank)   kvtier  {per_rank}; "
         "kvtier's capacity check instead of 95 % of available DRAM",
-        "  shared single-node TP pool (/dev/shm)  vLLM    not served by kvtier yet",
+        shared,
     ]
     r.installs = True
     return r
@@ -208,7 +290,7 @@ def install(config=None, log=True) -> Report:
         runtime = importlib.import_module(RUNTIME)
         from .host_pool import patch
 
-        patch(runtime, rep.config)
+        patch(runtime, rep.config, shared=rep.shared)
         _installed = rep
     return rep
 
@@ -233,4 +315,4 @@ def register() -> None:
 
 
 __all__ = ["CHECKED_VERSIONS", "ENV", "Report", "VllmConfig", "install", "load_config", "register", "report",
-           "source_problems", "uninstall"]
+           "shared_source_problems", "source_problems", "uninstall"]
