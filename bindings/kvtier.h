@@ -106,7 +106,8 @@ typedef struct kvt_region_info {
     uint32_t device;    /* the device it lives on */
     uint64_t host_addr; /* its first byte in this process */
     uint64_t bytes;     /* layers * tokens_per_region * entry_bytes */
-    uint64_t epoch;     /* the region's allocation count: (index, epoch) names this
+    uint64_t epoch;     /* changes with every allocation of the region and every
+                         * free its owner attempts: (index, epoch) names this
                          * allocation, as kvt_region_join takes it */
     uint32_t joined;    /* 1: this handle joined a region another process owns */
     uint32_t joined_elsewhere; /* 1: another process (or pool handle) has joined

@@ -607,6 +607,62 @@ fn a_region_left_joined_by_a_clean_exit_is_reclaimed_after_its_joiner() {
 }
 
 #[test]
+fn a_join_racing_its_owners_free_never_holds_a_freed_region() {
+    // The owner allocates, tells the joiner (index, epoch), and frees at
+    // once; the joiner joins whatever it was told. Whoever wins, a joined
+    // handle never maps a region that is free (or someone else's).
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = Dir::new("join-race");
+    let devices = dir.devices(1, 64);
+    let owner = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    let peer = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
+    let told = Arc::new(AtomicU64::new(u64::MAX));
+    let done = Arc::new(AtomicBool::new(false));
+    let joiner = {
+        let (told, done, peer) = (told.clone(), done.clone(), peer.clone());
+        std::thread::spawn(move || {
+            let (mut joins, mut breaches) = (0u32, 0u32);
+            while !done.load(Ordering::Acquire) {
+                let t = told.load(Ordering::Acquire);
+                if t == u64::MAX {
+                    continue;
+                }
+                let (index, epoch) = ((t >> 40) as u32, t & ((1 << 40) - 1));
+                if let Ok(r) = peer.join_region(index, epoch) {
+                    joins += 1;
+                    for _ in 0..50 {
+                        if peer.region_state(index).unwrap() == RegionState::Free {
+                            breaches += 1;
+                        }
+                    }
+                    peer.free_region(r).unwrap();
+                }
+            }
+            (joins, breaches)
+        })
+    };
+    let (mut freed, mut refused) = (0u32, 0u32);
+    for _ in 0..3000 {
+        let r = owner.alloc_region().unwrap();
+        let epoch = owner.region_epoch(&r).unwrap();
+        told.store((r.index() as u64) << 40 | epoch, Ordering::Release);
+        std::thread::yield_now();
+        match owner.free_region(r) {
+            Ok(()) => freed += 1,
+            Err(e) => {
+                assert!(e.to_string().contains("still mapped"), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    done.store(true, Ordering::Release);
+    let (joins, breaches) = joiner.join().unwrap();
+    assert_eq!(breaches, 0, "a joined region was freed under its joiner");
+    assert_eq!(freed + refused, 3000);
+    eprintln!("{joins} joins; {freed} frees, {refused} refused while joined");
+}
+
+#[test]
 fn private_devices_share_no_region() {
     let pool = Pool::create_on(
         layout(),

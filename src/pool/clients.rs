@@ -192,7 +192,7 @@ impl Pool {
                 }
             };
             if take {
-                out.regions += self.free_regions_of(i as u16, c.generation);
+                out.regions += self.free_regions_of(i as u16, c.generation, false);
                 let free = ClientControl {
                     state: ClientState::Free,
                     generation: c.generation,
@@ -207,28 +207,48 @@ impl Pool {
         Ok(out)
     }
 
-    /// Frees every region of this partition owned by (client, generation).
-    pub(super) fn free_regions_of(&self, client: u16, generation: u32) -> u32 {
+    /// Frees every region of this partition owned by (client, generation)
+    /// that no joiner holds; `by_owner`: this process is that client (its
+    /// clean exit), not a reclaimer of a dead one.
+    pub(super) fn free_regions_of(&self, client: u16, generation: u32, by_owner: bool) -> u32 {
         let mut n = 0;
         for r in (0..self.num_regions).filter(|&r| self.coherence.owns(r)) {
-            let e = self.region_entry(r);
-            let w = self.load(&e.control);
+            let w = self.load(&self.region_entry(r).control);
             if let Some(c) = RegionControl::decode(w)
                 && c.state != RegionState::Free
                 && c.client == client
                 && c.generation == generation
-                && !self.held_by_joiner(r)
-                && self.cas(
-                    &e.control,
-                    w,
-                    RegionControl::FREE.encode(),
-                    Ordering::AcqRel,
-                )
+                && self.free_unjoined(r, w, by_owner)
             {
                 n += 1;
             }
         }
         n
+    }
+
+    /// Frees region `r` from control word `w` unless a joiner holds it.
+    ///
+    /// A join checks the region after taking its hold; a reclaimer checks
+    /// the holds after judging the owner dead, and a join succeeds only
+    /// while the owner lives, so one of the two sees the other. The owner
+    /// freeing its own region (`by_owner`) has no such order: it moves the
+    /// region's epoch first, so that a join that checked the region before
+    /// the move had taken its hold before it too (and is seen here), and one
+    /// that checks after sees another epoch and fails.
+    pub(super) fn free_unjoined(&self, r: u32, w: u64, by_owner: bool) -> bool {
+        let e = self.region_entry(r);
+        if by_owner {
+            e.epoch.fetch_add(1, Ordering::SeqCst);
+            self.coherence
+                .after_write(&e.epoch as *const AtomicU64 as *const u8, 8);
+        }
+        !self.held_by_joiner(r)
+            && self.cas(
+                &e.control,
+                w,
+                RegionControl::FREE.encode(),
+                Ordering::AcqRel,
+            )
     }
 
     /// Frees regions whose owning slot is free or was claimed again since.
@@ -249,15 +269,7 @@ impl Pool {
                 Some(o) => o.generation != c.generation || o.state == ClientState::Free,
                 None => false,
             };
-            if orphan
-                && !self.held_by_joiner(r)
-                && self.cas(
-                    &e.control,
-                    w,
-                    RegionControl::FREE.encode(),
-                    Ordering::AcqRel,
-                )
-            {
+            if orphan && self.free_unjoined(r, w, false) {
                 n += 1;
             }
         }

@@ -266,7 +266,7 @@ impl Drop for Pool {
         }
         // A clean exit: free this client's regions and its slot.
         if let Some((client, generation)) = self.me {
-            self.free_regions_of(client, generation);
+            self.free_regions_of(client, generation, true);
             let e = self.client_entry(client as u32);
             let live = ClientControl {
                 state: ClientState::Live,

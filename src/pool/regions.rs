@@ -119,9 +119,10 @@ impl Pool {
         }
     }
 
-    /// The allocation count of region `region`: it changes with every
-    /// allocation of the region, so (index, epoch) names one allocation, as
-    /// [`Pool::join_region`] takes it.
+    /// The epoch of region `region`: it changes with every allocation of the
+    /// region and every free of it its owner attempts, so (index, epoch)
+    /// names one allocation, as [`Pool::join_region`] takes it (read it after
+    /// allocating, before telling the joiners).
     pub fn region_epoch(&self, region: &Region) -> Result<u64> {
         self.check_region(region)?;
         Ok(self.load(&self.region_entry(region.index).epoch))
@@ -269,25 +270,25 @@ impl Pool {
             self.leave(&region);
             return Ok(());
         }
-        if self.held_by_joiner(region.index) {
-            return Err(Error::Pool(format!(
-                "region {} is still mapped by a process that joined it, so it stays allocated: it is freed when \
-                 this pool handle closes if every joiner has left by then, else by the first reclaim after they have",
-                region.index
-            )));
+        let w = self.load(&self.region_entry(region.index).control);
+        let mine = [RegionState::Allocated, RegionState::Ready]
+            .into_iter()
+            .map(|state| self.mine(state))
+            .collect::<Result<Vec<_>>>()?;
+        if !mine.contains(&w) {
+            return Err(self.not_owned(&region, "free"));
         }
-        let e = &self.region_entry(region.index).control;
-        for state in [RegionState::Allocated, RegionState::Ready] {
-            if self.cas(
-                e,
-                self.mine(state)?,
-                RegionControl::FREE.encode(),
-                Ordering::AcqRel,
-            ) {
-                return Ok(());
-            }
+        if self.free_unjoined(region.index, w, true) {
+            return Ok(());
         }
-        Err(self.not_owned(&region, "free"))
+        if self.load(&self.region_entry(region.index).control) != w {
+            return Err(self.not_owned(&region, "free"));
+        }
+        Err(Error::Pool(format!(
+            "region {} is still mapped by a process that joined it, so it stays allocated: it is freed when this \
+             pool handle closes if every joiner has left by then, else by the first reclaim after they have",
+            region.index
+        )))
     }
 
     pub(super) fn not_owned(&self, region: &Region, what: &str) -> Error {

@@ -390,6 +390,36 @@ def test_a_shared_tp_pool_beyond_the_devices_fails_on_every_rank(shm):
     assert r1["error"].startswith("TP rank 0 could not place the shared pool") and "host_pool_gib" in r1["error"]
 
 
+@needs_runtime
+def test_vllms_own_plugin_loader_installs_kvtier_from_its_entry_point(tmp_path, shm):
+    """vLLM's load_general_plugins finds kvtier through the entry point the
+    package declares (pyproject.toml, as an installed wheel would record
+    it) and installs with KVTIER_VLLM_CONFIG set, in a fresh interpreter."""
+    import tomllib
+
+    project = tomllib.loads((PACKAGE_ROOT / "pyproject.toml").read_text())["project"]
+    dist = tmp_path / "kvtier-0.0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kvtier\nVersion: 0.0.0\n")
+    lines = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items())
+             for group, eps in project["entry-points"].items()]
+    (dist / "entry_points.txt").write_text("\n".join(lines))
+    script = ("import vllm.plugins as p, vllm.v1.hisparse.runtime as rt; p.load_general_plugins(); "
+              "print(hasattr(rt.HiSparseHostPool, '_kvtier_original_allocate'), "
+              "rt.allocate_hisparse_host_pools.__module__)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(TREE), str(PACKAGE_ROOT)]))
+    for config, want in ((json.dumps({"devices": [f"file:{shm / 'cxl0'}:64MiB"]}),
+                          "True kvtier.vllm.host_pool"), (None, "False vllm.v1.hisparse.runtime")):
+        env.pop(kv_vllm.ENV, None)
+        if config:
+            env[kv_vllm.ENV] = config
+        # run in tmp_path: a package's build metadata in the working directory would shadow the dist-info
+        run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                             cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert run.stdout.strip().splitlines()[-1] == want, run.stdout + run.stderr[-3000:]
+
+
 def test_the_plugin_does_nothing_without_its_config(monkeypatch):
     monkeypatch.delenv(kv_vllm.ENV, raising=False)
     called = []
