@@ -106,9 +106,9 @@ typedef struct kvt_region_info {
     uint32_t device;    /* the device it lives on */
     uint64_t host_addr; /* its first byte in this process */
     uint64_t bytes;     /* layers * tokens_per_region * entry_bytes */
-    uint64_t epoch;     /* changes with every allocation of the region and every
-                         * free its owner attempts: (index, epoch) names this
-                         * allocation, as kvt_region_join takes it */
+    uint64_t epoch;     /* opaque: (index, epoch) names this allocation of the
+                         * region (no later one has it), as kvt_region_join
+                         * takes it */
     uint32_t joined;    /* 1: this handle joined a region another process owns */
     uint32_t joined_elsewhere; /* 1: another process (or pool handle) has joined
                                 * it and holds it now */
@@ -239,12 +239,13 @@ void kvt_pool_close(kvt_pool *pool);
 /* A free region, placed by the pool's per-rank round-robin, owned by this
  * process, tagged with `request` (informational). */
 kvt_status kvt_region_alloc(kvt_pool *pool, uint64_t request, kvt_region **out);
-/* Maps region `index`, allocation `epoch`, which another live process allocated
- * and owns (one copy shared by a TP group, say); needs a pool on file: or dax:
- * devices on one host. While joined, the region is neither reclaimed nor freed
- * by its owner (kvt_region_free of the owner's handle is refused and leaves it
- * allocated, freed once every joiner has left). kvt_region_free of a joined
- * handle leaves the region to its owner. */
+/* Maps region `index`, allocation `epoch` (the owner's kvt_region_info.epoch),
+ * which another live process allocated and owns (one copy shared by a TP group,
+ * say); needs a pool on file: or dax: devices, its processes on one host. While
+ * joined, the region is neither reclaimed nor freed by its owner: kvt_region_free
+ * of the owner's handle is refused and leaves it allocated, freed when the
+ * owner's pool closes if the joiners have left by then, else by the last joiner
+ * to leave. kvt_region_free of a joined handle leaves the region to its owner. */
 kvt_status kvt_region_join(kvt_pool *pool, uint32_t index, uint64_t epoch, kvt_region **out);
 kvt_status kvt_region_info_get(const kvt_region *region, kvt_region_info *out);
 /* Marks the region READY: its bytes are written and other processes may read them. */

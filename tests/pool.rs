@@ -519,18 +519,9 @@ fn a_joined_region_is_one_copy_and_outlives_its_dead_owner() {
     assert_eq!(pool.reclaim_dead().unwrap().regions, 0);
     assert!(err(pool.join_region(index, epoch)).contains("not alive"));
 
+    // the last joiner of a dead owner's region frees it as it leaves
     pool.free_region(joined).unwrap();
-    assert_eq!(
-        look.region_state(index).unwrap(),
-        RegionState::Allocated,
-        "leaving frees nothing"
-    );
-    drop(Pool::open(devices.clone(), PoolOptions::default()).unwrap());
-    assert_eq!(
-        look.region_state(index).unwrap(),
-        RegionState::Free,
-        "reclaimed once nobody holds it"
-    );
+    assert_eq!(look.region_state(index).unwrap(), RegionState::Free);
     pool.free_region(mine).unwrap();
 }
 
@@ -577,7 +568,7 @@ fn an_owner_cannot_free_a_region_while_a_peer_has_joined_it() {
 }
 
 #[test]
-fn a_region_left_joined_by_a_clean_exit_is_reclaimed_after_its_joiner() {
+fn a_region_left_joined_by_a_clean_exit_is_freed_by_its_last_joiner() {
     let dir = Dir::new("joined-orphan");
     let devices = dir.devices(1, 4);
     let pool = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
@@ -602,7 +593,7 @@ fn a_region_left_joined_by_a_clean_exit_is_reclaimed_after_its_joiner() {
     writeln!(peer.stdin.as_mut().unwrap()).unwrap();
     wait_line(&mut peer, "left");
     assert!(peer.wait().unwrap().success());
-    drop(Pool::open(devices.clone(), PoolOptions::default()).unwrap());
+    // freed by the joiner as it left, not by a later reclaim
     assert_eq!(look.free_regions(), total);
 }
 
@@ -660,6 +651,32 @@ fn a_join_racing_its_owners_free_never_holds_a_freed_region() {
     assert_eq!(breaches, 0, "a joined region was freed under its joiner");
     assert_eq!(freed + refused, 3000);
     eprintln!("{joins} joins; {freed} frees, {refused} refused while joined");
+}
+
+#[test]
+fn a_forked_child_leaves_nothing_of_its_parents_join() {
+    let dir = Dir::new("joined-fork");
+    let devices = dir.devices(1, 4);
+    let owner = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    let peer = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
+    let shared = owner.alloc_region().unwrap();
+    let epoch = owner.region_epoch(&shared).unwrap();
+    let joined = peer.join_region(shared.index(), epoch).unwrap();
+    let index = joined.index();
+    let theirs = peer.clone(); // the parent keeps its own
+    let code = in_forked_child(move || {
+        // the child's copy of the handle: freeing it must not drop the
+        // parent's hold (an OFD lock the two share)
+        i32::from(theirs.free_region(joined).is_err())
+    });
+    assert_eq!(code, 0);
+    assert!(
+        owner.region_joined_elsewhere(&shared).unwrap(),
+        "the parent still holds it"
+    );
+    let e = owner.free_region(shared).unwrap_err().to_string();
+    assert!(e.contains("still mapped"), "{e}");
+    assert_eq!(owner.region_state(index).unwrap(), RegionState::Allocated);
 }
 
 #[test]

@@ -105,6 +105,12 @@ impl Pool {
     /// trust them from now on.
     pub fn publish(&self, region: &Region) -> Result<()> {
         self.check_region(region)?;
+        if region.joined {
+            return Err(Error::Pool(format!(
+                "region {} was joined here: only its owner publishes it",
+                region.index
+            )));
+        }
         let from = self.mine(RegionState::Allocated)?;
         let to = self.mine(RegionState::Ready)?;
         if self.cas(&self.region_entry(region.index).control, from, to, PUBLISH) {
@@ -119,13 +125,27 @@ impl Pool {
         }
     }
 
-    /// The epoch of region `region`: it changes with every allocation of the
-    /// region and every free of it its owner attempts, so (index, epoch)
-    /// names one allocation, as [`Pool::join_region`] takes it (read it after
-    /// allocating, before telling the joiners).
+    /// The epoch of region `region`: an opaque value naming this allocation
+    /// of it, as [`Pool::join_region`] takes it (read it after allocating,
+    /// before telling the joiners). It is the region's allocation epoch
+    /// (moved by every allocation and by every free its owner attempts) with
+    /// the owner's client slot and generation, so no later allocation of the
+    /// region has it, whoever makes it, even in the instant before that
+    /// allocation moves the epoch.
     pub fn region_epoch(&self, region: &Region) -> Result<u64> {
         self.check_region(region)?;
-        Ok(self.load(&self.region_entry(region.index).epoch))
+        self.ticket(region.index)
+            .ok_or_else(|| self.not_owned(region, "name"))
+    }
+
+    /// Region `index`'s current epoch as [`Pool::region_epoch`] gives it;
+    /// None when it is free or its entry is corrupt.
+    fn ticket(&self, index: u32) -> Option<u64> {
+        let c = self.region_control(index)?;
+        let epoch = self.load(&self.region_entry(index).epoch);
+        (c.state != RegionState::Free).then_some(
+            (epoch & 0xffff_ffff) << 32 | (c.client as u64) << 16 | (c.generation as u64 & 0xffff),
+        )
     }
 
     /// Maps region `index`, allocation `epoch`, which another process
@@ -138,10 +158,14 @@ impl Pool {
     /// when the process goes): no reclaim frees a region a live process has
     /// joined, and its owner's [`Pool::free_region`] is refused until every
     /// joiner has left. A region whose owner exited or died while joined is
-    /// freed by the first reclaim after the last joiner has left.
+    /// freed by the last joiner to leave (or, if that one dies, by the next
+    /// reclaim).
     ///
-    /// Needs a pool on `file:` or `dax:` devices (the holds are the kernel's
-    /// file locks, per host) on one host or hardware-coherent memory.
+    /// Needs a pool on `file:` or `dax:` devices, its processes on one host
+    /// (the holds are one kernel's file locks: a joiner on another host is
+    /// invisible to this host's frees and reclaims). Give the handle back
+    /// with [`Pool::free_region`]; a handle dropped without it keeps its
+    /// hold until the pool handle goes.
     pub fn join_region(&self, index: u32, epoch: u64) -> Result<Region> {
         let (me, _) = self.owner()?;
         self.check_index(index)?;
@@ -158,22 +182,22 @@ impl Pool {
                 "spans hosts without hardware coherence: a shared region's holds are one host's file locks",
             ));
         }
-        let e = self.region_entry(index);
         // The owner must be alive after this hold is taken: a reclaimer frees
         // only a dead (or departed) owner's regions, and checks the holds
-        // after it has judged the owner, so it sees this one.
+        // after it has judged the owner, so it sees this one; an owner's own
+        // free moves the epoch before it looks (`free_unjoined`).
         let owned_by_live_owner = || -> Result<()> {
             let c = self
                 .region_control(index)
                 .ok_or_else(|| Error::Pool(format!("region {index}'s table entry is corrupt")))?;
-            let now = self.load(&e.epoch);
-            if c.state == RegionState::Free || now != epoch {
+            if c.state == RegionState::Free || self.ticket(index) != Some(epoch) {
                 return Err(Error::Pool(format!(
-                    "region {index} allocation {epoch} is gone (the region is {}); its owner freed it, or died",
+                    "region {index} allocation {epoch:#x} is gone (the region is {}); its owner freed it or \
+                     tried to, or died",
                     if c.state == RegionState::Free {
-                        "free".to_string()
+                        "free"
                     } else {
-                        format!("at allocation {now}")
+                        "allocated again, or named anew"
                     }
                 )));
             }
@@ -205,11 +229,13 @@ impl Pool {
         owned_by_live_owner()?;
         {
             let mut joined = self.joined.lock().unwrap();
-            let n = joined.entry(index).or_insert(0);
-            if *n == 0 {
-                lock.hold_region(index)?;
+            match joined.get_mut(&index) {
+                Some(n) => *n += 1,
+                None => {
+                    lock.hold_region(index)?;
+                    joined.insert(index, 1);
+                }
             }
-            *n += 1;
         }
         let region = Region {
             pool: self.id,
@@ -224,17 +250,30 @@ impl Pool {
         Ok(region)
     }
 
-    /// Drops one of this process's handles on a joined region.
+    /// Drops one of this process's handles on a joined region. The last
+    /// gives up the hold, and frees the region when its owner is gone (dead,
+    /// or exited while it was joined) and no other joiner holds it.
     fn leave(&self, region: &Region) {
         let mut joined = self.joined.lock().unwrap();
-        if let Some(n) = joined.get_mut(&region.index) {
-            *n -= 1;
-            if *n == 0 {
-                joined.remove(&region.index);
-                if let Some(lock) = &self.lock {
-                    lock.release_region(region.index);
-                }
-            }
+        let Some(n) = joined.get_mut(&region.index) else {
+            return;
+        };
+        *n -= 1;
+        if *n > 0 {
+            return;
+        }
+        joined.remove(&region.index);
+        drop(joined);
+        if let Some(lock) = &self.lock {
+            lock.release_region(region.index);
+        }
+        let w = self.load(&self.region_entry(region.index).control);
+        if let Some(c) = RegionControl::decode(w)
+            && c.state != RegionState::Free
+            && (c.client as u32) < self.num_clients
+            && self.owner_info(c).liveness == Liveness::Dead
+        {
+            self.free_unjoined(region.index, w, false);
         }
     }
 
@@ -262,12 +301,16 @@ impl Pool {
     /// its owner. An owner's region that another process has joined is not
     /// freed while it is held: an error says so, the handle is gone, and the
     /// region stays allocated, freed when this pool handle closes if every
-    /// joiner has left by then, else by the first reclaim after they have
+    /// joiner has left by then, else by the last joiner to leave after that
     /// (wait for [`Pool::region_joined_elsewhere`] to turn false first).
     pub fn free_region(&self, region: Region) -> Result<()> {
         self.check_region(&region)?;
         if region.joined {
-            self.leave(&region);
+            // a forked child shares its parent's hold (an OFD lock): it
+            // leaves nothing through the parent's handle
+            if !self.forked() {
+                self.leave(&region);
+            }
             return Ok(());
         }
         let w = self.load(&self.region_entry(region.index).control);
@@ -286,7 +329,7 @@ impl Pool {
         }
         Err(Error::Pool(format!(
             "region {} is still mapped by a process that joined it, so it stays allocated: it is freed when this \
-             pool handle closes if every joiner has left by then, else by the first reclaim after they have",
+             pool handle closes if every joiner has left by then, else by the last joiner to leave after that",
             region.index
         )))
     }
@@ -507,5 +550,66 @@ impl Pool {
         let addr = r.device_addr();
         *reg = Some(r);
         Ok(addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three handles on one file device: an owner, a second process's
+    /// handle, a joiner (each its own open file, as separate processes).
+    fn handles(name: &str) -> (std::path::PathBuf, [Arc<Pool>; 3]) {
+        let path = std::path::Path::new("/dev/shm")
+            .join(format!("kvtier-join-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let spec = DeviceSpec::file(&path, 8 << 20);
+        let layout = LayerFirstLayout::new(64, 2, 16).unwrap();
+        let open = || Pool::open(vec![spec.clone()], PoolOptions::default()).unwrap();
+        let first = Pool::create_on(layout, vec![spec.clone()], PoolOptions::default()).unwrap();
+        (path, [first, open(), open()])
+    }
+
+    #[test]
+    fn an_epoch_never_names_a_later_allocation_even_before_its_epoch_moves() {
+        let (path, [owner, other, joiner]) = handles("aba");
+        let r = owner.alloc_region().unwrap();
+        let told = owner.region_epoch(&r).unwrap();
+        // The region freed by a reclaim (which leaves the epoch as it is) and
+        // taken by another process, caught between its compare-and-swap and
+        // its epoch's move: the control word is the new owner's, the epoch
+        // the old one.
+        let e = owner.region_entry(r.index());
+        let theirs = other.mine(RegionState::Allocated).unwrap();
+        owner.store(&e.control, theirs);
+        let err = joiner.join_region(r.index(), told).unwrap_err().to_string();
+        assert!(err.contains("is gone"), "{err}");
+        // and the same owner allocating it again after its own free
+        owner.store(&e.control, owner.mine(RegionState::Allocated).unwrap());
+        let again = owner.region_epoch(&r).unwrap();
+        let index = r.index();
+        owner.free_region(r).unwrap();
+        let r2 = owner.alloc_region().unwrap();
+        assert_eq!(r2.index(), index, "the first free region again");
+        e.epoch.fetch_sub(1, Ordering::SeqCst); // before its epoch's move
+        let err = joiner
+            .join_region(r2.index(), again)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is gone"), "{err}");
+        e.epoch.fetch_add(1, Ordering::SeqCst);
+        let j = joiner
+            .join_region(r2.index(), owner.region_epoch(&r2).unwrap())
+            .unwrap();
+        assert_eq!(
+            joiner.publish(&j).unwrap_err().to_string(),
+            format!(
+                "pool: region {} was joined here: only its owner publishes it",
+                j.index()
+            )
+        );
+        joiner.free_region(j).unwrap();
+        owner.free_region(r2).unwrap();
+        let _ = std::fs::remove_file(path);
     }
 }

@@ -236,6 +236,9 @@ def test_uninstall_gives_vllm_its_allocate_back(runtime, shm):
     original, original_shared = rt.HiSparseHostPool.allocate, rt.allocate_hisparse_host_pools
     kv_vllm.install({"devices": [f"file:{shm / 'cxl0'}:64MiB"]})
     assert rt.HiSparseHostPool.allocate is not original and rt.allocate_hisparse_host_pools is not original_shared
+    # installing another config replaces the first: anon devices leave the shared pool to vLLM
+    kv_vllm.install({"devices": ["anon"]})
+    assert rt.HiSparseHostPool.allocate is not original and rt.allocate_hisparse_host_pools is original_shared
     kv_vllm.uninstall()
     assert rt.HiSparseHostPool.allocate is original and rt.allocate_hisparse_host_pools is original_shared
 
@@ -330,7 +333,7 @@ group.barrier()
 pattern[last] = -7
 out["sees_rank1"] = bool(torch.equal(backing, pattern))
 group.barrier()
-time.sleep(linger)  # rank 1 lingers: rank 0's cleanup waits for it to leave
+time.sleep(linger)  # rank 1 lingers: rank 0 lets go of the region first
 t0 = time.time()
 torch.accelerator.synchronize = lambda: None  # no GPU here
 torch.cuda.cudart = lambda: None
@@ -338,11 +341,13 @@ rt.release_pinned_state([], [], region)
 out["cleanup_s"] = time.time() - t0
 out["unpinned"] = [p - pinned[0][0] for p in unpinned]
 out["released"] = region.region is None and region.pinned_addresses == []
-if rank == 0:
-    look = kvtier.Pool.open([device])
-    info = look.info()
-    out["free_after"] = [info["free_regions"], info["num_regions"]]
-    look.close()
+# vLLM's pool still holds its tensors after the release, as with its own
+# region: they stay mapped and readable until they go
+out["readable"] = bool(torch.equal(backing, pattern))
+del pool, backing, base, region, pattern
+rt.drop_hisparse_host_pool(T(instance_id="t"))
+import gc
+gc.collect()
 print(json.dumps(out))
 """
 
@@ -375,12 +380,16 @@ def test_the_shared_tp_pool_is_one_kvtier_region_the_tp_ranks_share(shm):
         assert len(r["chunks"]) > 1 and r["chunks"][-1][0] + r["chunks"][-1][1] == r["total"]
         assert r["unpinned"] == [c[0] for c in reversed(r["chunks"])] and r["released"]
         # one copy: each rank sees the other's bytes
-        assert r["sees_rank0"] and r["sees_rank1"]
+        assert r["sees_rank0"] and r["sees_rank1"] and r["readable"]
+        assert r["cleanup_s"] < 5, r["cleanup_s"]
     assert (r0["index"], r0["epoch"]) == (r1["index"], r1["epoch"])
     assert not r0["joined"] and r1["joined"]
-    # rank 0 waited for rank 1 to leave, then freed the region itself
-    assert r0["cleanup_s"] >= 0.5, r0["cleanup_s"]
-    assert r0["free_after"][0] == r0["free_after"][1]
+    # rank 0 let go while rank 1 still mapped the region; rank 1, the last to
+    # leave, freed it
+    look = kvtier.Pool.open([device])
+    info = look.info()
+    look.close()
+    assert info["free_regions"] == info["num_regions"]
 
 
 @needs_runtime

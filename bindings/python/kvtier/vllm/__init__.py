@@ -276,8 +276,9 @@ _installed: Report | None = None
 
 def install(config=None, log=True) -> Report:
     """Checks vLLM's source, then replaces ``HiSparseHostPool.allocate`` in
-    vLLM's runtime module (imported here) with kvtier's. Idempotent; returns
-    the report, and logs it."""
+    vLLM's runtime module (imported here) with kvtier's. Idempotent; another
+    config replaces the one installed before. Returns the report, and logs
+    it."""
     global _installed
     rep = report(config)
     for line in rep.lines() if log else ():
@@ -288,8 +289,10 @@ def install(config=None, log=True) -> Report:
         import importlib
 
         runtime = importlib.import_module(RUNTIME)
-        from .host_pool import patch
+        from .host_pool import patch, unpatch
 
+        if _installed is not None and (_installed.config, _installed.shared) != (rep.config, rep.shared):
+            unpatch(runtime)
         patch(runtime, rep.config, shared=rep.shared)
         _installed = rep
     return rep

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from .._lib import KvtierError
 from . import PAGE, VllmConfig
@@ -13,9 +12,6 @@ logger = logging.getLogger("kvtier")
 
 _ORIGINAL = "_kvtier_original_allocate"
 _ORIGINAL_SHARED = "_kvtier_original_allocate_hisparse_host_pools"
-# How long TP rank 0's cleanup waits for the other ranks to leave the shared
-# region before leaving its freeing to the pool's reclaim.
-LEAVE_WAIT_S = 30.0
 
 
 def patch(runtime, config: VllmConfig, shared: bool = False) -> None:
@@ -133,10 +129,12 @@ class KvtierSharedRegion:
 
     def cleanup(self) -> None:
         """Unregisters the chunks this rank registered (vLLM's
-        ``host_unregister``, as its own shared region does), then leaves the
-        region: the other ranks' handles just go; rank 0 frees it once they
-        have left (waiting up to ``LEAVE_WAIT_S``), else the pool's reclaim
-        frees it after this process exits. Idempotent."""
+        ``host_unregister``, as its own shared region does) and drops this
+        object's references. Like vLLM's region, which stays mapped while
+        tensors use it, the region goes when the last view of it does (vLLM's
+        pool and layer views included): then rank 0's handle frees it, or, if
+        another rank still maps it, the last rank to leave does; another
+        rank's handle leaves it. Idempotent."""
         if self.is_pinned:
             import importlib
 
@@ -146,19 +144,7 @@ class KvtierSharedRegion:
             self.pinned_addresses.clear()
             self.is_pinned = False
         self._base = None
-        region, self.region = self.region, None
-        if region is None:
-            return
-        pool = region.pool
-        if self.owner:
-            deadline = time.monotonic() + LEAVE_WAIT_S
-            while region.joined_elsewhere and time.monotonic() < deadline:
-                time.sleep(0.01)
-        try:
-            region.free()
-        except KvtierError as e:
-            logger.warning("kvtier: vLLM's shared HiSparse host pool: %s", e.message)
-        pool.close()
+        self.region = None
 
 
 def _shared_pool_in_kvtier(runtime, config: VllmConfig, tensor_sizes: list, num_blocks: int, stride: int):
@@ -187,11 +173,13 @@ def _shared_pool_in_kvtier(runtime, config: VllmConfig, tensor_sizes: list, num_
             allocator = KvtierHostTensorAllocator(sglang_config)
             region = allocator.region(layers=1, rows=total // PAGE, entry=PAGE, dims=(total,))
             where = {"index": region.index, "epoch": region.epoch, "uuid": region.pool.info()["uuid"]}
-        except KvtierError as e:
+        except Exception as e:  # anything: the other ranks wait in the broadcast below
+            region = None
+            why = e.message if isinstance(e, KvtierError) else f"{type(e).__name__}: {e}"
             where = {"error": (
-                f"vLLM's shared HiSparse host pool of {total / 2**30:.2f} GiB does not fit the kvtier devices "
-                f"{', '.join(config.devices)} ({e.message}); lower host_pool_gib in the HiSparseConnector config "
-                "or give the pool more devices")}
+                f"vLLM's shared HiSparse host pool of {total / 2**30:.2f} GiB could not be placed on the kvtier "
+                f"devices {', '.join(config.devices)} ({why}); if it does not fit, lower host_pool_gib in the "
+                "HiSparseConnector config or give the pool more devices")}
         # the other ranks wait in this broadcast, so they hear of a failure too
         group.broadcast_object(where, src=0)
         if region is None:
