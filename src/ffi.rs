@@ -1163,7 +1163,9 @@ pub unsafe extern "C" fn kvt_region_info_get(
             device: r.region.device(),
             host_addr: r.pool.region_host_addr(&r.region)?,
             bytes: r.pool.layout().region_bytes(),
-            epoch: r.pool.region_epoch(&r.region)?,
+            // 0 for a region no longer allocated (an owner's handle whose
+            // region was reclaimed): no join matches it
+            epoch: r.pool.region_epoch(&r.region).unwrap_or(0),
             joined: r.region.is_joined() as u32,
             joined_elsewhere: r.pool.region_joined_elsewhere(&r.region)? as u32,
         };

@@ -599,26 +599,26 @@ fn a_region_left_joined_by_a_clean_exit_is_freed_by_its_last_joiner() {
 
 #[test]
 fn a_join_racing_its_owners_free_never_holds_a_freed_region() {
-    // The owner allocates, tells the joiner (index, epoch), and frees at
-    // once; the joiner joins whatever it was told. Whoever wins, a joined
+    // The owner allocates, tells the joiner (index, epoch), and frees
+    // almost at once; the joiner joins whatever it was told. Whoever wins, a joined
     // handle never maps a region that is free (or someone else's).
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const ROUNDS: u32 = 20_000;
     let dir = Dir::new("join-race");
-    let devices = dir.devices(1, 64);
+    // room for every region a refused free leaves allocated
+    let devices = dir.devices(1, 256);
     let owner = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
     let peer = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
-    let told = Arc::new(AtomicU64::new(u64::MAX));
+    let told = Arc::new(std::sync::Mutex::new(None::<(u32, u64)>));
     let done = Arc::new(AtomicBool::new(false));
     let joiner = {
         let (told, done, peer) = (told.clone(), done.clone(), peer.clone());
         std::thread::spawn(move || {
             let (mut joins, mut breaches) = (0u32, 0u32);
             while !done.load(Ordering::Acquire) {
-                let t = told.load(Ordering::Acquire);
-                if t == u64::MAX {
+                let Some((index, epoch)) = *told.lock().unwrap() else {
                     continue;
-                }
-                let (index, epoch) = ((t >> 40) as u32, t & ((1 << 40) - 1));
+                };
                 if let Ok(r) = peer.join_region(index, epoch) {
                     joins += 1;
                     for _ in 0..50 {
@@ -633,11 +633,12 @@ fn a_join_racing_its_owners_free_never_holds_a_freed_region() {
         })
     };
     let (mut freed, mut refused) = (0u32, 0u32);
-    for _ in 0..3000 {
+    for _ in 0..ROUNDS {
         let r = owner.alloc_region().unwrap();
-        let epoch = owner.region_epoch(&r).unwrap();
-        told.store((r.index() as u64) << 40 | epoch, Ordering::Release);
-        std::thread::yield_now();
+        *told.lock().unwrap() = Some((r.index(), owner.region_epoch(&r).unwrap()));
+        for _ in 0..20 {
+            std::thread::yield_now();
+        }
         match owner.free_region(r) {
             Ok(()) => freed += 1,
             Err(e) => {
@@ -649,7 +650,8 @@ fn a_join_racing_its_owners_free_never_holds_a_freed_region() {
     done.store(true, Ordering::Release);
     let (joins, breaches) = joiner.join().unwrap();
     assert_eq!(breaches, 0, "a joined region was freed under its joiner");
-    assert_eq!(freed + refused, 3000);
+    assert_eq!(freed + refused, ROUNDS);
+    assert!(joins > 0, "the joiner never joined: the race was not run");
     eprintln!("{joins} joins; {freed} frees, {refused} refused while joined");
 }
 
@@ -677,6 +679,84 @@ fn a_forked_child_leaves_nothing_of_its_parents_join() {
     let e = owner.free_region(shared).unwrap_err().to_string();
     assert!(e.contains("still mapped"), "{e}");
     assert_eq!(owner.region_state(index).unwrap(), RegionState::Allocated);
+}
+
+#[test]
+fn threads_of_one_joiner_never_drop_each_others_hold() {
+    // Two threads of one pool handle join and leave one region: while one
+    // holds a joined handle, the owner sees the region held.
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let dir = Dir::new("joined-threads");
+    let devices = dir.devices(1, 4);
+    let owner = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    let peer = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
+    let r = Arc::new(owner.alloc_region().unwrap());
+    let (index, epoch) = (r.index(), owner.region_epoch(&r).unwrap());
+    let lost = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (peer, owner, r, lost) = (peer.clone(), owner.clone(), r.clone(), lost.clone());
+            std::thread::spawn(move || {
+                for _ in 0..100_000 {
+                    let j = peer.join_region(index, epoch).unwrap();
+                    if !owner.region_joined_elsewhere(&r).unwrap() {
+                        lost.fetch_add(1, Ordering::Relaxed);
+                    }
+                    peer.free_region(j).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(
+        lost.load(Ordering::Relaxed),
+        0,
+        "a joined handle whose hold the owner did not see"
+    );
+}
+
+#[test]
+fn an_owners_exit_racing_its_last_joiners_leave_leaves_no_orphan() {
+    let dir = Dir::new("joined-exit-race");
+    let devices = dir.devices(1, 4);
+    let no_reclaim = PoolOptions {
+        reclaim_dead: false,
+        ..PoolOptions::default()
+    };
+    let first = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
+    let look = Pool::open(devices.clone(), inspect()).unwrap();
+    let total = look.num_regions();
+    let peer = Pool::open(devices.clone(), no_reclaim.clone()).unwrap();
+    drop(first);
+    for i in 0..3000 {
+        let owner = Pool::open(devices.clone(), no_reclaim.clone()).unwrap();
+        // the owner's handle goes without a free (as after a refused one)
+        let r = owner.alloc_region().unwrap();
+        let j = peer
+            .join_region(r.index(), owner.region_epoch(&r).unwrap())
+            .unwrap();
+        let both = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                both.wait();
+                drop(owner);
+            });
+            s.spawn(|| {
+                both.wait();
+                for _ in 0..(i % 50) {
+                    std::hint::spin_loop();
+                }
+                peer.free_region(j).unwrap();
+            });
+        });
+        assert_eq!(
+            look.free_regions(),
+            total,
+            "round {i}: the region stayed allocated, nobody holding it"
+        );
+    }
 }
 
 #[test]

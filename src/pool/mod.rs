@@ -283,6 +283,9 @@ impl Drop for Pool {
                 .encode(),
                 Ordering::AcqRel,
             );
+            // a joiner that left while the slot was still Live judged the
+            // owner alive: free what it left, now that it would judge Dead
+            self.free_regions_of(client, generation, false);
             if let Some(l) = &self.lock {
                 l.release(client as u32);
             }

@@ -165,7 +165,9 @@ impl Pool {
     /// (the holds are one kernel's file locks: a joiner on another host is
     /// invisible to this host's frees and reclaims). Give the handle back
     /// with [`Pool::free_region`]; a handle dropped without it keeps its
-    /// hold until the pool handle goes.
+    /// hold until the pool handle goes. A forked child shares its parent's
+    /// holds (one lock of one open file): the child's free of a joined
+    /// handle does nothing, and the parent's last leave drops both.
     pub fn join_region(&self, index: u32, epoch: u64) -> Result<Region> {
         let (me, _) = self.owner()?;
         self.check_index(index)?;
@@ -209,14 +211,18 @@ impl Pool {
                     ),
                 ));
             }
-            let owner =
-                ClientControl::decode(self.load(&self.client_entry(c.client as u32).control));
-            let live = owner
-                .is_some_and(|o| o.state == ClientState::Live && o.generation == c.generation)
+            let slot = || {
+                ClientControl::decode(self.load(&self.client_entry(c.client as u32).control))
+                    .is_some_and(|o| o.state == ClientState::Live && o.generation == c.generation)
+            };
+            // the slot read again after the liveness: not reclaimed and
+            // claimed by another process in between
+            let live = slot()
                 && self
                     .client_liveness(c.client as u32)
                     .unwrap_or(Liveness::Unknown)
-                    == Liveness::Alive;
+                    == Liveness::Alive
+                && slot();
             if !live {
                 return Err(Error::Pool(format!(
                     "region {index}'s owner (client slot {}) is not alive: a region is joined only while its \
@@ -263,10 +269,10 @@ impl Pool {
             return;
         }
         joined.remove(&region.index);
-        drop(joined);
         if let Some(lock) = &self.lock {
             lock.release_region(region.index);
         }
+        drop(joined);
         let w = self.load(&self.region_entry(region.index).control);
         if let Some(c) = RegionControl::decode(w)
             && c.state != RegionState::Free

@@ -385,11 +385,13 @@ def test_the_shared_tp_pool_is_one_kvtier_region_the_tp_ranks_share(shm):
     assert (r0["index"], r0["epoch"]) == (r1["index"], r1["epoch"])
     assert not r0["joined"] and r1["joined"]
     # rank 0 let go while rank 1 still mapped the region; rank 1, the last to
-    # leave, freed it
-    look = kvtier.Pool.open([device])
-    info = look.info()
-    look.close()
-    assert info["free_regions"] == info["num_regions"]
+    # leave, freed it (kvtier pool status reclaims nothing)
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
+    status = subprocess.run([sys.executable, "-m", "kvtier", "pool", "status", "--json", "--device", device],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    regions = json.loads(status.stdout)["regions"]
+    assert regions["allocated"] == regions["ready"] == regions["joined"] == 0, regions
 
 
 @needs_runtime

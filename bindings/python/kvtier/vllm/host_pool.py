@@ -112,6 +112,7 @@ class KvtierSharedRegion:
 
     def __init__(self, region, base, owner: bool):
         self.region = region
+        self.total_size_bytes = region.nbytes
         self._base = base
         self.owner = owner
         self.pinned_addresses: list = []
@@ -122,10 +123,6 @@ class KvtierSharedRegion:
         if self._base is None:
             raise RuntimeError("Shared offload region has been released.")
         return self._base
-
-    @property
-    def total_size_bytes(self) -> int:
-        return self.region.nbytes
 
     def cleanup(self) -> None:
         """Unregisters the chunks this rank registered (vLLM's
