@@ -408,7 +408,8 @@ def test_vllms_own_plugin_loader_installs_kvtier_from_its_entry_point(tmp_path, 
     it) and installs with KVTIER_VLLM_CONFIG set, in a fresh interpreter."""
     import tomllib
 
-    project = tomllib.loads((PACKAGE_ROOT / "pyproject.toml").read_text())["project"]
+    # the checkout's pyproject.toml (the package under test may be an installed wheel)
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
     dist = tmp_path / "kvtier-0.0.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kvtier\nVersion: 0.0.0\n")
