@@ -468,6 +468,30 @@ fn a_killed_owner_is_reclaimed_by_the_next_opener() {
     assert!(look.check().dead_clients.is_empty());
 }
 
+/// A worker that joins `region` (told its index and epoch), once it has; and
+/// the line it printed ("joined B", B the region's first byte).
+fn join_in_worker(
+    pool: &Pool,
+    devices: &[DeviceSpec],
+    region: &kvtier::Region,
+) -> (Worker, String) {
+    let epoch = pool.region_epoch(region).unwrap();
+    let mut peer = worker(&format!(
+        "joinregion;{};{};{epoch}",
+        specs_arg(devices),
+        region.index()
+    ));
+    let line = wait_line(&mut peer, "joined");
+    (peer, line)
+}
+
+/// Tells a `join_in_worker` worker to leave, and waits for its clean exit.
+fn leave_in_worker(peer: &mut Worker) {
+    writeln!(peer.stdin.as_mut().unwrap()).unwrap();
+    wait_line(peer, "left");
+    assert!(peer.wait().unwrap().success());
+}
+
 #[test]
 fn a_joined_region_is_one_copy_and_outlives_its_dead_owner() {
     let dir = Dir::new("joined-dead");
@@ -534,13 +558,8 @@ fn an_owner_cannot_free_a_region_while_a_peer_has_joined_it() {
     let shared = pool.alloc_region().unwrap();
     let other = pool.alloc_region().unwrap();
     write_region(&pool, &shared, &[9u8; 128]);
-    let epoch = pool.region_epoch(&shared).unwrap();
-    let mut peer = worker(&format!(
-        "joinregion;{};{};{epoch}",
-        specs_arg(&devices),
-        shared.index()
-    ));
-    assert_eq!(wait_line(&mut peer, "joined"), "joined 9");
+    let (mut peer, joined) = join_in_worker(&pool, &devices, &shared);
+    assert_eq!(joined, "joined 9");
     assert!(pool.region_joined_elsewhere(&shared).unwrap());
     assert!(!pool.region_joined_elsewhere(&other).unwrap());
     pool.free_region(other).unwrap();
@@ -558,9 +577,7 @@ fn an_owner_cannot_free_a_region_while_a_peer_has_joined_it() {
         "{e}"
     );
     assert_eq!(pool.region_state(index).unwrap(), RegionState::Allocated);
-    writeln!(peer.stdin.as_mut().unwrap()).unwrap();
-    wait_line(&mut peer, "left");
-    assert!(peer.wait().unwrap().success());
+    leave_in_worker(&mut peer);
     // the refused region goes with the owner's handle, nobody holding it now
     drop(pool);
     let look = Pool::open(devices.clone(), inspect()).unwrap();
@@ -574,13 +591,7 @@ fn a_region_left_joined_by_a_clean_exit_is_freed_by_its_last_joiner() {
     let pool = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
     let total = pool.num_regions();
     let shared = pool.alloc_region().unwrap();
-    let epoch = pool.region_epoch(&shared).unwrap();
-    let mut peer = worker(&format!(
-        "joinregion;{};{};{epoch}",
-        specs_arg(&devices),
-        shared.index()
-    ));
-    wait_line(&mut peer, "joined");
+    let (mut peer, _) = join_in_worker(&pool, &devices, &shared);
     let index = shared.index();
     drop(pool); // the owner exits cleanly while the peer maps the region
     let look = Pool::open(devices.clone(), inspect()).unwrap();
@@ -590,9 +601,7 @@ fn a_region_left_joined_by_a_clean_exit_is_freed_by_its_last_joiner() {
         RegionState::Allocated,
         "an orphan still held stays"
     );
-    writeln!(peer.stdin.as_mut().unwrap()).unwrap();
-    wait_line(&mut peer, "left");
-    assert!(peer.wait().unwrap().success());
+    leave_in_worker(&mut peer);
     // freed by the joiner as it left, not by a later reclaim
     assert_eq!(look.free_regions(), total);
 }

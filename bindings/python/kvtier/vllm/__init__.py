@@ -122,20 +122,22 @@ def load_config(config=None) -> VllmConfig:
 # ---- what vLLM's source says ----------------------------------------------------
 
 
+def _top_level(tree: ast.Module) -> tuple:
+    """A module's top-level functions and classes by name, and the names it
+    imports from other modules."""
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    return defs, imported
+
+
 def source_problems(runtime_src: str, binding_src: str) -> list:
     """Why kvtier's per-rank pool cannot stand in for vLLM's, from the
     source of ``vllm/v1/hisparse/runtime.py`` and ``binding.py`` (empty:
     it can)."""
-    tree = ast.parse(runtime_src)
-    names = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.ImportFrom):
-            names |= {a.asname or a.name for a in node.names}
-    problems = [f"no {n}" for n in RUNTIME_NAMES if n not in names]
-    pool = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "HiSparseHostPool"), None)
-    if pool is not None:
+    defs, imported = _top_level(ast.parse(runtime_src))
+    problems = [f"no {n}" for n in RUNTIME_NAMES if n not in defs and n not in imported]
+    pool = defs.get("HiSparseHostPool")
+    if isinstance(pool, ast.ClassDef):
         methods = {n.name: n for n in pool.body if isinstance(n, ast.FunctionDef)}
         want = {"__init__": ["self", "vllm_config", "kv_cache_config"], "allocate": ["self", "size"]}
         for name, params in want.items():
@@ -164,9 +166,7 @@ def shared_source_problems(runtime_src: str, host_register_src: str) -> list:
     """Why kvtier's shared TP pool cannot stand in for vLLM's, from the source
     of ``vllm/v1/hisparse/runtime.py`` and
     ``vllm/v1/kv_offload/cpu/host_register.py`` (empty: it can)."""
-    tree = ast.parse(runtime_src)
-    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    defs, imported = _top_level(ast.parse(runtime_src))
     problems = [f"no {n}" for n in SHARED_NAMES if n not in defs and n not in imported]
     want = {
         "allocate_hisparse_host_pools": (["vllm_config", "tensor_sizes", "num_blocks", "host_block_stride"],
@@ -232,7 +232,8 @@ def report(config=None) -> Report:
     if not runtime.exists() or not binding.exists():
         r.refusal = f"vLLM {r.vllm_version} has no HiSparse runtime kvtier knows"
         return r
-    problems = source_problems(runtime.read_text(), binding.read_text())
+    runtime_src = runtime.read_text()
+    problems = source_problems(runtime_src, binding.read_text())
     if problems:
         r.refusal = f"vLLM {r.vllm_version}'s HiSparse host pool differs from what kvtier knows: " + "; ".join(problems)
         return r
@@ -248,7 +249,7 @@ def report(config=None) -> Report:
                 if cfg.placement == "nearest" else f"a kvtier region on {where}, rank r on device r mod n")
     host_register = root / HOST_REGISTER_FILE
     shared_problems = shared_source_problems(
-        runtime.read_text(), host_register.read_text() if host_register.exists() else "")
+        runtime_src, host_register.read_text() if host_register.exists() else "")
     shared = "  shared single-node TP pool (/dev/shm)  "
     if any(is_private(d) for d in cfg.devices):
         shared += ("vLLM    its own /dev/shm region: kvtier's devices here are memory of one process (anon, numa:); "

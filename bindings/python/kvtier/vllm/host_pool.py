@@ -110,11 +110,10 @@ class KvtierSharedRegion:
     rank. Here the bytes are one kvtier region: TP rank 0 owns it, the other
     ranks joined it."""
 
-    def __init__(self, region, base, owner: bool):
+    def __init__(self, region, base):
         self.region = region
         self.total_size_bytes = region.nbytes
         self._base = base
-        self.owner = owner
         self.pinned_addresses: list = []
         self.is_pinned = False
 
@@ -199,7 +198,7 @@ def _shared_pool_in_kvtier(runtime, config: VllmConfig, tensor_sizes: list, num_
         except BaseException:
             pool.close()
             raise
-    shared = KvtierSharedRegion(region, region.torch(torch.int8, (total,)), owner)
+    shared = KvtierSharedRegion(region, region.torch(torch.int8, (total,)))
     try:
         for start, end in ranges:
             chunk = shared.base_tensor[start:end]
