@@ -39,20 +39,23 @@ CHECKED_VERSIONS = ("0.5.21", "0.5.22", "0.5.23")
 SPEC = "load_cache_to_device_buffer_spec_mla"
 # Why install() leaves the speculative swap-in to SGLang even where the
 # signatures match: kvtier replaces a kernel only where it is measured not
-# slower than SGLang's, and on the first GPU measurement its speculative
-# kernel is slower at almost every point.
+# slower than SGLang's, and its speculative kernel is slower at almost every
+# point measured (an H100 on 2026-11-25; an H200 and an H100 on 2026-11-26).
 SPEC_LEFT = (
-    "same signature as SGLang's, but kvtier's speculative kernel, exact on an H100, is slower than SGLang's "
-    "there (0.19-0.92x at 15 of 16 points of its grid, 2026-11-25), so SGLang's kernel serves it"
+    "same signature as SGLang's, but kvtier's speculative kernel, exact on an H100 and an H200, is slower than "
+    "SGLang's at 15 of the 16 points of its grid on an H200 (0.19-0.93x, 1.00x at the 16th, 2026-11-26), so "
+    "SGLang's kernel serves it"
 )
 # What the single-step swap-in measured against SGLang 0.5.23's own kernel
-# (H100, 2026-11-25, the few-miss planner, kvtier's default), printed under
-# the route it concerns so that a user sees where kvtier is slower.
+# (H200 and H100, 2026-11-26, commit 7a89b13, the few-miss planner,
+# kvtier's default), printed under the route it concerns so that a user sees
+# where kvtier is slower.
 MEASURED = {
     "load_cache_to_device_buffer_mla": (
-        "with strategy few_miss (the default), measured on an H100 against SGLang 0.5.23's kernel: 0.94-2.2x its speed at batch 1-100 (HOT 4096 and "
-        "8192, 2 and 410 misses of K 2048), slower at batch 256 with 2 misses per request (0.75x at HOT 4096, "
-        "0.91x at 8192)"
+        "with strategy few_miss (the default), measured on an H200 and an H100 against SGLang 0.5.23's kernel: "
+        "1.5-2.2x its speed at batch 1 with 410 misses, 0.93-1.18x at batch 1-100 otherwise (HOT 4096 and 8192, "
+        "2 and 410 misses of K 2048; below 1.0 mostly at HOT 4096), slower at batch 256 with 2 misses per request "
+        "(0.72-0.73x at HOT 4096, 0.85-0.87x at 8192: two waves of its one-block-per-SM planner)"
     ),
 }
 HOST_POOLS = ("MLATokenToKVPoolHost", "DeepSeekV4PagedHostPool", "HiSparseMHATokenToKVPoolHost")
@@ -86,7 +89,9 @@ ENGRAM_METHODS = {
 ENGRAM_NAMES = ("_HostTable", "engram_gather", "envs", "get_parallel", "get_model", "FP8_BLOCK_SIZE")
 ENGRAM_GATHER_LEFT = (
     "SGLang's Triton kernel serves it; kvtier's has the same signature and is installed only by choice "
-    "(engram_tables.gather) until a GPU has measured it against SGLang's"
+    "(engram_tables.gather): on an H200 it was 1.3-1.6x SGLang's speed on a table in GPU memory, but "
+    "0.87-0.95x at 3 of 5 points reading a host table in address order, SGLang's way on a GPU without ATS "
+    "(2026-11-26)"
 )
 
 
