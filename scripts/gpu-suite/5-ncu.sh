@@ -32,6 +32,12 @@ for point in "656 256 4096 2" "512 1 4096 2" "512 100 4096 2" "512 10 4096 410";
     profile "ncu-swap-in-$k-e$1-b$2-h$3-m$4" 60 "$k" --scenario swap-in --entry "$1" --batch "$2" --hot "$3" --misses "$4"
   done
 done
+# The warp-stall sampling and the source counters' tables, which the plain
+# report leaves out (the first run's reports have no stall breakdown), at the
+# slowest swap-in point only (a separate run: an ncu without the option
+# fails this step alone).
+run ncu-swap-in-few_miss_plan-e656-b256-h4096-m2-details 90 ncu --set full --print-details all \
+  -k regex:few_miss_plan -c 1 "$kvtier" bench --max-seconds 0.1 --scenario swap-in --entry 656 --batch 256 --hot 4096 --misses 2
 profile ncu-gather-e656-b8-k2048 60 kvt_gather --scenario gather --entry 656 --batch 8 --k 2048 --context 131072 --indices uniform
 profile ncu-gather-e656-b64-k2048 60 kvt_gather --scenario gather --entry 656 --batch 64 --k 2048 --context 131072 --indices uniform
 profile ncu-gather-e1152-b1-k256 60 kvt_gather --scenario gather --entry 1152 --batch 1 --k 256 --context 131072 --indices uniform
