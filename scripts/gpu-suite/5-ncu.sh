@@ -7,7 +7,10 @@
 # from the link (656-byte entries, batch 8 and 64, k 2048; 1152-byte entries,
 # batch 1, k 256) and the writeback of a prefill chunk of 8192 tokens. One report
 # per point (`ncu-*.txt`: every section's table, what the README of a results
-# folder quotes). Where ncu is missing the stage says so.
+# folder quotes). `--clock-control none` leaves the GPU's clocks as they are
+# (ncu's default locks them near the base clock, so the durations of the
+# first run's reports are longer than the bench's). Where ncu is missing the
+# stage says so.
 # Dry run: `ncu --version` where ncu exists, else the same skip.
 source "$(dirname "$0")/common.sh"
 if ! command -v ncu >/dev/null; then
@@ -24,7 +27,7 @@ fi
 # kernels matching KERNEL_REGEX in a short bench run
 profile() {
   local name=$1 secs=$2 kernels=$3; shift 3
-  run "$name" "$secs" ncu --set full -k "regex:$kernels" -c 1 "$kvtier" bench --max-seconds 0.1 "$@"
+  run "$name" "$secs" ncu --clock-control none --set full -k "regex:$kernels" -c 1 "$kvtier" bench --max-seconds 0.1 "$@"
 }
 for point in "656 256 4096 2" "512 1 4096 2" "512 100 4096 2" "512 10 4096 410"; do
   set -- $point
@@ -36,7 +39,7 @@ done
 # report leaves out (the first run's reports have no stall breakdown), at the
 # slowest swap-in point only (a separate run: an ncu without the option
 # fails this step alone).
-run ncu-swap-in-few_miss_plan-e656-b256-h4096-m2-details 90 ncu --set full --print-details all \
+run ncu-swap-in-few_miss_plan-e656-b256-h4096-m2-details 90 ncu --clock-control none --set full --print-details all \
   -k regex:few_miss_plan -c 1 "$kvtier" bench --max-seconds 0.1 --scenario swap-in --entry 656 --batch 256 --hot 4096 --misses 2
 profile ncu-gather-e656-b8-k2048 60 kvt_gather --scenario gather --entry 656 --batch 8 --k 2048 --context 131072 --indices uniform
 profile ncu-gather-e656-b64-k2048 60 kvt_gather --scenario gather --entry 656 --batch 64 --k 2048 --context 131072 --indices uniform

@@ -55,7 +55,8 @@ MEASURED = {
         "with strategy few_miss (the default), measured on an H200 and an H100 against SGLang 0.5.23's kernel: "
         "1.5-2.2x its speed at batch 1 with 410 misses, 0.93-1.18x at batch 1-100 otherwise (HOT 4096 and 8192, "
         "2 and 410 misses of K 2048; below 1.0 mostly at HOT 4096), slower at batch 256 with 2 misses per request "
-        "(0.72-0.73x at HOT 4096, 0.85-0.87x at 8192: two waves of its one-block-per-SM planner)"
+        "(0.72-0.73x at HOT 4096, 0.85-0.87x at 8192; ncu shows its planner at one block per SM there, "
+        "SGLang's kernel at two)"
     ),
 }
 HOST_POOLS = ("MLATokenToKVPoolHost", "DeepSeekV4PagedHostPool", "HiSparseMHATokenToKVPoolHost")
@@ -89,9 +90,9 @@ ENGRAM_METHODS = {
 ENGRAM_NAMES = ("_HostTable", "engram_gather", "envs", "get_parallel", "get_model", "FP8_BLOCK_SIZE")
 ENGRAM_GATHER_LEFT = (
     "SGLang's Triton kernel serves it; kvtier's has the same signature and is installed only by choice "
-    "(engram_tables.gather): on an H200 it was 1.3-1.6x SGLang's speed on a table in GPU memory, but "
-    "0.87-0.95x at 3 of 5 points reading a host table in address order, SGLang's way on a GPU without ATS "
-    "(2026-11-26)"
+    "(engram_tables.gather): on an H200 it was 1.3-1.6x SGLang's speed on a table in GPU memory (read in "
+    "the ids' order, as SGLang reads it), but 0.87-0.95x at 3 of 5 points reading a host table in address "
+    "order, SGLang's way on a GPU without ATS (2026-11-26)"
 )
 
 
