@@ -5,10 +5,11 @@
 # fp8 DSA items, batch up to 256), each with SGLang's own kernel beside
 # kvtier's strategies; then the speculative swap-in beside SGLang's
 # speculative kernels, the gather (128K context) and the writeback against the
-# link, and the Engram gather (an 8 GiB table in mapped host memory). One JSON-lines file and log per scenario; the figures are
-# drawn where cargo is, from the JSON (kvtier bench --from-json ... --plot
-# DIR), since the GPU machines have no fonts. Stages 1, 3 and 4 took 4.4
-# minutes together on an H200 (2026-11-26).
+# link, and the Engram gather (an 8 GiB table in mapped host memory). One
+# JSON-lines file and log per scenario; the figures are drawn where cargo is,
+# from the JSON (kvtier bench --from-json ... --plot DIR), since the GPU
+# machines have no fonts. Stages 1, 3 and 4 took 4.4 minutes together on an
+# H200 (2026-11-26).
 # Dry run: the quick grid on the CPU executor.
 source "$(dirname "$0")/common.sh"
 export KVTIER_SGLANG_KERNELS="$bundle/lib/libkvt_sglang_kernels.so"

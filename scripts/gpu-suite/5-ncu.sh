@@ -5,8 +5,8 @@
 # the swap-in points measured slower than SGLang's (2 misses at batch 1, 100
 # and 256; 410 misses at batch 10), then the gather at the points furthest
 # from the link (656-byte entries, batch 8 and 64, k 2048; 1152-byte entries,
-# batch 1, k 256) and the writeback of a prefill chunk of 8192 tokens. One report
-# per point (`ncu-*.txt`: every section's table, what the README of a results
+# batch 1, k 256) and the writeback of a prefill chunk of 8192 tokens. One
+# report per point (`ncu-*.txt`: every section's table, what the README of a results
 # folder quotes). `--clock-control none` leaves the GPU's clocks as they are
 # (ncu's default locks them near the base clock, so the durations of the
 # first run's reports are longer than the bench's). Where ncu is missing the

@@ -29,9 +29,10 @@ signature; ``install`` puts it in place of SGLang's only when the config
 asks (``"gather": true``): on an H200 it was faster than SGLang's Triton
 kernel on a table in GPU memory but slower at most sizes reading a host
 table in address order, which is how SGLang reads host tables on a GPU
-without ATS (``compat.ENGRAM_GATHER_LEFT`` has the figures). It differs where kvtier is safer: an id inside the rows
-asked for but past the table (SGLang passes ``row_hi = 2**62`` for the
-shared table) reads nothing, gives a +0 row and is reported.
+without ATS (``compat.ENGRAM_GATHER_LEFT`` has the figures). It differs
+where kvtier is safer: an id inside the rows asked for but past the table
+(SGLang passes ``row_hi = 2**62`` for the shared table) reads nothing, gives
+a +0 row and is reported.
 """
 
 from __future__ import annotations
