@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds, here (with cargo), everything the GPU suite (scripts/gpu-suite/)
-# needs on a GPU machine that has no cargo and no network: the kvtier binary,
+# needs on a GPU machine that has no cargo and no network: the kvtier binary
+# (and a second one whose kernels nvcc 13.0 built, for stage 3's comparison),
 # the GPU test binary, the library, the Python package with its extension
 # module, the Python tests and benchmark, pytest's wheels, and a build of
 # SGLang's own HiSparse kernels for the bench to compare with
@@ -25,11 +26,18 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
         print(m["executable"])')
 [ -x "$gpu_tests" ] || { echo "gpu-bundle: the GPU test binary was not built" >&2; exit 1; }
+# The same commit's kvtier with its kernels built by nvcc 13.0 (the pinned
+# wheel's), which stage 3 times beside the NVRTC build: a difference between
+# the two is the compiler's, not the code's. Its own target folder, so the
+# main build's kernels stay NVRTC's.
+NVCC="$root/.tools/py/nvidia/cu13/bin/nvcc" CARGO_TARGET_DIR=target/nvcc \
+  cargo build --release --locked --bin kvtier
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/python/kvtier" "$out/python/tests" "$out/wheels"
 cp target/release/kvtier "$out/bin/kvtier"
 cp "$gpu_tests" "$out/bin/gpu-tests"
+cp target/nvcc/release/kvtier "$out/bin/kvtier-nvcc"
 cp -r bindings/python/kvtier/. "$out/python/kvtier/"
 find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
 cp target/release/libkvtier.so "$out/python/kvtier/libkvtier.so"

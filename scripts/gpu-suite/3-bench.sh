@@ -3,14 +3,16 @@
 # by): SGLang's own benchmark grid (512-byte items, batch 1/10/100, HOT
 # 4096/8192, 2 and 410 misses of K 2048) and the production rows (656-byte
 # fp8 DSA items, batch up to 256), each with SGLang's own kernel beside
-# kvtier's strategies; then the speculative swap-in beside SGLang's
+# kvtier's strategies, and the production rows again with the same commit's
+# kernels built by nvcc 13.0; then the speculative swap-in beside SGLang's
 # speculative kernels, the gather (128K context) and the writeback against the
 # link, and the Engram gather (an 8 GiB table in mapped host memory). One
 # JSON-lines file and log per scenario; the figures are drawn where cargo is,
 # from the JSON (kvtier bench --from-json ... --plot DIR), since the GPU
 # machines have no fonts. Stages 1, 3 and 4 took 4.4 minutes together on an
 # H200 (2026-11-26).
-# Dry run: the quick grid on the CPU executor.
+# Dry run: the quick grid on the CPU executor (the swap-in's also with the
+# nvcc build).
 source "$(dirname "$0")/common.sh"
 export KVTIER_SGLANG_KERNELS="$bundle/lib/libkvt_sglang_kernels.so"
 kvtier=("$bundle/bin/kvtier" bench)
@@ -20,9 +22,17 @@ bench() {  # bench NAME SECONDS ARGS...
 }
 if [ "$dry" = 1 ]; then
   bench bench-quick 120 --quick
+  kvtier=("$bundle/bin/kvtier-nvcc" bench)
+  bench bench-quick-nvcc 120 --quick --scenario swap-in
 else
   bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 2
   bench swap-in-production 120 --scenario swap-in --max-seconds 2
+  # the same rows with the same commit's kernels built by nvcc 13.0 instead of
+  # NVRTC 12.9 (each JSON line's "kernels" names its build), right after the
+  # NVRTC build's, so that a compiler's difference shows in one run
+  kvtier=("$bundle/bin/kvtier-nvcc" bench)
+  bench swap-in-production-nvcc 120 --scenario swap-in --max-seconds 2
+  kvtier=("$bundle/bin/kvtier" bench)
   bench spec-swap-in 100 --scenario spec-swap-in --max-seconds 1
   bench gather 150 --scenario gather --context 131072 --max-seconds 1
   bench writeback 60 --scenario writeback --max-seconds 1

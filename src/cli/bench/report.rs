@@ -18,6 +18,10 @@ pub(super) struct Environment {
     pub driver: String,
     pub executor: &'static str,
     pub cpu_reason: Option<String>,
+    /// The compiler of the embedded kernels (`NVRTC 12.9`, `nvcc V13.0.88`),
+    /// None when none were built: two builds of one commit measured side by
+    /// side are told apart by it.
+    pub kernels: Option<&'static str>,
 }
 
 impl Environment {
@@ -30,6 +34,7 @@ impl Environment {
                     driver: driver_text(),
                     executor: "cuda",
                     cpu_reason: None,
+                    kernels: kernels_compiler(),
                 }
             }
             Executor::Cpu => Environment {
@@ -37,6 +42,7 @@ impl Environment {
                 driver: driver_text(),
                 executor: "cpu",
                 cpu_reason: why_cpu.map(str::to_string),
+                kernels: kernels_compiler(),
             },
         }
     }
@@ -54,6 +60,13 @@ impl Environment {
                 self.device
             ),
         }
+    }
+}
+
+fn kernels_compiler() -> Option<&'static str> {
+    match kvtier::cuda::kernels::BUILD {
+        kvtier::cuda::KernelBuild::Built { compiler, .. } => Some(compiler),
+        kvtier::cuda::KernelBuild::NotBuilt { .. } => None,
     }
 }
 
@@ -180,6 +193,7 @@ pub(super) fn json_lines(env: &Environment, all: &[Measurement]) -> Vec<serde_js
                 "driver": env.driver,
                 "executor": env.executor,
                 "cpu_reason": env.cpu_reason,
+                "kernels": env.kernels,
                 "scenario": m.scenario,
                 "method": m.method,
                 "params": params,
