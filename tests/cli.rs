@@ -121,11 +121,11 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
         }
         assert!(l["median_us"].as_f64().unwrap() > 0.0, "{l}");
         // the kernels' compiler, which tells two builds of one commit apart
-        let compiler = match kvtier::cuda::kernels::BUILD {
-            kvtier::cuda::KernelBuild::Built { compiler, .. } => serde_json::json!(compiler),
-            kvtier::cuda::KernelBuild::NotBuilt { .. } => serde_json::Value::Null,
-        };
-        assert_eq!(l["kernels"], compiler, "{l}");
+        assert_eq!(
+            l["kernels"],
+            serde_json::json!(kvtier::cuda::kernels::BUILD.compiler()),
+            "{l}"
+        );
         let q = |k: &str| l[k].as_f64().unwrap();
         assert!(
             q("q1_us") <= q("median_us")

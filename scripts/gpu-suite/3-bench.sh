@@ -15,24 +15,22 @@
 # nvcc build).
 source "$(dirname "$0")/common.sh"
 export KVTIER_SGLANG_KERNELS="$bundle/lib/libkvt_sglang_kernels.so"
-kvtier=("$bundle/bin/kvtier" bench)
-bench() {  # bench NAME SECONDS ARGS...
+# bench NAME SECONDS ARGS...: with the bundle's kvtier, or the one `bin=` names
+bench() {
   local name=$1 secs=$2; shift 2
-  run "$name" "$secs" "${kvtier[@]}" "$@" --json "$logs/$name.jsonl"
+  run "$name" "$secs" "${bin:-$bundle/bin/kvtier}" bench "$@" --json "$logs/$name.jsonl"
 }
+nvcc_build=$bundle/bin/kvtier-nvcc
 if [ "$dry" = 1 ]; then
   bench bench-quick 120 --quick
-  kvtier=("$bundle/bin/kvtier-nvcc" bench)
-  bench bench-quick-nvcc 120 --quick --scenario swap-in
+  bin=$nvcc_build bench bench-quick-nvcc 120 --quick --scenario swap-in
 else
   bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 2
   bench swap-in-production 120 --scenario swap-in --max-seconds 2
   # the same rows with the same commit's kernels built by nvcc 13.0 instead of
   # NVRTC 12.9 (each JSON line's "kernels" names its build), right after the
   # NVRTC build's, so that a compiler's difference shows in one run
-  kvtier=("$bundle/bin/kvtier-nvcc" bench)
-  bench swap-in-production-nvcc 120 --scenario swap-in --max-seconds 2
-  kvtier=("$bundle/bin/kvtier" bench)
+  bin=$nvcc_build bench swap-in-production-nvcc 120 --scenario swap-in --max-seconds 2
   bench spec-swap-in 100 --scenario spec-swap-in --max-seconds 1
   bench gather 150 --scenario gather --context 131072 --max-seconds 1
   bench writeback 60 --scenario writeback --max-seconds 1

@@ -24,10 +24,14 @@ if [ "$dry" = 1 ]; then
   exit 0
 fi
 # profile NAME SECONDS KERNEL_REGEX BENCH_ARGS...: the first launch of the
-# kernels matching KERNEL_REGEX in a short bench run
+# kernels matching KERNEL_REGEX in a short bench run (`details=1`: with the
+# tables the plain report leaves out)
 profile() {
   local name=$1 secs=$2 kernels=$3; shift 3
-  run "$name" "$secs" ncu --clock-control none --set full -k "regex:$kernels" -c 1 "$kvtier" bench --max-seconds 0.1 "$@"
+  local extra=()
+  [ "${details:-0}" = 1 ] && extra=(--print-details all)
+  run "$name" "$secs" ncu --clock-control none --set full "${extra[@]}" -k "regex:$kernels" -c 1 \
+    "$kvtier" bench --max-seconds 0.1 "$@"
 }
 for point in "656 256 4096 2" "512 1 4096 2" "512 100 4096 2" "512 10 4096 410"; do
   set -- $point
@@ -39,8 +43,8 @@ done
 # report leaves out (the first run's reports have no stall breakdown), at the
 # slowest swap-in point only (a separate run: an ncu without the option
 # fails this step alone).
-run ncu-swap-in-few_miss_plan-e656-b256-h4096-m2-details 90 ncu --clock-control none --set full --print-details all \
-  -k regex:few_miss_plan -c 1 "$kvtier" bench --max-seconds 0.1 --scenario swap-in --entry 656 --batch 256 --hot 4096 --misses 2
+details=1 profile ncu-swap-in-few_miss_plan-e656-b256-h4096-m2-details 90 few_miss_plan \
+  --scenario swap-in --entry 656 --batch 256 --hot 4096 --misses 2
 profile ncu-gather-e656-b8-k2048 60 kvt_gather --scenario gather --entry 656 --batch 8 --k 2048 --context 131072 --indices uniform
 profile ncu-gather-e656-b64-k2048 60 kvt_gather --scenario gather --entry 656 --batch 64 --k 2048 --context 131072 --indices uniform
 profile ncu-gather-e1152-b1-k256 60 kvt_gather --scenario gather --entry 1152 --batch 1 --k 256 --context 131072 --indices uniform

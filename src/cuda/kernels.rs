@@ -34,6 +34,15 @@ pub enum KernelBuild {
 }
 
 impl KernelBuild {
+    /// The compiler that built the kernels (`NVRTC 12.9`, `nvcc V13.0.88`);
+    /// None when none were built.
+    pub fn compiler(&self) -> Option<&'static str> {
+        match self {
+            KernelBuild::Built { compiler, .. } => Some(compiler),
+            KernelBuild::NotBuilt { .. } => None,
+        }
+    }
+
     /// The CUDA version a driver must support to load the SASS (13000 for
     /// 13.0): the compiler's major version. Within a major version, CUDA's
     /// minor-version compatibility lets a driver of that major release run

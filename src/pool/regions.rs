@@ -320,11 +320,11 @@ impl Pool {
             return Ok(());
         }
         let w = self.load(&self.region_entry(region.index).control);
-        let mine = [RegionState::Allocated, RegionState::Ready]
-            .into_iter()
-            .map(|state| self.mine(state))
-            .collect::<Result<Vec<_>>>()?;
-        if !mine.contains(&w) {
+        let (allocated, ready) = (
+            self.mine(RegionState::Allocated)?,
+            self.mine(RegionState::Ready)?,
+        );
+        if w != allocated && w != ready {
             return Err(self.not_owned(&region, "free"));
         }
         if self.free_unjoined(region.index, w, true) {

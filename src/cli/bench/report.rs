@@ -34,7 +34,7 @@ impl Environment {
                     driver: driver_text(),
                     executor: "cuda",
                     cpu_reason: None,
-                    kernels: kernels_compiler(),
+                    kernels: kvtier::cuda::kernels::BUILD.compiler(),
                 }
             }
             Executor::Cpu => Environment {
@@ -42,7 +42,7 @@ impl Environment {
                 driver: driver_text(),
                 executor: "cpu",
                 cpu_reason: why_cpu.map(str::to_string),
-                kernels: kernels_compiler(),
+                kernels: kvtier::cuda::kernels::BUILD.compiler(),
             },
         }
     }
@@ -60,13 +60,6 @@ impl Environment {
                 self.device
             ),
         }
-    }
-}
-
-fn kernels_compiler() -> Option<&'static str> {
-    match kvtier::cuda::kernels::BUILD {
-        kvtier::cuda::KernelBuild::Built { compiler, .. } => Some(compiler),
-        kvtier::cuda::KernelBuild::NotBuilt { .. } => None,
     }
 }
 
