@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes. */
-#define KVT_ABI_VERSION 6
+#define KVT_ABI_VERSION 7
 
 typedef int32_t kvt_status;
 #define KVT_OK 0
@@ -107,8 +107,8 @@ typedef struct kvt_region_info {
     uint64_t host_addr; /* its first byte in this process */
     uint64_t bytes;     /* layers * tokens_per_region * entry_bytes */
     uint64_t epoch;     /* opaque: (index, epoch) names this allocation of the
-                         * region (no later one has it), as kvt_region_join
-                         * takes it */
+                         * region in its pool (no later one has it), as
+                         * kvt_region_join takes it with the pool's uuid */
     uint32_t joined;    /* 1: this handle joined a region another process owns */
     uint32_t joined_elsewhere; /* 1: another process (or pool handle) has joined
                                 * it and holds it now */
@@ -239,14 +239,18 @@ void kvt_pool_close(kvt_pool *pool);
 /* A free region, placed by the pool's per-rank round-robin, owned by this
  * process, tagged with `request` (informational). */
 kvt_status kvt_region_alloc(kvt_pool *pool, uint64_t request, kvt_region **out);
-/* Maps region `index`, allocation `epoch` (the owner's kvt_region_info.epoch),
- * which another live process allocated and owns (one copy shared by a TP group,
- * say); needs a pool on file: or dax: devices, its processes on one host. While
+/* Maps region `index`, allocation `epoch` (the owner's kvt_region_info.epoch)
+ * of the pool `pool_uuid` (16 bytes: the owner's kvt_pool_info.uuid), which
+ * another live process allocated and owns (one copy shared by a TP group, say);
+ * a uuid other than `pool`'s is refused (region numbers and epochs repeat from
+ * pool to pool, also in a pool made again on the same devices). Needs a pool
+ * on file: or dax: devices, its processes on one host. While
  * joined, the region is neither reclaimed nor freed by its owner: kvt_region_free
  * of the owner's handle is refused and leaves it allocated, freed when the
  * owner's pool closes if the joiners have left by then, else by the last joiner
  * to leave. kvt_region_free of a joined handle leaves the region to its owner. */
-kvt_status kvt_region_join(kvt_pool *pool, uint32_t index, uint64_t epoch, kvt_region **out);
+kvt_status kvt_region_join(kvt_pool *pool, const uint8_t *pool_uuid, uint32_t index, uint64_t epoch,
+                           kvt_region **out);
 kvt_status kvt_region_info_get(const kvt_region *region, kvt_region_info *out);
 /* Marks the region READY: its bytes are written and other processes may read them. */
 kvt_status kvt_region_publish(const kvt_region *region);

@@ -31,7 +31,7 @@ use crate::tier::Tier;
 use crate::writeback::WritebackItems;
 
 /// `KVT_ABI_VERSION` in the header.
-pub const KVT_ABI_VERSION: u32 = 6;
+pub const KVT_ABI_VERSION: u32 = 7;
 
 pub type KvtStatus = i32;
 pub const KVT_OK: KvtStatus = 0;
@@ -1140,12 +1140,30 @@ unsafe fn region_handle(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kvt_region_join(
     pool: *mut KvtPool,
+    pool_uuid: *const u8,
     index: u32,
     epoch: u64,
     out: *mut *mut KvtRegion,
 ) -> KvtStatus {
     // SAFETY: the header's contract for each pointer.
-    unsafe { region_handle(pool, out, |p| p.join_region(index, epoch)) }
+    unsafe {
+        region_handle(pool, out, |p| {
+            if pool_uuid.is_null() {
+                return Err(invalid(
+                    "pool_uuid",
+                    "is null; pass the 16 bytes of the owner's kvt_pool_info.uuid",
+                ));
+            }
+            let mut uuid = [0u8; 16];
+            // SAFETY: the caller's 16 readable bytes (the header's contract).
+            std::ptr::copy_nonoverlapping(pool_uuid, uuid.as_mut_ptr(), 16);
+            p.join_region(crate::pool::RegionTicket {
+                pool_uuid: uuid,
+                index,
+                epoch,
+            })
+        })
+    }
 }
 
 /// # Safety

@@ -35,6 +35,7 @@ pub mod layout;
 pub mod mem;
 pub mod plan;
 pub mod pool;
+pub mod shared_fs;
 mod slots;
 pub mod swap_in;
 pub mod table;
@@ -49,7 +50,7 @@ pub use executor::Executor;
 pub use gather::GatherBatch;
 pub use layout::{EntryFormat, ItemLayout, LayerFirstLayout};
 pub use mem::{Buf, BufMut, Location};
-pub use pool::{DeviceSpec, Pool, PoolOptions, Region};
+pub use pool::{DeviceSpec, Pool, PoolOptions, Region, RegionTicket};
 pub use swap_in::{
     IndexBuf, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, QueryKind, SpecState, SpecSwapInArgs,
     SwapInArgs, SwapInCounters, SwapInEngine, SwapInStrategy,

@@ -918,27 +918,77 @@ fn pool_status_json_counts_per_device_and_per_client() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         v["clients"].as_array().unwrap().clone()
     };
-    // (written as a client writes it: <run dir>/<pool uuid>/<pid>.json; the
-    // library's own writer is tested in src/pool/stats.rs)
+    // (written as a client writes it: <run dir>/kvtier-<uid>/<pool
+    // uuid>/<slot>-<generation>.json; the library's own writer is tested in
+    // src/pool/stats.rs)
     let uuid: String = p0.uuid().iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::create_dir_all(run.join(&uuid)).unwrap();
-    let published = run.join(&uuid).join(format!("{me}.json"));
+    let first = &status()[0];
+    let uid = first["uid"].as_u64().unwrap();
+    let dir_of_pool = run.join(format!("kvtier-{uid}")).join(&uuid);
+    std::fs::create_dir_all(&dir_of_pool).unwrap();
+    let published = dir_of_pool.join(format!("{}-{}.json", first["client"], first["generation"]));
     let stats = serde_json::json!({"totals": {"cuda:0": {"hits": 7, "misses": 3}}});
     std::fs::write(&published, stats.to_string()).unwrap();
-    for c in status() {
-        assert_eq!(c["published"], stats, "{c}");
-        assert!(c["published_age_s"].as_f64().unwrap() < 60.0, "{c}");
-    }
+    let mine = |clients: Vec<serde_json::Value>| {
+        let c: Vec<serde_json::Value> = clients
+            .into_iter()
+            .filter(|c| c["client"] == first["client"])
+            .collect();
+        assert_eq!(c.len(), 1);
+        c[0].clone()
+    };
+    let all = status();
+    let c = mine(all.clone());
+    assert_eq!(c["published"], stats, "{c}");
+    assert!(c["published_age_s"].as_f64().unwrap() < 60.0, "{c}");
+    assert!(
+        all.iter().filter(|c| c.get("published").is_some()).count() == 1,
+        "the other client of this process published nothing: {all:?}"
+    );
     std::fs::write(&published, "{truncated").unwrap();
-    for c in status() {
+    let c = mine(status());
+    assert!(c.get("published").is_none(), "{c}");
+    assert!(
+        c["published_error"]
+            .as_str()
+            .unwrap()
+            .contains("not a JSON object"),
+        "{c}"
+    );
+    // planted where a live client's file is (its name is no secret): a FIFO
+    // is reported at once, a link is never followed (to /dev/zero, say)
+    std::fs::remove_file(&published).unwrap();
+    let c_path = std::ffi::CString::new(published.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+    let t0 = std::time::Instant::now();
+    let c = mine(status());
+    assert!(t0.elapsed() < std::time::Duration::from_secs(20));
+    assert!(
+        c["published_error"].as_str().unwrap().contains("FIFO"),
+        "{c}"
+    );
+    std::fs::remove_file(&published).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &published).unwrap();
+    let c = mine(status());
+    assert!(
+        c["published_error"]
+            .as_str()
+            .unwrap()
+            .contains("symbolic link"),
+        "{c}"
+    );
+    std::fs::remove_file(&published).unwrap();
+    // a forged file (another user's) is untrusted, not shown as the client's
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        std::fs::write(&published, stats.to_string()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::chown(c_path.as_ptr(), 65534, 65534) }, 0);
+        let c = mine(status());
         assert!(c.get("published").is_none(), "{c}");
-        assert!(
-            c["published_error"]
-                .as_str()
-                .unwrap()
-                .contains("not a JSON object"),
-            "{c}"
-        );
+        let why = c["published_error"].as_str().unwrap();
+        assert!(why.starts_with("untrusted") && why.contains("65534"), "{c}");
     }
     drop((p0, p1)); // a clean exit frees their regions
     std::fs::remove_dir_all(dir).unwrap();

@@ -13,11 +13,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvtier::pool::{Coherence, Liveness, PoolOptions, RegionState};
-use kvtier::{DeviceSpec, LayerFirstLayout, Pool};
+use kvtier::{DeviceSpec, LayerFirstLayout, Pool, RegionTicket};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const WORKER_ENV: &str = "KVTIER_POOL_WORKER";
+
+/// A ticket naming region `index`, allocation `epoch`, of `pool`'s own pool
+/// (what an owner's `region_ticket` gives, rebuilt where a test passes the
+/// two numbers on).
+fn ticket(pool: &Pool, index: u32, epoch: u64) -> RegionTicket {
+    RegionTicket {
+        pool_uuid: pool.uuid(),
+        index,
+        epoch,
+    }
+}
 
 /// Small regions: 64-byte entries, 2 layers, 16 tokens (2 KiB, a 4 KiB stride).
 fn layout() -> LayerFirstLayout {
@@ -222,7 +233,7 @@ fn pool_worker() {
         "joinregion" => {
             let (index, epoch): (u32, u64) = (parts[2].parse().unwrap(), parts[3].parse().unwrap());
             let pool = Pool::open(devices, PoolOptions::default()).unwrap();
-            let r = pool.join_region(index, epoch).unwrap();
+            let r = pool.join_region(ticket(&pool, index, epoch)).unwrap();
             // the owner's bytes, read through this process's own mapping
             let first = read_region(&pool, &r)[0];
             println!("joined {first}");
@@ -508,15 +519,17 @@ fn a_joined_region_is_one_copy_and_outlives_its_dead_owner() {
 
     let pool = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
     let err = |r: kvtier::Result<kvtier::Region>| r.map(|_| ()).unwrap_err().to_string();
-    assert!(err(pool.join_region(index, epoch + 1)).contains("is gone"));
-    assert!(err(pool.join_region(pool.num_regions(), epoch)).contains("does not exist"));
+    assert!(err(pool.join_region(ticket(&pool, index, epoch + 1))).contains("is gone"));
+    assert!(
+        err(pool.join_region(ticket(&pool, pool.num_regions(), epoch))).contains("does not exist")
+    );
     let free = (0..pool.num_regions()).find(|&i| i != index).unwrap();
-    assert!(err(pool.join_region(free, 0)).contains("free"));
+    assert!(err(pool.join_region(ticket(&pool, free, 0))).contains("free"));
     let mine = pool.alloc_region().unwrap();
     let my_epoch = pool.region_epoch(&mine).unwrap();
-    assert!(err(pool.join_region(mine.index(), my_epoch)).contains("own"));
+    assert!(err(pool.join_region(ticket(&pool, mine.index(), my_epoch))).contains("own"));
 
-    let joined = pool.join_region(index, epoch).unwrap();
+    let joined = pool.join_region(ticket(&pool, index, epoch)).unwrap();
     assert!(joined.is_joined());
     // one copy: the owner's bytes, and a write here is the owner's too
     assert_eq!(read_region(&pool, &joined), contents(7, owner.id()));
@@ -541,7 +554,7 @@ fn a_joined_region_is_one_copy_and_outlives_its_dead_owner() {
     assert_eq!(read_region(&pool, &joined), contents(7, owner.id()));
     // nor does a reclaim by this very process (its own hold is not a lock it sees)
     assert_eq!(pool.reclaim_dead().unwrap().regions, 0);
-    assert!(err(pool.join_region(index, epoch)).contains("not alive"));
+    assert!(err(pool.join_region(ticket(&pool, index, epoch))).contains("not alive"));
 
     // the last joiner of a dead owner's region frees it as it leaves
     pool.free_region(joined).unwrap();
@@ -606,6 +619,42 @@ fn a_region_left_joined_by_a_clean_exit_is_freed_by_its_last_joiner() {
     assert_eq!(look.free_regions(), total);
 }
 
+/// Region numbers and epochs repeat from pool to pool (every fresh pool's
+/// first allocation of region 0 has the same epoch): a ticket names its
+/// pool, so pool A's never maps pool B's bytes, nor does a ticket of a pool
+/// destroyed and made again on the same file.
+#[test]
+fn a_ticket_joins_only_the_pool_it_names() {
+    let (da, db) = (Dir::new("ticket-a"), Dir::new("ticket-b"));
+    let (devices_a, devices_b) = (da.devices(1, 4), db.devices(1, 4));
+    let a = Pool::create_on(layout(), devices_a, PoolOptions::default()).unwrap();
+    let b = Pool::create_on(layout(), devices_b.clone(), PoolOptions::default()).unwrap();
+    let peer_b = Pool::open(devices_b.clone(), PoolOptions::default()).unwrap();
+    let (ra, rb) = (a.alloc_region().unwrap(), b.alloc_region().unwrap());
+    let (ta, tb) = (a.region_ticket(&ra).unwrap(), b.region_ticket(&rb).unwrap());
+    assert_eq!(
+        (ta.index, ta.epoch),
+        (tb.index, tb.epoch),
+        "the numbers alone repeat"
+    );
+    let e = peer_b.join_region(ta).unwrap_err().to_string();
+    assert!(e.contains("not of this pool"), "{e}");
+    let j = peer_b.join_region(tb).unwrap();
+    peer_b.free_region(j).unwrap();
+    b.free_region(rb).unwrap();
+    drop((b, peer_b));
+    Pool::destroy(devices_b.clone(), false).unwrap();
+    let b2 = Pool::create_on(layout(), devices_b.clone(), PoolOptions::default()).unwrap();
+    let peer_b2 = Pool::open(devices_b, PoolOptions::default()).unwrap();
+    let r2 = b2.alloc_region().unwrap();
+    let t2 = b2.region_ticket(&r2).unwrap();
+    assert_eq!((t2.index, t2.epoch), (tb.index, tb.epoch));
+    let e = peer_b2.join_region(tb).unwrap_err().to_string();
+    assert!(e.contains("not of this pool"), "{e}");
+    assert!(peer_b2.join_region(t2).is_ok());
+    a.free_region(ra).unwrap();
+}
+
 #[test]
 fn a_join_racing_its_owners_free_never_holds_a_freed_region() {
     // The owner allocates, tells the joiner (index, epoch), and frees
@@ -628,7 +677,7 @@ fn a_join_racing_its_owners_free_never_holds_a_freed_region() {
                 let Some((index, epoch)) = *told.lock().unwrap() else {
                     continue;
                 };
-                if let Ok(r) = peer.join_region(index, epoch) {
+                if let Ok(r) = peer.join_region(ticket(&peer, index, epoch)) {
                     joins += 1;
                     for _ in 0..50 {
                         if peer.region_state(index).unwrap() == RegionState::Free {
@@ -671,8 +720,9 @@ fn a_forked_child_leaves_nothing_of_its_parents_join() {
     let owner = Pool::create_on(layout(), devices.clone(), PoolOptions::default()).unwrap();
     let peer = Pool::open(devices.clone(), PoolOptions::default()).unwrap();
     let shared = owner.alloc_region().unwrap();
-    let epoch = owner.region_epoch(&shared).unwrap();
-    let joined = peer.join_region(shared.index(), epoch).unwrap();
+    let joined = peer
+        .join_region(owner.region_ticket(&shared).unwrap())
+        .unwrap();
     let index = joined.index();
     let theirs = peer.clone(); // the parent keeps its own
     let code = in_forked_child(move || {
@@ -707,7 +757,7 @@ fn threads_of_one_joiner_never_drop_each_others_hold() {
             let (peer, owner, r, lost) = (peer.clone(), owner.clone(), r.clone(), lost.clone());
             std::thread::spawn(move || {
                 for _ in 0..100_000 {
-                    let j = peer.join_region(index, epoch).unwrap();
+                    let j = peer.join_region(ticket(&peer, index, epoch)).unwrap();
                     if !owner.region_joined_elsewhere(&r).unwrap() {
                         lost.fetch_add(1, Ordering::Relaxed);
                     }
@@ -743,9 +793,7 @@ fn an_owners_exit_racing_its_last_joiners_leave_leaves_no_orphan() {
         let owner = Pool::open(devices.clone(), no_reclaim.clone()).unwrap();
         // the owner's handle goes without a free (as after a refused one)
         let r = owner.alloc_region().unwrap();
-        let j = peer
-            .join_region(r.index(), owner.region_epoch(&r).unwrap())
-            .unwrap();
+        let j = peer.join_region(owner.region_ticket(&r).unwrap()).unwrap();
         let both = std::sync::Barrier::new(2);
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -777,7 +825,10 @@ fn private_devices_share_no_region() {
     )
     .unwrap();
     let r = pool.alloc_region().unwrap();
-    let e = pool.join_region(r.index(), 1).unwrap_err().to_string();
+    let e = pool
+        .join_region(ticket(&pool, r.index(), 1))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("file: or dax:"), "{e}");
 }
 
@@ -794,7 +845,7 @@ fn a_clean_exit_frees_its_regions() {
     assert!(
         pool.clients_info()
             .iter()
-            .all(|c| c.1 == std::process::id()),
+            .all(|c| c.pid == std::process::id()),
         "only this process is attached"
     );
 }

@@ -337,13 +337,14 @@ fn status_json(pool: &Pool) -> serde_json::Value {
     let mut clients: Vec<serde_json::Value> = pool
         .clients_info()
         .into_iter()
-        .map(|(client, pid, live)| {
+        .map(|info| {
+            let (client, pid, live) = (info.slot, info.pid, info.liveness);
             let (_, allocated, ready) = owners.remove(&(client, pid)).unwrap_or((live, 0, 0));
-            let mut c = json!({"client": client, "pid": pid, "liveness": liveness(live), "allocated": allocated, "ready": ready});
+            let mut c = json!({"client": client, "generation": info.generation, "pid": pid, "uid": info.uid, "liveness": liveness(live), "allocated": allocated, "ready": ready});
             // what a live client published about its own work (its swap-in
             // counters, from the SGLang shim); a dead one's file is stale
             if live != Liveness::Dead {
-                match pool.published_stats(pid) {
+                match pool.published_stats(&info) {
                     Some(PublishedStats::Found { stats, age_s }) => {
                         c["published"] = stats;
                         c["published_age_s"] = json!((age_s * 10.0).round() / 10.0);

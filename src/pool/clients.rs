@@ -47,6 +47,12 @@ impl Pool {
         RegionControl::decode(self.load(&self.region_entry(i).control))
     }
 
+    /// The user client `i`'s process runs as, where its entry records one.
+    pub(super) fn client_uid(&self, i: u32) -> Option<u32> {
+        let recorded = (self.load(&self.client_entry(i).pid) >> 32) as u32;
+        recorded.checked_sub(1)
+    }
+
     pub(super) fn client_identity(&self, i: u32) -> (ProcessIdentity, u32) {
         let c = self.client_entry(i);
         let pid = self.load(&c.pid) as u32;
@@ -134,7 +140,11 @@ impl Pool {
                         Coherence::NonCoherent { host, .. } => host as u64,
                     },
                 );
-                self.store(&e.pid, me.pid as u64); // last: a pid marks the identity complete
+                // last: a pid marks the identity complete; the user above it
+                // (plus one: 0 is "not recorded", as older clients leave it)
+                // names whose files this client's are (`Pool::client_uid`)
+                let uid = identity::effective_uid().wrapping_add(1) as u64;
+                self.store(&e.pid, me.pid as u64 | uid << 32);
                 let live = ClientControl {
                     state: ClientState::Live,
                     generation,

@@ -68,6 +68,12 @@ pub fn pid_namespace() -> u64 {
         .unwrap_or(0)
 }
 
+/// This process's effective user (as this user namespace numbers it).
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
 /// A lock a client holds on its slot for as long as it is attached: an
 /// open-file-description lock (`F_OFD_SETLK`) on one byte of the pool's
 /// first device, far past its end. The kernel drops it when the holder's

@@ -373,8 +373,8 @@ impl Pool {
         let live: Vec<u32> = pool
             .clients_info()
             .into_iter()
-            .filter(|c| c.2 == Liveness::Alive)
-            .map(|c| c.1)
+            .filter(|c| c.liveness == Liveness::Alive)
+            .map(|c| c.pid)
             .collect();
         if !live.is_empty() && !force {
             return Err(Error::Pool(format!(
@@ -531,6 +531,7 @@ impl Pool {
             regions: unsafe { base.add(h.region_table_offset as usize) } as *const RegionEntry,
             clients: unsafe { base.add(h.client_table_offset as usize) } as *const ClientEntry,
             me: None,
+            published_stats: Default::default(),
             opened_by: std::process::id(),
             lock: match devices.first().and_then(|d| d.map.file()) {
                 Some(f) => Some(identity::ClientLock::new(f)?),

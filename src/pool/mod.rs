@@ -105,6 +105,9 @@ pub struct Pool {
     clients: *const ClientEntry,
     /// This process's client slot and its generation, when attached.
     me: Option<(u16, u32)>,
+    /// The run dir this handle published its stats in (the file is
+    /// removed when it closes).
+    published_stats: Mutex<Option<std::path::PathBuf>>,
     /// The process that opened the pool. A forked child inherits the handle
     /// but not the identity: it frees, locks and allocates nothing through
     /// it (see [`Pool::owner`]), and its drop leaves the parent's regions,
@@ -190,6 +193,33 @@ pub struct OwnerInfo {
     pub liveness: Liveness,
 }
 
+/// A client attached to the pool, as `Pool::clients_info` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientInfo {
+    /// Its client slot, and which claim of that slot it is: the two name a
+    /// live client uniquely (pids do not: processes in two PID namespaces
+    /// may share one).
+    pub slot: u16,
+    pub generation: u32,
+    /// Its pid, as its own PID namespace numbers it.
+    pub pid: u32,
+    /// The user it runs as (None: a client of an older kvtier, which does
+    /// not record it).
+    pub uid: Option<u32>,
+    pub liveness: Liveness,
+}
+
+/// What a region's owner tells the processes that will join it
+/// ([`Pool::region_ticket`], [`Pool::join_region`]): the pool (its uuid,
+/// which no other pool and no later pool made on the same devices has), the
+/// region, and this allocation of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RegionTicket {
+    pub pool_uuid: [u8; 16],
+    pub index: u32,
+    pub epoch: u64,
+}
+
 /// A device as `Pool::devices` reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -264,7 +294,8 @@ impl Drop for Pool {
             }
             return;
         }
-        // A clean exit: free this client's regions and its slot.
+        // A clean exit: what it published goes, then its regions and its slot.
+        self.unpublish_stats();
         if let Some((client, generation)) = self.me {
             self.free_regions_of(client, generation, true);
             let e = self.client_entry(client as u32);

@@ -7,6 +7,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::metadata::{ClientControl, ClientState, PUBLISH, RegionControl};
 use super::*;
 
+/// How long an owner's free waits for a hold on its region to go before it
+/// calls the region joined: far longer than a failed join holds (its second
+/// check, microseconds), far shorter than a real joiner's stay.
+const FAILED_JOIN_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl Pool {
     /// This process's client slot and generation: what every region it
     /// allocates, publishes or frees is marked with. A forked child has none
@@ -138,6 +147,16 @@ impl Pool {
             .ok_or_else(|| self.not_owned(region, "name"))
     }
 
+    /// What the processes that join `region` are told: this pool's uuid,
+    /// the region and [`Pool::region_epoch`].
+    pub fn region_ticket(&self, region: &Region) -> Result<RegionTicket> {
+        Ok(RegionTicket {
+            pool_uuid: self.uuid(),
+            index: region.index,
+            epoch: self.region_epoch(region)?,
+        })
+    }
+
     /// Region `index`'s current epoch as [`Pool::region_epoch`] gives it;
     /// None when it is free or its entry is corrupt.
     fn ticket(&self, index: u32) -> Option<u64> {
@@ -148,10 +167,13 @@ impl Pool {
         )
     }
 
-    /// Maps region `index`, allocation `epoch`, which another process
-    /// allocated and still owns: one copy shared by processes that read and
-    /// write it together (the ranks of a tensor-parallel group, say). The
-    /// owner passes (index, epoch) over its own channel.
+    /// Maps the region `ticket` names ([`Pool::region_ticket`] of its
+    /// owner's handle), which another process allocated and still owns: one
+    /// copy shared by processes that read and write it together (the ranks
+    /// of a tensor-parallel group, say). The owner passes the ticket over
+    /// its own channel. A ticket of another pool is refused, also one of a
+    /// pool destroyed and made again on the same devices (a new pool has a
+    /// new uuid): region numbers and epochs alone repeat from pool to pool.
     ///
     /// While any handle of this process holds the region, so does a lock of
     /// this process's (one byte of the first device, which the kernel drops
@@ -168,7 +190,23 @@ impl Pool {
     /// hold until the pool handle goes. A forked child shares its parent's
     /// holds (one lock of one open file): the child's free of a joined
     /// handle does nothing, and the parent's last leave drops both.
-    pub fn join_region(&self, index: u32, epoch: u64) -> Result<Region> {
+    pub fn join_region(&self, ticket: RegionTicket) -> Result<Region> {
+        let RegionTicket {
+            pool_uuid,
+            index,
+            epoch,
+        } = ticket;
+        if pool_uuid != self.uuid() {
+            return Err(invalid(
+                "ticket",
+                format!(
+                    "names a region of pool {}, not of this pool {} (a pool made again on the same devices is \
+                     another pool); ask the owner for a ticket of this one",
+                    hex(&pool_uuid),
+                    hex(&self.uuid())
+                ),
+            ));
+        }
         let (me, _) = self.owner()?;
         self.check_index(index)?;
         let Some(lock) = self.lock.as_ref() else {
@@ -243,6 +281,8 @@ impl Pool {
                 }
             }
         }
+        #[cfg(test)]
+        tests::after_hold(self, index);
         let region = Region {
             pool: self.id,
             index,
@@ -329,6 +369,20 @@ impl Pool {
         }
         if self.free_unjoined(region.index, w, true) {
             return Ok(());
+        }
+        // A hold seen now is a joiner's that read the epoch before it moved
+        // (it stays) or one that is about to find the epoch moved and let go
+        // (a failed join holds for the moment between its two checks): give
+        // the second kind a little time before calling the region joined.
+        let deadline = std::time::Instant::now() + FAILED_JOIN_GRACE;
+        while std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            if self.load(&self.region_entry(region.index).control) != w {
+                break;
+            }
+            if self.free_unjoined(region.index, w, false) {
+                return Ok(());
+            }
         }
         if self.load(&self.region_entry(region.index).control) != w {
             return Err(self.not_owned(&region, "free"));
@@ -561,7 +615,63 @@ impl Pool {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
+
     use super::*;
+
+    /// What a test makes happen between a join's hold and its second look
+    /// at the region (its owner's free, say).
+    type Hook = Box<dyn Fn(&Pool, u32)>;
+
+    thread_local! {
+        static AFTER_HOLD: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn after_hold(pool: &Pool, index: u32) {
+        AFTER_HOLD.with(|h| {
+            if let Some(f) = h.borrow().as_ref() {
+                f(pool, index)
+            }
+        });
+    }
+
+    /// The owner frees its region in the instant a join holds it but has not
+    /// yet seen the epoch move: the join fails, and the free, which saw its
+    /// hold, still frees the region (a failed join leaves no trace).
+    #[test]
+    fn a_failed_join_leaves_its_owners_free_to_free() {
+        let (path, [owner, _, joiner]) = handles("failed-join");
+        let r = owner.alloc_region().unwrap();
+        let index = r.index();
+        let ticket = owner.region_ticket(&r).unwrap();
+        let freeing = std::sync::Mutex::new(Some((owner.clone(), r)));
+        let free = Arc::new(std::sync::Mutex::new(None));
+        let started = free.clone();
+        AFTER_HOLD.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move |pool: &Pool, index: u32| {
+                let Some((owner, r)) = freeing.lock().unwrap().take() else {
+                    return;
+                };
+                let epoch = || pool.load(&pool.region_entry(index).epoch);
+                let before = epoch();
+                let t = std::thread::spawn(move || owner.free_region(r));
+                // the join goes on once the free has moved the epoch (and
+                // so sees this hold)
+                while epoch() == before {
+                    std::thread::yield_now();
+                }
+                *started.lock().unwrap() = Some(t);
+            }))
+        });
+        let e = joiner.join_region(ticket).unwrap_err().to_string();
+        AFTER_HOLD.with(|h| *h.borrow_mut() = None);
+        assert!(e.contains("is gone"), "{e}");
+        let freed = free.lock().unwrap().take().unwrap().join().unwrap();
+        assert!(freed.is_ok(), "{freed:?}");
+        assert_eq!(owner.region_state(index).unwrap(), RegionState::Free);
+        drop((owner, joiner));
+        let _ = std::fs::remove_file(path);
+    }
 
     /// Three handles on one file device: an owner, a second process's
     /// handle, a joiner (each its own open file, as separate processes).
@@ -588,7 +698,11 @@ mod tests {
         let e = owner.region_entry(r.index());
         let theirs = other.mine(RegionState::Allocated).unwrap();
         owner.store(&e.control, theirs);
-        let err = joiner.join_region(r.index(), told).unwrap_err().to_string();
+        let told = RegionTicket {
+            epoch: told,
+            ..owner.region_ticket(&r).unwrap()
+        };
+        let err = joiner.join_region(told).unwrap_err().to_string();
         assert!(err.contains("is gone"), "{err}");
         // and the same owner allocating it again after its own free
         owner.store(&e.control, owner.mine(RegionState::Allocated).unwrap());
@@ -599,13 +713,16 @@ mod tests {
         assert_eq!(r2.index(), index, "the first free region again");
         e.epoch.fetch_sub(1, Ordering::SeqCst); // before its epoch's move
         let err = joiner
-            .join_region(r2.index(), again)
+            .join_region(RegionTicket {
+                epoch: again,
+                ..owner.region_ticket(&r2).unwrap()
+            })
             .unwrap_err()
             .to_string();
         assert!(err.contains("is gone"), "{err}");
         e.epoch.fetch_add(1, Ordering::SeqCst);
         let j = joiner
-            .join_region(r2.index(), owner.region_epoch(&r2).unwrap())
+            .join_region(owner.region_ticket(&r2).unwrap())
             .unwrap();
         assert_eq!(
             joiner.publish(&j).unwrap_err().to_string(),

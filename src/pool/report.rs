@@ -193,18 +193,17 @@ impl Pool {
         }
     }
 
-    /// Attached clients: (slot, pid, liveness).
-    pub fn clients_info(&self) -> Vec<(u16, u32, Liveness)> {
+    /// The clients attached to the pool (claiming or live).
+    pub fn clients_info(&self) -> Vec<ClientInfo> {
         (0..self.num_clients)
             .filter_map(|i| {
                 let c = ClientControl::decode(self.load(&self.client_entry(i).control))?;
-                (c.state != ClientState::Free).then(|| {
-                    let (id, _) = self.client_identity(i);
-                    (
-                        i as u16,
-                        id.pid,
-                        self.client_liveness(i).unwrap_or(Liveness::Unknown),
-                    )
+                (c.state != ClientState::Free).then(|| ClientInfo {
+                    slot: i as u16,
+                    generation: c.generation,
+                    pid: self.client_identity(i).0.pid,
+                    uid: self.client_uid(i),
+                    liveness: self.client_liveness(i).unwrap_or(Liveness::Unknown),
                 })
             })
             .collect()

@@ -437,10 +437,14 @@ static void tier(void) {
 
     kvt_region *joined = NULL;
     CHECK(ri.epoch > 0 && ri.joined == 0 && ri.joined_elsewhere == 0, "epoch %" PRIu64 ", not joined", ri.epoch);
-    CHECK(kvt_region_join(pool, ri.index, ri.epoch, &joined) == KVT_INVALID_ARGUMENT && joined == NULL &&
+    CHECK(kvt_region_join(pool, info.uuid, ri.index, ri.epoch, &joined) == KVT_INVALID_ARGUMENT && joined == NULL &&
               strstr(kvt_last_error(), "file: or dax:"),
           "no region of a private device is shared");
-    CHECK(kvt_region_join(pool, ri.index, ri.epoch, NULL) == KVT_INVALID_ARGUMENT, "join: a null out pointer");
+    CHECK(kvt_region_join(pool, info.uuid, ri.index, ri.epoch, NULL) == KVT_INVALID_ARGUMENT,
+          "join: a null out pointer");
+    CHECK(kvt_region_join(pool, NULL, ri.index, ri.epoch, &joined) == KVT_INVALID_ARGUMENT && joined == NULL &&
+              strstr(kvt_last_error(), "pool_uuid"),
+          "join: a null pool uuid");
 
     CHECK(kvt_region_publish(region) == KVT_OK, "publish");
     kvt_tier_destroy(t);
@@ -466,10 +470,19 @@ static void shared_region(void) {
     kvt_region *region = NULL, *joined = NULL;
     kvt_region_info ri, ji;
     CHECK(kvt_region_alloc(owner, 1, &region) == KVT_OK && kvt_region_info_get(region, &ri) == KVT_OK, "allocate");
-    CHECK(kvt_region_join(peer, ri.index, ri.epoch + 1, &joined) == KVT_POOL_ERROR && joined == NULL &&
+    kvt_pool_info info;
+    CHECK(kvt_pool_info_get(owner, &info) == KVT_OK, "the owner's pool uuid");
+    CHECK(kvt_region_join(peer, info.uuid, ri.index, ri.epoch + 1, &joined) == KVT_POOL_ERROR && joined == NULL &&
               strstr(kvt_last_error(), "is gone"),
           "another allocation's epoch");
-    CHECK(kvt_region_join(peer, ri.index, ri.epoch, &joined) == KVT_OK && kvt_region_info_get(joined, &ji) == KVT_OK &&
+    uint8_t other[16];
+    memcpy(other, info.uuid, 16);
+    other[0] ^= 1;
+    CHECK(kvt_region_join(peer, other, ri.index, ri.epoch, &joined) == KVT_INVALID_ARGUMENT && joined == NULL &&
+              strstr(kvt_last_error(), "not of this pool"),
+          "another pool's ticket");
+    CHECK(kvt_region_join(peer, info.uuid, ri.index, ri.epoch, &joined) == KVT_OK &&
+              kvt_region_info_get(joined, &ji) == KVT_OK &&
               ji.joined == 1 && ji.index == ri.index && ji.epoch == ri.epoch,
           "join region %u", ri.index);
     ((uint8_t *)(uintptr_t)ji.host_addr)[3] = 0x5A;
@@ -477,10 +490,9 @@ static void shared_region(void) {
     CHECK(kvt_region_info_get(region, &ri) == KVT_OK && ri.joined_elsewhere == 1, "the owner sees the joiner");
     CHECK(kvt_region_free(joined) == KVT_OK, "the joiner leaves");
     CHECK(kvt_region_info_get(region, &ri) == KVT_OK && ri.joined_elsewhere == 0, "no joiner left");
-    kvt_pool_info info;
     CHECK(kvt_pool_info_get(owner, &info) == KVT_OK && info.free_regions == info.num_regions - 1,
           "leaving frees nothing");
-    CHECK(kvt_region_join(peer, ri.index, ri.epoch, &joined) == KVT_OK, "join again");
+    CHECK(kvt_region_join(peer, info.uuid, ri.index, ri.epoch, &joined) == KVT_OK, "join again");
     CHECK(kvt_region_free(region) == KVT_POOL_ERROR && strstr(kvt_last_error(), "still mapped"),
           "the owner's free is refused while joined");
     CHECK(kvt_region_free(joined) == KVT_OK, "the joiner leaves again");

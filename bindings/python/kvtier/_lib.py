@@ -13,7 +13,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 LIB_NAME = "libkvtier.so"
 
 # Status codes (bindings/kvtier.h).
@@ -181,7 +181,7 @@ _PROTOTYPES = {
     "kvt_cuda_numa_node": (_S, [ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)]),
     "kvt_pool_close": (None, [_P]),
     "kvt_region_alloc": (_S, [_P, _U64, ctypes.POINTER(_P)]),
-    "kvt_region_join": (_S, [_P, ctypes.c_uint32, _U64, ctypes.POINTER(_P)]),
+    "kvt_region_join": (_S, [_P, ctypes.POINTER(ctypes.c_uint8), ctypes.c_uint32, _U64, ctypes.POINTER(_P)]),
     "kvt_region_info_get": (_S, [_P, ctypes.POINTER(RegionInfo)]),
     "kvt_region_publish": (_S, [_P]),
     "kvt_region_free": (_S, [_P]),

@@ -342,7 +342,9 @@ class Pool(_Closable):
         if not isinstance(stats, dict):
             raise KvtierError(f"invalid argument `stats`: a {type(stats).__name__}, not a dict")
         try:
-            text = json.dumps(stats)
+            # NaN and infinities are not JSON (json.dumps would write them
+            # anyway, and the library would refuse the text without saying why)
+            text = json.dumps(stats, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise KvtierError(f"invalid argument `stats`: not JSON-serialisable: {e}") from None
         self._call(library().kvt_pool_publish_stats, text.encode())
@@ -354,18 +356,32 @@ class Pool(_Closable):
         self._call(library().kvt_region_alloc, request, ctypes.byref(h))
         return Region(h, self)
 
-    def join_region(self, index: int, epoch: int) -> "Region":
-        """Maps region `index`, allocation `epoch` (its owner's
-        :attr:`Region.epoch`), which another live process owns: one copy
-        that processes share (a TP group's host KV). While joined it is
-        neither reclaimed nor freed by its owner; :meth:`Region.free` of the
-        joined handle leaves it to the owner. Needs file: or dax: devices."""
-        index = as_int(index, "index", 0, 2**32 - 1)
-        epoch = as_int(epoch, "epoch", 0, 2**64 - 1)
+    def join_region(self, ticket: dict) -> "Region":
+        """Maps the region `ticket` names (its owner's :attr:`Region.ticket`:
+        ``{"pool": uuid, "index": i, "epoch": e}``), which another live
+        process owns: one copy that processes share (a TP group's host KV).
+        A ticket of another pool (also of a pool made again on the same
+        devices) is refused. While joined it is neither reclaimed nor freed
+        by its owner; :meth:`Region.free` of the joined handle leaves it to
+        the owner. Needs file: or dax: devices."""
+        if not isinstance(ticket, dict) or set(ticket) != {"pool", "index", "epoch"}:
+            raise KvtierError(
+                f"invalid argument `ticket`: {ticket!r} is not a region ticket (a dict of pool, index and epoch, "
+                "as Region.ticket gives it)"
+            )
+        uuid = ticket["pool"]
+        try:
+            raw = bytes.fromhex(uuid) if isinstance(uuid, str) else None
+        except ValueError:
+            raw = None
+        if raw is None or len(raw) != 16:
+            raise KvtierError(f"invalid argument `ticket`: pool {uuid!r} is not a pool uuid (32 hex digits)")
+        index = as_int(ticket["index"], "index", 0, 2**32 - 1)
+        epoch = as_int(ticket["epoch"], "epoch", 0, 2**64 - 1)
         h = ctypes.c_void_p()
-        self._call(library().kvt_region_join, index, epoch, ctypes.byref(h))
+        self._call(library().kvt_region_join, (ctypes.c_uint8 * 16).from_buffer_copy(raw), index, epoch,
+                   ctypes.byref(h))
         return Region(h, self)
-
 
 
 def _prefix_bytes(shape, itemsize: int, nbytes: int) -> int:
@@ -400,8 +416,15 @@ class Region(_Handle):
         self.device = info.device
         self.host_addr = info.host_addr
         self.nbytes = info.bytes
-        self.epoch = info.epoch  # (index, epoch) names this allocation (Pool.join_region)
+        self.epoch = info.epoch  # with the pool and index, names this allocation (Region.ticket)
         self.joined = bool(info.joined)  # a region another process owns, joined here
+
+    @property
+    def ticket(self) -> dict:
+        """What another process passes to :meth:`Pool.join_region` to map this
+        region: this pool's uuid, the region's index and this allocation's
+        epoch (JSON-serialisable, to send over the caller's own channel)."""
+        return {"pool": self.pool.info()["uuid"], "index": self.index, "epoch": self.epoch}
 
     @property
     def joined_elsewhere(self) -> bool:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -152,6 +153,32 @@ def test_the_counters_reach_pool_status(tmp_path, monkeypatch):
         pool.publish_stats({"x": object()})
     with pytest.raises(KvtierError, match="stats"):
         pool.publish_stats({"x": "y" * (1 << 20)})
+    with pytest.raises(KvtierError, match="not JSON-serialisable: Out of range float"):
+        pool.publish_stats({"x": float("nan")})
+    mine_dir = tmp_path / "run" / f"kvtier-{os.geteuid()}"
+    assert [p.name for p in (mine_dir / pool.info()["uuid"]).iterdir()] == [f"{mine[0]['client']}-{mine[0]['generation']}.json"]
+    pool.close()
+    assert not mine_dir.exists(), "a closed client leaves nothing in the run dir"
+
+
+def test_a_run_dir_that_refuses_stops_the_export_not_the_server(tmp_path, monkeypatch):
+    """A run dir kvtier will not write (here: others may rename what is in
+    it) costs the counters' publication, with one warning, and nothing else."""
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o777)
+    monkeypatch.setenv("KVTIER_RUN_DIR", str(run))
+    pool = kvtier.Pool.create(kvtier.Layout(16, 2, 16), [f"file:{tmp_path}/pool:4MiB"])
+    read = {"cuda:0": [SwapInCounters(calls=1, hits=1)]}
+    export = shim_counters.Exporter(0.0, reader=lambda: read)
+    export.add_pool(pool)
+    with pytest.warns(RuntimeWarning, match="no longer publishing counters.*sticky"):
+        export.maybe_refresh()
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        export.maybe_refresh()
+    assert again == [], "one warning, then no more tries"
+    assert list(run.iterdir()) == []
     pool.close()
 
 

@@ -151,12 +151,25 @@ def test_a_region_joined_by_another_pool_handle_is_one_copy_its_owner_cannot_fre
         peer = Pool.open([device])
         r = owner.alloc_region()
         assert r.epoch > 0 and not r.joined and not r.joined_elsewhere
+        assert r.ticket == {"pool": owner.info()["uuid"], "index": r.index, "epoch": r.epoch}
         with pytest.raises(KvtierError, match="is gone"):
-            peer.join_region(r.index, r.epoch + 1)
+            peer.join_region({**r.ticket, "epoch": r.epoch + 1})
         with pytest.raises(KvtierError, match="epoch"):
-            peer.join_region(r.index, -1)
-        j = peer.join_region(r.index, r.epoch)
+            peer.join_region({**r.ticket, "epoch": -1})
+        for bad in [(r.index, r.epoch), {"index": r.index, "epoch": r.epoch}, {**r.ticket, "pool": "zz"},
+                    {**r.ticket, "pool": "00" * 15}]:
+            with pytest.raises(KvtierError, match="ticket"):
+                peer.join_region(bad)
+        # another pool's ticket with this pool's numbers (every pool's first
+        # allocation of a region has the same epoch) maps nothing
+        with small_pool(Layout(16, 2, 4)) as other:
+            theirs = other.alloc_region()
+            with pytest.raises(KvtierError, match="not of this pool"):
+                peer.join_region({**r.ticket, "pool": other.info()["uuid"]})
+            theirs.free()
+        j = peer.join_region(r.ticket)
         assert j.joined and (j.index, j.epoch, j.nbytes) == (r.index, r.epoch, r.nbytes)
+        assert j.ticket == r.ticket
         j.numpy()[:4] = [1, 2, 3, 4]
         assert list(r.numpy()[:4]) == [1, 2, 3, 4]  # one copy, two mappings
         assert r.joined_elsewhere
@@ -170,7 +183,7 @@ def test_a_region_joined_by_another_pool_handle_is_one_copy_its_owner_cannot_fre
         with small_pool(Layout(16, 2, 4)) as private:
             mine = private.alloc_region()
             with pytest.raises(KvtierError, match="file: or dax:"):
-                private.join_region(mine.index, mine.epoch)
+                private.join_region(mine.ticket)
     finally:
         import shutil
 

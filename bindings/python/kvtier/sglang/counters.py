@@ -34,6 +34,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 
 from .._lib import KvtierError
@@ -227,7 +228,15 @@ class Exporter:
         if pools:
             stats = stats_of(read)
             for pool in pools:
-                pool.publish_stats(stats)
+                try:
+                    pool.publish_stats(stats)
+                except KvtierError as e:
+                    # the run dir refused (another user's directory in this
+                    # user's name, say): say so once and stop publishing to
+                    # this pool; serving goes on
+                    self._pools = [r for r in self._pools if r() is not pool]
+                    warnings.warn(f"kvtier: no longer publishing counters to pool {pool.info()['uuid']}: {e}",
+                                  RuntimeWarning, stacklevel=2)
 
 
 _exporter: Exporter | None = None

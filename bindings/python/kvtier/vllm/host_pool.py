@@ -168,7 +168,7 @@ def _shared_pool_in_kvtier(runtime, config: VllmConfig, tensor_sizes: list, num_
         try:
             allocator = KvtierHostTensorAllocator(sglang_config)
             region = allocator.region(layers=1, rows=total // PAGE, entry=PAGE, dims=(total,))
-            where = {"index": region.index, "epoch": region.epoch, "uuid": region.pool.info()["uuid"]}
+            where = region.ticket  # the pool's uuid, the region, this allocation
         except Exception as e:  # anything: the other ranks wait in the broadcast below
             region = None
             why = e.message if isinstance(e, KvtierError) else f"{type(e).__name__}: {e}"
@@ -190,11 +190,12 @@ def _shared_pool_in_kvtier(runtime, config: VllmConfig, tensor_sizes: list, num_
         rank, ranks = detect_rank(sglang_config)
         pool = Pool.open(list(config.devices), rank=rank, ranks=ranks)
         try:
-            if pool.info()["uuid"] != where["uuid"]:
+            # (the join refuses another pool's ticket too; this says what to fix)
+            if pool.info()["uuid"] != where["pool"]:
                 raise KvtierError(
                     f"the kvtier devices {', '.join(config.devices)} hold another pool here than TP rank 0's: give "
                     "every rank of the TP group the same devices")
-            region = pool.join_region(where["index"], where["epoch"])
+            region = pool.join_region(where)
         except BaseException:
             pool.close()
             raise

@@ -1,0 +1,714 @@
+//! Files and directories in places other users can write (`/dev/shm`,
+//! `/tmp`, a hugetlbfs mount): the one rule by which kvtier opens every
+//! such file — pool devices, tables, the run directory and what clients
+//! publish in it, traces.
+//!
+//! Anything at a predictable path there may have been planted by another
+//! local user: a symbolic link to a file of the victim's, a FIFO that hangs
+//! whoever opens it, `/dev/zero`, a directory of the attacker's. So:
+//!
+//! - a path is opened without following a final symbolic link
+//!   (`O_NOFOLLOW`) and without waiting on a FIFO (`O_NONBLOCK`, cleared
+//!   once the descriptor is known to name a regular file);
+//! - what was opened is judged on the open descriptor (`fstat`), never on
+//!   the path again: its type (a regular file, or a DAX device where one is
+//!   allowed), its owner and its mode;
+//! - a directory is made with `mkdir` and, made or found, opened without
+//!   following a link and checked the same way; what lies below it is
+//!   opened relative to that descriptor (`openat`), so nobody can swap a
+//!   directory of the path for a link meanwhile;
+//! - a reader stops at the bytes it allows, whatever `st_size` says.
+
+use std::ffi::CString;
+use std::fs::{File, Metadata};
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result, invalid};
+
+/// Whose a file or directory must be for kvtier to use it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// This process's effective user.
+    Me,
+    /// This user, or a group this process is in where the mode gives that
+    /// group read and write (a pool or table shared with a group).
+    MeOrSharingGroup,
+    /// Exactly this user: another process's file, as that process's client
+    /// entry names its user.
+    User(u32),
+}
+
+/// What a file must be.
+#[derive(Clone, Copy, Debug)]
+pub struct FileRule {
+    pub owner: Owner,
+    /// Mode bits that must be clear: `0o002` (others may not write it),
+    /// `0o022` (nor its group), `0o007` (others may not touch it).
+    pub forbidden_mode: u32,
+    /// A DAX character device is accepted too (its owner is not checked:
+    /// device nodes are root's, and opening one is the kernel's check).
+    pub dax: bool,
+    /// A file with other hard links is refused (a link planted to another
+    /// user's file).
+    pub single_link: bool,
+}
+
+/// What a directory below a base must be.
+#[derive(Clone, Copy, Debug)]
+pub struct DirRule {
+    pub owner: Owner,
+    pub forbidden_mode: u32,
+}
+
+/// How a file is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    ReadWrite,
+    /// Read and write, made with `mode` if missing.
+    Create {
+        mode: u32,
+    },
+    /// Read and write, made with `mode`; an existing entry is an error
+    /// (`AlreadyExists`).
+    CreateNew {
+        mode: u32,
+    },
+}
+
+fn cstring(p: &Path) -> Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| invalid("path", format!("{} holds a NUL byte", p.display())))
+}
+
+fn geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether this process's effective or supplementary groups include `gid`.
+pub fn in_my_groups(gid: u32) -> bool {
+    // SAFETY: getegid has no preconditions.
+    if unsafe { libc::getegid() } == gid {
+        return true;
+    }
+    // SAFETY: a first call with size 0 returns the count.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    if n <= 0 {
+        return false;
+    }
+    let mut groups = vec![0 as libc::gid_t; n as usize];
+    // SAFETY: `groups` holds `n` entries.
+    let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
+    n > 0 && groups[..n as usize].contains(&gid)
+}
+
+fn owner_ok(owner: Owner, meta: &Metadata) -> bool {
+    match owner {
+        Owner::Me => meta.uid() == geteuid(),
+        Owner::MeOrSharingGroup => {
+            meta.uid() == geteuid() || (meta.mode() & 0o060 == 0o060 && in_my_groups(meta.gid()))
+        }
+        Owner::User(u) => meta.uid() == u,
+    }
+}
+
+fn whose(owner: Owner) -> String {
+    match owner {
+        Owner::Me => format!("this process's user {}", geteuid()),
+        Owner::MeOrSharingGroup => format!(
+            "this process's user {}, or a group of its that the mode shares it with",
+            geteuid()
+        ),
+        Owner::User(u) => format!("user {u}"),
+    }
+}
+
+/// What a file type is, in words.
+fn kind_of(meta: &Metadata) -> &'static str {
+    let t = meta.file_type();
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a file"
+    }
+}
+
+/// Whether the character device `meta` describes is a DAX device (its
+/// sysfs node's subsystem is `dax`).
+pub fn is_dax(meta: &Metadata) -> bool {
+    if !meta.file_type().is_char_device() {
+        return false;
+    }
+    let (major, minor) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
+    std::fs::read_link(format!("/sys/dev/char/{major}:{minor}/subsystem"))
+        .ok()
+        .and_then(|l| l.file_name().map(|n| n == "dax"))
+        .unwrap_or(false)
+}
+
+/// Checks what the descriptor of `path` names against `rule`.
+pub fn check_file(path: &Path, meta: &Metadata, rule: &FileRule, arg: &'static str) -> Result<()> {
+    let t = meta.file_type();
+    let dax = rule.dax && is_dax(meta);
+    if !t.is_file() && !dax {
+        return Err(invalid(
+            arg,
+            format!(
+                "{} is {}; kvtier uses only regular files{} here",
+                path.display(),
+                kind_of(meta),
+                if rule.dax { " and DAX devices" } else { "" }
+            ),
+        ));
+    }
+    if dax {
+        return Ok(());
+    }
+    if !owner_ok(rule.owner, meta) {
+        return Err(invalid(
+            arg,
+            format!(
+                "{} belongs to user {} (group {}), not to {}; kvtier does not trust it",
+                path.display(),
+                meta.uid(),
+                meta.gid(),
+                whose(rule.owner)
+            ),
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & rule.forbidden_mode != 0 {
+        return Err(invalid(
+            arg,
+            format!(
+                "{} is open to {} (mode {mode:04o}), who could change it under kvtier; kvtier does not use it",
+                path.display(),
+                if mode & rule.forbidden_mode & 0o007 != 0 {
+                    "other users"
+                } else {
+                    "its group"
+                }
+            ),
+        ));
+    }
+    if rule.single_link && meta.nlink() > 1 {
+        return Err(invalid(
+            arg,
+            format!(
+                "{} has {} hard links (a link to another file); kvtier does not trust it",
+                path.display(),
+                meta.nlink()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn flags(access: Access) -> (libc::c_int, libc::mode_t) {
+    let base = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
+    match access {
+        Access::Read => (base | libc::O_RDONLY, 0),
+        Access::ReadWrite => (base | libc::O_RDWR, 0),
+        Access::Create { mode } => (base | libc::O_RDWR | libc::O_CREAT, mode as libc::mode_t),
+        Access::CreateNew { mode } => (
+            base | libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+            mode as libc::mode_t,
+        ),
+    }
+}
+
+/// The error of an open that failed: a link says so; others keep the
+/// system's own words.
+fn open_error(path: &Path, arg: &'static str, e: std::io::Error) -> Error {
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        invalid(
+            arg,
+            format!(
+                "{} is a symbolic link; kvtier does not follow links here (name the file itself)",
+                path.display()
+            ),
+        )
+    } else {
+        Error::Io {
+            context: format!("opening {}", path.display()),
+            source: e,
+        }
+    }
+}
+
+/// Clears `O_NONBLOCK` on a descriptor known to be a regular file or a
+/// device (reads and writes then behave as usual).
+fn set_blocking(f: &File) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor this process owns.
+    let fl = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+    if fl < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn open_checked(
+    dir: libc::c_int,
+    name: &Path,
+    shown: &Path,
+    access: Access,
+    rule: &FileRule,
+    arg: &'static str,
+) -> Result<(File, Metadata)> {
+    let c = cstring(name)?;
+    let (fl, mode) = flags(access);
+    // SAFETY: a valid C string; the descriptor returned is owned below.
+    let fd = unsafe { libc::openat(dir, c.as_ptr(), fl, mode as libc::c_uint) };
+    if fd < 0 {
+        return Err(open_error(shown, arg, std::io::Error::last_os_error()));
+    }
+    // SAFETY: a descriptor just opened, owned by nothing else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    let meta = file.metadata().map_err(|source| Error::Io {
+        context: format!("reading {}", shown.display()),
+        source,
+    })?;
+    check_file(shown, &meta, rule, arg)?;
+    set_blocking(&file).map_err(|source| Error::Io {
+        context: format!("opening {}", shown.display()),
+        source,
+    })?;
+    Ok((file, meta))
+}
+
+/// Opens `path` by the rule: no final link followed, no FIFO waited on,
+/// type, owner and mode checked on the descriptor.
+pub fn open_file(
+    path: &Path,
+    access: Access,
+    rule: &FileRule,
+    arg: &'static str,
+) -> Result<(File, Metadata)> {
+    open_checked(libc::AT_FDCWD, path, path, access, rule, arg)
+}
+
+/// Reads all of `file` from where it stands, but never more than `max`
+/// bytes: None when there is more (a file that grows, `/dev/zero`, a size
+/// that `st_size` does not tell).
+pub fn read_capped(file: &mut File, max: usize) -> std::io::Result<Option<Vec<u8>>> {
+    let mut out = Vec::new();
+    file.take(max as u64 + 1).read_to_end(&mut out)?;
+    Ok((out.len() <= max).then_some(out))
+}
+
+/// An open directory, what lies below it reached through its descriptor.
+#[derive(Debug)]
+pub struct Dir {
+    file: File,
+    path: PathBuf,
+}
+
+impl Dir {
+    /// The directory `path`, as its user configured it (`/dev/shm`, an
+    /// environment variable): links followed, made (with `mode`, exactly)
+    /// if missing and `create` is set. It must be a directory; if users
+    /// other than its owner may write it, it must be sticky (else any of
+    /// them could rename what kvtier keeps there). Its owner is not judged:
+    /// kvtier keeps nothing directly in it, only in directories below it
+    /// that [`Dir::subdir`] checks.
+    pub fn base(path: &Path, create: Option<u32>, arg: &'static str) -> Result<Dir> {
+        let made = match create {
+            Some(mode) => mkdir(libc::AT_FDCWD, path, path, mode)?,
+            None => false,
+        };
+        let c = cstring(path)?;
+        // SAFETY: a valid C string; the descriptor is owned below.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(Error::Io {
+                context: format!("opening the directory {}", path.display()),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: just opened, owned by nothing else.
+        let dir = Dir {
+            file: unsafe { File::from_raw_fd(fd) },
+            path: path.to_path_buf(),
+        };
+        let meta = dir.meta()?;
+        if made && let Some(mode) = create {
+            dir.chmod(mode)?;
+        }
+        let mode = meta.mode() & 0o7777;
+        let shared = mode & 0o022 != 0;
+        if shared && mode & 0o1000 == 0 {
+            return Err(invalid(
+                arg,
+                format!(
+                    "{} (mode {mode:04o}) lets other users rename what kvtier keeps in it; make it sticky \
+                     (chmod +t) as /dev/shm is, or name another",
+                    path.display(),
+                ),
+            ));
+        }
+        Ok(dir)
+    }
+
+    /// The directory `name` (one path component) in this one, never a
+    /// link; made with `mode` if missing and `create` is set (then this
+    /// process's). Checked by `rule`.
+    pub fn subdir(
+        &self,
+        name: &str,
+        create: Option<u32>,
+        rule: &DirRule,
+        arg: &'static str,
+    ) -> Result<Dir> {
+        let shown = self.path.join(name);
+        let c = component(name, &shown, arg)?;
+        let made = match create {
+            Some(mode) => mkdir(self.file.as_raw_fd(), Path::new(name), &shown, mode)?,
+            None => false,
+        };
+        // SAFETY: a valid C string relative to a directory descriptor of ours.
+        let fd = unsafe {
+            libc::openat(
+                self.file.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) => invalid(
+                    arg,
+                    format!(
+                        "{} is not a directory (a link or a file in its place); kvtier does not follow it",
+                        shown.display()
+                    ),
+                ),
+                _ => Error::Io {
+                    context: format!("opening the directory {}", shown.display()),
+                    source: e,
+                },
+            });
+        }
+        // SAFETY: just opened, owned by nothing else.
+        let dir = Dir {
+            file: unsafe { File::from_raw_fd(fd) },
+            path: shown,
+        };
+        let meta = dir.meta()?;
+        if made && let Some(mode) = create {
+            dir.chmod(mode)?;
+        }
+        let meta = if made { dir.meta()? } else { meta };
+        if !owner_ok(rule.owner, &meta) {
+            return Err(invalid(
+                arg,
+                format!(
+                    "{} belongs to user {}, not to {}: another user made it; kvtier does not use it (remove it, \
+                     as root if need be)",
+                    dir.path.display(),
+                    meta.uid(),
+                    whose(rule.owner)
+                ),
+            ));
+        }
+        let mode = meta.mode() & 0o7777;
+        if mode & rule.forbidden_mode != 0 {
+            return Err(invalid(
+                arg,
+                format!(
+                    "{} (mode {mode:04o}) may be written by other users; kvtier does not use it",
+                    dir.path.display()
+                ),
+            ));
+        }
+        Ok(dir)
+    }
+
+    /// Opens the file `name` (one component) in this directory by `rule`.
+    pub fn open_file(
+        &self,
+        name: &str,
+        access: Access,
+        rule: &FileRule,
+        arg: &'static str,
+    ) -> Result<(File, Metadata)> {
+        let shown = self.path.join(name);
+        component(name, &shown, arg)?;
+        open_checked(
+            self.file.as_raw_fd(),
+            Path::new(name),
+            &shown,
+            access,
+            rule,
+            arg,
+        )
+    }
+
+    /// Renames `from` to `to`, both in this directory (replacing `to`
+    /// whole, whatever it was: a link is replaced, never followed).
+    pub fn rename(&self, from: &str, to: &str) -> std::io::Result<()> {
+        let (a, b) = (cstr(from)?, cstr(to)?);
+        let fd = self.file.as_raw_fd();
+        // SAFETY: valid C strings relative to a directory descriptor of ours.
+        if unsafe { libc::renameat(fd, a.as_ptr(), fd, b.as_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Removes the entry `name` (a file, or with `dir` an empty directory).
+    pub fn remove(&self, name: &str, dir: bool) -> std::io::Result<()> {
+        let c = cstr(name)?;
+        let flag = if dir { libc::AT_REMOVEDIR } else { 0 };
+        // SAFETY: a valid C string relative to a directory descriptor of ours.
+        if unsafe { libc::unlinkat(self.file.as_raw_fd(), c.as_ptr(), flag) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The entry `name`'s own metadata (a link's, not its target's).
+    pub fn entry_meta(&self, name: &str) -> std::io::Result<Metadata> {
+        // through /proc would follow; fstatat with AT_SYMLINK_NOFOLLOW is
+        // what std offers only by path: the path of this descriptor's
+        // directory and the one component
+        std::fs::symlink_metadata(self.fd_path().join(name))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn fd_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    fn meta(&self) -> Result<Metadata> {
+        self.file.metadata().map_err(|source| Error::Io {
+            context: format!("reading {}", self.path.display()),
+            source,
+        })
+    }
+
+    fn chmod(&self, mode: u32) -> Result<()> {
+        // SAFETY: fchmod on a descriptor of ours.
+        if unsafe { libc::fchmod(self.file.as_raw_fd(), mode as libc::mode_t) } != 0 {
+            return Err(Error::Io {
+                context: format!("setting the mode of {}", self.path.display()),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn cstr(name: &str) -> std::io::Result<CString> {
+    CString::new(name).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+}
+
+/// `name` as one path component (no `/`, not `.` or `..`, no NUL).
+fn component(name: &str, shown: &Path, arg: &'static str) -> Result<CString> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return Err(invalid(
+            arg,
+            format!("{} names no single entry", shown.display()),
+        ));
+    }
+    cstring(Path::new(name))
+}
+
+/// Makes the directory `name` (relative to `dir`): true if made, false if
+/// something was there already (judged by whoever opens it next).
+fn mkdir(dir: libc::c_int, name: &Path, shown: &Path, mode: u32) -> Result<bool> {
+    let c = cstring(name)?;
+    // SAFETY: a valid C string.
+    if unsafe { libc::mkdirat(dir, c.as_ptr(), mode as libc::mode_t) } == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EEXIST) {
+        return Ok(false);
+    }
+    Err(Error::Io {
+        context: format!("making the directory {}", shown.display()),
+        source: e,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("kvtier-sharedfs-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    const MINE: FileRule = FileRule {
+        owner: Owner::Me,
+        forbidden_mode: 0o022,
+        dax: false,
+        single_link: true,
+    };
+
+    fn mkfifo(p: &Path) {
+        let c = cstring(p).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    }
+
+    #[test]
+    fn fifos_links_devices_and_hard_links_are_refused_without_waiting() {
+        let d = scratch("kinds");
+        let fifo = d.join("fifo");
+        mkfifo(&fifo);
+        let t0 = std::time::Instant::now();
+        for access in [
+            Access::Read,
+            Access::ReadWrite,
+            Access::Create { mode: 0o600 },
+        ] {
+            let e = open_file(&fifo, access, &MINE, "x")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("is a FIFO"), "{e}");
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        let target = d.join("target");
+        std::fs::write(&target, b"{}").unwrap();
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = open_file(&link, Access::Read, &MINE, "x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        let e = open_file(Path::new("/dev/zero"), Access::Read, &MINE, "x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a character device"), "{e}");
+        let dax_ok = FileRule { dax: true, ..MINE };
+        let e = open_file(Path::new("/dev/null"), Access::Read, &dax_ok, "x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a character device") && e.contains("DAX"), "{e}");
+        let hard = d.join("hard");
+        std::fs::hard_link(&target, &hard).unwrap();
+        let e = open_file(&hard, Access::Read, &MINE, "x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hard links"), "{e}");
+        std::fs::remove_file(&hard).unwrap();
+        let (mut f, _) = open_file(&target, Access::Read, &MINE, "x").unwrap();
+        assert_eq!(read_capped(&mut f, 2).unwrap(), Some(b"{}".to_vec()));
+        let mut zero = File::open("/dev/zero").unwrap();
+        assert_eq!(read_capped(&mut zero, 1 << 16).unwrap(), None, "capped");
+        std::fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .unwrap();
+        let e = open_file(&target, Access::Read, &MINE, "x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("open to other users"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn directories_are_never_followed_and_must_be_their_owners() {
+        let d = scratch("dirs");
+        let base = Dir::base(&d.join("base"), Some(0o755), "run").unwrap();
+        let rule = DirRule {
+            owner: Owner::Me,
+            forbidden_mode: 0o022,
+        };
+        let sub = base.subdir("mine", Some(0o755), &rule, "run").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(sub.path()).unwrap().permissions().mode();
+        assert_eq!(
+            mode & 0o7777,
+            0o755,
+            "exactly the mode asked, whatever the umask"
+        );
+        // a link in a directory's place
+        let elsewhere = scratch("dirs-elsewhere");
+        std::os::unix::fs::symlink(&elsewhere, d.join("base/linked")).unwrap();
+        let e = base
+            .subdir("linked", Some(0o755), &rule, "run")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not follow"), "{e}");
+        // a file in its place
+        std::fs::write(d.join("base/file"), b"").unwrap();
+        assert!(base.subdir("file", Some(0o755), &rule, "run").is_err());
+        // one others may write
+        std::fs::create_dir(d.join("base/open")).unwrap();
+        std::fs::set_permissions(d.join("base/open"), std::fs::Permissions::from_mode(0o777))
+            .unwrap();
+        let e = base
+            .subdir("open", None, &rule, "run")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("may be written by other users"), "{e}");
+        // another user's
+        if geteuid() == 0 {
+            let c = cstring(&d.join("base/mine")).unwrap();
+            // SAFETY: a valid C string.
+            assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+            let e = base
+                .subdir("mine", Some(0o755), &rule, "run")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("belongs to user 65534"), "{e}");
+            assert!(
+                base.subdir(
+                    "mine",
+                    None,
+                    &DirRule {
+                        owner: Owner::User(65534),
+                        ..rule
+                    },
+                    "run"
+                )
+                .is_ok()
+            );
+        }
+        // a base others may write without the sticky bit
+        std::fs::set_permissions(d.join("base"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = Dir::base(&d.join("base"), None, "run")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sticky"), "{e}");
+        std::fs::set_permissions(d.join("base"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(Dir::base(&d.join("base"), None, "run").is_ok());
+        assert!(base.subdir("..", None, &rule, "run").is_err());
+        assert!(base.subdir("a/b", None, &rule, "run").is_err());
+        let _ = std::fs::remove_dir_all(&d);
+        let _ = std::fs::remove_dir_all(&elsewhere);
+    }
+}
