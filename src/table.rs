@@ -31,7 +31,7 @@
 
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{Error, Result, invalid};
+use crate::shared_fs::{self, FileRule, Owner, open_file};
 
 /// First bytes of a table file.
 pub const TABLE_MAGIC: [u8; 8] = *b"KVTIERTB";
@@ -240,7 +241,7 @@ impl Mapped {
     }
 
     fn state(&self) -> u64 {
-        self.word(STATE_OFFSET).load(Ordering::Acquire)
+        state_of(&self.map)
     }
 
     fn chunk_done(&self, c: u64) -> bool {
@@ -352,44 +353,107 @@ enum Access {
     Read,
 }
 
-fn open(path: &Path, access: Access) -> Result<(std::fs::File, std::fs::Metadata)> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(access != Access::Read)
-        .create(access == Access::Load)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|source| Error::Io {
-            context: format!("opening the table {}", path.display()),
+/// What a table's file must be (see [`crate::shared_fs`]): a regular file
+/// its user owns (or a group of its, where the mode shares it with that
+/// group), that other users cannot write, with no other hard link; or a DAX
+/// device. A table is a model's weights, readable by others if its owner
+/// says so, but written only by its owner (or its group).
+const TABLE_FILE: FileRule = FileRule {
+    owner: Owner::MeOrSharingGroup,
+    forbidden_mode: 0o002,
+    dax: true,
+    single_link: true,
+};
+
+/// How many times an open starts again when the path came to name another
+/// file while this process waited for its lock (a destroy, a new load).
+const REOPENS: u32 = 8;
+
+/// Opens the table file at `path` by [`TABLE_FILE`] (never following a
+/// link, never waiting on a FIFO); `Load` makes a missing file (mode 0600)
+/// and says whether it did.
+fn open(path: &Path, access: Access) -> Result<(std::fs::File, std::fs::Metadata, bool)> {
+    let plain = |how| open_file(path, how, &TABLE_FILE, "table").map(|(f, m)| (f, m, false));
+    match access {
+        Access::Read => plain(shared_fs::Access::Read),
+        Access::Write => plain(shared_fs::Access::ReadWrite),
+        Access::Load => {
+            for _ in 0..REOPENS {
+                match open_file(
+                    path,
+                    shared_fs::Access::CreateNew { mode: 0o600 },
+                    &TABLE_FILE,
+                    "table",
+                ) {
+                    Ok((f, m)) => return Ok((f, m, true)),
+                    Err(Error::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(e),
+                }
+                match plain(shared_fs::Access::ReadWrite) {
+                    Err(Error::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound => {} // removed meanwhile
+                    r => return r,
+                }
+            }
+            Err(changing(path))
+        }
+    }
+}
+
+fn changing(path: &Path) -> Error {
+    Error::Pool(format!(
+        "{} kept being removed and made again while this process opened it; try again",
+        path.display()
+    ))
+}
+
+/// Whether `path` still names the file `meta` describes (a destroy may have
+/// removed it, and a loader made another, while this process waited for
+/// its lock).
+fn still_named(path: &Path, meta: &std::fs::Metadata) -> bool {
+    std::fs::symlink_metadata(path)
+        .is_ok_and(|now| now.dev() == meta.dev() && now.ino() == meta.ino())
+}
+
+/// Takes `how` on `file` (waiting until `deadline`); false when the path
+/// no longer names the file by then.
+fn lock_named(
+    file: &std::fs::File,
+    meta: &std::fs::Metadata,
+    path: &Path,
+    how: i32,
+    deadline: Instant,
+) -> Result<bool> {
+    lock(
+        file,
+        path,
+        how,
+        deadline.saturating_duration_since(Instant::now()),
+    )?;
+    Ok(still_named(path, meta))
+}
+
+/// The first 8 bytes of a table file (of a devdax device, through a
+/// mapping: a character device has no read()); zeros for a shorter file.
+fn magic_of(file: &std::fs::File, path: &Path, backing: &Backing) -> Result<[u8; 8]> {
+    if *backing == Backing::DevDax {
+        let probe = map(file, path, TABLE_DATA_OFFSET, page_of(backing, path), false)?;
+        // SAFETY: the mapping is at least 2 MiB.
+        return Ok(unsafe { *(probe.as_ptr() as *const [u8; 8]) });
+    }
+    let mut head = [0u8; 8];
+    let n =
+        std::os::unix::fs::FileExt::read_at(file, &mut head, 0).map_err(|source| Error::Io {
+            context: format!("reading {}", path.display()),
             source,
         })?;
-    let meta = file.metadata().map_err(|source| Error::Io {
-        context: format!("reading {}", path.display()),
-        source,
-    })?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    // SAFETY: getegid has no preconditions.
-    let my_group = unsafe { libc::getegid() };
-    // A table is a model's weights, readable by others if its owner says so,
-    // but written only by its owner (or its group, where the mode says).
-    let trusted = meta.uid() == me || (meta.gid() == my_group && meta.mode() & 0o060 == 0o060);
-    if meta.file_type().is_file() && (!trusted || meta.mode() & 0o002 != 0) {
-        return Err(invalid(
-            "table",
-            format!(
-                "{} is writable by others or belongs to another user (mode {:04o}, user {}); kvtier \
-                 uses tables only its user or group can write",
-                path.display(),
-                meta.mode() & 0o7777,
-                meta.uid()
-            ),
-        ));
-    }
-    Ok((file, meta))
+    Ok(if n < 8 { [0; 8] } else { head })
 }
+
+/// The largest table (64 PiB): its sizes, rounded to any page, stay far
+/// from the limits of a file offset.
+pub const MAX_TABLE_BYTES: u64 = 1 << 56;
 
 /// The length mappings of a table are multiples of: hugetlbfs's page (a
 /// mapping of another length cannot be unmapped) and a devdax device's
@@ -467,39 +531,80 @@ fn check_key(key: &str) -> Result<()> {
 /// nothing to load.
 pub fn load(path: &Path, key: &str, data_bytes: u64, wait: Duration) -> Result<Load> {
     check_key(key)?;
-    if data_bytes == 0 {
-        return Err(invalid("table", "a table holds at least one byte"));
+    if data_bytes == 0 || data_bytes > MAX_TABLE_BYTES {
+        return Err(invalid(
+            "table",
+            format!("a table holds 1 to {MAX_TABLE_BYTES} bytes, not {data_bytes}"),
+        ));
     }
-    let (file, meta) = open(path, Access::Load)?;
-    // A READY table needs no exclusive lock (readers may hold it): look
-    // first under a shared one.
-    lock(&file, path, libc::LOCK_SH, wait)?;
-    if let Ok((m, h, _)) = read_header(path, None)
-        && m.state() == READY
-        && h.key() == key.as_bytes()
-        && h.data_bytes == data_bytes
-    {
-        return Ok(Load::Ready);
+    let deadline = Instant::now() + wait;
+    for _ in 0..REOPENS {
+        let (file, meta, created) = open(path, Access::Load)?;
+        // A READY table needs no exclusive lock (readers may hold it): look
+        // first under a shared one.
+        if !lock_named(&file, &meta, path, libc::LOCK_SH, deadline)? {
+            continue; // destroyed while this process waited: what is there now
+        }
+        let backing = backing_of(path, &meta);
+        if let Ok((m, h)) = header_of(&file, path, &backing)
+            && state_of(&m) == READY
+            && h.key() == key.as_bytes()
+            && h.data_bytes == data_bytes
+        {
+            return Ok(Load::Ready);
+        }
+        // SAFETY: flock on a descriptor this function owns.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+        if !lock_named(&file, &meta, path, libc::LOCK_EX, deadline)? {
+            continue;
+        }
+        return fill(path, key, data_bytes, file, meta, backing, created);
     }
-    // SAFETY: flock on a descriptor this function owns.
-    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
-    lock(&file, path, libc::LOCK_EX, wait)?;
-    let backing = backing_of(path, &meta);
+    Err(changing(path))
+}
+
+/// A file this call made, removed again if the call fails before it has
+/// made a table of it (a failed load leaves nothing behind).
+struct Made<'a> {
+    path: &'a Path,
+    meta: Option<std::fs::Metadata>,
+}
+
+impl Drop for Made<'_> {
+    fn drop(&mut self) {
+        if let Some(meta) = &self.meta
+            && still_named(self.path, meta)
+        {
+            let _ = std::fs::remove_file(self.path);
+        }
+    }
+}
+
+/// [`load`] under the exclusive lock on `file`, which `path` names.
+fn fill(
+    path: &Path,
+    key: &str,
+    data_bytes: u64,
+    file: std::fs::File,
+    meta: std::fs::Metadata,
+    backing: Backing,
+    created: bool,
+) -> Result<Load> {
     let page = page_of(&backing, path);
-    let want_len = (TABLE_DATA_OFFSET + data_bytes).next_multiple_of(page);
+    let want_len = TABLE_DATA_OFFSET
+        .checked_add(data_bytes)
+        .and_then(|n| n.checked_next_multiple_of(page))
+        .filter(|&n| n <= i64::MAX as u64)
+        .ok_or_else(|| invalid("table", format!("{data_bytes} B is more than a file holds")))?;
     // What the file holds now (after the lock: another loader may have made it).
     let len = length_of(&file, path, &backing)?;
-    let head = if backing == Backing::DevDax {
-        // a character device has no read(): through a mapping
-        let probe = map(&file, path, TABLE_DATA_OFFSET, page, false)?;
-        // SAFETY: the mapping is at least 2 MiB.
-        unsafe { *(probe.as_ptr() as *const [u8; 8]) }
-    } else {
-        let mut head = [0u8; 8];
-        let n = std::os::unix::fs::FileExt::read_at(&file, &mut head, 0).unwrap_or(0);
-        if n < 8 { [0; 8] } else { head }
-    };
+    let head = magic_of(&file, path, &backing)?;
     let fresh = head == [0; 8];
+    // this call's own new file, removed if the load fails before its header
+    let mut made = Made {
+        path,
+        meta: (created && fresh && backing != Backing::DevDax).then_some(meta),
+    };
     if !fresh && head != TABLE_MAGIC {
         return Err(invalid(
             "table",
@@ -576,6 +681,7 @@ pub fn load(path: &Path, key: &str, data_bytes: u64, wait: Duration) -> Result<L
             std::ptr::copy_nonoverlapping(TABLE_MAGIC.as_ptr(), dst, 8);
         }
     }
+    made.meta = None; // a table now: failed or not, a later load resumes it
     let h = m.header();
     h.check(path, file_len)?;
     if h.key() != key.as_bytes() {
@@ -833,47 +939,85 @@ pub fn status(path: &Path) -> Result<TableStatus> {
     })
 }
 
-/// Opens the table at `path` read-only (with `lock`, under a shared lock
-/// taken within that wait), maps its header and checks it against the
-/// file's length read after the lock.
+/// Opens the table at `path` read-only (with `lock_wait`, under a shared
+/// lock taken within that wait, on the file the path still names then),
+/// maps its header and checks it against the file's length read after the
+/// lock.
 fn read_header(path: &Path, lock_wait: Option<Duration>) -> Result<(Mapped, Header, Backing)> {
-    let (file, meta) = open(path, Access::Read)?;
-    if let Some(wait) = lock_wait {
-        lock(&file, path, libc::LOCK_SH, wait)?;
+    let deadline = Instant::now() + lock_wait.unwrap_or_default();
+    for _ in 0..REOPENS {
+        let (file, meta, _) = open(path, Access::Read)?;
+        if lock_wait.is_some() && !lock_named(&file, &meta, path, libc::LOCK_SH, deadline)? {
+            continue; // destroyed (and made again) while this process waited
+        }
+        let backing = backing_of(path, &meta);
+        let (map, h) = header_of(&file, path, &backing)?;
+        let m = Mapped {
+            path: path.to_path_buf(),
+            file,
+            map,
+        };
+        return Ok((m, h, backing));
     }
-    let backing = backing_of(path, &meta);
-    let file_len = length_of(&file, path, &backing)?;
+    Err(changing(path))
+}
+
+/// Maps the header of the table file `file` (at `path`) and checks it
+/// against the file's length.
+fn header_of(file: &std::fs::File, path: &Path, backing: &Backing) -> Result<(MmapRaw, Header)> {
+    let file_len = length_of(file, path, backing)?;
     if file_len < TABLE_DATA_OFFSET {
         return Err(Error::Pool(format!(
             "{} is not a kvtier table ({file_len} B)",
             path.display()
         )));
     }
-    let map = map(
-        &file,
-        path,
-        TABLE_DATA_OFFSET,
-        page_of(&backing, path),
-        false,
-    )?;
-    let m = Mapped {
-        path: path.to_path_buf(),
-        file,
-        map,
-    };
-    let h = m.header();
+    let map = map(file, path, TABLE_DATA_OFFSET, page_of(backing, path), false)?;
+    // SAFETY: the mapping is at least a header long; a plain copy of plain data.
+    let h = unsafe { std::ptr::read_unaligned(map.as_ptr() as *const Header) };
     h.check(path, file_len)?;
-    Ok((m, h, backing))
+    Ok((map, h))
 }
 
-/// Removes the table file at `path`: refused while a reader or loader holds
-/// it (naming them).
+/// The state word of a mapped header.
+fn state_of(map: &MmapRaw) -> u64 {
+    // SAFETY: inside the header (at least 2 MiB mapped), 8-byte aligned in
+    // a page-aligned mapping; shared words are only accessed atomically.
+    unsafe { &*(map.as_ptr().add(STATE_OFFSET) as *const AtomicU64) }.load(Ordering::Acquire)
+}
+
+/// Removes the table at `path`: refused while a reader or loader holds it
+/// (naming them), and for anything that is not a kvtier table (its first
+/// bytes read under the exclusive lock): another program's file, a pool's
+/// device, a device that cannot be read, a FIFO, a link. The table's magic
+/// is cleared before the file goes, so a process that opened it and waits
+/// for its lock finds no table there. A table on a devdax device loses its
+/// magic; the device stays.
 pub fn destroy(path: &Path) -> Result<()> {
-    let (file, meta) = open(path, Access::Write)?;
+    let (file, meta, _) = open(path, Access::Write)?;
     lock(&file, path, libc::LOCK_EX, Duration::ZERO)?;
+    // The path must still name the file locked: a process that removed it
+    // meanwhile leaves nothing here to remove.
+    if !still_named(path, &meta) {
+        return Err(Error::Pool(format!(
+            "{} changed while it was being destroyed; look again",
+            path.display()
+        )));
+    }
     let backing = backing_of(path, &meta);
+    let head = magic_of(&file, path, &backing)?;
+    if head != TABLE_MAGIC {
+        return Err(invalid(
+            "table",
+            format!(
+                "{} is not a kvtier table (its first bytes are not a table's): kvtier destroys only its own \
+                 tables. A load killed before it wrote its header leaves a file that the next load of the \
+                 same key reuses",
+                path.display()
+            ),
+        ));
+    }
     if backing == Backing::DevDax {
-        // the device stays; its table goes: the magic cleared
         let m = map(
             &file,
             path,
@@ -886,17 +1030,10 @@ pub fn destroy(path: &Path) -> Result<()> {
         unsafe { std::ptr::write_bytes(m.as_mut_ptr(), 0, 8) };
         return Ok(());
     }
-    // The path must still name the file locked: a process that removed it
-    // meanwhile leaves nothing here to remove.
-    match std::fs::symlink_metadata(path) {
-        Ok(now) if now.dev() == meta.dev() && now.ino() == meta.ino() => {}
-        _ => {
-            return Err(Error::Pool(format!(
-                "{} changed while it was being destroyed; look again",
-                path.display()
-            )));
-        }
-    }
+    std::os::unix::fs::FileExt::write_all_at(&file, &[0; 8], 0).map_err(|source| Error::Io {
+        context: format!("clearing {}", path.display()),
+        source,
+    })?;
     std::fs::remove_file(path).map_err(|source| Error::Io {
         context: format!("removing {}", path.display()),
         source,
@@ -1097,6 +1234,189 @@ mod tests {
         f.set_len(4096).unwrap();
         assert!(load(&path, "p", n, LOCK_WAIT).is_err());
         assert!(Table::attach(&path, "p", Duration::ZERO).is_err());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    fn mkfifo(p: &Path) {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    }
+
+    fn loaded(path: &Path, key: &str, n: u64) {
+        let Load::Filling(mut l) = load(path, key, n, LOCK_WAIT).unwrap() else {
+            panic!("a new table");
+        };
+        l.write(0, &pattern(0, n as usize)).unwrap();
+        l.publish().unwrap();
+    }
+
+    /// A FIFO at a key's path (it is predictable) is refused at once by
+    /// every opener, never waited on.
+    #[test]
+    fn a_fifo_at_a_tables_path_is_refused_without_waiting() {
+        let d = dir("fifo");
+        let path = d.join("t.table");
+        mkfifo(&path);
+        let t0 = Instant::now();
+        let e = Table::attach(&path, "k", LOCK_WAIT)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("is a FIFO"), "{e}");
+        assert!(
+            status(&path)
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("is a FIFO")
+        );
+        let e = load(&path, "k", 100, LOCK_WAIT).err().unwrap().to_string();
+        assert!(e.contains("is a FIFO"), "{e}");
+        let e = destroy(&path).unwrap_err().to_string();
+        assert!(e.contains("is a FIFO"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert!(
+            std::fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_fifo(),
+            "left alone"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Destroy removes only what it proves is a table: never a pool's device
+    /// (with a process attached), a character device, another program's
+    /// file, another user's.
+    #[test]
+    fn destroy_destroys_only_tables() {
+        let d = dir("destroy");
+        // a live pool's device file
+        let dev = d.join("pool0");
+        let pool = crate::pool::Pool::create_on(
+            crate::layout::LayerFirstLayout::new(64, 2, 16).unwrap(),
+            vec![crate::pool::DeviceSpec::file(&dev, 8 << 20)],
+            Default::default(),
+        )
+        .unwrap();
+        let e = destroy(&dev).unwrap_err().to_string();
+        assert!(e.contains("not a kvtier table"), "{e}");
+        assert!(dev.exists());
+        let r = pool.alloc_region().unwrap();
+        pool.free_region(r).unwrap();
+        drop(pool);
+        assert!(
+            crate::pool::Pool::open(
+                vec![crate::pool::DeviceSpec::file(&dev, 8 << 20)],
+                Default::default()
+            )
+            .is_ok()
+        );
+        // /dev/zero, "destroyed" by zeroing bytes it never read
+        let e = destroy(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("character device"), "{e}");
+        // another program's file, and an empty one
+        for (name, bytes) in [("other", vec![7u8; 4096]), ("empty", vec![])] {
+            let f = d.join(name);
+            std::fs::write(&f, &bytes).unwrap();
+            let e = destroy(&f).unwrap_err().to_string();
+            assert!(e.contains("not a kvtier table"), "{e}");
+            assert_eq!(std::fs::read(&f).unwrap(), bytes, "untouched");
+        }
+        // a link to a table is not followed
+        let path = d.join("t.table");
+        loaded(&path, "k", 64);
+        let link = d.join("link.table");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(
+            destroy(&link)
+                .unwrap_err()
+                .to_string()
+                .contains("symbolic link")
+        );
+        // another user's table (only root can make one to try)
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: a valid C string.
+            assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+            let e = destroy(&path).unwrap_err().to_string();
+            assert!(e.contains("belongs to user 65534"), "{e}");
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::chown(c.as_ptr(), 0, 0) }, 0);
+        }
+        destroy(&path).unwrap();
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Sizes near 2^64 are refused before anything is made (they wrapped
+    /// the file's length to 0, then a write of the header hit SIGBUS), and a
+    /// load that fails for want of room leaves no file behind.
+    #[test]
+    fn a_table_too_large_is_refused_and_leaves_nothing() {
+        let d = dir("huge");
+        let path = d.join("t.table");
+        for n in [u64::MAX - (2 << 20) + 1, u64::MAX, MAX_TABLE_BYTES + 1] {
+            let e = load(&path, "k", n, LOCK_WAIT).err().unwrap().to_string();
+            assert!(e.contains("a table holds 1 to"), "{n}: {e}");
+            assert!(!path.exists());
+        }
+        let e = load(&path, "k", MAX_TABLE_BYTES, LOCK_WAIT)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("allocating") || e.contains("growing"), "{e}");
+        assert!(!path.exists(), "a failed load leaves no file");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// How many descriptors of this process name `path`.
+    fn opened(path: &Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|target| target == path)
+            .count()
+    }
+
+    /// An attach that opened a table and waits for its lock while the file
+    /// is removed and the key loaded again attaches the new file, never the
+    /// deleted one.
+    #[test]
+    fn an_attach_waiting_through_a_destroy_attaches_what_the_path_names_after() {
+        let d = dir("attach-destroy");
+        let path = d.join("t.table");
+        let n = 4096u64;
+        let Load::Filling(mut first) = load(&path, "k", n, LOCK_WAIT).unwrap() else {
+            panic!()
+        };
+        first.write(0, &pattern(0, n as usize)).unwrap();
+        let old = std::fs::metadata(&path).unwrap();
+        let attacher = {
+            let path = path.clone();
+            std::thread::spawn(move || Table::attach(&path, "k", LOCK_WAIT))
+        };
+        let t0 = Instant::now();
+        // the loader's descriptor, and the attach's, which then waits for
+        // the loader's lock
+        while opened(&path) < 2 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the attach never opened it"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::fs::remove_file(&path).unwrap();
+        loaded(&path, "k", n);
+        let new = std::fs::metadata(&path).unwrap();
+        first.publish().unwrap(); // the removed file READY too, its lock released
+        let t = attacher.join().unwrap().unwrap();
+        let got = t.m.file.metadata().unwrap();
+        assert_ne!(old.ino(), new.ino());
+        assert_eq!(got.ino(), new.ino(), "attached the file the path names");
+        drop(t);
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -63,6 +63,22 @@ def as_int(value, name: str, lo: int = 0, hi: int = 2**32 - 1) -> int:
     return value
 
 
+def as_c_text(value, name: str) -> bytes:
+    """`value` (str or bytes) as the bytes of a C string, else a KvtierError
+    naming `name`: a NUL inside would end the C string there, silently
+    naming another key, path or device (``"model-A\\0v2"`` would be
+    ``"model-A"``)."""
+    if isinstance(value, str):
+        raw = value.encode()
+    elif isinstance(value, bytes):
+        raw = value
+    else:
+        raise KvtierError(f"invalid argument `{name}`: {value!r} is not a string")
+    if b"\0" in raw:
+        raise KvtierError(f"invalid argument `{name}`: {value!r} holds a NUL character, which a C string cannot carry")
+    return raw
+
+
 class Buf(ctypes.Structure):
     _fields_ = [("ptr", ctypes.c_void_p), ("len", ctypes.c_uint64)]
 

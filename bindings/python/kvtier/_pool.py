@@ -13,7 +13,7 @@ import weakref
 from typing import NamedTuple, Sequence
 
 from . import _lib
-from ._lib import KvtierError, as_int, check, library
+from ._lib import KvtierError, as_c_text, as_int, check, library
 
 
 class _LayoutFields(NamedTuple):
@@ -133,7 +133,7 @@ def device_capacity(device: str) -> DeviceCapacity:
     if not isinstance(device, str):
         raise KvtierError(f"invalid argument `device`: {device!r} is not a device string")
     out = _lib.DeviceCapacity()
-    check(library().kvt_device_capacity_get(device.encode(), ctypes.byref(out)))
+    check(library().kvt_device_capacity_get(as_c_text(device, "device"), ctypes.byref(out)))
     return DeviceCapacity(out.bytes, bool(out.host_dram), bool(out.pinnable), out.movable_bytes)
 
 
@@ -142,7 +142,7 @@ def _specs(devices: Sequence[str]):
         devices = [devices]
     if not isinstance(devices, (list, tuple)) or not devices or not all(isinstance(d, str) for d in devices):
         raise KvtierError("invalid argument `devices`: give a list of device strings such as 'numa:2:64GiB'")
-    arr = (ctypes.c_char_p * len(devices))(*(d.encode() for d in devices))
+    arr = (ctypes.c_char_p * len(devices))(*(as_c_text(d, "devices") for d in devices))
     return arr, len(devices)
 
 

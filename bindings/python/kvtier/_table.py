@@ -17,14 +17,14 @@ from __future__ import annotations
 import ctypes
 
 
-from ._lib import KvtierError, as_int, check, library
+from ._lib import KvtierError, as_c_text, as_int, check, library
 from ._pool import _Closable
 
 
 def _text(value, name: str) -> bytes:
     if not isinstance(value, (str, bytes)) or not value:
         raise KvtierError(f"invalid argument `{name}`: {value!r} is not a non-empty string")
-    return value.encode() if isinstance(value, str) else value
+    return as_c_text(value, name)
 
 
 def _path(value, name: str = "path") -> bytes:

@@ -93,3 +93,47 @@ def test_bad_arguments_raise_kvtier_errors(store):
     with pytest.raises(kvtier.KvtierError) as e:
         kvtier.Table.attach(path, "another key", wait=0)
     assert "holds the table" in e.value.message
+
+
+def test_a_nul_in_a_key_path_or_device_is_refused_not_cut_off(store):
+    """A C string ends at its first NUL: "model-A\\0v2" would have attached
+    the table loaded as "model-A\\0v1" (both "model-A" to the library)."""
+    path = os.path.join(store, "t.table")
+    with pytest.raises(kvtier.KvtierError, match="NUL"):
+        kvtier.load_table(path, "model-A\0v1", 8)
+    loader = kvtier.load_table(path, "model-A-v1", 8)
+    for call in [lambda: kvtier.Table.attach(path, "model-A\0v2", wait=0),
+                 lambda: kvtier.load_table(path, "model-A\0v2", 8),
+                 lambda: kvtier.load_table(path + "\0.other", "k", 8),
+                 lambda: kvtier.table_path(store, "model-A\0v2"),
+                 lambda: kvtier.destroy_table(path + "\0x"),
+                 lambda: kvtier.device_capacity("file:/dev/shm/x\0:1MiB"),
+                 lambda: kvtier.Pool.create(kvtier.Layout(16, 2, 16), ["anon:4MiB\0numa:1"])]:
+        with pytest.raises(kvtier.KvtierError, match="NUL"):
+            call()
+    assert kvtier.table_path(store, "model-A-v1") != kvtier.table_path(store, "model-A-v2")
+    loader.close()
+
+
+def test_what_stands_at_a_tables_path_is_never_waited_on_nor_destroyed_unless_a_table(store):
+    """A FIFO at a key's predictable path (it hung attach, status and the
+    SGLang shim) is refused at once; destroy removes only a kvtier table."""
+    import time
+
+    fifo = os.path.join(store, "fifo.table")
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    for call in [lambda: kvtier.Table.attach(fifo, "k", wait=30), lambda: kvtier.load_table(fifo, "k", 8),
+                 lambda: kvtier.destroy_table(fifo)]:
+        with pytest.raises(kvtier.KvtierError, match="FIFO"):
+            call()
+    assert time.monotonic() - t0 < 10 and os.path.exists(fifo)
+    other = os.path.join(store, "notes.txt")
+    with open(other, "w") as f:
+        f.write("another program's file")
+    with pytest.raises(kvtier.KvtierError, match="not a kvtier table"):
+        kvtier.destroy_table(other)
+    assert open(other).read() == "another program's file"
+    with pytest.raises(kvtier.KvtierError, match="a table holds 1 to"):
+        kvtier.load_table(os.path.join(store, "huge.table"), "k", 2**64 - 2**21)
+    assert not os.path.exists(os.path.join(store, "huge.table"))
