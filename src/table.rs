@@ -373,18 +373,22 @@ const REOPENS: u32 = 8;
 /// link, never waiting on a FIFO); `Load` makes a missing file (mode 0600)
 /// and says whether it did.
 fn open(path: &Path, access: Access) -> Result<(std::fs::File, std::fs::Metadata, bool)> {
-    let plain = |how| open_file(path, how, &TABLE_FILE, "table").map(|(f, m)| (f, m, false));
+    let open_file = |how| {
+        open_file(path, how, &TABLE_FILE, "table").map_err(|e| match e {
+            Error::Io { source, .. } => Error::Io {
+                context: format!("opening the table {}", path.display()),
+                source,
+            },
+            e => e,
+        })
+    };
+    let plain = |how| open_file(how).map(|(f, m)| (f, m, false));
     match access {
         Access::Read => plain(shared_fs::Access::Read),
         Access::Write => plain(shared_fs::Access::ReadWrite),
         Access::Load => {
             for _ in 0..REOPENS {
-                match open_file(
-                    path,
-                    shared_fs::Access::CreateNew { mode: 0o600 },
-                    &TABLE_FILE,
-                    "table",
-                ) {
+                match open_file(shared_fs::Access::CreateNew { mode: 0o600 }) {
                     Ok((f, m)) => return Ok((f, m, true)),
                     Err(Error::Io { source, .. })
                         if source.kind() == std::io::ErrorKind::AlreadyExists => {}
