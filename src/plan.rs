@@ -347,6 +347,23 @@ impl ModelSpec {
                 ),
             ));
         }
+        // the bytes of one request at the model's longest context, counted
+        // wide: a model whose request does not fit 64 bits (2^31 layers of
+        // 2 GiB entries) is nonsense, not a host of 0 bytes
+        let (host, hbm) = (
+            self.host_bytes_wide(self.max_context),
+            self.hbm_bytes_wide(self.max_context),
+        );
+        if host > MAX_PLAN_BYTES as u128 || hbm > MAX_PLAN_BYTES as u128 {
+            return Err(invalid(
+                "model",
+                format!(
+                    "{}: one request of {} tokens takes {} B of host memory and {} B of HBM, more than any machine \
+                     holds ({MAX_PLAN_BYTES} B); check its layers and entry bytes",
+                    self.name, self.max_context, host, hbm
+                ),
+            ));
+        }
         if self.hbm_bytes(1) == 0 {
             return Err(invalid(
                 "model",
@@ -391,22 +408,35 @@ impl ModelSpec {
             .min(self.hot_slots as u64 + page)
     }
 
-    /// Host bytes of one request of `tokens` tokens.
+    /// Host bytes of one request of `tokens` tokens (`u64::MAX` for more
+    /// than 64 bits count: more than any host holds).
     pub fn host_bytes(&self, tokens: u64) -> u64 {
-        self.offloaded_layers as u64 * self.entry_bytes as u64 * self.entries(tokens)
+        saturate(self.host_bytes_wide(tokens))
+    }
+
+    fn host_bytes_wide(&self, tokens: u64) -> u128 {
+        self.offloaded_layers as u128 * self.entry_bytes as u128 * self.entries(tokens) as u128
     }
 
     /// HBM bytes of one request of `tokens` tokens: its indexer keys and its
-    /// HOT buffer.
+    /// HOT buffer (`u64::MAX` for more than 64 bits count).
     pub fn hbm_bytes(&self, tokens: u64) -> u64 {
-        self.indexer_layers as u64 * self.indexer_entry_bytes as u64 * self.entries(tokens)
-            + self.offloaded_layers as u64 * self.entry_bytes as u64 * self.hot_slots_for(tokens)
+        saturate(self.hbm_bytes_wide(tokens))
+    }
+
+    fn hbm_bytes_wide(&self, tokens: u64) -> u128 {
+        self.indexer_layers as u128
+            * self.indexer_entry_bytes as u128
+            * self.entries(tokens) as u128
+            + self.offloaded_layers as u128
+                * self.entry_bytes as u128
+                * self.hot_slots_for(tokens) as u128
             + self
                 .resident_layers
                 .iter()
-                .map(|&(l, e, t)| l as u64 * e as u64 * tokens.div_ceil(t as u64))
-                .sum::<u64>()
-            + self.hbm_bytes_per_request
+                .map(|&(l, e, t)| l as u128 * e as u128 * tokens.div_ceil(t as u64) as u128)
+                .sum::<u128>()
+            + self.hbm_bytes_per_request as u128
     }
 
     /// Bytes one request of `tokens` tokens moves over the host link per
@@ -417,6 +447,14 @@ impl ModelSpec {
         }
         self.offloaded_layers as f64 * miss_rate * self.top_k as f64 * self.entry_bytes as f64
     }
+}
+
+/// The most bytes a plan counts in one place (8 EiB): sums of them stay
+/// within 64 bits, and no machine holds more.
+pub const MAX_PLAN_BYTES: u64 = 1 << 63;
+
+fn saturate(x: u128) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
 }
 
 /// A host memory device of the node: capacity for KV, and (for CXL) the
@@ -620,6 +658,18 @@ impl Deployment {
                 ),
             ));
         }
+        let host: u128 =
+            self.dram_for_kv as u128 + self.cxl.iter().map(|c| c.bytes as u128).sum::<u128>();
+        if host > MAX_PLAN_BYTES as u128 || self.hbm_for_kv > MAX_PLAN_BYTES {
+            return Err(invalid(
+                "memory",
+                format!(
+                    "the node's host memory for KV adds up to {host} B (DRAM and CXL) and its HBM for KV to {} B; a \
+                     plan counts at most {MAX_PLAN_BYTES} B (8 EiB)",
+                    self.hbm_for_kv
+                ),
+            ));
+        }
         if !(self.miss_rate.is_finite() && (0.0..=1.0).contains(&self.miss_rate)) {
             return Err(invalid(
                 "miss_rate",
@@ -695,7 +745,7 @@ pub fn plan(model: &ModelSpec, d: &Deployment) -> Result<Plan> {
                 tiers: name,
                 host_bytes,
                 per_gpu,
-                max_requests: per * groups,
+                max_requests: per.saturating_mul(groups),
                 limited_by,
                 link_bytes_per_step: link_bytes,
                 link_share: link_bytes / (d.link_gbps * 1e9) / (d.step_ms / 1e3),
@@ -981,6 +1031,40 @@ mod tests {
         d.tp = 1;
         d.miss_rate = 1.5;
         assert!(plan(&m, &d).is_err());
+    }
+
+    /// Byte counts past 64 bits wrapped: 2^31 layers of 2 GiB entries
+    /// planned 343,597,383,680 requests on a 512 GiB node ("host 0 B"), and
+    /// adding 2 TiB of CXL to 16777215 TiB of DRAM lowered the node from
+    /// 280 requests to 208. Both are refused now, saying why.
+    #[test]
+    fn byte_counts_past_64_bits_are_refused_not_wrapped() {
+        let mut m = v32();
+        m.name = "huge".into();
+        m.offloaded_layers = 1 << 31;
+        m.entry_bytes = 1 << 31;
+        m.indexer_layers = 0;
+        m.max_context = 1024;
+        let d = node(vec![(1024, 1.0)]);
+        let e = plan(&m, &d).unwrap_err().to_string();
+        assert!(e.contains("more than any machine holds"), "{e}");
+        // the same model one token long still counts right
+        m.offloaded_layers = 1 << 20;
+        assert_eq!(m.host_bytes(1024), (1u64 << 51) * 1024);
+        assert_eq!(m.host_bytes(u64::MAX), u64::MAX, "saturated, never wrapped");
+        let mut d = node(vec![(131_072, 1.0)]);
+        d.dram_for_kv = (16_777_215u64) << 40;
+        d.cxl = vec![HostTier {
+            name: "cxl".into(),
+            bytes: 2 << 40,
+            gbps: None,
+        }];
+        let e = plan(&v32(), &d).unwrap_err().to_string();
+        assert!(e.contains("8 EiB"), "{e}");
+        // near the limit, more memory never means fewer requests
+        d.dram_for_kv = 1 << 62;
+        let p = plan(&v32(), &d).unwrap();
+        assert!(p.capacities[1].max_requests >= p.capacities[0].max_requests);
     }
 
     #[test]

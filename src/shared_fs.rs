@@ -308,6 +308,66 @@ pub fn open_file(
     open_checked(libc::AT_FDCWD, path, path, access, rule, arg)
 }
 
+/// Opens a file a user named to read (a trace): links followed, as any
+/// reader follows them, but never a wait on a FIFO or a device, and only a
+/// regular file accepted.
+pub fn open_input(path: &Path, arg: &'static str) -> Result<File> {
+    let c = cstring(path)?;
+    // SAFETY: a valid C string; the descriptor is owned below.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    };
+    if fd < 0 {
+        return Err(Error::Io {
+            context: format!("opening {}", path.display()),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: just opened, owned by nothing else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    let meta = file.metadata().map_err(|source| Error::Io {
+        context: format!("reading {}", path.display()),
+        source,
+    })?;
+    if !meta.file_type().is_file() {
+        return Err(invalid(
+            arg,
+            format!(
+                "{} is {}, not a regular file",
+                path.display(),
+                kind_of(&meta)
+            ),
+        ));
+    }
+    set_blocking(&file).map_err(|source| Error::Io {
+        context: format!("opening {}", path.display()),
+        source,
+    })?;
+    Ok(file)
+}
+
+/// Creates (or empties) a file a user named to write (a trace, a report):
+/// never through a link another user planted at the path (a write would
+/// land in the link's target), never a FIFO or a device, never another
+/// user's file or one with other hard links.
+pub fn create_output(path: &Path, arg: &'static str) -> Result<File> {
+    let rule = FileRule {
+        owner: Owner::Me,
+        forbidden_mode: 0,
+        dax: false,
+        single_link: true,
+    };
+    let (file, _) = open_file(path, Access::Create { mode: 0o644 }, &rule, arg)?;
+    file.set_len(0).map_err(|source| Error::Io {
+        context: format!("emptying {}", path.display()),
+        source,
+    })?;
+    Ok(file)
+}
+
 /// Reads all of `file` from where it stands, but never more than `max`
 /// bytes: None when there is more (a file that grows, `/dev/zero`, a size
 /// that `st_size` does not tell).

@@ -36,7 +36,7 @@
 //! first long call. A row whose history starts long with no recorded state
 //! (a synthetic trace) starts with an empty buffer.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 
 use serde_json::{Value, json};
 
@@ -129,19 +129,29 @@ fn ints<T: TryFrom<i64>>(v: &Value, key: &str, line: usize) -> Result<Vec<T>> {
         .collect()
 }
 
-impl Trace {
-    /// Reads and checks a trace: a line that is not what the format says is
-    /// an error naming the line, never a panic.
-    pub fn read(r: impl BufRead) -> Result<Trace> {
-        let mut lines = r.lines().enumerate();
-        let io = |e: std::io::Error| Error::Io {
-            context: "reading the trace".into(),
-            source: e,
-        };
-        let (_, first) = lines
-            .next()
-            .ok_or_else(|| invalid("trace", "is empty (no header line)"))?;
-        let h: Value = serde_json::from_str(&first.map_err(io)?)
+/// The longest line a trace may hold (a call of many rows with their
+/// states): a reader holds one line at a time, never more.
+pub const MAX_TRACE_LINE_BYTES: usize = 64 << 20;
+
+/// A trace read a call at a time: memory for one line, whatever the file's
+/// length.
+pub struct TraceReader<R> {
+    r: R,
+    pub header: TraceHeader,
+    line: usize,
+    buf: Vec<u8>,
+    /// A line read ahead (to tell a cut-off last line from a bad one).
+    ahead: Option<(usize, Vec<u8>)>,
+}
+
+impl<R: BufRead> TraceReader<R> {
+    /// Reads and checks the header line.
+    pub fn new(mut r: R) -> Result<TraceReader<R>> {
+        let mut buf = Vec::new();
+        if !read_line(&mut r, &mut buf, 1)? {
+            return Err(invalid("trace", "is empty (no header line)"));
+        }
+        let h: Value = serde_json::from_slice(&buf)
             .map_err(|e| bad(1, format!("the header is not JSON: {e}")))?;
         if h.get("kvtier_trace").and_then(Value::as_u64) != Some(TRACE_VERSION) {
             return Err(bad(
@@ -149,7 +159,7 @@ impl Trace {
                 format!("not a kvtier trace of version {TRACE_VERSION}"),
             ));
         }
-        let mut header = TraceHeader {
+        let header = TraceHeader {
             hot: uint(&h, "hot", MAX_HOT as u64, 1)? as u32,
             block_tokens: match h.get("block_tokens") {
                 None => 0,
@@ -170,87 +180,229 @@ impl Trace {
         if header.hot == 0 {
             return Err(bad(1, "`hot` is 0"));
         }
-        let mut calls = Vec::new();
-        let mut lines = lines.peekable();
-        while let Some((i, text)) = lines.next() {
-            let line = i + 1;
-            let text = text.map_err(io)?;
-            if text.trim().is_empty() {
+        Ok(TraceReader {
+            r,
+            header,
+            line: 1,
+            buf,
+            ahead: None,
+        })
+    }
+
+    /// The next non-empty line and its number, None at the end.
+    fn next_line(&mut self) -> Result<Option<(usize, Vec<u8>)>> {
+        if let Some(l) = self.ahead.take() {
+            return Ok(Some(l));
+        }
+        loop {
+            self.line += 1;
+            let mut buf = std::mem::take(&mut self.buf);
+            if !read_line(&mut self.r, &mut buf, self.line)? {
+                return Ok(None);
+            }
+            if buf.iter().all(u8::is_ascii_whitespace) {
+                self.buf = buf;
                 continue;
             }
-            let v: Value = match serde_json::from_str(&text) {
-                Ok(v) => v,
-                // the last line of a recording cut off mid-write (a killed
-                // server): the calls before it stand
-                Err(e) if e.is_eof() && lines.peek().is_none() => {
-                    header.truncated = true;
-                    break;
-                }
-                Err(e) => return Err(bad(line, format!("not JSON: {e}"))),
-            };
-            let layer = uint(&v, "layer", MAX_COUNTED_LAYERS as u64 - 1, line)? as u32;
-            let rows = v
-                .get("rows")
-                .and_then(Value::as_array)
-                .ok_or_else(|| bad(line, "`rows` is missing or not a list"))?;
-            let rows = rows
-                .iter()
-                .map(|r| {
-                    let topk: Vec<i32> = ints(r, "topk", line)?;
-                    let entries = topk.len() as u64 * header.block_tokens.max(1) as u64;
-                    if topk.is_empty() || entries > MAX_TOP_K as u64 {
-                        return Err(bad(line, format!("a query of {} columns", topk.len())));
-                    }
-                    let state = match r.get("state") {
-                        None | Some(Value::Null) => None,
-                        Some(s) => {
-                            let st = RowState {
-                                tokens: ints(s, "tokens", line)?,
-                                lru: ints(s, "lru", line)?,
-                            };
-                            let h = header.hot as usize;
-                            if st.tokens.len() != h || st.lru.len() != h {
-                                return Err(bad(line, format!("a state of other than {h} slots")));
-                            }
-                            Some(st)
-                        }
-                    };
-                    Ok(TraceRow {
-                        req: uint(r, "req", u32::MAX as u64, line)? as u32,
-                        seq: uint(r, "seq", MAX_TRACE_SEQ as u64, line)? as u32,
-                        topk,
-                        state,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            calls.push(TraceCall { layer, rows });
+            return Ok(Some((self.line, buf)));
         }
-        Ok(Trace { header, calls })
+    }
+
+    /// The next call, None at the end (or at a last line cut off mid-write:
+    /// the header's `truncated` says so).
+    pub fn next_call(&mut self) -> Result<Option<TraceCall>> {
+        let Some((line, text)) = self.next_line()? else {
+            return Ok(None);
+        };
+        let v: Value = match serde_json::from_slice(&text) {
+            Ok(v) => v,
+            // the last line of a recording cut off mid-write (a killed
+            // server): the calls before it stand
+            Err(e) if e.is_eof() => {
+                self.ahead = self.next_line()?;
+                if self.ahead.is_none() {
+                    self.header.truncated = true;
+                    return Ok(None);
+                }
+                return Err(bad(line, format!("not JSON: {e}")));
+            }
+            Err(e) => return Err(bad(line, format!("not JSON: {e}"))),
+        };
+        self.buf = text;
+        parse_call(&v, &self.header, line).map(Some)
+    }
+}
+
+impl<R: BufRead> Iterator for TraceReader<R> {
+    type Item = Result<TraceCall>;
+
+    fn next(&mut self) -> Option<Result<TraceCall>> {
+        self.next_call().transpose()
+    }
+}
+
+/// Reads one line (without its newline) into `buf`, at most
+/// [`MAX_TRACE_LINE_BYTES`]; false at the end of the input.
+fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>, line: usize) -> Result<bool> {
+    buf.clear();
+    let n = r
+        .by_ref()
+        .take(MAX_TRACE_LINE_BYTES as u64 + 1)
+        .read_until(b'\n', buf)
+        .map_err(|e| Error::Io {
+            context: "reading the trace".into(),
+            source: e,
+        })?;
+    if n == 0 {
+        return Ok(false);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+    } else if buf.len() > MAX_TRACE_LINE_BYTES {
+        return Err(bad(
+            line,
+            format!("longer than {MAX_TRACE_LINE_BYTES} bytes (a trace writes a call a line)"),
+        ));
+    }
+    Ok(true)
+}
+
+fn parse_call(v: &Value, header: &TraceHeader, line: usize) -> Result<TraceCall> {
+    let layer = uint(v, "layer", MAX_COUNTED_LAYERS as u64 - 1, line)? as u32;
+    let rows = v
+        .get("rows")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad(line, "`rows` is missing or not a list"))?;
+    let rows = rows
+        .iter()
+        .map(|r| {
+            let topk: Vec<i32> = ints(r, "topk", line)?;
+            let entries = topk.len() as u64 * header.block_tokens.max(1) as u64;
+            if topk.is_empty() || entries > MAX_TOP_K as u64 {
+                return Err(bad(line, format!("a query of {} columns", topk.len())));
+            }
+            let state = match r.get("state") {
+                None | Some(Value::Null) => None,
+                Some(s) => {
+                    let st = RowState {
+                        tokens: ints(s, "tokens", line)?,
+                        lru: ints(s, "lru", line)?,
+                    };
+                    let h = header.hot as usize;
+                    if st.tokens.len() != h || st.lru.len() != h {
+                        return Err(bad(line, format!("a state of other than {h} slots")));
+                    }
+                    Some(st)
+                }
+            };
+            Ok(TraceRow {
+                req: uint(r, "req", u32::MAX as u64, line)? as u32,
+                seq: uint(r, "seq", MAX_TRACE_SEQ as u64, line)? as u32,
+                topk,
+                state,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(TraceCall { layer, rows })
+}
+
+/// What a replay needs to know of a trace before it starts, from a first
+/// pass over its calls.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TraceShape {
+    pub calls: u64,
+    /// Calls per layer (the layers the trace names: the largest plus one).
+    pub calls_per_layer: Vec<u64>,
+    /// The longest sequence, and the most columns a query has.
+    pub max_seq: u32,
+    pub max_cols: u32,
+}
+
+impl TraceShape {
+    fn add(&mut self, c: &TraceCall) {
+        self.calls += 1;
+        let l = c.layer as usize;
+        if self.calls_per_layer.len() <= l {
+            self.calls_per_layer.resize(l + 1, 0);
+        }
+        self.calls_per_layer[l] += 1;
+        for r in &c.rows {
+            self.max_seq = self.max_seq.max(r.seq);
+            self.max_cols = self.max_cols.max(r.topk.len() as u32);
+        }
+    }
+
+    /// Layers the trace names (the largest plus one).
+    pub fn layers(&self) -> u32 {
+        self.calls_per_layer.len() as u32
+    }
+
+    /// The most entries a row resolves: the smallest hot buffer it replays at.
+    pub fn widest_query(&self, header: &TraceHeader) -> u32 {
+        self.max_cols * header.block_tokens.max(1)
+    }
+
+    /// The shape of the calls `calls` yields (a first pass over a trace).
+    pub fn of(calls: impl IntoIterator<Item = Result<TraceCall>>) -> Result<TraceShape> {
+        let mut shape = TraceShape::default();
+        for c in calls {
+            shape.add(&c?);
+        }
+        Ok(shape)
+    }
+}
+
+fn write_io(e: std::io::Error) -> Error {
+    Error::Io {
+        context: "writing the trace".into(),
+        source: e,
+    }
+}
+
+/// Writes a trace's header line.
+pub fn write_header(w: &mut impl Write, h: &TraceHeader) -> Result<()> {
+    let header = json!({"kvtier_trace": TRACE_VERSION, "hot": h.hot, "block_tokens": h.block_tokens,
+        "item_bytes": h.item_bytes, "synthetic": h.synthetic, "note": h.note});
+    writeln!(w, "{header}").map_err(write_io)
+}
+
+/// Writes one call's line.
+pub fn write_call(w: &mut impl Write, c: &TraceCall) -> Result<()> {
+    let rows: Vec<Value> = c
+        .rows
+        .iter()
+        .map(|r| {
+            let mut v = json!({"req": r.req, "seq": r.seq, "topk": r.topk});
+            if let Some(s) = &r.state {
+                v["state"] = json!({"tokens": s.tokens, "lru": s.lru});
+            }
+            v
+        })
+        .collect();
+    writeln!(w, "{}", json!({"layer": c.layer, "rows": rows})).map_err(write_io)
+}
+
+impl Trace {
+    /// Reads and checks a whole trace into memory (see [`TraceReader`] for
+    /// one call at a time): a line that is not what the format says is an
+    /// error naming the line, never a panic.
+    pub fn read(r: impl BufRead) -> Result<Trace> {
+        let mut reader = TraceReader::new(r)?;
+        let mut calls = Vec::new();
+        while let Some(c) = reader.next_call()? {
+            calls.push(c);
+        }
+        Ok(Trace {
+            header: reader.header,
+            calls,
+        })
     }
 
     /// Writes the trace in its format.
     pub fn write(&self, mut w: impl Write) -> Result<()> {
-        let io = |e: std::io::Error| Error::Io {
-            context: "writing the trace".into(),
-            source: e,
-        };
-        let h = &self.header;
-        let header = json!({"kvtier_trace": TRACE_VERSION, "hot": h.hot, "block_tokens": h.block_tokens,
-            "item_bytes": h.item_bytes, "synthetic": h.synthetic, "note": h.note});
-        writeln!(w, "{header}").map_err(io)?;
+        write_header(&mut w, &self.header)?;
         for c in &self.calls {
-            let rows: Vec<Value> = c
-                .rows
-                .iter()
-                .map(|r| {
-                    let mut v = json!({"req": r.req, "seq": r.seq, "topk": r.topk});
-                    if let Some(s) = &r.state {
-                        v["state"] = json!({"tokens": s.tokens, "lru": s.lru});
-                    }
-                    v
-                })
-                .collect();
-            writeln!(w, "{}", json!({"layer": c.layer, "rows": rows})).map_err(io)?;
+            write_call(&mut w, c)?;
         }
         Ok(())
     }
@@ -300,156 +452,341 @@ fn short_state(seq: u32, hot: usize) -> RowState {
     }
 }
 
+/// The most memory a replay keeps of request rows' hot-buffer states
+/// (6 bytes a slot for each row that has outgrown its buffer): a trace that
+/// needs more is replayed a group of layers at a time (rows of different
+/// layers never share a state), and one layer that alone needs more is an
+/// error that says so.
+pub const REPLAY_STATE_BUDGET: u64 = 256 << 20;
+
 /// The trace replayed at `hot` slots through the CPU executor's swap-in (the
 /// kernels' exact policy): each layer's counters (`bytes` from the header's
 /// `item_bytes`).
 pub fn replay(trace: &Trace, hot: u32) -> Result<Vec<SwapInCounters>> {
-    let engine = replay_calls(trace, hot, |_, _, _| {})?;
-    let mut counted = engine.counters()?.unwrap_or_default();
-    counted.truncate(trace.layers() as usize);
-    for (layer, c) in counted.iter_mut().enumerate() {
-        // the rows were replayed one call each; the recording's calls were batches
-        c.calls = trace
+    let shape = TraceShape::of(trace.calls.iter().cloned().map(Ok))?;
+    replay_calls_from(&trace.header, &shape, hot, REPLAY_STATE_BUDGET, || {
+        Ok(trace
             .calls
             .iter()
-            .filter(|t| t.layer as usize == layer)
-            .count() as u64;
-        c.bytes = c.misses.saturating_mul(trace.header.item_bytes);
+            .map(|c| Ok(std::borrow::Cow::Borrowed(c))))
+    })
+}
+
+/// [`replay`] of a trace read a call at a time: `calls` opens it anew for
+/// each pass (a first pass for its [`TraceShape`], then one or more over
+/// groups of layers), so memory holds one line and the rows' states within
+/// `budget` bytes ([`REPLAY_STATE_BUDGET`] by default), whatever the
+/// trace's length.
+pub fn replay_stream<I>(
+    header: &TraceHeader,
+    shape: &TraceShape,
+    hot: u32,
+    budget: u64,
+    calls: impl FnMut() -> Result<I>,
+) -> Result<Vec<SwapInCounters>>
+where
+    I: Iterator<Item = Result<TraceCall>>,
+{
+    let mut calls = calls;
+    replay_calls_from(header, shape, hot, budget, || {
+        Ok(calls()?.map(|c| c.map(std::borrow::Cow::Owned)))
+    })
+}
+
+fn replay_calls_from<'a, I>(
+    header: &TraceHeader,
+    shape: &TraceShape,
+    hot: u32,
+    budget: u64,
+    calls: impl FnMut() -> Result<I>,
+) -> Result<Vec<SwapInCounters>>
+where
+    I: Iterator<Item = Result<std::borrow::Cow<'a, TraceCall>>>,
+{
+    let mut counted = replay_passes(header, shape, hot, budget, calls, |_, _, _| {})?;
+    counted.truncate(shape.layers() as usize);
+    for (layer, c) in counted.iter_mut().enumerate() {
+        // the rows were replayed one call each; the recording's calls were batches
+        c.calls = shape.calls_per_layer[layer];
+        c.bytes = c.misses.saturating_mul(header.item_bytes);
     }
     Ok(counted)
 }
 
 /// Each row's hot-buffer state just before the calls `wanted` (indices into
 /// `trace.calls`) as the replay at `hot` slots has it: what a swap-in of
-/// that call starts from (the bench times calls of a trace from it).
+/// that call starts from (the bench times calls of a trace from it). The
+/// trace is in memory already; its replay keeps every row's state.
 pub fn states_before(trace: &Trace, hot: u32, wanted: &[usize]) -> Result<Vec<Vec<RowState>>> {
+    let shape = TraceShape::of(trace.calls.iter().cloned().map(Ok))?;
     let mut out: Vec<Vec<RowState>> = vec![Vec::new(); wanted.len()];
-    replay_calls(trace, hot, |call, _, state| {
-        for (w, &c) in wanted.iter().enumerate() {
-            if c == call {
-                out[w].push(state.clone());
+    replay_passes(
+        &trace.header,
+        &shape,
+        hot,
+        REPLAY_STATE_BUDGET,
+        || {
+            Ok(trace
+                .calls
+                .iter()
+                .map(|c| Ok(std::borrow::Cow::Borrowed(c))))
+        },
+        |call, _, state| {
+            for (w, &c) in wanted.iter().enumerate() {
+                if c == call {
+                    out[w].push(state.clone());
+                }
             }
-        }
-    })?;
+        },
+    )?;
     Ok(out)
 }
 
-/// The replay behind [`replay`] and [`states_before`]: `before(call, row,
-/// state)` sees each row's state before its swap-in; returns the engine with
-/// its counters.
-fn replay_calls(
-    trace: &Trace,
+/// A request row's state between its calls: a row that has not outgrown
+/// its buffer holds `short_state(seq)`, kept as its length alone.
+enum Kept {
+    Short(u32),
+    Long(RowState),
+}
+
+/// Why a pass stopped: its layers' states outgrew the budget.
+struct OverBudget {
+    layer: u32,
+    rows: usize,
+}
+
+/// The replay behind [`replay`] and [`states_before`]: the calls, a group
+/// of layers a pass (all of them at first, fewer while the rows' states
+/// outgrow `budget` bytes); `before(call, row, state)` sees each row's
+/// state before its swap-in (a pass that outgrew the budget and was
+/// replayed in smaller ones shows its rows again). Returns each layer's
+/// counters.
+fn replay_passes<'a, I>(
+    header: &TraceHeader,
+    shape: &TraceShape,
     hot: u32,
+    budget: u64,
+    mut calls: impl FnMut() -> Result<I>,
     mut before: impl FnMut(usize, usize, &RowState),
-) -> Result<SwapInEngine> {
+) -> Result<Vec<SwapInCounters>>
+where
+    I: Iterator<Item = Result<std::borrow::Cow<'a, TraceCall>>>,
+{
     if hot == 0 || hot > MAX_HOT {
         return Err(invalid("hot", format!("{hot} is outside 1..={MAX_HOT}")));
     }
-    let h = hot as usize;
-    let s = trace.header.block_tokens;
-    let query = if s == 0 {
-        QueryKind::Tokens
-    } else {
-        QueryKind::Blocks { block_tokens: s }
-    };
-    let max_seq = trace
-        .calls
-        .iter()
-        .flat_map(|c| c.rows.iter().map(|r| r.seq))
-        .max()
-        .unwrap_or(1)
-        .max(1) as usize;
-    let max_cols = trace
-        .calls
-        .iter()
-        .flat_map(|c| c.rows.iter().map(|r| r.topk.len()))
-        .max()
-        .unwrap_or(1) as u32;
-    let layers = trace.layers().max(1);
-    let mut engine = SwapInEngine::new(Executor::cpu())?;
-    engine.reserve(1, (max_cols * s.max(1)).min(MAX_TOP_K))?;
-    engine.enable_counters(layers)?;
-    const ITEM: u32 = 8; // no KV moves (skip_io): rows only need to exist
-    let host_locs: Vec<i64> = (0..max_seq as i64).collect();
-    let host_cache = vec![0u8; max_seq * ITEM as usize];
-    let mut device_buffer = vec![0u8; (h + 1) * ITEM as usize];
-    let locs: Vec<i32> = (0..=hot as i32).collect();
-    // each (layer, request row): its state, and the sequence length of its
-    // last call
-    let mut states: std::collections::HashMap<(u32, u32), (RowState, u32)> = Default::default();
-    for (call_index, call) in trace.calls.iter().enumerate() {
+    let layers = shape.layers().max(1);
+    let mut counted = vec![SwapInCounters::default(); layers as usize];
+    let (mut first, mut group) = (0, layers);
+    'spans: while first < layers {
+        let span = first..(first + group).min(layers);
+        let mut r = Replayer::new(header, shape, hot)?;
+        for (call_index, call) in calls()?.enumerate() {
+            let call = call?;
+            if !span.contains(&call.layer) {
+                continue;
+            }
+            if let Err(over) = r.call(call_index, &call, budget, &mut before)? {
+                if group == 1 {
+                    return Err(invalid(
+                        "trace",
+                        format!(
+                            "replaying layer {} at HOT {hot} holds the hot buffers of {} request rows at once ({} B \
+                             each), past the {} MiB a replay keeps; replay at a smaller HOT, give the replay more \
+                             memory, or a trace of fewer request rows",
+                            over.layer,
+                            over.rows,
+                            r.state_bytes(),
+                            budget >> 20
+                        ),
+                    ));
+                }
+                // this span again, in halves (the spans before it stand)
+                group = group.div_ceil(2);
+                continue 'spans;
+            }
+        }
+        let got = r.engine.counters()?.unwrap_or_default();
+        for l in span.clone() {
+            if let Some(c) = got.get(l as usize) {
+                counted[l as usize] = *c;
+            }
+        }
+        first = span.end;
+    }
+    Ok(counted)
+}
+
+/// The swap-in's CPU executor and the rows' states, replaying calls.
+struct Replayer {
+    engine: SwapInEngine,
+    hot: u32,
+    recorded_hot: u32,
+    query: QueryKind,
+    block_tokens: u32,
+    max_seq: usize,
+    host_locs: Vec<i64>,
+    host_cache: Vec<u8>,
+    device_buffer: Vec<u8>,
+    locs: Vec<i32>,
+    /// Each (layer, request row): its state and the sequence length of its
+    /// last call.
+    states: std::collections::HashMap<(u32, u32), (Kept, u32)>,
+    /// How many of them are Long (the memory they hold).
+    long: u64,
+    scratch: RowState,
+    out: Vec<i32>,
+}
+
+const ITEM: u32 = 8; // no KV moves (skip_io): rows only need to exist
+
+impl Replayer {
+    fn new(header: &TraceHeader, shape: &TraceShape, hot: u32) -> Result<Replayer> {
+        let h = hot as usize;
+        let s = header.block_tokens;
+        let max_seq = shape.max_seq.max(1) as usize;
+        let mut engine = SwapInEngine::new(Executor::cpu())?;
+        engine.reserve(1, (shape.max_cols.max(1) * s.max(1)).min(MAX_TOP_K))?;
+        engine.enable_counters(shape.layers().max(1))?;
+        Ok(Replayer {
+            engine,
+            hot,
+            recorded_hot: header.hot,
+            query: if s == 0 {
+                QueryKind::Tokens
+            } else {
+                QueryKind::Blocks { block_tokens: s }
+            },
+            block_tokens: s,
+            max_seq,
+            host_locs: (0..max_seq as i64).collect(),
+            host_cache: vec![0u8; max_seq * ITEM as usize],
+            device_buffer: vec![0u8; (h + 1) * ITEM as usize],
+            locs: (0..=hot as i32).collect(),
+            states: Default::default(),
+            long: 0,
+            scratch: short_state(0, h),
+            out: Vec::new(),
+        })
+    }
+
+    /// Bytes one kept long state holds.
+    fn state_bytes(&self) -> u64 {
+        self.hot as u64 * (4 + 2)
+    }
+
+    /// Replays one call's rows; Err(OverBudget) when the states kept
+    /// outgrow the budget.
+    fn call(
+        &mut self,
+        call_index: usize,
+        call: &TraceCall,
+        budget: u64,
+        before: &mut impl FnMut(usize, usize, &RowState),
+    ) -> Result<std::result::Result<(), OverBudget>> {
+        let h = self.hot as usize;
         for (row_index, row) in call.rows.iter().enumerate() {
-            let entries = row.topk.len() as u32 * s.max(1);
-            if entries > hot {
+            let entries = row.topk.len() as u32 * self.block_tokens.max(1);
+            if entries > self.hot {
                 return Err(invalid(
                     "hot",
-                    format!("{hot} slots cannot hold a query of {entries} entries"),
+                    format!(
+                        "{} slots cannot hold a query of {entries} entries",
+                        self.hot
+                    ),
                 ));
             }
             let key = (call.layer, row.req);
             // the row's own history continues when it is the same request's
             // next step; a recorded state is the truth at the recorded size
             // and a new start (a fitted one) elsewhere
-            let continues = states
-                .get(&key)
-                .is_some_and(|(_, last)| row.seq == last + 1);
-            let fresh = match (&row.state, row.seq as usize <= h) {
-                (Some(st), _) if hot == trace.header.hot => Some(st.clone()),
-                (_, true) => Some(short_state(row.seq, h)),
-                (_, false) if continues => None,
-                (Some(st), false) => Some(fit(st, h)),
-                (None, false) => Some(short_state(0, h)),
-            };
-            let entry = states.entry(key).or_insert_with(|| (short_state(0, h), 0));
-            if let Some(st) = fresh {
-                entry.0 = st;
+            let kept = self.states.remove(&key);
+            if matches!(kept, Some((Kept::Long(_), _))) {
+                self.long -= 1;
             }
-            entry.1 = row.seq;
-            let state = &mut entry.0;
-            before(call_index, row_index, state);
-            let mut out = vec![0i32; entries as usize];
+            let continues = kept.as_ref().is_some_and(|(_, last)| row.seq == last + 1);
+            let short = row.seq as usize <= h;
+            let mut state = match (&row.state, short) {
+                (Some(st), _) if self.hot == self.recorded_hot => Kept::Long(st.clone()),
+                (_, true) => Kept::Short(row.seq),
+                (_, false) if continues => kept.map(|(k, _)| k).unwrap(),
+                (Some(st), false) => Kept::Long(fit(st, h)),
+                (None, false) => Kept::Short(0),
+            };
+            // a short state is built in the scratch; a long call keeps its own
+            let st: &mut RowState = match &mut state {
+                Kept::Short(seq) => {
+                    let seq = *seq;
+                    for (t, slot) in self.scratch.tokens.iter_mut().enumerate() {
+                        *slot = if (t as u32) < seq { t as i32 } else { -1 };
+                    }
+                    for (i, l) in self.scratch.lru.iter_mut().enumerate() {
+                        *l = i as i16;
+                    }
+                    &mut self.scratch
+                }
+                Kept::Long(st) => st,
+            };
+            before(call_index, row_index, st);
+            self.out.clear();
+            self.out.resize(entries as usize, 0);
             let (req, seq) = ([0i32], [row.seq as i32]);
             let args = SwapInArgs {
                 top_k_tokens: Buf::host(&row.topk),
                 top_k_stride: row.topk.len(),
-                query,
-                device_buffer_tokens: BufMut::host(&mut state.tokens),
+                query: self.query,
+                device_buffer_tokens: BufMut::host(&mut st.tokens),
                 tokens_stride: h,
-                device_buffer_locs: Buf::host(&locs),
+                device_buffer_locs: Buf::host(&self.locs),
                 locs_stride: h + 1,
-                lru_slots: BufMut::host(&mut state.lru),
+                lru_slots: BufMut::host(&mut st.lru),
                 lru_stride: h,
-                host_cache_locs: Buf::host(&host_locs),
-                host_stride: max_seq,
-                max_tokens: max_seq as u32,
+                host_cache_locs: Buf::host(&self.host_locs),
+                host_stride: self.max_seq,
+                max_tokens: self.max_seq as u32,
                 kv: KvBuffers::linear(
                     ITEM,
-                    Buf::host(&host_cache),
-                    BufMut::host(&mut device_buffer),
+                    Buf::host(&self.host_cache),
+                    BufMut::host(&mut self.device_buffer),
                 )?,
-                top_k_device_locs: BufMut::host(&mut out),
+                top_k_device_locs: BufMut::host(&mut self.out),
                 out_stride: entries as usize,
                 req_pool_indices: IndexBuf::I32(Buf::host(&req)),
                 seq_lens: IndexBuf::I32(Buf::host(&seq)),
                 num_real_reqs: None,
                 num_requests: 1,
                 num_top_k: row.topk.len() as u32,
-                hot_buffer_size: hot,
+                hot_buffer_size: self.hot,
                 skip_io: true,
                 layer: Some(call.layer),
                 miss_plan: None,
             };
             // a refused entry (a token past the sequence, say) is counted as
             // a bad index, as the recording run counted it
-            match engine.run(&args, Stream::null()) {
+            match self.engine.run(&args, Stream::null()) {
                 Ok(()) | Err(Error::BadIndices(_)) => {}
                 Err(e) => return Err(e),
             }
+            // what the row carries into its next call: a long call changed
+            // its state (kept whole from now on); a short one changed nothing
+            let state = match state {
+                Kept::Short(_) if !short => Kept::Long(self.scratch.clone()),
+                k => k,
+            };
+            if matches!(state, Kept::Long(_)) {
+                self.long += 1;
+            }
+            self.states.insert(key, (state, row.seq));
+            if self.long * self.state_bytes() > budget {
+                return Ok(Err(OverBudget {
+                    layer: call.layer,
+                    rows: self.long as usize,
+                }));
+            }
         }
+        Ok(Ok(()))
     }
-    Ok(engine)
 }
-
 /// What [`synthesize`] generates: requests decoding side by side, each
 /// layer's selection per step an assumption, not a measurement.
 #[derive(Clone, Debug)]
@@ -471,13 +808,91 @@ pub struct SynthSpec {
     pub seed: u64,
 }
 
+/// The most memory [`synthesize_each`] keeps of the previous step's
+/// selections (`requests × layers × top_k` positions, 4 bytes each, when
+/// `overlap` keeps any).
+pub const SYNTH_STATE_BUDGET: u64 = 256 << 20;
+
 /// A synthetic trace: per request and layer, step 0 selects `top_k`
 /// positions (the `recent` newest, the rest in runs of `run_len` at uniform
 /// places); each later step keeps an `overlap` share of the previous step's
 /// selection (uniformly chosen), takes the `recent` newest, and draws the
-/// rest in runs. The header says it is synthetic and with what.
+/// rest in runs. The header says it is synthetic and with what. In memory:
+/// [`synthesize_each`] streams it instead.
 pub fn synthesize(spec: &SynthSpec) -> Result<Trace> {
+    let mut calls = Vec::new();
+    let header = synthesize_each(spec, |c| {
+        calls.push(c);
+        Ok(())
+    })?;
+    Ok(Trace { header, calls })
+}
+
+/// [`synthesize`], each call handed to `emit` as it is made (a writer's,
+/// say): memory for one call and the previous step's selections, never the
+/// whole trace. Returns the header (the same before and after: see
+/// [`synth_header`]).
+pub fn synthesize_each(
+    spec: &SynthSpec,
+    mut emit: impl FnMut(TraceCall) -> Result<()>,
+) -> Result<TraceHeader> {
     use rand::{Rng, SeedableRng, seq::SliceRandom};
+    let header = synth_header(spec)?;
+    let sp = spec;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(sp.seed);
+    let keep = (sp.overlap * sp.top_k as f64).round() as usize;
+    let mut prev: std::collections::HashMap<(u32, u32), Vec<i32>> = Default::default();
+    let mut unkept = vec![0i32; sp.top_k as usize];
+    for step in 0..sp.steps {
+        let seq = sp.context + step;
+        for layer in 0..sp.layers {
+            let mut rows = Vec::new();
+            for req in 0..sp.requests {
+                let k = sp.top_k as usize;
+                let mut chosen: Vec<i32> = Vec::with_capacity(k);
+                let mut seen = std::collections::HashSet::new();
+                let mut take = |t: i32, chosen: &mut Vec<i32>| {
+                    if chosen.len() < k && t >= 0 && (t as u32) < seq && seen.insert(t) {
+                        chosen.push(t);
+                    }
+                };
+                for t in (seq.saturating_sub(sp.recent)..seq).rev() {
+                    take(t as i32, &mut chosen);
+                }
+                if let Some(p) = prev.get_mut(&(layer, req)) {
+                    p.shuffle(&mut rng);
+                    for &t in p.iter().take(keep) {
+                        take(t, &mut chosen);
+                    }
+                } else if keep == 0 && step > 0 {
+                    // nothing kept, but the draws as if it were: a seed
+                    // gives the trace it always gave
+                    unkept.shuffle(&mut rng);
+                }
+                while chosen.len() < k {
+                    let start = rng.random_range(0..seq);
+                    for t in start..(start + sp.run_len).min(seq) {
+                        take(t as i32, &mut chosen);
+                    }
+                }
+                if keep > 0 {
+                    prev.insert((layer, req), chosen.clone());
+                }
+                rows.push(TraceRow {
+                    req,
+                    seq,
+                    topk: chosen,
+                    state: None,
+                });
+            }
+            emit(TraceCall { layer, rows })?;
+        }
+    }
+    Ok(header)
+}
+
+/// The header of the synthetic trace `spec` describes, after checking it.
+pub fn synth_header(spec: &SynthSpec) -> Result<TraceHeader> {
     let sp = spec;
     if sp.requests == 0 || sp.layers == 0 || sp.steps == 0 || sp.top_k == 0 || sp.run_len == 0 {
         return Err(invalid(
@@ -513,71 +928,151 @@ pub fn synthesize(spec: &SynthSpec) -> Result<Trace> {
             "overlap must be in 0..=1 and recent at most top_k",
         ));
     }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(sp.seed);
-    let mut prev: std::collections::HashMap<(u32, u32), Vec<i32>> = Default::default();
-    let mut calls = Vec::new();
-    for step in 0..sp.steps {
-        let seq = sp.context + step;
-        for layer in 0..sp.layers {
-            let mut rows = Vec::new();
-            for req in 0..sp.requests {
-                let k = sp.top_k as usize;
-                let mut chosen: Vec<i32> = Vec::with_capacity(k);
-                let mut seen = std::collections::HashSet::new();
-                let mut take = |t: i32, chosen: &mut Vec<i32>| {
-                    if chosen.len() < k && t >= 0 && (t as u32) < seq && seen.insert(t) {
-                        chosen.push(t);
-                    }
-                };
-                for t in (seq.saturating_sub(sp.recent)..seq).rev() {
-                    take(t as i32, &mut chosen);
-                }
-                if let Some(p) = prev.get(&(layer, req)) {
-                    let mut p = p.clone();
-                    p.shuffle(&mut rng);
-                    let keep = (sp.overlap * k as f64).round() as usize;
-                    for &t in p.iter().take(keep) {
-                        take(t, &mut chosen);
-                    }
-                }
-                while chosen.len() < k {
-                    let start = rng.random_range(0..seq);
-                    for t in start..(start + sp.run_len).min(seq) {
-                        take(t as i32, &mut chosen);
-                    }
-                }
-                prev.insert((layer, req), chosen.clone());
-                rows.push(TraceRow {
-                    req,
-                    seq,
-                    topk: chosen,
-                    state: None,
-                });
-            }
-            calls.push(TraceCall { layer, rows });
+    // one call's rows, and the previous step's selections where kept
+    let row_bytes = sp.requests as u64 * sp.top_k as u64 * 4;
+    let kept = if sp.overlap > 0.0 {
+        row_bytes * sp.layers as u64
+    } else {
+        0
+    };
+    if row_bytes.max(kept) > SYNTH_STATE_BUDGET {
+        return Err(invalid(
+            "synth",
+            format!(
+                "{} requests × {} layers × top-k {} keeps {} MiB of selections between steps, past the {} MiB a \
+                 synthesis holds; synthesize fewer requests (the rows are independent: several smaller traces \
+                 say the same)",
+                sp.requests,
+                if kept > 0 { sp.layers } else { 1 },
+                sp.top_k,
+                row_bytes.max(kept) >> 20,
+                SYNTH_STATE_BUDGET >> 20
+            ),
+        ));
+    }
+    Ok(TraceHeader {
+        hot: sp.hot,
+        block_tokens: 0,
+        item_bytes: 0,
+        synthetic: true,
+        truncated: false,
+        note: format!(
+            "synthetic (kvtier trace synth): {} requests, {} layers, {} steps from context {}, top-k {}, \
+             overlap {} with the previous step, runs of {}, the {} newest always; assumptions, not a \
+             measurement",
+            sp.requests,
+            sp.layers,
+            sp.steps,
+            sp.context,
+            sp.top_k,
+            sp.overlap,
+            sp.run_len,
+            sp.recent
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synth(requests: u32, layers: u32) -> Trace {
+        synthesize(&SynthSpec {
+            requests,
+            layers,
+            steps: 6,
+            context: 600,
+            top_k: 32,
+            hot: 128,
+            overlap: 0.7,
+            run_len: 4,
+            recent: 8,
+            seed: 3,
+        })
+        .unwrap()
+    }
+
+    fn replay_within(t: &Trace, hot: u32, budget: u64) -> Result<Vec<SwapInCounters>> {
+        let shape = TraceShape::of(t.calls.iter().cloned().map(Ok)).unwrap();
+        replay_passes(
+            &t.header,
+            &shape,
+            hot,
+            budget,
+            || Ok(t.calls.iter().map(|c| Ok(std::borrow::Cow::Borrowed(c)))),
+            |_, _, _| {},
+        )
+    }
+
+    /// Rows of different layers share no state: a replay split into passes
+    /// over fewer layers (the budget too small for all at once) counts
+    /// exactly what one pass counts; a layer that alone exceeds it is an
+    /// error that says so.
+    #[test]
+    fn a_replay_in_passes_of_fewer_layers_counts_the_same() {
+        let t = synth(5, 6);
+        for hot in [64u32, 128, 256] {
+            let whole = replay_within(&t, hot, u64::MAX).unwrap();
+            let per = hot as u64 * 6;
+            // room for one layer's 5 rows, not two layers'
+            let split = replay_within(&t, hot, 7 * per).unwrap();
+            assert_eq!(whole, split, "HOT {hot}");
+            assert!(whole.iter().map(|c| c.misses).sum::<u64>() > 0);
+            let e = replay_within(&t, hot, 3 * per).unwrap_err().to_string();
+            assert!(e.contains("holds the hot buffers of 4 request rows"), "{e}");
         }
     }
-    Ok(Trace {
-        header: TraceHeader {
-            hot: sp.hot,
-            block_tokens: 0,
-            item_bytes: 0,
-            synthetic: true,
-            truncated: false,
-            note: format!(
-                "synthetic (kvtier trace synth): {} requests, {} layers, {} steps from context {}, top-k {}, \
-                 overlap {} with the previous step, runs of {}, the {} newest always; assumptions, not a \
-                 measurement",
-                sp.requests,
-                sp.layers,
-                sp.steps,
-                sp.context,
-                sp.top_k,
-                sp.overlap,
-                sp.run_len,
-                sp.recent
-            ),
-        },
-        calls,
-    })
+
+    /// A trace read a call at a time replays as the whole trace in memory.
+    #[test]
+    fn a_streamed_trace_replays_as_one_in_memory() {
+        let t = synth(3, 4);
+        let mut text = Vec::new();
+        t.write(&mut text).unwrap();
+        let open = || TraceReader::new(std::io::Cursor::new(text.as_slice()));
+        let mut first = open().unwrap();
+        let shape = TraceShape::of(&mut first).unwrap();
+        assert_eq!(shape.calls, t.calls.len() as u64);
+        assert_eq!(shape.layers(), t.layers());
+        for hot in [32u32, 100] {
+            assert_eq!(
+                replay_stream(&first.header, &shape, hot, REPLAY_STATE_BUDGET, open).unwrap(),
+                replay(&t, hot).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn a_line_longer_than_a_trace_writes_is_refused_without_reading_on() {
+        let mut text = b"{\"kvtier_trace\": 1, \"hot\": 8}\n".to_vec();
+        text.extend(std::iter::repeat_n(b' ', MAX_TRACE_LINE_BYTES + 10));
+        let mut r = TraceReader::new(std::io::Cursor::new(text)).unwrap();
+        let e = r.next_call().unwrap_err().to_string();
+        assert!(e.contains("line 2: longer than"), "{e}");
+    }
+
+    #[test]
+    fn a_synthesis_too_large_to_hold_is_refused_before_anything_is_made() {
+        let spec = SynthSpec {
+            requests: 100_000_000,
+            layers: 1,
+            steps: 1,
+            context: 4096,
+            top_k: 1,
+            hot: 4096,
+            overlap: 0.9,
+            run_len: 1,
+            recent: 0,
+            seed: 1,
+        };
+        let mut calls = 0;
+        let e = synthesize_each(&spec, |_| {
+            calls += 1;
+            Ok(())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("synthesize fewer requests"), "{e}");
+        assert_eq!(calls, 0);
+    }
 }

@@ -994,6 +994,85 @@ fn pool_status_json_counts_per_device_and_per_client() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A small trace of many request rows (61 layers × 20 rows, each a long
+/// sequence) at HOT 16384 once kept 96 KiB a (layer, row) for the whole
+/// replay (114 MiB; a 1.3 MB trace of this kind took 1.5 GB) and aborted
+/// under an 80 MB address-space limit; the replay now holds at most
+/// `--replay-memory` of states (a group of layers a pass) and answers
+/// exactly: one miss a row.
+#[test]
+fn plan_replays_a_trace_of_many_rows_in_bounded_memory() {
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-trace-mem-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rows.jsonl");
+    let mut text = String::from("{\"kvtier_trace\": 1, \"hot\": 16384, \"item_bytes\": 656}\n");
+    for layer in 0..61 {
+        for req in 0..20 {
+            text.push_str(&format!(
+                "{{\"layer\": {layer}, \"rows\": [{{\"req\": {req}, \"seq\": 20000, \"topk\": [{req}]}}]}}\n"
+            ));
+        }
+    }
+    std::fs::write(&file, &text).unwrap();
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -v 80000 && exec {} plan --trace {} --hot 16384 --replay-memory 8MiB --json",
+            env!("CARGO_BIN_EXE_kvtier"),
+            file.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &v["curve"][0];
+    assert_eq!(
+        (p["hot"].as_u64(), p["misses"].as_u64(), p["hits"].as_u64()),
+        (Some(16384), Some(61 * 20), Some(0))
+    );
+    assert_eq!(p["bytes"].as_u64(), Some(61 * 20 * 656));
+    assert_eq!(v["calls"].as_u64(), Some(61 * 20));
+    // a FIFO named as the trace is refused, not waited on
+    let fifo = dir.join("fifo.jsonl");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let (ok, _, err) = kvtier(&["plan", "--trace", fifo.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("is a FIFO, not a regular file"),
+        "{err}"
+    );
+    // and synth never writes through a link planted at its output
+    let target = dir.join("target");
+    std::fs::write(&target, "untouched").unwrap();
+    let link = dir.join("out.jsonl");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let (ok, _, err) = kvtier(&[
+        "trace",
+        "synth",
+        "-o",
+        link.to_str().unwrap(),
+        "--steps",
+        "1",
+    ]);
+    assert!(!ok && err.contains("symbolic link"), "{err}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "untouched");
+    let (ok, _, err) = kvtier(&[
+        "trace",
+        "synth",
+        "-o",
+        "/dev/null",
+        "--requests",
+        "100000000",
+    ]);
+    assert!(!ok && err.contains("synthesize fewer requests"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// `kvtier trace synth` writes a trace that says it is synthetic, and `kvtier
 /// plan --trace` replays it at each size asked for; a broken trace file is
 /// one line naming the line, exit 1.

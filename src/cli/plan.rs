@@ -97,6 +97,11 @@ pub struct PlanArgs {
     /// comma-separated (default: the recorded size, half and twice it).
     #[arg(long, requires = "trace", value_delimiter = ',')]
     hot: Vec<u32>,
+    /// The most memory the trace's replay keeps of request rows' hot-buffer
+    /// states (6 B a slot for each row longer than its buffer); a trace that
+    /// needs more is replayed a group of layers at a time.
+    #[arg(long, requires = "trace", default_value = "256MiB")]
+    replay_memory: String,
     /// Draw requests per node against context length, per tier set (PNG).
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -309,7 +314,9 @@ fn contexts(a: &PlanArgs) -> kvtier::Result<Vec<(u64, f64)>> {
 
 pub fn run(a: PlanArgs) -> kvtier::Result<()> {
     if let Some(path) = &a.trace {
-        return super::trace::replay_curve(path, &a.hot, a.json);
+        let budget =
+            parse_size(&a.replay_memory).map_err(|e| arg_err("replay-memory", e.to_string()))?;
+        return super::trace::replay_curve(path, &a.hot, budget, a.json);
     }
     let m = model(&a)?;
     let mix = contexts(&a)?;
@@ -403,8 +410,9 @@ fn to_json(p: &Plan, d: &Deployment) -> Value {
         "contexts": d.contexts.iter().map(|(t, w)| json!({"tokens": t, "share": w})).collect::<Vec<_>>(),
         "host_bytes_per_token": p.host_bytes_per_token,
         "hbm_bytes_per_token": p.hbm_bytes_per_token,
-        "hot_buffer_bytes_per_request": p.model.offloaded_layers as u64 * p.model.entry_bytes as u64
-            * (p.model.hot_slots as u64 + p.model.page_entries as u64),
+        "hot_buffer_bytes_per_request": (p.model.offloaded_layers as u64)
+            .saturating_mul(p.model.entry_bytes as u64)
+            .saturating_mul(p.model.hot_slots as u64 + p.model.page_entries as u64),
         "host_bytes_per_request": p.host_bytes_per_request,
         "hbm_bytes_per_request": p.hbm_bytes_per_request,
         "max_requests": last.max_requests,

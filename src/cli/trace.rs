@@ -3,7 +3,12 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
-use kvtier::trace::{SynthSpec, Trace, replay, synthesize};
+use std::io::Write;
+
+use kvtier::trace::{
+    SynthSpec, TraceReader, TraceShape, replay_stream, synth_header, synthesize_each, write_call,
+    write_header,
+};
 use serde_json::json;
 
 #[derive(Debug, Subcommand)]
@@ -53,7 +58,7 @@ pub struct SynthArgs {
 pub fn run(cmd: TraceCommand) -> kvtier::Result<()> {
     match cmd {
         TraceCommand::Synth(a) => {
-            let t = synthesize(&SynthSpec {
+            let spec = SynthSpec {
                 requests: a.requests,
                 layers: a.layers,
                 steps: a.steps,
@@ -64,17 +69,25 @@ pub fn run(cmd: TraceCommand) -> kvtier::Result<()> {
                 run_len: a.run_len,
                 recent: a.recent.unwrap_or(a.top_k.min(128)),
                 seed: a.seed,
+            };
+            // checked before the file is made; then written a call at a time
+            let header = synth_header(&spec)?;
+            let f = kvtier::shared_fs::create_output(&a.out, "out")?;
+            let mut w = std::io::BufWriter::new(f);
+            write_header(&mut w, &header)?;
+            let mut calls = 0u64;
+            synthesize_each(&spec, |c| {
+                calls += 1;
+                write_call(&mut w, &c)
             })?;
-            let f = std::fs::File::create(&a.out).map_err(|e| kvtier::Error::Io {
-                context: format!("creating {}", a.out.display()),
+            w.flush().map_err(|e| kvtier::Error::Io {
+                context: format!("writing {}", a.out.display()),
                 source: e,
             })?;
-            t.write(std::io::BufWriter::new(f))?;
             println!(
-                "wrote {} calls to {} ({})",
-                t.calls.len(),
+                "wrote {calls} calls to {} ({})",
                 a.out.display(),
-                t.header.note
+                header.note
             );
             Ok(())
         }
@@ -83,17 +96,20 @@ pub fn run(cmd: TraceCommand) -> kvtier::Result<()> {
 
 /// `kvtier plan --trace`: the trace replayed at each size in `hot` (default:
 /// its own, half and twice it), as a table or one JSON object.
-pub fn replay_curve(path: &Path, hot: &[u32], as_json: bool) -> kvtier::Result<()> {
-    let f = std::fs::File::open(path).map_err(|e| kvtier::Error::Io {
-        context: format!("opening {}", path.display()),
-        source: e,
-    })?;
-    let trace = Trace::read(std::io::BufReader::new(f))?;
-    let own = trace.header.hot;
+pub fn replay_curve(path: &Path, hot: &[u32], budget: u64, as_json: bool) -> kvtier::Result<()> {
+    // read a call at a time, once for its shape and once or more a size
+    let open = || -> kvtier::Result<TraceReader<std::io::BufReader<std::fs::File>>> {
+        let f = kvtier::shared_fs::open_input(path, "trace")?;
+        TraceReader::new(std::io::BufReader::new(f))
+    };
+    let mut first = open()?;
+    let shape = TraceShape::of(&mut first)?;
+    let header = first.header.clone();
+    let own = header.hot;
     let sizes: Vec<u32> = if hot.is_empty() {
         // the recorded size, half and twice it; never narrower than a query
         let mut v = vec![
-            (own / 2).max(trace.widest_query()).max(1),
+            (own / 2).max(shape.widest_query(&header)).max(1),
             own,
             own.saturating_mul(2).min(kvtier::swap_in::MAX_HOT),
         ];
@@ -104,7 +120,7 @@ pub fn replay_curve(path: &Path, hot: &[u32], as_json: bool) -> kvtier::Result<(
     };
     let mut curve = Vec::new();
     for &h in &sizes {
-        let per_layer = replay(&trace, h)?;
+        let per_layer = replay_stream(&header, &shape, h, budget, open)?;
         let total = per_layer
             .iter()
             .fold(Default::default(), |a: kvtier::SwapInCounters, c| a.sum(c));
@@ -132,10 +148,10 @@ pub fn replay_curve(path: &Path, hot: &[u32], as_json: bool) -> kvtier::Result<(
         let out = json!({
             "trace": path.display().to_string(),
             "recorded_hot": own,
-            "synthetic": trace.header.synthetic,
-            "truncated": trace.header.truncated,
-            "note": trace.header.note,
-            "calls": trace.calls.len(),
+            "synthetic": header.synthetic,
+            "truncated": header.truncated,
+            "note": header.note,
+            "calls": shape.calls,
             "curve": points,
         });
         println!("{out}");
@@ -144,18 +160,14 @@ pub fn replay_curve(path: &Path, hot: &[u32], as_json: bool) -> kvtier::Result<(
     println!(
         "trace {} ({} over {}; recorded at HOT {own}{})",
         path.display(),
-        super::bench::count(trace.calls.len() as u64, "call", "calls"),
-        super::bench::count(trace.layers(), "layer", "layers"),
-        if trace.header.synthetic {
-            "; SYNTHETIC"
-        } else {
-            ""
-        }
+        super::bench::count(shape.calls, "call", "calls"),
+        super::bench::count(shape.layers(), "layer", "layers"),
+        if header.synthetic { "; SYNTHETIC" } else { "" }
     );
-    if !trace.header.note.is_empty() {
-        println!("  {}", trace.header.note);
+    if !header.note.is_empty() {
+        println!("  {}", header.note);
     }
-    if trace.header.truncated {
+    if header.truncated {
         println!(
             "  its last line was cut off (a recording stopped mid-write): the calls before it are replayed"
         );
@@ -166,7 +178,7 @@ pub fn replay_curve(path: &Path, hot: &[u32], as_json: bool) -> kvtier::Result<(
     );
     for (h, _, t) in &curve {
         let mr = rate(t).map_or("-".into(), |r| format!("{:.4}", r));
-        let bytes = if trace.header.item_bytes == 0 {
+        let bytes = if header.item_bytes == 0 {
             "unknown".into()
         } else {
             t.bytes.to_string()
