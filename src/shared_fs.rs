@@ -349,6 +349,48 @@ pub fn open_input(path: &Path, arg: &'static str) -> Result<File> {
     Ok(file)
 }
 
+/// Opens a DAX device (`/dev/daxX.Y`) to read and write: links followed
+/// (udev names devices through them, in a directory only root writes), no
+/// wait, and the descriptor judged a DAX character device before anything
+/// else is done with it.
+pub fn open_dax(path: &Path, arg: &'static str) -> Result<(File, Metadata)> {
+    let c = cstring(path)?;
+    // SAFETY: a valid C string; the descriptor is owned below.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    };
+    if fd < 0 {
+        return Err(Error::Io {
+            context: format!("opening {}", path.display()),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: just opened, owned by nothing else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    let meta = file.metadata().map_err(|source| Error::Io {
+        context: format!("reading {}", path.display()),
+        source,
+    })?;
+    if !is_dax(&meta) {
+        return Err(invalid(
+            arg,
+            format!(
+                "{} is {}, not a DAX device (devdax)",
+                path.display(),
+                kind_of(&meta)
+            ),
+        ));
+    }
+    set_blocking(&file).map_err(|source| Error::Io {
+        context: format!("opening {}", path.display()),
+        source,
+    })?;
+    Ok((file, meta))
+}
+
 /// Creates (or empties) a file a user named to write (a trace, a report):
 /// never through a link another user planted at the path (a write would
 /// land in the link's target), never a FIFO or a device, never another

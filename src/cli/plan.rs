@@ -146,11 +146,15 @@ fn model(a: &PlanArgs) -> kvtier::Result<ModelSpec> {
     let Some(path) = &a.model_file else {
         return ModelSpec::preset(&a.model).map_err(|e| arg_err("--model", e.to_string()));
     };
-    let text = std::fs::read_to_string(path).map_err(|source| kvtier::Error::Io {
-        context: format!("reading {}", path.display()),
-        source,
-    })?;
-    let v: Value = serde_json::from_str(&text)
+    // a regular file, never waited on, at most 1 MiB (a model is a few lines)
+    let mut f = kvtier::shared_fs::open_input(path, "--model-file")?;
+    let text = kvtier::shared_fs::read_capped(&mut f, 1 << 20)
+        .map_err(|source| kvtier::Error::Io {
+            context: format!("reading {}", path.display()),
+            source,
+        })?
+        .ok_or_else(|| arg_err("--model-file", format!("{} is over 1 MiB", path.display())))?;
+    let v: Value = serde_json::from_slice(&text)
         .map_err(|e| arg_err("--model-file", format!("{}: {e}", path.display())))?;
     let field = |k: &str| {
         v.get(k).and_then(Value::as_u64).ok_or_else(|| {

@@ -14,14 +14,13 @@
 //! * `anon:SIZE`: anonymous memory, private to the process (the default).
 
 use std::fmt;
-use std::fs::OpenOptions;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{Error, Result, invalid};
+use crate::shared_fs::{self, FileRule, Owner};
 
 /// A memory device a pool lives on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -593,13 +592,11 @@ impl MappedDevice {
                 map
             }
             DeviceSpec::Dax { path, bytes } => {
-                let meta = std::fs::metadata(path).map_err(opening_dax(path))?;
-                if !meta.file_type().is_char_device() {
-                    return Err(invalid(
-                        "device",
-                        format!("{} is not a character device (devdax)", path.display()),
-                    ));
-                }
+                // one descriptor, judged a DAX device on itself, then mapped
+                let (f, _) = shared_fs::open_dax(path, "device").map_err(|e| match e {
+                    Error::Io { source, .. } => opening_dax(path)(source),
+                    e => e,
+                })?;
                 let size = dax_size(Path::new("/sys"), path)?;
                 let len = match bytes {
                     Some(b) if *b > size => {
@@ -617,11 +614,6 @@ impl MappedDevice {
                         format!("{spec}: devdax mappings are 2 MiB multiples"),
                     ));
                 }
-                let f = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(path)
-                    .map_err(io(format!("opening {}", path.display())))?;
                 let map = map_shared(&f, path, len)?;
                 file = Some(f);
                 map
@@ -683,7 +675,7 @@ impl CreateLock {
         file_mode: u32,
         wait: std::time::Duration,
     ) -> Result<CreateLock> {
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        use std::os::unix::fs::MetadataExt;
         let (path, is_file) = match spec {
             DeviceSpec::File { path, .. } => (path, true),
             DeviceSpec::Dax { path, .. } => (path, false),
@@ -694,46 +686,36 @@ impl CreateLock {
                 ));
             }
         };
-        let open = |create_new: bool| {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(create_new)
-                .mode(file_mode)
-                .custom_flags(if is_file {
-                    libc::O_NOFOLLOW | libc::O_CLOEXEC
-                } else {
-                    libc::O_CLOEXEC
-                })
-                .open(path)
-        };
-        let failed = |e: std::io::Error| {
+        let open = |create_new: bool| -> Result<(std::fs::File, std::fs::Metadata)> {
             if is_file {
-                opening_file(path)(e)
+                let access = if create_new {
+                    shared_fs::Access::CreateNew { mode: file_mode }
+                } else {
+                    shared_fs::Access::ReadWrite
+                };
+                open_pool_file(path, access, &CREATE_LOCK_FILE)
             } else {
-                opening_dax(path)(e)
+                shared_fs::open_dax(path, "device").map_err(|e| match e {
+                    Error::Io { source, .. } => opening_dax(path)(source),
+                    e => e,
+                })
             }
         };
+        let is = |e: &Error, kind| matches!(e, Error::Io { source, .. } if source.kind() == kind);
+        let exists = |e: &Error| is(e, std::io::ErrorKind::AlreadyExists);
+        let gone = |e: &Error| is(e, std::io::ErrorKind::NotFound);
         let deadline = std::time::Instant::now() + wait;
         loop {
-            let (file, created) = match is_file.then(|| open(true)) {
-                Some(Ok(f)) => (f, true),
-                Some(Err(e)) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                    return Err(failed(e));
-                }
+            let (file, meta, created) = match is_file.then(|| open(true)) {
+                Some(Ok((f, m))) => (f, m, true),
+                Some(Err(e)) if !exists(&e) => return Err(e),
                 _ => match open(false) {
-                    Ok(f) => (f, false),
+                    Ok((f, m)) => (f, m, false),
                     // removed between the two opens: try again
-                    Err(e) if is_file && e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(failed(e)),
+                    Err(e) if is_file && gone(&e) => continue,
+                    Err(e) => return Err(e),
                 },
             };
-            let meta = file
-                .metadata()
-                .map_err(io(format!("reading {}", path.display())))?;
-            if is_file {
-                check_owner(path, &meta)?;
-            }
             let locked =
                 flock_until(&file, libc::LOCK_EX, deadline).map_err(|source| Error::Io {
                     context: format!("locking {}", path.display()),
@@ -763,72 +745,52 @@ impl CreateLock {
     }
 }
 
-/// Whether this process may trust pool file `path` (its fstat `meta`): a
-/// regular file owned by this process's user, or, when its mode gives its
-/// group access, of a group this process is in. Checked before the file is
-/// locked or mapped.
-pub(crate) fn check_owner(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    if !meta.file_type().is_file() {
-        return Err(invalid(
+/// What a pool's file must be to be opened (see [`crate::shared_fs`]): a
+/// regular file of this process's user, or of a group of its where the mode
+/// gives that group read and write; not open to other users (a pool holds
+/// every request's KV); no other hard link to it.
+pub(crate) const POOL_FILE: FileRule = FileRule {
+    owner: Owner::MeOrSharingGroup,
+    forbidden_mode: 0o007,
+    dax: false,
+    single_link: true,
+};
+
+/// What a pool's file must be to take its create lock: as [`POOL_FILE`],
+/// whatever its mode (the create or the open that follows judges that).
+const CREATE_LOCK_FILE: FileRule = FileRule {
+    forbidden_mode: 0,
+    ..POOL_FILE
+};
+
+/// What a file a create formats must be: this user's own (whatever its
+/// mode now: the create sets it), with no other hard link.
+const NEW_POOL_FILE: FileRule = FileRule {
+    owner: Owner::Me,
+    forbidden_mode: 0,
+    dax: false,
+    single_link: true,
+};
+
+/// Opens the pool file `path` through [`crate::shared_fs`] (never a link,
+/// never a wait on a FIFO; type, owner and mode judged on the descriptor),
+/// with this module's words for what went wrong.
+fn open_pool_file(
+    path: &Path,
+    access: shared_fs::Access,
+    rule: &FileRule,
+) -> Result<(std::fs::File, std::fs::Metadata)> {
+    shared_fs::open_file(path, access, rule, "device").map_err(|e| match e {
+        Error::Io { source, .. } => opening_file(path)(source),
+        Error::InvalidArgument { msg, .. } if msg.contains("symbolic link") => invalid(
             "device",
             format!(
-                "{} is not a regular file (file: devices are files on tmpfs or hugetlbfs)",
+                "{} is a symbolic link; name the file itself",
                 path.display()
             ),
-        ));
-    }
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() == me || (meta.mode() & 0o060 != 0 && in_my_groups(meta.gid())) {
-        return Ok(());
-    }
-    Err(invalid(
-        "device",
-        format!(
-            "{} belongs to user {} and group {}, not to this process's user {me} or one of its groups; kvtier \
-             uses only pool files of its own user, or of its group when their mode shares them with it",
-            path.display(),
-            meta.uid(),
-            meta.gid()
         ),
-    ))
-}
-
-/// [`check_owner`], and the file is not open to other users: a pool holds
-/// every request's KV.
-pub(crate) fn check_trusted(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    check_owner(path, meta)?;
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o007 != 0 {
-        return Err(invalid(
-            "device",
-            format!(
-                "{} is open to other users (mode {mode:04o}), who could read or change every request's KV in \
-                 it; kvtier does not use it (chmod o-rwx it if it is yours, or make a new pool)",
-                path.display()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Whether this process's effective or supplementary groups include `gid`.
-fn in_my_groups(gid: u32) -> bool {
-    // SAFETY: getegid has no preconditions.
-    if unsafe { libc::getegid() } == gid {
-        return true;
-    }
-    // SAFETY: a first call with size 0 returns the count.
-    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
-    if n <= 0 {
-        return false;
-    }
-    let mut groups = vec![0 as libc::gid_t; n as usize];
-    // SAFETY: `groups` holds `n` entries.
-    let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
-    n > 0 && groups[..n as usize].contains(&gid)
+        e => e,
+    })
 }
 
 /// The first 8 bytes of a shared device (its magic), or None for a file too
@@ -953,24 +915,17 @@ fn map_file(
     mode: MapMode,
     file_mode: u32,
 ) -> Result<(MmapRaw, std::fs::File)> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    // One descriptor, opened without following a symlink, checked with
-    // fstat and mapped: nothing can swap the file in between.
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(mode == MapMode::Create)
-        .truncate(false)
-        .mode(file_mode)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(opening_file(path))?;
-    let meta = file
-        .metadata()
-        .map_err(io(format!("reading the size of {}", path.display())))?;
-    if mode == MapMode::Open {
-        check_trusted(path, &meta)?;
-    }
+    // One descriptor, opened through shared_fs (no link followed, no FIFO
+    // waited on), checked with fstat and mapped: nothing can swap the file
+    // in between.
+    let (file, meta) = match mode {
+        MapMode::Create => open_pool_file(
+            path,
+            shared_fs::Access::Create { mode: file_mode },
+            &NEW_POOL_FILE,
+        )?,
+        MapMode::Open => open_pool_file(path, shared_fs::Access::ReadWrite, &POOL_FILE)?,
+    };
     let len = meta.len();
     let bytes = match (mode, bytes) {
         (MapMode::Create, None) => {
@@ -980,23 +935,9 @@ fn map_file(
             ));
         }
         (MapMode::Create, Some(b)) => {
-            // Format only what is ours and holds nothing: a new or empty file,
-            // one whose first bytes are zero, or a destroyed pool.
-            // SAFETY: geteuid has no preconditions.
-            let me = unsafe { libc::geteuid() };
-            if !meta.file_type().is_file() {
-                check_owner(path, &meta)?; // says what it is instead
-            }
-            if meta.uid() != me {
-                return Err(invalid(
-                    "device",
-                    format!(
-                        "{} belongs to user {}, not to this process's user {me}; kvtier formats only its own files",
-                        path.display(),
-                        meta.uid()
-                    ),
-                ));
-            }
+            // Format only what is ours (NEW_POOL_FILE) and holds nothing: a
+            // new or empty file, one whose first bytes are zero, or a
+            // destroyed pool.
             if len > 0 {
                 let mut head = [0u8; 8];
                 let n = std::os::unix::fs::FileExt::read_at(&file, &mut head, 0)
@@ -1623,8 +1564,23 @@ mod tests {
         .err()
         .unwrap()
         .to_string();
-        assert!(err.contains("not a character device"), "{err}");
+        assert!(err.contains("is a regular file, not a DAX device"), "{err}");
         std::fs::remove_file(not_char).unwrap();
+        // nor a character device that is not DAX (a pool "on" /dev/zero)
+        let err = MappedDevice::map(
+            &DeviceSpec::Dax {
+                path: "/dev/zero".into(),
+                bytes: Some(2 << 20),
+            },
+            MapMode::Create,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            err.contains("is a character device, not a DAX device"),
+            "{err}"
+        );
     }
 
     /// NUMA node 0 exists on every Linux machine: bind there and check where

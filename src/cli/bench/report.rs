@@ -214,7 +214,8 @@ pub(super) fn write_json(path: &Path, lines: &[serde_json::Value]) -> kvtier::Re
         context: format!("writing {}", path.display()),
         source,
     };
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+    // never through a link planted at the path, never into a FIFO
+    let mut f = std::io::BufWriter::new(kvtier::shared_fs::create_output(path, "--json")?);
     for line in lines {
         writeln!(f, "{line}").map_err(io)?;
     }
