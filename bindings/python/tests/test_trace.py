@@ -87,3 +87,23 @@ def test_each_process_records_into_a_file_of_its_own(tmp_path):
     pid = os.getpid()
     assert trace.per_process_path("/t/x-{pid}.jsonl") == f"/t/x-{pid}.jsonl"
     assert trace.per_process_path("/t/x.jsonl") == f"/t/x.jsonl.{pid}"
+
+
+def test_a_link_planted_at_the_trace_path_is_never_written_through(tmp_path, caplog):
+    """A server (often root) records to a predictable path, perhaps in /tmp:
+    a symbolic link planted there by another user stops the recording with a
+    warning; its target is untouched and the swap-in still runs."""
+    target = tmp_path / "victim"
+    target.write_text("untouched")
+    planted = tmp_path / f"t.jsonl.{os.getpid()}"
+    planted.symlink_to(target)
+    c = worked_example([4, 2, 7])
+    trace.configure({"path": str(tmp_path / "t.jsonl")})
+    try:
+        with caplog.at_level("WARNING"):
+            load_cache_to_device_buffer_mla(**c.kwargs())
+    finally:
+        trace.configure(None)
+    assert target.read_text() == "untouched"
+    assert "symbolic link" in caplog.text
+    assert c.out[0].tolist() == [7, 3, 11], "the swap-in itself ran"

@@ -26,8 +26,11 @@ for what it holds.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
+import stat
 import threading
 
 import numpy as np
@@ -46,6 +49,33 @@ def _host(a):
         return a.detach().cpu().numpy()
     return np.asarray(a)
 
+
+
+def _create_output(path: str):
+    """The trace file, opened to write as the library opens what it writes
+    where other users may have been first (a server runs as root, the path
+    may be in /tmp): never through a symbolic link planted there (the write
+    would land in its target), never a FIFO, never another user's file or
+    one with other hard links; emptied, then written a line at a time."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        why = "it is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        raise KvtierError(f"invalid argument `trace`: cannot write {path}: {why}") from None
+    st = os.fstat(fd)
+    problem = None
+    if not stat.S_ISREG(st.st_mode):
+        problem = "it is not a regular file"
+    elif st.st_uid != os.geteuid():
+        problem = f"it belongs to user {st.st_uid}"
+    elif st.st_nlink > 1:
+        problem = "it has other hard links"
+    if problem:
+        os.close(fd)
+        raise KvtierError(f"invalid argument `trace`: cannot write {path}: {problem}")
+    os.set_blocking(fd, True)
+    os.ftruncate(fd, 0)
+    return os.fdopen(fd, "w", buffering=1)
 
 class TraceRecorder:
     """Writes sampled swap-in calls to `path` (see the module docs)."""
@@ -77,7 +107,11 @@ class TraceRecorder:
         header = (hot, block_tokens, item_bytes)
         if self._header is None:
             # line-buffered: a server stopped by a signal leaves whole lines
-            self._file = open(self.path, "w", buffering=1)  # noqa: SIM115 (kept open while recording)
+            try:
+                self._file = _create_output(self.path)
+            except KvtierError as e:
+                self._stop(e.message)  # recording stops; serving goes on
+                return
             self._header = header
             self._write({"kvtier_trace": 1, "hot": hot, "block_tokens": block_tokens, "item_bytes": item_bytes,
                          "synthetic": False, "note": "recorded by the kvtier SGLang shim"})
