@@ -10,13 +10,13 @@
 # the kernels' compiler (scripts/install-tools.sh) and readelf.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out_dir=$(KVTIER_REQUIRE_KERNELS=1 cargo build --release --locked -p kvtier --lib --message-format=json 2>/dev/null |
-  python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    # package ids read "path+file:///...#kvtier@0.1.0"
-    if m.get("reason") == "build-script-executed" and m["package_id"].rsplit("#", 1)[-1].startswith("kvtier@"):
-        print(m["out_dir"])')
+# cargo's own output is kept, and shown if the build fails or names no
+# build-script output of this package
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+out_dir=$(KVTIER_REQUIRE_KERNELS=1 cargo build --release --locked -p kvtier --lib --message-format=json 2>"$log" |
+  python3 "$(pwd)/scripts/cargo-out-dir.py" kvtier) || { cat "$log" >&2; echo "kernel-resources: cargo build failed" >&2; exit 1; }
+[ -n "$out_dir" ] || { cat "$log" >&2; echo "kernel-resources: cargo named no build-script output of kvtier" >&2; exit 1; }
 [ -f "$out_dir/ptxas.log" ] || { echo "kernel-resources: the library was built without its kernels' report (no $out_dir/ptxas.log)" >&2; exit 1; }
 threads_of() {  # the kernel's block size (src/cuda/kernels.rs)
   case "$1" in

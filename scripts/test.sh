@@ -30,6 +30,7 @@ scripts/regen-bindings.sh --check
 
 echo "== what each kernel costs an SM (ptxas)"
 scripts/kernel-resources.sh
+scripts/kernel-resources-in-a-clone.sh
 
 if cargo fmt --version >/dev/null 2>&1; then
   echo "== cargo fmt --check"
