@@ -13,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -63,6 +64,35 @@ def test_the_wheel_is_a_manylinux_platform_wheel_auditwheel_agrees_with():
     assert show.returncode == 0, show.stderr
     text = " ".join(show.stdout.split())
     assert f'following platform tag: "manylinux_{m["glibc"]}_x86_64"' in text, text
+
+
+@needs_wheel
+def test_the_tag_promised_is_the_tag_built_and_what_its_files_need():
+    """The README promises a manylinux tag (the glibc floor: RHEL 9 has 2.34)
+    and a size; the wheel carries that tag, no file in it needs a newer
+    glibc symbol version (the command once needed hypotf@GLIBC_2.35), and its
+    size is the one stated."""
+    readme = (REPO / "README.md").read_text()
+    promised = set(re.findall(r"`manylinux_(\d+)_(\d+)_x86_64`", readme))
+    assert len(promised) == 1, promised
+    floor = tuple(int(x) for x in promised.pop())
+    wheel = Path(WHEEL)
+    m = re.search(r"manylinux_(\d+)_(\d+)_x86_64\.whl$", wheel.name)
+    assert m and (int(m[1]), int(m[2])) == floor, (wheel.name, floor)
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf (binutils) is not installed here")
+    with tempfile.TemporaryDirectory() as d, zipfile.ZipFile(wheel) as z:
+        for name in ("kvtier/libkvtier.so", "kvtier/_native.abi3.so", "kvtier/bin/kvtier"):
+            path = z.extract(name, d)
+            out = subprocess.run([readelf, "-V", "--wide", path], capture_output=True, text=True, check=True).stdout
+            needed = {tuple(int(x) for x in v) for v in re.findall(r"Name: GLIBC_(\d+)\.(\d+)", out)}
+            newest = max(needed)
+            assert newest <= floor, f"{name} needs GLIBC_{newest[0]}.{newest[1]}, past the promised {floor}"
+    stated = re.search(r"The wheel is (\d+(?:\.\d+)?) MB", readme)
+    assert stated, "the README states the wheel's size"
+    size = wheel.stat().st_size / 1e6
+    assert abs(size - float(stated[1])) <= 0.1 * size, f"the wheel is {size:.1f} MB, the README says {stated[1]}"
 
 
 @needs_wheel
