@@ -6,4 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-tools.sh
-exec cargo run --release --locked --quiet -- bench "$@"
+# cargo says nothing for minutes on a first build: say what happens, and let
+# its progress show
+if [ -x target/release/kvtier ]; then
+  echo "bench: building kvtier (cargo build --release; seconds when little changed)" >&2
+else
+  echo "bench: building kvtier and its CUDA kernels for the first time (cargo build --release: about 3 minutes on 2 cores)" >&2
+fi
+cargo build --release --locked --bin kvtier
+echo "bench: running kvtier bench $*" >&2
+exec target/release/kvtier bench "$@"

@@ -420,8 +420,19 @@ fn pool_commands_create_inspect_check_and_destroy() {
                 .unwrap()
                 .to_string()
         };
-        assert!(line("0  file:").ends_with("readers 2"), "{out}");
-        assert!(line("1  file:").ends_with("readers 1"), "{out}");
+        assert!(line("0  file:").ends_with("  2"), "{out}");
+        assert!(line("1  file:").ends_with("  1"), "{out}");
+        // the header names every column the rows have
+        let header = line("#  device");
+        for column in ["size", "regions", "free", "requests"] {
+            assert!(header.contains(column), "{header}");
+        }
+        // pages reserved but not yet touched here are said to be that
+        assert!(
+            out.contains("not touched by this process yet (reserved")
+                && !out.contains("not present"),
+            "{out}"
+        );
     }
     let (ok, out, err) = kvtier(&[&["pool", "check", "--repair"][..], &devs].concat());
     assert!(ok, "{err}");
@@ -439,8 +450,31 @@ fn pool_commands_create_inspect_check_and_destroy() {
     assert!(!ok && err.contains("not a device kind"), "{err}");
     let (ok, out, err) = kvtier(&[&["pool", "destroy"][..], &devs].concat());
     assert!(ok && out.contains("destroyed"), "{err}");
+    assert!(
+        out.contains("--remove-files"),
+        "says how to free the files: {out}"
+    );
     let (ok, _, err) = kvtier(&[&["pool", "status"][..], &devs].concat());
     assert!(!ok && err.contains("no kvtier pool"), "{err}");
+    // the files of a destroyed pool go on request, and nothing else does
+    let other = dir.join("other");
+    std::fs::write(&other, b"another program's bytes").unwrap();
+    let (ok, _, err) = kvtier(
+        &[
+            &["pool", "destroy", "--remove-files"][..],
+            &devs,
+            &["--device", &format!("file:{}", other.display())],
+        ]
+        .concat(),
+    );
+    assert!(!ok, "{err}");
+    assert!(
+        std::path::Path::new(&a[5..]).exists() && other.exists(),
+        "nothing removed"
+    );
+    let (ok, out, err) = kvtier(&[&["pool", "destroy", "--remove-files"][..], &devs].concat());
+    assert!(ok && out.contains("removed"), "{out}{err}");
+    assert!(!std::path::Path::new(&a[5..]).exists() && !std::path::Path::new(&b[5..]).exists());
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -762,10 +796,34 @@ fn plan_answers_in_json_a_table_and_a_plot() {
     );
     assert!(ok, "{err}");
     assert!(
-        out.contains("DRAM only") && out.contains("DRAM + CXL") && out.contains("limited by"),
+        out.contains("DRAM only") && out.contains("DRAM + CXL"),
         "{out}"
     );
+    // headers that say what they count, and every default shown
+    assert!(
+        out.contains("host KV bytes")
+            && out.contains("requests a GPU as each resource allows")
+            && out.contains("host mem: requests a GPU by that memory"),
+        "{out}"
+    );
+    let assumed = out.lines().find(|l| l.starts_with("assumed:")).unwrap();
+    for default in [
+        "8 GPUs (--gpus)",
+        "attention TP 1 (--tp)",
+        "(--miss-rate)",
+        "(--step-ms)",
+        "(--link-gbps)",
+    ] {
+        assert!(assumed.contains(default), "{assumed}");
+    }
     assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+    // what a deployment needs, with a worked example, when it is missing
+    let (ok, _, err) = kvtier(&["plan", "--context", "128K"]);
+    assert!(
+        !ok && err.contains("--hbm-for-kv, --dram-for-kv missing")
+            && err.contains("For example: kvtier plan --context 128K"),
+        "{err}"
+    );
     // a model file: DeepSeek-V4's C4 layers, four tokens an entry
     let model = dir.join("model.json");
     std::fs::write(

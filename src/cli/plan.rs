@@ -25,7 +25,7 @@ pub struct PlanArgs {
     model_file: Option<PathBuf>,
     /// A context length in tokens (128K = 131072), with its share of the
     /// requests after a colon (128K:0.25); repeat for a mix.
-    #[arg(long = "context", required_unless_present = "trace")]
+    #[arg(long = "context")]
     contexts: Vec<String>,
     /// GPUs in the node.
     #[arg(long, default_value_t = 8)]
@@ -36,10 +36,10 @@ pub struct PlanArgs {
     tp: u32,
     /// HBM per GPU left for KV (HOT buffers and indexer keys) after the
     /// weights and activations, e.g. 40GiB.
-    #[arg(long, required_unless_present = "trace")]
+    #[arg(long)]
     hbm_for_kv: Option<String>,
     /// The node's DRAM for KV, e.g. 1536GiB.
-    #[arg(long, required_unless_present = "trace")]
+    #[arg(long)]
     dram_for_kv: Option<String>,
     /// A CXL memory device of the node: SIZE, or SIZE@GBPS with its read
     /// bandwidth in GB/s. Repeat for each.
@@ -316,11 +316,34 @@ fn contexts(a: &PlanArgs) -> kvtier::Result<Vec<(u64, f64)>> {
         .collect()
 }
 
+/// What `kvtier plan` needs when a deployment is planned, with a worked
+/// example (the README's), instead of clap's bare list.
+const NEEDED: &str = "a deployment needs --context (tokens a request: 131072 or 128K, or a mix \
+    such as --context 32K:0.75 --context 128K:0.25), --hbm-for-kv (HBM per GPU left for KV after the \
+    weights, e.g. 40GiB) and --dram-for-kv (the node's DRAM for KV, e.g. 512GiB); the rest have \
+    defaults (8 GPUs, attention TP 1, 55 GB/s a GPU, 2% misses, 50 ms steps: `kvtier plan --help`). \
+    For example: kvtier plan --context 128K --hbm-for-kv 40GiB --dram-for-kv 512GiB --cxl 512GiB@30. \
+    Or --trace FILE to replay a top-k trace instead";
+
 pub fn run(a: PlanArgs) -> kvtier::Result<()> {
     if let Some(path) = &a.trace {
         let budget =
             parse_size(&a.replay_memory).map_err(|e| arg_err("replay-memory", e.to_string()))?;
         return super::trace::replay_curve(path, &a.hot, budget, a.json);
+    }
+    let missing: Vec<&str> = [
+        ("--context", a.contexts.is_empty()),
+        ("--hbm-for-kv", a.hbm_for_kv.is_none()),
+        ("--dram-for-kv", a.dram_for_kv.is_none()),
+    ]
+    .into_iter()
+    .filter_map(|(flag, absent)| absent.then_some(flag))
+    .collect();
+    if !missing.is_empty() {
+        return Err(arg_err(
+            "plan",
+            format!("{} missing: {NEEDED}", missing.join(", ")),
+        ));
     }
     let m = model(&a)?;
     let mix = contexts(&a)?;
@@ -592,15 +615,23 @@ fn print_table(p: &Plan, d: &Deployment) {
         }
     }
     println!(
-        "assumed: {}% of the top-k missing per layer and step, {} ms steps, swap-ins in {}% of a step, {} GB/s per GPU",
+        "assumed: {} GPUs (--gpus), attention TP {} (--tp), {}% of the top-k missing per layer and step \
+         (--miss-rate), {} ms steps (--step-ms), swap-ins in {}% of a step (--link-budget), {} GB/s per GPU \
+         (--link-gbps)",
+        d.gpus,
+        d.tp,
         d.miss_rate * 100.0,
         d.step_ms,
         d.link_budget * 100.0,
         d.link_gbps
     );
     println!(
-        "{:<11} {:>10} {:>9} {:>9} {:>9} {:>9}  {:>12}  limited by",
-        "host tiers", "host", "hbm", "host mem", "link", "cxl bw", "requests"
+        "{:<11} {:>13}  {:<41}  {:>9}  binds",
+        "", "", "requests a GPU as each resource allows", "requests"
+    );
+    println!(
+        "{:<11} {:>13}  {:>9} {:>10} {:>9} {:>9}  {:>9}  {}",
+        "host tiers", "host KV bytes", "HBM", "host mem", "link", "CXL bw", "a node", "first"
     );
     for c in &p.capacities {
         let cell = |l: kvtier::plan::Limit| {
@@ -612,7 +643,7 @@ fn print_table(p: &Plan, d: &Deployment) {
         };
         use kvtier::plan::Limit::*;
         println!(
-            "{:<11} {:>10} {:>9} {:>9} {:>9} {:>9}  {:>12}  {} (link {:.0}% of a step)",
+            "{:<11} {:>13}  {:>9} {:>10} {:>9} {:>9}  {:>9}  {} (link {:.0}% of a step)",
             c.tiers,
             human_size(c.host_bytes),
             cell(Hbm),
@@ -625,7 +656,7 @@ fn print_table(p: &Plan, d: &Deployment) {
         );
     }
     println!(
-        "(the four middle columns are requests per GPU each resource allows; requests are per node)"
+        "(host KV bytes: the node's host memory for KV, DRAM and CXL; host mem: requests a GPU by that memory)"
     );
 }
 

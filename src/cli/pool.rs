@@ -106,6 +106,11 @@ pub struct DestroyArgs {
     /// be trusted (then only while no process maps its devices).
     #[arg(long)]
     force: bool,
+    /// Then remove the `file:` devices' files, which keep their memory (on
+    /// tmpfs) until removed; run again on a pool already destroyed, it
+    /// removes only files that hold a destroyed pool.
+    #[arg(long)]
+    remove_files: bool,
 }
 
 impl DevicesArgs {
@@ -255,11 +260,28 @@ fn run_command(cmd: PoolCommand) -> kvtier::Result<()> {
         }
         PoolCommand::Destroy(a) => {
             let coherence = a.devices.options(false, false).coherence;
-            if let Some(found) = Pool::destroy_with(a.devices.shared_specs()?, a.force, coherence)?
-            {
-                println!("found: {found}");
+            let specs = a.devices.shared_specs()?;
+            // a pool destroyed already: with --remove-files, its files go
+            let destroyed = a.remove_files
+                && specs
+                    .iter()
+                    .all(|d| kvtier::pool::is_destroyed(d).unwrap_or(false));
+            if !destroyed {
+                if let Some(found) = Pool::destroy_with(specs.clone(), a.force, coherence)? {
+                    println!("found: {found}");
+                }
+                println!("destroyed: the headers are cleared");
             }
-            println!("destroyed: the headers are cleared (the devices' bytes and files remain)");
+            if a.remove_files {
+                for path in Pool::remove_destroyed_files(&specs)? {
+                    println!("removed {}", path.display());
+                }
+            } else if specs.iter().any(|d| matches!(d, DeviceSpec::File { .. })) {
+                println!(
+                    "the file: devices' files remain, and on tmpfs hold their memory: `kvtier pool destroy --remove-files` \
+                     with the same devices removes them"
+                );
+            }
             Ok(())
         }
     }
@@ -389,26 +411,29 @@ fn print_status(pool: &Pool) {
         human_size(pool.region_stride())
     );
     let regions = pool.regions();
+    println!("devices:");
     println!(
-        "devices (readers: the requests their owners tagged them with; the SGLang shim tags a rank's host pool with the rank):"
+        "  {:>2}  {:<40} {:>10}  {:>7}  {:>7}  requests (the tags of the requests holding regions there; the SGLang shim \
+         tags a rank's host pool with the rank)",
+        "#", "device", "size", "regions", "free"
     );
     for (i, d) in pool.devices().iter().enumerate() {
-        let readers: std::collections::BTreeSet<u64> = regions
+        let requests: std::collections::BTreeSet<u64> = regions
             .iter()
             .filter(|r| r.device == i as u32 && r.owner.is_some())
             .map(|r| r.request)
             .collect();
-        let readers = if readers.is_empty() {
-            String::new()
+        let requests = if requests.is_empty() {
+            "-".to_string()
         } else {
-            let mut list: Vec<String> = readers.iter().take(8).map(|r| r.to_string()).collect();
-            if readers.len() > 8 {
-                list.push(format!("… ({} in all)", readers.len()));
+            let mut list: Vec<String> = requests.iter().take(8).map(|r| r.to_string()).collect();
+            if requests.len() > 8 {
+                list.push(format!("… ({} in all)", requests.len()));
             }
-            format!("  readers {}", list.join(", "))
+            list.join(", ")
         };
         println!(
-            "  {i:>2}  {:<40} {:>10}  {:>6} regions  {:>6} free{readers}",
+            "  {i:>2}  {:<40} {:>10}  {:>7}  {:>7}  {requests}",
             d.spec,
             human_size(d.bytes),
             d.regions,

@@ -829,6 +829,12 @@ pub(crate) fn peek_magic(spec: &DeviceSpec) -> Result<Option<[u8; 8]>> {
     }))
 }
 
+/// Whether the shared device `spec` holds a destroyed pool (what
+/// [`crate::Pool::destroy`] leaves).
+pub fn is_destroyed(spec: &DeviceSpec) -> Result<bool> {
+    Ok(peek_magic(spec)? == Some(DESTROYED_MAGIC))
+}
+
 /// The error for a pool file that cannot be opened (O_NOFOLLOW refuses a
 /// symbolic link).
 fn opening_file(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {

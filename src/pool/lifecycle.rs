@@ -391,6 +391,59 @@ impl Pool {
         Ok(None)
     }
 
+    /// Removes the files of `file:` devices that hold a destroyed pool
+    /// (what [`Pool::destroy`] leaves: the header cleared, the file and its
+    /// memory still there), and returns their paths. A file that holds
+    /// anything else (a live pool, another program's bytes) is refused
+    /// before anything is removed; `dax:` devices stay (a device is not a
+    /// file to remove).
+    pub fn remove_destroyed_files(devices: &[DeviceSpec]) -> Result<Vec<std::path::PathBuf>> {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let mut sure = Vec::new();
+        for d in devices {
+            let DeviceSpec::File { path, .. } = d else {
+                continue;
+            };
+            let (file, meta) = crate::shared_fs::open_file(
+                path,
+                crate::shared_fs::Access::ReadWrite,
+                &device::POOL_FILE,
+                "device",
+            )?;
+            let mut head = [0u8; 8];
+            let n = file.read_at(&mut head, 0).map_err(|source| Error::Io {
+                context: format!("reading {}", path.display()),
+                source,
+            })?;
+            if n < 8 || head != device::DESTROYED_MAGIC {
+                return Err(Error::Pool(format!(
+                    "{} holds no destroyed pool (destroy the pool first); nothing was removed",
+                    path.display()
+                )));
+            }
+            sure.push((path.clone(), meta));
+        }
+        let mut removed = Vec::new();
+        for (path, meta) in sure {
+            // still the file judged above, not one put in its place since
+            match std::fs::symlink_metadata(&path) {
+                Ok(now) if now.dev() == meta.dev() && now.ino() == meta.ino() => {}
+                _ => {
+                    return Err(Error::Pool(format!(
+                        "{} changed while it was being removed; nothing more was removed",
+                        path.display()
+                    )));
+                }
+            }
+            std::fs::remove_file(&path).map_err(|source| Error::Io {
+                context: format!("removing {}", path.display()),
+                source,
+            })?;
+            removed.push(path);
+        }
+        Ok(removed)
+    }
+
     pub(super) fn attach(maps: Vec<MappedDevice>, options: &PoolOptions) -> Result<Arc<Pool>> {
         let spec0 = maps[0].spec().clone();
         if maps[0].len() < size_of::<PoolHeader>() {

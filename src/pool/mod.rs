@@ -32,8 +32,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use device::{
-    DeviceCapacity, DeviceSpec, MapMode, device_capacity, format_size, human_size, node_of,
-    numa_nodes, parse_size,
+    DeviceCapacity, DeviceSpec, MapMode, device_capacity, format_size, human_size, is_destroyed,
+    node_of, numa_nodes, parse_size,
 };
 pub use identity::{Liveness, ProcessIdentity};
 pub use metadata::{Coherence, DEFAULT_CLIENTS, MAX_CLIENTS, MAX_DEVICES, RegionState, VERSION};
@@ -252,7 +252,7 @@ pub struct Residency {
 }
 
 impl Residency {
-    /// "node 0: 60, node 2: 4, not present: 192".
+    /// "node 0: 60, node 2: 4, 192 not touched by this process yet (...)".
     pub fn describe(&self) -> String {
         let mut parts: Vec<String> = self
             .by_node
@@ -260,7 +260,12 @@ impl Residency {
             .map(|(n, c)| format!("node {n}: {c}"))
             .collect();
         if self.not_present > 0 {
-            parts.push(format!("not present: {}", self.not_present));
+            // reserved (a file's pages are allocated at create) but not in
+            // this process's page tables: the kernel names no node for them
+            parts.push(format!(
+                "{} not touched by this process yet (reserved; their node shows once touched)",
+                self.not_present
+            ));
         }
         parts.join(", ")
     }
