@@ -25,6 +25,13 @@ SGLANG_TESTS=(
 
 scripts/install-tools.sh
 
+# What the tests publish beside pools (swap-in counters) goes to a run dir of
+# this run's own, which they must leave empty (checked at the end): nothing
+# in /dev/shm.
+export KVTIER_RUN_DIR="$PWD/target/test-run-dir"
+rm -rf "$KVTIER_RUN_DIR"
+mkdir -p "$KVTIER_RUN_DIR"
+
 echo "== bindings/abi.rs is current"
 scripts/regen-bindings.sh --check
 
@@ -87,3 +94,11 @@ done
 
 echo "== kvtier info"
 cargo run --locked --quiet -- info
+
+echo "== the tests left nothing in the run dir"
+left=$(find "$KVTIER_RUN_DIR" -mindepth 1 | head -20)
+if [ -n "$left" ]; then
+  echo "the tests left these in $KVTIER_RUN_DIR (a client that closes its pool removes what it published):"
+  echo "$left"
+  exit 1
+fi

@@ -478,6 +478,90 @@ fn pool_commands_create_inspect_check_and_destroy() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// The README's pool commands, as written (their files moved to a scratch
+/// directory): they fit a laptop (at most 4 GiB in all), and they run,
+/// leaving no file behind.
+#[test]
+fn the_readmes_pool_commands_fit_a_laptop_and_run() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let block = readme
+        .split("```bash\n")
+        .find(|b| b.starts_with("kvtier pool create"))
+        .expect("the README's pool example")
+        .split("```")
+        .next()
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-readme-pool-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut total = 0u64;
+    for line in block.lines() {
+        let command = line.split('#').next().unwrap().trim();
+        let words: Vec<String> = command
+            .split_whitespace()
+            .skip(1) // "kvtier"
+            .map(|w| w.replace("/dev/shm/", &format!("{}/", dir.display())))
+            .collect();
+        for w in &words {
+            if let Some(size) = w.strip_prefix("file:").and_then(|f| f.rsplit_once(':')) {
+                total += kvtier::pool::parse_size(size.1).unwrap();
+            }
+        }
+        let args: Vec<&str> = words.iter().map(String::as_str).collect();
+        let (ok, _, err) = kvtier(&args);
+        assert!(ok, "{command}: {err}");
+    }
+    assert!(
+        total > 0 && total <= 4 << 30,
+        "the example's devices take {total} B"
+    );
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "destroy --remove-files left files"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The first screen's modelled gain is what `kvtier plan` answers for the
+/// inputs it states.
+#[test]
+fn the_first_screens_modelled_gain_is_kvtier_plans() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let glance = readme.split("**At a glance.**").nth(1).unwrap();
+    let glance = glance.split("**Contents:**").next().unwrap();
+    let number = |after: &str| -> u64 {
+        let rest = glance
+            .split(after)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{after:?} in the first screen"));
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let (without, with) = (
+        number("512 GiB of DRAM holds"),
+        number("in a kvtier pool it holds"),
+    );
+    let plan = |cxl: &[&str]| -> u64 {
+        let base = [
+            "plan",
+            "--context",
+            "128K",
+            "--hbm-for-kv",
+            "40GiB",
+            "--dram-for-kv",
+            "512GiB",
+            "--json",
+        ];
+        let (ok, out, err) = kvtier(&[&base[..], cxl].concat());
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        v["max_requests"].as_u64().unwrap()
+    };
+    assert_eq!(without, plan(&[]));
+    assert_eq!(with, plan(&["--cxl", "512GiB@30", "--cxl", "512GiB@30"]));
+}
+
 #[test]
 fn a_wrong_sglang_kernels_library_is_refused_before_the_bench() {
     let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
