@@ -630,8 +630,8 @@ fn print_table(p: &Plan, d: &Deployment) {
         "", "", "requests a GPU as each resource allows", "requests"
     );
     println!(
-        "{:<11} {:>13}  {:>9} {:>10} {:>9} {:>9}  {:>9}  {}",
-        "host tiers", "host KV bytes", "HBM", "host mem", "link", "CXL bw", "a node", "first"
+        "{:<11} {:>13}  {:>9} {:>10} {:>9} {:>9}  {:>9}  first",
+        "host tiers", "host KV bytes", "HBM", "host mem", "link", "CXL bw", "a node"
     );
     for c in &p.capacities {
         let cell = |l: kvtier::plan::Limit| {
