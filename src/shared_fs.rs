@@ -308,16 +308,20 @@ pub fn open_file(
     open_checked(libc::AT_FDCWD, path, path, access, rule, arg)
 }
 
-/// Opens a file a user named to read (a trace): links followed, as any
-/// reader follows them, but never a wait on a FIFO or a device, and only a
-/// regular file accepted.
-pub fn open_input(path: &Path, arg: &'static str) -> Result<File> {
+/// Opens `path` following links (`flags` beside the access mode), without
+/// waiting on a FIFO or a device, and hands the descriptor and its fstat to
+/// `check`; blocking again once `check` accepts it.
+fn open_followed(
+    path: &Path,
+    flags: libc::c_int,
+    check: impl FnOnce(&Metadata) -> Result<()>,
+) -> Result<(File, Metadata)> {
     let c = cstring(path)?;
     // SAFETY: a valid C string; the descriptor is owned below.
     let fd = unsafe {
         libc::open(
             c.as_ptr(),
-            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
+            flags | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
         )
     };
     if fd < 0 {
@@ -332,19 +336,30 @@ pub fn open_input(path: &Path, arg: &'static str) -> Result<File> {
         context: format!("reading {}", path.display()),
         source,
     })?;
-    if !meta.file_type().is_file() {
-        return Err(invalid(
+    check(&meta)?;
+    set_blocking(&file).map_err(|source| Error::Io {
+        context: format!("opening {}", path.display()),
+        source,
+    })?;
+    Ok((file, meta))
+}
+
+/// Opens a file a user named to read (a trace): links followed, as any
+/// reader follows them, but never a wait on a FIFO or a device, and only a
+/// regular file accepted.
+pub fn open_input(path: &Path, arg: &'static str) -> Result<File> {
+    let (file, _) = open_followed(path, libc::O_RDONLY, |meta| {
+        if meta.file_type().is_file() {
+            return Ok(());
+        }
+        Err(invalid(
             arg,
             format!(
                 "{} is {}, not a regular file",
                 path.display(),
-                kind_of(&meta)
+                kind_of(meta)
             ),
-        ));
-    }
-    set_blocking(&file).map_err(|source| Error::Io {
-        context: format!("opening {}", path.display()),
-        source,
+        ))
     })?;
     Ok(file)
 }
@@ -354,41 +369,19 @@ pub fn open_input(path: &Path, arg: &'static str) -> Result<File> {
 /// wait, and the descriptor judged a DAX character device before anything
 /// else is done with it.
 pub fn open_dax(path: &Path, arg: &'static str) -> Result<(File, Metadata)> {
-    let c = cstring(path)?;
-    // SAFETY: a valid C string; the descriptor is owned below.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
-        )
-    };
-    if fd < 0 {
-        return Err(Error::Io {
-            context: format!("opening {}", path.display()),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: just opened, owned by nothing else.
-    let file = unsafe { File::from_raw_fd(fd) };
-    let meta = file.metadata().map_err(|source| Error::Io {
-        context: format!("reading {}", path.display()),
-        source,
-    })?;
-    if !is_dax(&meta) {
-        return Err(invalid(
+    open_followed(path, libc::O_RDWR, |meta| {
+        if is_dax(meta) {
+            return Ok(());
+        }
+        Err(invalid(
             arg,
             format!(
                 "{} is {}, not a DAX device (devdax)",
                 path.display(),
-                kind_of(&meta)
+                kind_of(meta)
             ),
-        ));
-    }
-    set_blocking(&file).map_err(|source| Error::Io {
-        context: format!("opening {}", path.display()),
-        source,
-    })?;
-    Ok((file, meta))
+        ))
+    })
 }
 
 /// Creates (or empties) a file a user named to write (a trace, a report):
