@@ -10,7 +10,10 @@
 # once per supported SGLang release (scripts/sglang-env.sh: cached outside
 # the clone, about 6 GB and 1.5-2 minutes the first time). The GPU
 # tests (tests/gpu.rs, and the CUDA half of bindings/python/tests/test_torch.py)
-# are skipped here; run them on a GPU machine.
+# are skipped here; run them on a GPU machine. It changes nothing outside the
+# checkout and that cache unless asked: KVTIER_TEST_AARCH64=1 (CI sets it)
+# also cross-builds the aarch64 wheel, which installs Debian's cross tools
+# and a rustup target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The tests that import SGLang's real modules, run against each supported
