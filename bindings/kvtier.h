@@ -246,9 +246,10 @@ kvt_status kvt_region_alloc(kvt_pool *pool, uint64_t request, kvt_region **out);
  * pool to pool, also in a pool made again on the same devices). Needs a pool
  * on file: or dax: devices, its processes on one host. While
  * joined, the region is neither reclaimed nor freed by its owner: kvt_region_free
- * of the owner's handle is refused and leaves it allocated, freed when the
- * owner's pool closes if the joiners have left by then, else by the last joiner
- * to leave. kvt_region_free of a joined handle leaves the region to its owner. */
+ * of the owner's handle returns KVT_POOL_ERROR saying so and leaves it
+ * allocated until the last joiner leaves, which frees it. kvt_region_free of a
+ * joined handle leaves the region to its owner (or frees it, as that last
+ * joiner). */
 kvt_status kvt_region_join(kvt_pool *pool, const uint8_t *pool_uuid, uint32_t index, uint64_t epoch,
                            kvt_region **out);
 kvt_status kvt_region_info_get(const kvt_region *region, kvt_region_info *out);

@@ -33,7 +33,7 @@ scripts/install-tools.sh
 # in /dev/shm.
 export KVTIER_RUN_DIR="$PWD/target/test-run-dir"
 rm -rf "$KVTIER_RUN_DIR"
-mkdir -p "$KVTIER_RUN_DIR"
+install -d -m 0755 "$KVTIER_RUN_DIR"   # this mode whatever the umask (a group-writable run dir is refused)
 
 echo "== bindings/abi.rs is current"
 scripts/regen-bindings.sh --check

@@ -347,6 +347,15 @@ impl ModelSpec {
                 ),
             ));
         }
+        if self.max_context == 0 || self.max_context > MAX_CONTEXT_TOKENS {
+            return Err(invalid(
+                "model",
+                format!(
+                    "{}: max_context {} is outside 1..={MAX_CONTEXT_TOKENS} tokens",
+                    self.name, self.max_context
+                ),
+            ));
+        }
         // the bytes of one request at the model's longest context, counted
         // wide: a model whose request does not fit 64 bits (2^31 layers of
         // 2 GiB entries) is nonsense, not a host of 0 bytes
@@ -448,6 +457,10 @@ impl ModelSpec {
         self.offloaded_layers as f64 * miss_rate * self.top_k as f64 * self.entry_bytes as f64
     }
 }
+
+/// The longest context a model may give (2^40 tokens): any plot of
+/// context lengths, doubling from 4096, reaches it in a few dozen steps.
+pub const MAX_CONTEXT_TOKENS: u64 = 1 << 40;
 
 /// The most bytes a plan counts in one place (8 EiB): sums of them stay
 /// within 64 bits, and no machine holds more.
@@ -1048,6 +1061,12 @@ mod tests {
         let d = node(vec![(1024, 1.0)]);
         let e = plan(&m, &d).unwrap_err().to_string();
         assert!(e.contains("more than any machine holds"), "{e}");
+        let mut long = v32();
+        long.max_context = u64::MAX;
+        let e = plan(&long, &node(vec![(1024, 1.0)]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_context"), "{e}");
         // the same model one token long still counts right
         m.offloaded_layers = 1 << 20;
         assert_eq!(m.host_bytes(1024), (1u64 << 51) * 1024);

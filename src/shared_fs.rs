@@ -35,8 +35,12 @@ pub enum Owner {
     /// This process's effective user.
     Me,
     /// This user, or a group this process is in where the mode gives that
-    /// group read and write (a pool or table shared with a group).
+    /// group read and write (a pool shared with a group).
     MeOrSharingGroup,
+    /// This user, or this process's effective group where the mode gives
+    /// it read and write (a table: supplementary groups such as `wheel` or
+    /// `users` are too wide to trust with a model's weights).
+    MeOrMyGroup,
     /// Exactly this user: another process's file, as that process's client
     /// entry names its user.
     User(u32),
@@ -113,6 +117,11 @@ fn owner_ok(owner: Owner, meta: &Metadata) -> bool {
         Owner::MeOrSharingGroup => {
             meta.uid() == geteuid() || (meta.mode() & 0o060 == 0o060 && in_my_groups(meta.gid()))
         }
+        Owner::MeOrMyGroup => {
+            // SAFETY: getegid has no preconditions.
+            meta.uid() == geteuid()
+                || (meta.mode() & 0o060 == 0o060 && meta.gid() == unsafe { libc::getegid() })
+        }
         Owner::User(u) => meta.uid() == u,
     }
 }
@@ -122,6 +131,10 @@ fn whose(owner: Owner) -> String {
         Owner::Me => format!("this process's user {}", geteuid()),
         Owner::MeOrSharingGroup => format!(
             "this process's user {}, or a group of its that the mode shares it with",
+            geteuid()
+        ),
+        Owner::MeOrMyGroup => format!(
+            "this process's user {}, or its group where the mode shares it with that group",
             geteuid()
         ),
         Owner::User(u) => format!("user {u}"),
@@ -309,38 +322,57 @@ pub fn open_file(
 }
 
 /// Opens `path` following links (`flags` beside the access mode), without
-/// waiting on a FIFO or a device, and hands the descriptor and its fstat to
-/// `check`; blocking again once `check` accepts it.
+/// waiting on a FIFO and without opening a device before it is judged: the
+/// path is first opened with `O_PATH` (which opens nothing: a device's open
+/// has side effects, a watchdog's arms it), its fstat handed to `check`,
+/// and only what `check` accepts is opened for real, through that
+/// descriptor (`/proc/self/fd`), and found to be the same file.
 fn open_followed(
     path: &Path,
     flags: libc::c_int,
     check: impl FnOnce(&Metadata) -> Result<()>,
 ) -> Result<(File, Metadata)> {
+    let opening = |source| Error::Io {
+        context: format!("opening {}", path.display()),
+        source,
+    };
     let c = cstring(path)?;
     // SAFETY: a valid C string; the descriptor is owned below.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            flags | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
-        )
-    };
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
     if fd < 0 {
-        return Err(Error::Io {
-            context: format!("opening {}", path.display()),
-            source: std::io::Error::last_os_error(),
-        });
+        return Err(opening(std::io::Error::last_os_error()));
     }
     // SAFETY: just opened, owned by nothing else.
-    let file = unsafe { File::from_raw_fd(fd) };
-    let meta = file.metadata().map_err(|source| Error::Io {
+    let probe = unsafe { File::from_raw_fd(fd) };
+    let meta = probe.metadata().map_err(|source| Error::Io {
         context: format!("reading {}", path.display()),
         source,
     })?;
     check(&meta)?;
-    set_blocking(&file).map_err(|source| Error::Io {
-        context: format!("opening {}", path.display()),
+    let again = cstring(Path::new(&format!("/proc/self/fd/{fd}")))?;
+    // SAFETY: a valid C string; the descriptor is owned below.
+    let fd = unsafe {
+        libc::open(
+            again.as_ptr(),
+            flags | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    };
+    if fd < 0 {
+        return Err(opening(std::io::Error::last_os_error()));
+    }
+    // SAFETY: just opened, owned by nothing else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    let now = file.metadata().map_err(|source| Error::Io {
+        context: format!("reading {}", path.display()),
         source,
     })?;
+    if (now.dev(), now.ino(), now.rdev()) != (meta.dev(), meta.ino(), meta.rdev()) {
+        return Err(invalid(
+            "path",
+            format!("{} changed while it was opened; try again", path.display()),
+        ));
+    }
+    set_blocking(&file).map_err(opening)?;
     Ok((file, meta))
 }
 
@@ -395,6 +427,35 @@ pub fn create_output(path: &Path, arg: &'static str) -> Result<File> {
         dax: false,
         single_link: true,
     };
+    // a character device named itself (/dev/null), never through a link:
+    // written as it is (the links in /dev, such as /dev/stdout, are
+    // refused with every other link)
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_char_device()) {
+        let c = cstring(path)?;
+        // SAFETY: a valid C string; the descriptor is owned below.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY,
+            )
+        };
+        if fd < 0 {
+            return Err(open_error(path, arg, std::io::Error::last_os_error()));
+        }
+        // SAFETY: just opened, owned by nothing else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        // still a device (not a file put in its place meanwhile)
+        if file
+            .metadata()
+            .is_ok_and(|m| m.file_type().is_char_device())
+        {
+            return Ok(file);
+        }
+        return Err(invalid(
+            arg,
+            format!("{} changed while it was opened; try again", path.display()),
+        ));
+    }
     let (file, _) = open_file(path, Access::Create { mode: 0o644 }, &rule, arg)?;
     file.set_len(0).map_err(|source| Error::Io {
         context: format!("emptying {}", path.display()),

@@ -214,8 +214,12 @@ impl<R: BufRead> TraceReader<R> {
         let Some((line, text)) = self.next_line()? else {
             return Ok(None);
         };
-        let v: Value = match serde_json::from_slice(&text) {
-            Ok(v) => v,
+        // straight into typed rows (4 bytes a position); a line that does
+        // not fit them is looked at again as a JSON value, for words that
+        // say which key is wrong, when it is small enough to
+        let typed = serde_json::from_slice::<RawCall>(&text);
+        let call = match typed {
+            Ok(raw) => raw.check(&self.header, line),
             // the last line of a recording cut off mid-write (a killed
             // server): the calls before it stand
             Err(e) if e.is_eof() => {
@@ -224,12 +228,19 @@ impl<R: BufRead> TraceReader<R> {
                     self.header.truncated = true;
                     return Ok(None);
                 }
-                return Err(bad(line, format!("not JSON: {e}")));
+                Err(bad(line, format!("not JSON: {e}")))
             }
-            Err(e) => return Err(bad(line, format!("not JSON: {e}"))),
+            Err(e) if text.len() <= EXPLAINED_LINE_BYTES => {
+                match serde_json::from_slice::<Value>(&text) {
+                    Ok(v) => parse_call(&v, &self.header, line),
+                    Err(e) => Err(bad(line, format!("not JSON: {e}"))),
+                }
+                .and_then(|_| Err(bad(line, format!("not a trace call: {e}"))))
+            }
+            Err(e) => Err(bad(line, format!("not a trace call: {e}"))),
         };
         self.buf = text;
-        parse_call(&v, &self.header, line).map(Some)
+        call.map(Some)
     }
 }
 
@@ -238,6 +249,77 @@ impl<R: BufRead> Iterator for TraceReader<R> {
 
     fn next(&mut self) -> Option<Result<TraceCall>> {
         self.next_call().transpose()
+    }
+}
+
+/// Lines up to this long are parsed a second time, as JSON values, to say
+/// what is wrong with them (a value costs ~30 bytes a number: not for a
+/// line of tens of MiB).
+const EXPLAINED_LINE_BYTES: usize = 1 << 20;
+
+/// A call line as it is read: typed, so a position costs 4 bytes.
+#[derive(serde::Deserialize)]
+struct RawCall {
+    layer: u64,
+    rows: Vec<RawRow>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawRow {
+    req: u64,
+    seq: u64,
+    topk: Vec<i32>,
+    #[serde(default)]
+    state: Option<RawState>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawState {
+    tokens: Vec<i32>,
+    lru: Vec<i16>,
+}
+
+impl RawCall {
+    /// The checks [`parse_call`] makes, on the typed line.
+    fn check(self, header: &TraceHeader, line: usize) -> Result<TraceCall> {
+        let below = |key: &str, x: u64, max: u64| -> Result<u64> {
+            if x <= max {
+                Ok(x)
+            } else {
+                Err(bad(line, format!("`{key}` {x} is above {max}")))
+            }
+        };
+        let layer = below("layer", self.layer, MAX_COUNTED_LAYERS as u64 - 1)? as u32;
+        let rows = self
+            .rows
+            .into_iter()
+            .map(|r| {
+                let entries = r.topk.len() as u64 * header.block_tokens.max(1) as u64;
+                if r.topk.is_empty() || entries > MAX_TOP_K as u64 {
+                    return Err(bad(line, format!("a query of {} columns", r.topk.len())));
+                }
+                let state = match r.state {
+                    None => None,
+                    Some(st) => {
+                        let h = header.hot as usize;
+                        if st.tokens.len() != h || st.lru.len() != h {
+                            return Err(bad(line, format!("a state of other than {h} slots")));
+                        }
+                        Some(RowState {
+                            tokens: st.tokens,
+                            lru: st.lru,
+                        })
+                    }
+                };
+                Ok(TraceRow {
+                    req: below("req", r.req, u32::MAX as u64)? as u32,
+                    seq: below("seq", r.seq, MAX_TRACE_SEQ as u64)? as u32,
+                    topk: r.topk,
+                    state,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(TraceCall { layer, rows })
     }
 }
 
@@ -366,20 +448,41 @@ pub fn write_header(w: &mut impl Write, h: &TraceHeader) -> Result<()> {
     writeln!(w, "{header}").map_err(write_io)
 }
 
-/// Writes one call's line.
+/// Writes one call's line, a row at a time (no JSON value of the whole
+/// call is built).
 pub fn write_call(w: &mut impl Write, c: &TraceCall) -> Result<()> {
-    let rows: Vec<Value> = c
-        .rows
-        .iter()
-        .map(|r| {
-            let mut v = json!({"req": r.req, "seq": r.seq, "topk": r.topk});
-            if let Some(s) = &r.state {
-                v["state"] = json!({"tokens": s.tokens, "lru": s.lru});
-            }
-            v
-        })
-        .collect();
-    writeln!(w, "{}", json!({"layer": c.layer, "rows": rows})).map_err(write_io)
+    // the keys in the order a JSON object of them prints (sorted), as the
+    // format has always written them
+    #[derive(serde::Serialize)]
+    struct Row<'a> {
+        req: u32,
+        seq: u32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        state: Option<State<'a>>,
+        topk: &'a [i32],
+    }
+    #[derive(serde::Serialize)]
+    struct State<'a> {
+        lru: &'a [i16],
+        tokens: &'a [i32],
+    }
+    write!(w, "{{\"layer\":{},\"rows\":[", c.layer).map_err(write_io)?;
+    for (i, r) in c.rows.iter().enumerate() {
+        if i > 0 {
+            w.write_all(b",").map_err(write_io)?;
+        }
+        let row = Row {
+            req: r.req,
+            seq: r.seq,
+            state: r.state.as_ref().map(|s| State {
+                lru: &s.lru,
+                tokens: &s.tokens,
+            }),
+            topk: &r.topk,
+        };
+        serde_json::to_writer(&mut *w, &row).map_err(|e| write_io(e.into()))?;
+    }
+    w.write_all(b"]}\n").map_err(write_io)
 }
 
 impl Trace {
@@ -591,8 +694,8 @@ where
                     return Err(invalid(
                         "trace",
                         format!(
-                            "replaying layer {} at HOT {hot} holds the hot buffers of {} request rows at once ({} B \
-                             each), past the {} MiB a replay keeps; replay at a smaller HOT, give the replay more \
+                            "replaying layer {} at HOT {hot} keeps the states of {} request rows at once (up to {} \
+                             B each), past the {} MiB a replay keeps; replay at a smaller HOT, give the replay more \
                              memory, or a trace of fewer request rows",
                             over.layer,
                             over.rows,
@@ -673,6 +776,14 @@ impl Replayer {
     /// Bytes one kept long state holds.
     fn state_bytes(&self) -> u64 {
         self.hot as u64 * (4 + 2)
+    }
+
+    /// Bytes the rows' kept states take: every row's entry (a short row's
+    /// too, its length alone), and the slots of the long ones.
+    fn kept_bytes(&self) -> u64 {
+        // the map's entry and its control byte, rounded up
+        const ENTRY: u64 = (size_of::<((u32, u32), (Kept, u32))>() + 16) as u64;
+        self.states.len() as u64 * ENTRY + self.long * self.state_bytes()
     }
 
     /// Replays one call's rows; Err(OverBudget) when the states kept
@@ -777,10 +888,10 @@ impl Replayer {
                 self.long += 1;
             }
             self.states.insert(key, (state, row.seq));
-            if self.long * self.state_bytes() > budget {
+            if self.kept_bytes() > budget {
                 return Ok(Err(OverBudget {
                     layer: call.layer,
-                    rows: self.long as usize,
+                    rows: self.states.len(),
                 }));
             }
         }
@@ -928,8 +1039,9 @@ pub fn synth_header(spec: &SynthSpec) -> Result<TraceHeader> {
             "overlap must be in 0..=1 and recent at most top_k",
         ));
     }
-    // one call's rows, and the previous step's selections where kept
-    let row_bytes = sp.requests as u64 * sp.top_k as u64 * 4;
+    // one call's rows, and the previous step's selections where kept: 4
+    // bytes a position, and a row's own (a vector, its key in the map)
+    let row_bytes = sp.requests as u64 * (sp.top_k as u64 * 4 + 64);
     let kept = if sp.overlap > 0.0 {
         row_bytes * sp.layers as u64
     } else {
@@ -1019,8 +1131,38 @@ mod tests {
             assert_eq!(whole, split, "HOT {hot}");
             assert!(whole.iter().map(|c| c.misses).sum::<u64>() > 0);
             let e = replay_within(&t, hot, 3 * per).unwrap_err().to_string();
-            assert!(e.contains("holds the hot buffers of 4 request rows"), "{e}");
+            assert!(e.contains("keeps the states of"), "{e}");
         }
+    }
+
+    /// Rows that never outgrow their buffer keep only their length, but
+    /// that counts too: a trace of very many of them is refused by layer,
+    /// not replayed into unbounded memory.
+    #[test]
+    fn many_short_rows_count_against_the_budget() {
+        let header = TraceHeader {
+            hot: 64,
+            block_tokens: 0,
+            item_bytes: 0,
+            synthetic: false,
+            note: String::new(),
+            truncated: false,
+        };
+        let calls: Vec<TraceCall> = (0..5000)
+            .map(|req| TraceCall {
+                layer: 0,
+                rows: vec![TraceRow {
+                    req,
+                    seq: 1,
+                    topk: vec![0],
+                    state: None,
+                }],
+            })
+            .collect();
+        let t = Trace { header, calls };
+        assert!(replay_within(&t, 64, u64::MAX).is_ok());
+        let e = replay_within(&t, 64, 64 << 10).unwrap_err().to_string();
+        assert!(e.contains("keeps the states of"), "{e}");
     }
 
     /// A trace read a call at a time replays as the whole trace in memory.

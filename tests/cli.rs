@@ -1046,6 +1046,12 @@ fn pool_status_json_counts_per_device_and_per_client() {
     // client entries; a file that is not what a client writes is reported.
     let run = dir.join("run");
     std::fs::create_dir_all(&run).unwrap();
+    // exact modes, whatever the umask (a group-writable directory or file is
+    // not trusted)
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m)).unwrap()
+    };
+    mode(&run, 0o755);
     let status = || {
         let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
             .args(["pool", "status", "--json", "--device", &a, "--device", &b])
@@ -1068,9 +1074,12 @@ fn pool_status_json_counts_per_device_and_per_client() {
     let uid = first["uid"].as_u64().unwrap();
     let dir_of_pool = run.join(format!("kvtier-{uid}")).join(&uuid);
     std::fs::create_dir_all(&dir_of_pool).unwrap();
+    mode(dir_of_pool.parent().unwrap(), 0o755);
+    mode(&dir_of_pool, 0o755);
     let published = dir_of_pool.join(format!("{}-{}.json", first["client"], first["generation"]));
     let stats = serde_json::json!({"totals": {"cuda:0": {"hits": 7, "misses": 3}}});
     std::fs::write(&published, stats.to_string()).unwrap();
+    mode(&published, 0o644);
     let mine = |clients: Vec<serde_json::Value>| {
         let c: Vec<serde_json::Value> = clients
             .into_iter()
@@ -1088,6 +1097,7 @@ fn pool_status_json_counts_per_device_and_per_client() {
         "the other client of this process published nothing: {all:?}"
     );
     std::fs::write(&published, "{truncated").unwrap();
+    mode(&published, 0o644);
     let c = mine(status());
     assert!(c.get("published").is_none(), "{c}");
     assert!(
@@ -1125,6 +1135,7 @@ fn pool_status_json_counts_per_device_and_per_client() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         std::fs::write(&published, stats.to_string()).unwrap();
+        mode(&published, 0o644);
         // SAFETY: a valid C string.
         assert_eq!(unsafe { libc::chown(c_path.as_ptr(), 65534, 65534) }, 0);
         let c = mine(status());

@@ -590,8 +590,9 @@ fn an_owner_cannot_free_a_region_while_a_peer_has_joined_it() {
         "{e}"
     );
     assert_eq!(pool.region_state(index).unwrap(), RegionState::Allocated);
+    // the refused region goes with its last joiner's leave, the owner alive
     leave_in_worker(&mut peer);
-    // the refused region goes with the owner's handle, nobody holding it now
+    assert_eq!(pool.region_state(index).unwrap(), RegionState::Free);
     drop(pool);
     let look = Pool::open(devices.clone(), inspect()).unwrap();
     assert_eq!(look.free_regions(), total);

@@ -674,7 +674,7 @@ fn draw(
     let mut t = 4096u64;
     while t < m.max_context {
         lengths.push(t);
-        t *= 2;
+        t = t.saturating_mul(2);
     }
     lengths.push(m.max_context);
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();

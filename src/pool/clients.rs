@@ -279,7 +279,11 @@ impl Pool {
                 Some(o) => o.generation != c.generation || o.state == ClientState::Free,
                 None => false,
             };
-            if orphan && self.free_unjoined(r, w, false) {
+            // or one whose owner asked to free it while a joiner held it, the
+            // joiner since gone without leaving (it died)
+            let freeing = self.load(&e.freeing);
+            let wished = freeing != 0 && self.ticket(r) == Some(freeing);
+            if (orphan || wished) && self.free_unjoined(r, w, false) {
                 n += 1;
             }
         }

@@ -400,10 +400,23 @@ impl Pool {
     pub fn remove_destroyed_files(devices: &[DeviceSpec]) -> Result<Vec<std::path::PathBuf>> {
         use std::os::unix::fs::{FileExt, MetadataExt};
         let mut sure = Vec::new();
+        // each file's create lock, held until it is removed: a create that
+        // would format the destroyed file again waits, and finds it gone
+        let mut locks = Vec::new();
         for d in devices {
             let DeviceSpec::File { path, .. } = d else {
                 continue;
             };
+            let lock = device::CreateLock::acquire(d, device::DEFAULT_FILE_MODE)?;
+            if lock.created {
+                // it was gone: this lock's open made it, and nothing else has
+                let _ = std::fs::remove_file(path);
+                return Err(Error::Pool(format!(
+                    "{} does not exist; nothing was removed",
+                    path.display()
+                )));
+            }
+            locks.push(lock);
             let (file, meta) = crate::shared_fs::open_file(
                 path,
                 crate::shared_fs::Access::ReadWrite,
@@ -441,6 +454,7 @@ impl Pool {
             })?;
             removed.push(path);
         }
+        drop(locks);
         Ok(removed)
     }
 

@@ -136,7 +136,12 @@ pub struct RegionEntry {
     /// Bumped at every allocation, before the new owner writes a byte: a
     /// reader that finds it unchanged after reading saw one owner's bytes.
     pub epoch: AtomicU64,
-    _pad: [u64; 5],
+    /// The ticket (`Pool::region_ticket`) of an allocation whose owner
+    /// asked to free it while another process held it: the last holder to
+    /// leave frees it if the region is still that allocation (0: none; a
+    /// pool of an earlier kvtier has 0 here, its padding).
+    pub freeing: AtomicU64,
+    _pad: [u64; 4],
 }
 
 /// A client (attached process) slot.

@@ -111,12 +111,17 @@ impl Pool {
             f.write_all(json.as_bytes()).map_err(io)?;
             dir.rename(&tmp, &name).map_err(io)
         };
-        // once more if another handle of this user's removed the pool's
-        // directory meanwhile (its last client closing)
-        match write() {
-            Err(e) if missing(&e) => write(),
-            r => r,
-        }?;
+        // again if another handle of this user's removed the pool's
+        // directory meanwhile (its last client closing): a few times, as
+        // each try makes the directories anew
+        let mut result = write();
+        for _ in 0..4 {
+            match &result {
+                Err(e) if missing(e) => result = write(),
+                _ => break,
+            }
+        }
+        result?;
         *self.published_stats.lock().unwrap() = Some(run.to_path_buf());
         Ok(())
     }

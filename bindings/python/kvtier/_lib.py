@@ -69,7 +69,10 @@ def as_c_text(value, name: str) -> bytes:
     naming another key, path or device (``"model-A\\0v2"`` would be
     ``"model-A"``)."""
     if isinstance(value, str):
-        raw = value.encode()
+        try:
+            raw = value.encode()
+        except UnicodeEncodeError as e:
+            raise KvtierError(f"invalid argument `{name}`: {value!r} is not valid UTF-8 text ({e.reason})") from None
     elif isinstance(value, bytes):
         raw = value
     else:

@@ -136,6 +136,7 @@ def test_the_counters_reach_pool_status(tmp_path, monkeypatch):
     status --json`` shows with this process's client entry."""
     monkeypatch.setenv("KVTIER_RUN_DIR", str(tmp_path / "run"))
     (tmp_path / "run").mkdir()
+    (tmp_path / "run").chmod(0o755)  # whatever the umask: a group-writable run dir is refused
     device = f"file:{tmp_path}/pool"
     pool = kvtier.Pool.create(kvtier.Layout(16, 2, 16), [f"{device}:4MiB"])
     read = {"cuda:0": [SwapInCounters(calls=2, hits=7, misses=3, bytes=96), SwapInCounters(calls=2, misses=1)]}

@@ -107,3 +107,17 @@ def test_a_link_planted_at_the_trace_path_is_never_written_through(tmp_path, cap
     assert target.read_text() == "untouched"
     assert "symbolic link" in caplog.text
     assert c.out[0].tolist() == [7, 3, 11], "the swap-in itself ran"
+
+
+def test_a_fifo_at_the_trace_path_is_refused_at_once(tmp_path, caplog):
+    """A FIFO planted where a server records (no one reading it) is refused
+    without waiting, named as what it is."""
+    os.mkfifo(tmp_path / f"t.jsonl.{os.getpid()}")
+    c = worked_example([4, 2, 7])
+    trace.configure({"path": str(tmp_path / "t.jsonl")})
+    try:
+        with caplog.at_level("WARNING"):
+            load_cache_to_device_buffer_mla(**c.kwargs())
+    finally:
+        trace.configure(None)
+    assert "FIFO" in caplog.text

@@ -232,11 +232,11 @@ class Exporter:
                     pool.publish_stats(stats)
                 except KvtierError as e:
                     # the run dir refused (another user's directory in this
-                    # user's name, say): say so once and stop publishing to
-                    # this pool; serving goes on
+                    # user's name, say), or the pool was closed: say so once
+                    # and stop publishing to this pool; serving goes on
                     self._pools = [r for r in self._pools if r() is not pool]
-                    warnings.warn(f"kvtier: no longer publishing counters to pool {pool.info()['uuid']}: {e}",
-                                  RuntimeWarning, stacklevel=2)
+                    warnings.warn(f"kvtier: no longer publishing counters to a host pool: {e}", RuntimeWarning,
+                                  stacklevel=2)
 
 
 _exporter: Exporter | None = None

@@ -50,7 +50,6 @@ def _host(a):
     return np.asarray(a)
 
 
-
 def _create_output(path: str):
     """The trace file, opened to write as the library opens what it writes
     where other users may have been first (a server runs as root, the path
@@ -60,22 +59,29 @@ def _create_output(path: str):
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        why = "it is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        why = {errno.ELOOP: "it is a symbolic link",
+               errno.ENXIO: "it is a FIFO (or a device) no one reads"}.get(e.errno, e.strerror)
         raise KvtierError(f"invalid argument `trace`: cannot write {path}: {why}") from None
-    st = os.fstat(fd)
-    problem = None
-    if not stat.S_ISREG(st.st_mode):
-        problem = "it is not a regular file"
-    elif st.st_uid != os.geteuid():
-        problem = f"it belongs to user {st.st_uid}"
-    elif st.st_nlink > 1:
-        problem = "it has other hard links"
-    if problem:
+    try:
+        st = os.fstat(fd)
+        problem = None
+        if not stat.S_ISREG(st.st_mode):
+            problem = "it is not a regular file"
+        elif st.st_uid != os.geteuid():
+            problem = f"it belongs to user {st.st_uid}"
+        elif st.st_nlink > 1:
+            problem = "it has other hard links"
+        if problem:
+            raise KvtierError(f"invalid argument `trace`: cannot write {path}: {problem}")
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+    except BaseException as e:
         os.close(fd)
-        raise KvtierError(f"invalid argument `trace`: cannot write {path}: {problem}")
-    os.set_blocking(fd, True)
-    os.ftruncate(fd, 0)
+        if isinstance(e, OSError):
+            raise KvtierError(f"invalid argument `trace`: cannot write {path}: {e.strerror}") from None
+        raise
     return os.fdopen(fd, "w", buffering=1)
+
 
 class TraceRecorder:
     """Writes sampled swap-in calls to `path` (see the module docs)."""
