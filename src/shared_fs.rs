@@ -649,20 +649,8 @@ impl Dir {
         Ok(())
     }
 
-    /// The entry `name`'s own metadata (a link's, not its target's).
-    pub fn entry_meta(&self, name: &str) -> std::io::Result<Metadata> {
-        // through /proc would follow; fstatat with AT_SYMLINK_NOFOLLOW is
-        // what std offers only by path: the path of this descriptor's
-        // directory and the one component
-        std::fs::symlink_metadata(self.fd_path().join(name))
-    }
-
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    fn fd_path(&self) -> PathBuf {
-        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
     }
 
     fn meta(&self) -> Result<Metadata> {
