@@ -11,7 +11,7 @@ scripts/install-tools.sh
 if [ -x target/release/kvtier ]; then
   echo "bench: building kvtier (cargo build --release; seconds when little changed)" >&2
 else
-  echo "bench: building kvtier and its CUDA kernels for the first time (cargo build --release: about 3 minutes on 2 cores)" >&2
+  echo "bench: building kvtier and its CUDA kernels for the first time (cargo build --release: about a minute and a half on 2 cores)" >&2
 fi
 cargo build --release --locked --bin kvtier
 echo "bench: running kvtier bench $*" >&2

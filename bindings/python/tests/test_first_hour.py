@@ -48,6 +48,16 @@ def test_the_test_command_changes_nothing_outside_the_checkout_unless_asked():
     assert "KVTIER_TEST_AARCH64=1" in (REPOSITORY / ".ci/run").read_text()
 
 
+def test_the_quick_start_gives_time_and_disk_next_to_the_two_commands():
+    """Measured on a fresh machine (the closing note of the run says which),
+    not pieced together: minutes and gigabytes for each command."""
+    quick = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = quick.split("```bash", 1)[1].split("```", 1)[0]
+    for command in ("scripts/bench.sh", "scripts/test.sh"):
+        line = next(x for x in block.splitlines() if x.startswith(command))
+        assert re.search(r"\d+ min", line) and re.search(r"\d+(\.\d+)? GB", line), line
+
+
 def test_bench_sh_says_what_it_does_while_cargo_builds():
     bench = (REPOSITORY / "scripts/bench.sh").read_text()
     build = bench.index("cargo build")
