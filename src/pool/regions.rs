@@ -412,7 +412,10 @@ impl Pool {
             e.freeing.store(ticket, Ordering::SeqCst);
             self.coherence
                 .after_write(&e.freeing as *const AtomicU64 as *const u8, 8);
-            if self.free_unjoined(region.index, w, false) {
+            // freed here, or by the holder leaving just now (it found the wish)
+            if self.free_unjoined(region.index, w, false)
+                || self.load(&self.region_entry(region.index).control) != w
+            {
                 return Ok(());
             }
         }
