@@ -53,12 +53,23 @@ pub struct FileRule {
     /// Mode bits that must be clear: `0o002` (others may not write it),
     /// `0o022` (nor its group), `0o007` (others may not touch it).
     pub forbidden_mode: u32,
-    /// A DAX character device is accepted too (its owner is not checked:
-    /// device nodes are root's, and opening one is the kernel's check).
-    pub dax: bool,
+    /// Which devices are accepted beside regular files (their owner is not
+    /// checked: device nodes are root's, and opening one is the kernel's
+    /// check).
+    pub devices: Devices,
     /// A file with other hard links is refused (a link planted to another
     /// user's file).
     pub single_link: bool,
+}
+
+/// The devices a [`FileRule`] accepts beside regular files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Devices {
+    None,
+    /// A DAX character device (a table on devdax).
+    Dax,
+    /// Any character device (an output named `/dev/null`).
+    Char,
 }
 
 /// What a directory below a base must be.
@@ -95,7 +106,7 @@ fn geteuid() -> u32 {
 }
 
 /// Whether this process's effective or supplementary groups include `gid`.
-pub fn in_my_groups(gid: u32) -> bool {
+fn in_my_groups(gid: u32) -> bool {
     // SAFETY: getegid has no preconditions.
     if unsafe { libc::getegid() } == gid {
         return true;
@@ -176,44 +187,37 @@ pub fn is_dax(meta: &Metadata) -> bool {
         .unwrap_or(false)
 }
 
-/// Checks what the descriptor of `path` names against `rule`.
-pub fn check_file(path: &Path, meta: &Metadata, rule: &FileRule, arg: &'static str) -> Result<()> {
-    let t = meta.file_type();
-    let dax = rule.dax && is_dax(meta);
-    if !t.is_file() && !dax {
+/// Whether `meta`'s owner and mode are what `owner` and `forbidden_mode`
+/// allow (a file's or a directory's alike), in words when not.
+fn check_owner_and_mode(
+    path: &Path,
+    meta: &Metadata,
+    owner: Owner,
+    forbidden_mode: u32,
+    arg: &'static str,
+) -> Result<()> {
+    if !owner_ok(owner, meta) {
         return Err(invalid(
             arg,
             format!(
-                "{} is {}; kvtier uses only regular files{} here",
-                path.display(),
-                kind_of(meta),
-                if rule.dax { " and DAX devices" } else { "" }
-            ),
-        ));
-    }
-    if dax {
-        return Ok(());
-    }
-    if !owner_ok(rule.owner, meta) {
-        return Err(invalid(
-            arg,
-            format!(
-                "{} belongs to user {} (group {}), not to {}; kvtier does not trust it",
+                "{} belongs to user {} (group {}), not to {}; kvtier does not trust it (remove it, as root if need \
+                 be, or name another)",
                 path.display(),
                 meta.uid(),
                 meta.gid(),
-                whose(rule.owner)
+                whose(owner)
             ),
         ));
     }
     let mode = meta.mode() & 0o7777;
-    if mode & rule.forbidden_mode != 0 {
+    if mode & forbidden_mode != 0 {
         return Err(invalid(
             arg,
             format!(
-                "{} is open to {} (mode {mode:04o}), who could change it under kvtier; kvtier does not use it",
+                "{} is open to {} (mode {mode:04o}): it may be written by other users than its owner, under \
+                 kvtier; kvtier does not use it",
                 path.display(),
-                if mode & rule.forbidden_mode & 0o007 != 0 {
+                if mode & forbidden_mode & 0o007 != 0 {
                     "other users"
                 } else {
                     "its group"
@@ -221,6 +225,36 @@ pub fn check_file(path: &Path, meta: &Metadata, rule: &FileRule, arg: &'static s
             ),
         ));
     }
+    Ok(())
+}
+
+/// Checks what the descriptor of `path` names against `rule`.
+pub fn check_file(path: &Path, meta: &Metadata, rule: &FileRule, arg: &'static str) -> Result<()> {
+    let t = meta.file_type();
+    let device = match rule.devices {
+        Devices::None => false,
+        Devices::Dax => is_dax(meta),
+        Devices::Char => t.is_char_device(),
+    };
+    if !t.is_file() && !device {
+        return Err(invalid(
+            arg,
+            format!(
+                "{} is {}; kvtier uses only regular files{} here",
+                path.display(),
+                kind_of(meta),
+                match rule.devices {
+                    Devices::None => "",
+                    Devices::Dax => " and DAX devices",
+                    Devices::Char => " and character devices",
+                }
+            ),
+        ));
+    }
+    if device {
+        return Ok(());
+    }
+    check_owner_and_mode(path, meta, rule.owner, rule.forbidden_mode, arg)?;
     if rule.single_link && meta.nlink() > 1 {
         return Err(invalid(
             arg,
@@ -418,49 +452,25 @@ pub fn open_dax(path: &Path, arg: &'static str) -> Result<(File, Metadata)> {
 
 /// Creates (or empties) a file a user named to write (a trace, a report):
 /// never through a link another user planted at the path (a write would
-/// land in the link's target), never a FIFO or a device, never another
-/// user's file or one with other hard links.
+/// land in the link's target), never a FIFO, never another user's file or
+/// one with other hard links; a character device only where the path names
+/// it itself.
 pub fn create_output(path: &Path, arg: &'static str) -> Result<File> {
+    // a character device named itself (/dev/null) is written as it is; the
+    // links in /dev (/dev/stdout) are refused with every other link
     let rule = FileRule {
         owner: Owner::Me,
         forbidden_mode: 0,
-        dax: false,
+        devices: Devices::Char,
         single_link: true,
     };
-    // a character device named itself (/dev/null), never through a link:
-    // written as it is (the links in /dev, such as /dev/stdout, are
-    // refused with every other link)
-    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_char_device()) {
-        let c = cstring(path)?;
-        // SAFETY: a valid C string; the descriptor is owned below.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY,
-            )
-        };
-        if fd < 0 {
-            return Err(open_error(path, arg, std::io::Error::last_os_error()));
-        }
-        // SAFETY: just opened, owned by nothing else.
-        let file = unsafe { File::from_raw_fd(fd) };
-        // still a device (not a file put in its place meanwhile)
-        if file
-            .metadata()
-            .is_ok_and(|m| m.file_type().is_char_device())
-        {
-            return Ok(file);
-        }
-        return Err(invalid(
-            arg,
-            format!("{} changed while it was opened; try again", path.display()),
-        ));
+    let (file, meta) = open_file(path, Access::Create { mode: 0o644 }, &rule, arg)?;
+    if meta.file_type().is_file() {
+        file.set_len(0).map_err(|source| Error::Io {
+            context: format!("emptying {}", path.display()),
+            source,
+        })?;
     }
-    let (file, _) = open_file(path, Access::Create { mode: 0o644 }, &rule, arg)?;
-    file.set_len(0).map_err(|source| Error::Io {
-        context: format!("emptying {}", path.display()),
-        source,
-    })?;
     Ok(file)
 }
 
@@ -493,30 +503,18 @@ impl Dir {
             Some(mode) => mkdir(libc::AT_FDCWD, path, path, mode)?,
             None => false,
         };
-        let c = cstring(path)?;
-        // SAFETY: a valid C string; the descriptor is owned below.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(Error::Io {
-                context: format!("opening the directory {}", path.display()),
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        // SAFETY: just opened, owned by nothing else.
-        let dir = Dir {
-            file: unsafe { File::from_raw_fd(fd) },
-            path: path.to_path_buf(),
-        };
-        let meta = dir.meta()?;
-        if made && let Some(mode) = create {
-            dir.chmod(mode)?;
-        }
-        let mode = meta.mode() & 0o7777;
+        let dir = Dir::open_at(
+            libc::AT_FDCWD,
+            path,
+            path.to_path_buf(),
+            0,
+            create.filter(|_| made),
+        )
+        .map_err(|e| Error::Io {
+            context: format!("opening the directory {}", path.display()),
+            source: e,
+        })?;
+        let mode = dir.meta()?.mode() & 0o7777;
         let shared = mode & 0o022 != 0;
         if shared && mode & 0o1000 == 0 {
             return Err(invalid(
@@ -542,66 +540,75 @@ impl Dir {
         arg: &'static str,
     ) -> Result<Dir> {
         let shown = self.path.join(name);
-        let c = component(name, &shown, arg)?;
+        component(name, &shown, arg)?;
         let made = match create {
             Some(mode) => mkdir(self.file.as_raw_fd(), Path::new(name), &shown, mode)?,
             None => false,
         };
-        // SAFETY: a valid C string relative to a directory descriptor of ours.
+        let dir = Dir::open_at(
+            self.file.as_raw_fd(),
+            Path::new(name),
+            shown.clone(),
+            libc::O_NOFOLLOW,
+            create.filter(|_| made),
+        )
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) | Some(libc::ENOTDIR) => invalid(
+                arg,
+                format!(
+                    "{} is not a directory (a link or a file in its place); kvtier does not follow it",
+                    shown.display()
+                ),
+            ),
+            _ => Error::Io {
+                context: format!("opening the directory {}", shown.display()),
+                source: e,
+            },
+        })?;
+        check_owner_and_mode(
+            &dir.path,
+            &dir.meta()?,
+            rule.owner,
+            rule.forbidden_mode,
+            arg,
+        )?;
+        Ok(dir)
+    }
+
+    /// Opens the directory `name` relative to `at` (`flags` beside
+    /// `O_DIRECTORY`), setting its mode to `made` exactly where this process
+    /// has just made it (whatever the umask).
+    fn open_at(
+        at: libc::c_int,
+        name: &Path,
+        shown: PathBuf,
+        flags: libc::c_int,
+        made: Option<u32>,
+    ) -> std::io::Result<Dir> {
+        let c = CString::new(name.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        // SAFETY: a valid C string, relative to a directory descriptor of
+        // ours or the working directory.
         let fd = unsafe {
             libc::openat(
-                self.file.as_raw_fd(),
+                at,
                 c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | flags,
             )
         };
         if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(match e.raw_os_error() {
-                Some(libc::ELOOP) | Some(libc::ENOTDIR) => invalid(
-                    arg,
-                    format!(
-                        "{} is not a directory (a link or a file in its place); kvtier does not follow it",
-                        shown.display()
-                    ),
-                ),
-                _ => Error::Io {
-                    context: format!("opening the directory {}", shown.display()),
-                    source: e,
-                },
-            });
+            return Err(std::io::Error::last_os_error());
         }
-        // SAFETY: just opened, owned by nothing else.
         let dir = Dir {
+            // SAFETY: just opened, owned by nothing else.
             file: unsafe { File::from_raw_fd(fd) },
             path: shown,
         };
-        let meta = dir.meta()?;
-        if made && let Some(mode) = create {
-            dir.chmod(mode)?;
-        }
-        let meta = if made { dir.meta()? } else { meta };
-        if !owner_ok(rule.owner, &meta) {
-            return Err(invalid(
-                arg,
-                format!(
-                    "{} belongs to user {}, not to {}: another user made it; kvtier does not use it (remove it, \
-                     as root if need be)",
-                    dir.path.display(),
-                    meta.uid(),
-                    whose(rule.owner)
-                ),
-            ));
-        }
-        let mode = meta.mode() & 0o7777;
-        if mode & rule.forbidden_mode != 0 {
-            return Err(invalid(
-                arg,
-                format!(
-                    "{} (mode {mode:04o}) may be written by other users; kvtier does not use it",
-                    dir.path.display()
-                ),
-            ));
+        if let Some(mode) = made {
+            // SAFETY: fchmod on a descriptor of ours.
+            if unsafe { libc::fchmod(dir.file.as_raw_fd(), mode as libc::mode_t) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
         }
         Ok(dir)
     }
@@ -659,17 +666,6 @@ impl Dir {
             source,
         })
     }
-
-    fn chmod(&self, mode: u32) -> Result<()> {
-        // SAFETY: fchmod on a descriptor of ours.
-        if unsafe { libc::fchmod(self.file.as_raw_fd(), mode as libc::mode_t) } != 0 {
-            return Err(Error::Io {
-                context: format!("setting the mode of {}", self.path.display()),
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        Ok(())
-    }
 }
 
 fn cstr(name: &str) -> std::io::Result<CString> {
@@ -719,7 +715,7 @@ mod tests {
     const MINE: FileRule = FileRule {
         owner: Owner::Me,
         forbidden_mode: 0o022,
-        dax: false,
+        devices: Devices::None,
         single_link: true,
     };
 
@@ -758,7 +754,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("a character device"), "{e}");
-        let dax_ok = FileRule { dax: true, ..MINE };
+        let dax_ok = FileRule {
+            devices: Devices::Dax,
+            ..MINE
+        };
         let e = open_file(Path::new("/dev/null"), Access::Read, &dax_ok, "x")
             .unwrap_err()
             .to_string();

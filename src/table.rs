@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{Error, Result, invalid};
-use crate::shared_fs::{self, FileRule, Owner, open_file};
+use crate::shared_fs::{self, Devices, FileRule, Owner, open_file};
 
 /// First bytes of a table file.
 pub const TABLE_MAGIC: [u8; 8] = *b"KVTIERTB";
@@ -362,7 +362,7 @@ enum Access {
 const TABLE_FILE: FileRule = FileRule {
     owner: Owner::MeOrMyGroup,
     forbidden_mode: 0o002,
-    dax: true,
+    devices: Devices::Dax,
     single_link: true,
 };
 

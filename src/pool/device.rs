@@ -20,7 +20,7 @@ use std::str::FromStr;
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{Error, Result, invalid};
-use crate::shared_fs::{self, FileRule, Owner};
+use crate::shared_fs::{self, Devices, FileRule, Owner};
 
 /// A memory device a pool lives on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -752,7 +752,7 @@ impl CreateLock {
 pub(crate) const POOL_FILE: FileRule = FileRule {
     owner: Owner::MeOrSharingGroup,
     forbidden_mode: 0o007,
-    dax: false,
+    devices: Devices::None,
     single_link: true,
 };
 
@@ -768,7 +768,7 @@ const CREATE_LOCK_FILE: FileRule = FileRule {
 const NEW_POOL_FILE: FileRule = FileRule {
     owner: Owner::Me,
     forbidden_mode: 0,
-    dax: false,
+    devices: Devices::None,
     single_link: true,
 };
 
@@ -782,13 +782,6 @@ fn open_pool_file(
 ) -> Result<(std::fs::File, std::fs::Metadata)> {
     shared_fs::open_file(path, access, rule, "device").map_err(|e| match e {
         Error::Io { source, .. } => opening_file(path)(source),
-        Error::InvalidArgument { msg, .. } if msg.contains("symbolic link") => invalid(
-            "device",
-            format!(
-                "{} is a symbolic link; name the file itself",
-                path.display()
-            ),
-        ),
         e => e,
     })
 }
@@ -835,19 +828,11 @@ pub fn is_destroyed(spec: &DeviceSpec) -> Result<bool> {
     Ok(peek_magic(spec)? == Some(DESTROYED_MAGIC))
 }
 
-/// The error for a pool file that cannot be opened (O_NOFOLLOW refuses a
-/// symbolic link).
+/// The error for a pool file that cannot be opened: permission denied says
+/// how a group shares a pool (a link is refused, and said, by shared_fs).
 fn opening_file(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |e| {
-        if e.raw_os_error() == Some(libc::ELOOP) {
-            invalid(
-                "device",
-                format!(
-                    "{} is a symbolic link; name the file itself",
-                    path.display()
-                ),
-            )
-        } else if e.kind() == std::io::ErrorKind::PermissionDenied {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
             invalid(
                 "device",
                 format!(

@@ -26,7 +26,7 @@ use std::time::SystemTime;
 
 use super::{ClientInfo, Pool};
 use crate::error::{Error, Result, invalid};
-use crate::shared_fs::{Access, Dir, DirRule, FileRule, Owner, read_capped};
+use crate::shared_fs::{Access, Devices, Dir, DirRule, FileRule, Owner, read_capped};
 
 /// The largest stats a process publishes (and a reader reads).
 pub const MAX_STATS_BYTES: usize = 1 << 20;
@@ -199,7 +199,7 @@ impl Pool {
         let rule = FileRule {
             owner: Owner::User(uid),
             forbidden_mode: 0o022,
-            dax: false,
+            devices: Devices::None,
             single_link: true,
         };
         let name = stats_file(client.slot, client.generation);
@@ -244,7 +244,7 @@ const MY_DIR: DirRule = DirRule {
 const MY_FILE: FileRule = FileRule {
     owner: Owner::Me,
     forbidden_mode: 0o022,
-    dax: false,
+    devices: Devices::None,
     single_link: true,
 };
 
