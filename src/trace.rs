@@ -232,7 +232,7 @@ impl<R: BufRead> TraceReader<R> {
             }
             Err(e) if text.len() <= EXPLAINED_LINE_BYTES => {
                 match serde_json::from_slice::<Value>(&text) {
-                    Ok(v) => parse_call(&v, &self.header, line),
+                    Ok(v) => raw_call(&v, line).and_then(|raw| raw.check(&self.header, line)),
                     Err(e) => Err(bad(line, format!("not JSON: {e}"))),
                 }
                 .and_then(|_| Err(bad(line, format!("not a trace call: {e}"))))
@@ -280,7 +280,7 @@ struct RawState {
 }
 
 impl RawCall {
-    /// The checks [`parse_call`] makes, on the typed line.
+    /// The checks every call line gets: ranges and sizes.
     fn check(self, header: &TraceHeader, line: usize) -> Result<TraceCall> {
         let below = |key: &str, x: u64, max: u64| -> Result<u64> {
             if x <= max {
@@ -349,8 +349,10 @@ fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>, line: usize) -> Result<boo
     Ok(true)
 }
 
-fn parse_call(v: &Value, header: &TraceHeader, line: usize) -> Result<TraceCall> {
-    let layer = uint(v, "layer", MAX_COUNTED_LAYERS as u64 - 1, line)? as u32;
+/// A call line read as JSON values into the typed rows: only to say, key by
+/// key, what is wrong with a line that does not fit them (the ranges are
+/// [`RawCall::check`]'s, as for every line).
+fn raw_call(v: &Value, line: usize) -> Result<RawCall> {
     let rows = v
         .get("rows")
         .and_then(Value::as_array)
@@ -358,34 +360,24 @@ fn parse_call(v: &Value, header: &TraceHeader, line: usize) -> Result<TraceCall>
     let rows = rows
         .iter()
         .map(|r| {
-            let topk: Vec<i32> = ints(r, "topk", line)?;
-            let entries = topk.len() as u64 * header.block_tokens.max(1) as u64;
-            if topk.is_empty() || entries > MAX_TOP_K as u64 {
-                return Err(bad(line, format!("a query of {} columns", topk.len())));
-            }
-            let state = match r.get("state") {
-                None | Some(Value::Null) => None,
-                Some(s) => {
-                    let st = RowState {
+            Ok(RawRow {
+                topk: ints(r, "topk", line)?,
+                state: match r.get("state") {
+                    None | Some(Value::Null) => None,
+                    Some(s) => Some(RawState {
                         tokens: ints(s, "tokens", line)?,
                         lru: ints(s, "lru", line)?,
-                    };
-                    let h = header.hot as usize;
-                    if st.tokens.len() != h || st.lru.len() != h {
-                        return Err(bad(line, format!("a state of other than {h} slots")));
-                    }
-                    Some(st)
-                }
-            };
-            Ok(TraceRow {
-                req: uint(r, "req", u32::MAX as u64, line)? as u32,
-                seq: uint(r, "seq", MAX_TRACE_SEQ as u64, line)? as u32,
-                topk,
-                state,
+                    }),
+                },
+                req: uint(r, "req", u64::MAX, line)?,
+                seq: uint(r, "seq", u64::MAX, line)?,
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(TraceCall { layer, rows })
+    Ok(RawCall {
+        layer: uint(v, "layer", u64::MAX, line)?,
+        rows,
+    })
 }
 
 /// What a replay needs to know of a trace before it starts, from a first
