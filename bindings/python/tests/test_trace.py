@@ -89,6 +89,19 @@ def test_each_process_records_into_a_file_of_its_own(tmp_path):
     assert trace.per_process_path("/t/x.jsonl") == f"/t/x.jsonl.{pid}"
 
 
+def record_worked_example(tmp_path, caplog):
+    """One swap-in of the worked example while recording to ``t.jsonl``
+    (this process's file: ``t.jsonl.<pid>``); its case."""
+    c = worked_example([4, 2, 7])
+    trace.configure({"path": str(tmp_path / "t.jsonl")})
+    try:
+        with caplog.at_level("WARNING"):
+            load_cache_to_device_buffer_mla(**c.kwargs())
+    finally:
+        trace.configure(None)
+    return c
+
+
 def test_a_link_planted_at_the_trace_path_is_never_written_through(tmp_path, caplog):
     """A server (often root) records to a predictable path, perhaps in /tmp:
     a symbolic link planted there by another user stops the recording with a
@@ -97,13 +110,7 @@ def test_a_link_planted_at_the_trace_path_is_never_written_through(tmp_path, cap
     target.write_text("untouched")
     planted = tmp_path / f"t.jsonl.{os.getpid()}"
     planted.symlink_to(target)
-    c = worked_example([4, 2, 7])
-    trace.configure({"path": str(tmp_path / "t.jsonl")})
-    try:
-        with caplog.at_level("WARNING"):
-            load_cache_to_device_buffer_mla(**c.kwargs())
-    finally:
-        trace.configure(None)
+    c = record_worked_example(tmp_path, caplog)
     assert target.read_text() == "untouched"
     assert "symbolic link" in caplog.text
     assert c.out[0].tolist() == [7, 3, 11], "the swap-in itself ran"
@@ -113,11 +120,5 @@ def test_a_fifo_at_the_trace_path_is_refused_at_once(tmp_path, caplog):
     """A FIFO planted where a server records (no one reading it) is refused
     without waiting, named as what it is."""
     os.mkfifo(tmp_path / f"t.jsonl.{os.getpid()}")
-    c = worked_example([4, 2, 7])
-    trace.configure({"path": str(tmp_path / "t.jsonl")})
-    try:
-        with caplog.at_level("WARNING"):
-            load_cache_to_device_buffer_mla(**c.kwargs())
-    finally:
-        trace.configure(None)
+    record_worked_example(tmp_path, caplog)
     assert "FIFO" in caplog.text
