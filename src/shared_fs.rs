@@ -355,6 +355,35 @@ pub fn open_file(
     open_checked(libc::AT_FDCWD, path, path, access, rule, arg)
 }
 
+/// Opens `path` by `rule` to read and write, making it with `mode` if it is
+/// missing; true when this call made it (`O_EXCL`: a file some other
+/// process made first is opened, not claimed). A file removed between the
+/// two tries is tried again, a few times.
+pub fn open_or_create(
+    path: &Path,
+    mode: u32,
+    rule: &FileRule,
+    arg: &'static str,
+) -> Result<(File, Metadata, bool)> {
+    let is = |e: &Error, kind| matches!(e, Error::Io { source, .. } if source.kind() == kind);
+    for _ in 0..8 {
+        match open_file(path, Access::CreateNew { mode }, rule, arg) {
+            Ok((f, m)) => return Ok((f, m, true)),
+            Err(e) if is(&e, std::io::ErrorKind::AlreadyExists) => {}
+            Err(e) => return Err(e),
+        }
+        match open_file(path, Access::ReadWrite, rule, arg) {
+            Ok((f, m)) => return Ok((f, m, false)),
+            Err(e) if is(&e, std::io::ErrorKind::NotFound) => {} // removed meanwhile
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::Pool(format!(
+        "{} kept being removed and made again while this process opened it; try again",
+        path.display()
+    )))
+}
+
 /// Opens `path` following links (`flags` beside the access mode), without
 /// waiting on a FIFO and without opening a device before it is judged: the
 /// path is first opened with `O_PATH` (which opens nothing: a device's open

@@ -374,36 +374,20 @@ const REOPENS: u32 = 8;
 /// link, never waiting on a FIFO); `Load` makes a missing file (mode 0600)
 /// and says whether it did.
 fn open(path: &Path, access: Access) -> Result<(std::fs::File, std::fs::Metadata, bool)> {
-    let open_file = |how| {
-        open_file(path, how, &TABLE_FILE, "table").map_err(|e| match e {
-            Error::Io { source, .. } => Error::Io {
-                context: format!("opening the table {}", path.display()),
-                source,
-            },
-            e => e,
-        })
+    let opened = match access {
+        Access::Read => open_file(path, shared_fs::Access::Read, &TABLE_FILE, "table")
+            .map(|(f, m)| (f, m, false)),
+        Access::Write => open_file(path, shared_fs::Access::ReadWrite, &TABLE_FILE, "table")
+            .map(|(f, m)| (f, m, false)),
+        Access::Load => shared_fs::open_or_create(path, 0o600, &TABLE_FILE, "table"),
     };
-    let plain = |how| open_file(how).map(|(f, m)| (f, m, false));
-    match access {
-        Access::Read => plain(shared_fs::Access::Read),
-        Access::Write => plain(shared_fs::Access::ReadWrite),
-        Access::Load => {
-            for _ in 0..REOPENS {
-                match open_file(shared_fs::Access::CreateNew { mode: 0o600 }) {
-                    Ok((f, m)) => return Ok((f, m, true)),
-                    Err(Error::Io { source, .. })
-                        if source.kind() == std::io::ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(e),
-                }
-                match plain(shared_fs::Access::ReadWrite) {
-                    Err(Error::Io { source, .. })
-                        if source.kind() == std::io::ErrorKind::NotFound => {} // removed meanwhile
-                    r => return r,
-                }
-            }
-            Err(changing(path))
-        }
-    }
+    opened.map_err(|e| match e {
+        Error::Io { source, .. } => Error::Io {
+            context: format!("opening the table {}", path.display()),
+            source,
+        },
+        e => e,
+    })
 }
 
 fn changing(path: &Path) -> Error {

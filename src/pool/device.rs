@@ -686,35 +686,21 @@ impl CreateLock {
                 ));
             }
         };
-        let open = |create_new: bool| -> Result<(std::fs::File, std::fs::Metadata)> {
-            if is_file {
-                let access = if create_new {
-                    shared_fs::Access::CreateNew { mode: file_mode }
-                } else {
-                    shared_fs::Access::ReadWrite
-                };
-                open_pool_file(path, access, &CREATE_LOCK_FILE)
-            } else {
-                shared_fs::open_dax(path, "device").map_err(|e| match e {
-                    Error::Io { source, .. } => opening_dax(path)(source),
-                    e => e,
-                })
-            }
-        };
-        let is = |e: &Error, kind| matches!(e, Error::Io { source, .. } if source.kind() == kind);
-        let exists = |e: &Error| is(e, std::io::ErrorKind::AlreadyExists);
-        let gone = |e: &Error| is(e, std::io::ErrorKind::NotFound);
         let deadline = std::time::Instant::now() + wait;
         loop {
-            let (file, meta, created) = match is_file.then(|| open(true)) {
-                Some(Ok((f, m))) => (f, m, true),
-                Some(Err(e)) if !exists(&e) => return Err(e),
-                _ => match open(false) {
-                    Ok((f, m)) => (f, m, false),
-                    // removed between the two opens: try again
-                    Err(e) if is_file && gone(&e) => continue,
-                    Err(e) => return Err(e),
-                },
+            let (file, meta, created) = if is_file {
+                shared_fs::open_or_create(path, file_mode, &CREATE_LOCK_FILE, "device").map_err(
+                    |e| match e {
+                        Error::Io { source, .. } => opening_file(path)(source),
+                        e => e,
+                    },
+                )?
+            } else {
+                let (f, m) = shared_fs::open_dax(path, "device").map_err(|e| match e {
+                    Error::Io { source, .. } => opening_dax(path)(source),
+                    e => e,
+                })?;
+                (f, m, false)
             };
             let locked =
                 flock_until(&file, libc::LOCK_EX, deadline).map_err(|source| Error::Io {
