@@ -95,7 +95,7 @@ impl Pool {
         let (slot, generation) = self.owner()?;
         let name = stats_file(slot, generation);
         let write = || -> Result<()> {
-            let dir = self.my_stats_dir(run, true)?;
+            let [_, _, dir] = self.my_stats_dirs(run, true)?;
             // a fresh file in this user's own directory (a stale one, from a
             // crash between create and rename, is removed first)
             let tmp = format!(".{name}.tmp");
@@ -126,13 +126,15 @@ impl Pool {
         Ok(())
     }
 
-    /// This user's directory of this pool's stats (made if `create`).
-    fn my_stats_dir(&self, run: &Path, create: bool) -> Result<Dir> {
+    /// The run dir, this user's directory in it and this pool's in that
+    /// (made if `create`).
+    fn my_stats_dirs(&self, run: &Path, create: bool) -> Result<[Dir; 3]> {
         let uid = super::identity::effective_uid();
         let mode = create.then_some(0o755);
         let base = Dir::base(run, create.then_some(0o1777), "KVTIER_RUN_DIR")?;
         let user = base.subdir(&user_dir(uid), mode, &MY_DIR, "run dir")?;
-        user.subdir(&self.uuid_hex(), mode, &MY_DIR, "run dir")
+        let pool = user.subdir(&self.uuid_hex(), mode, &MY_DIR, "run dir")?;
+        Ok([base, user, pool])
     }
 
     /// Removes what this handle published (a clean close); nothing to say
@@ -149,20 +151,15 @@ impl Pool {
         let Ok((slot, generation)) = self.owner() else {
             return;
         };
-        if let Ok(dir) = self.my_stats_dir(&run, false) {
-            let _ = dir.remove(&stats_file(slot, generation), false);
-            drop(dir);
+        if let Ok([base, user, pool]) = self.my_stats_dirs(&run, false) {
+            let _ = pool.remove(&stats_file(slot, generation), false);
+            drop(pool);
             // the pool's directory too, once no client of this user's has a
-            // file in it (removing a directory that is not empty fails)
+            // file in it (removing a directory that is not empty fails),
             // and this user's, once empty (a publisher of this user's that
             // loses either meanwhile makes it again: see publish_stats_in)
-            let uid = super::identity::effective_uid();
-            if let Ok(base) = Dir::base(&run, None, "KVTIER_RUN_DIR")
-                && let Ok(user) = base.subdir(&user_dir(uid), None, &MY_DIR, "run dir")
-            {
-                let _ = user.remove(&self.uuid_hex(), true);
-                let _ = base.remove(&user_dir(uid), true);
-            }
+            let _ = user.remove(&self.uuid_hex(), true);
+            let _ = base.remove(&user_dir(super::identity::effective_uid()), true);
         }
     }
 
