@@ -417,10 +417,12 @@ impl TraceShape {
     }
 
     /// The shape of the calls `calls` yields (a first pass over a trace).
-    pub fn of(calls: impl IntoIterator<Item = Result<TraceCall>>) -> Result<TraceShape> {
+    pub fn of<C: std::borrow::Borrow<TraceCall>>(
+        calls: impl IntoIterator<Item = Result<C>>,
+    ) -> Result<TraceShape> {
         let mut shape = TraceShape::default();
         for c in calls {
-            shape.add(&c?);
+            shape.add(c?.borrow());
         }
         Ok(shape)
     }
@@ -558,7 +560,7 @@ pub const REPLAY_STATE_BUDGET: u64 = 256 << 20;
 /// kernels' exact policy): each layer's counters (`bytes` from the header's
 /// `item_bytes`).
 pub fn replay(trace: &Trace, hot: u32) -> Result<Vec<SwapInCounters>> {
-    let shape = TraceShape::of(trace.calls.iter().cloned().map(Ok))?;
+    let shape = TraceShape::of(trace.calls.iter().map(Ok))?;
     replay_calls_from(&trace.header, &shape, hot, REPLAY_STATE_BUDGET, || {
         Ok(trace
             .calls
@@ -613,7 +615,7 @@ where
 /// that call starts from (the bench times calls of a trace from it). The
 /// trace is in memory already; its replay keeps every row's state.
 pub fn states_before(trace: &Trace, hot: u32, wanted: &[usize]) -> Result<Vec<Vec<RowState>>> {
-    let shape = TraceShape::of(trace.calls.iter().cloned().map(Ok))?;
+    let shape = TraceShape::of(trace.calls.iter().map(Ok))?;
     let mut out: Vec<Vec<RowState>> = vec![Vec::new(); wanted.len()];
     replay_passes(
         &trace.header,
@@ -1097,7 +1099,7 @@ mod tests {
     }
 
     fn replay_within(t: &Trace, hot: u32, budget: u64) -> Result<Vec<SwapInCounters>> {
-        let shape = TraceShape::of(t.calls.iter().cloned().map(Ok)).unwrap();
+        let shape = TraceShape::of(t.calls.iter().map(Ok)).unwrap();
         replay_passes(
             &t.header,
             &shape,
