@@ -1,10 +1,9 @@
 //! `kvtier trace synth` and the replay behind `kvtier plan --trace`.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
-use std::io::Write;
-
 use kvtier::trace::{
     SynthSpec, TraceReader, TraceShape, replay_stream, synth_header, synthesize_each, write_call,
     write_header,
