@@ -266,6 +266,8 @@ kvt_status kvt_region_free(kvt_region *region);
 #define KVT_SWAP_IN_PLAN_THEN_COPY 0        /* plan per request, one copy over every miss */
 #define KVT_SWAP_IN_ONE_BLOCK_PER_REQUEST 1 /* SGLang's design, for comparison */
 #define KVT_SWAP_IN_FEW_MISS 2              /* warp-vote planner; a request's few misses copied by its own block */
+#define KVT_SWAP_IN_COMPACT 3               /* KVT_SWAP_IN_FEW_MISS with state for two blocks an SM */
+#define KVT_SWAP_IN_COMPACT_ONE_LAUNCH 4    /* KVT_SWAP_IN_COMPACT copying every miss itself: one launch */
 
 /* How a row of a KV buffer is addressed: pages of rows_per_page rows (a power
  * of two), page_bytes apart; within a page the rows' values (value_bytes

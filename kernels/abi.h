@@ -152,7 +152,9 @@ typedef struct kvt_writeback_params {
 #define KVT_SWAP_QUERY_BLOCKS 16u   /* top_k_tokens holds block ids of block_tokens tokens each (MiniMax-M3) */
 #define KVT_SWAP_REPLAY 32u         /* kvt_swap_in_copy replays a caller's plan alone (no plan kernel ran) */
 #define KVT_SWAP_SKIP_INLINE 64u    /* kvt_swap_in_copy skips rows of at most KVT_SWAP_FEW_MISS_INLINE misses
-                                       (kvt_swap_in_few_miss_plan copied them) */
+                                       (kvt_swap_in_few_miss_plan or kvt_swap_in_compact_plan copied them) */
+#define KVT_SWAP_COMPACT_PLAN 128u  /* the launcher's choice of kvt_swap_in_compact_plan as the planner (no kernel
+                                       reads it: the parameters alone say what to launch) */
 
 /* Largest number of resolved top-k entries per row (top_k * block_tokens) and
  * largest hot buffer a swap-in accepts. */
@@ -164,6 +166,10 @@ typedef struct kvt_writeback_params {
  * block copies itself (one per warp: one pass of its warps). */
 #define KVT_SWAP_FEW_MISS_THREADS 1024
 #define KVT_SWAP_FEW_MISS_INLINE 32
+/* Threads per kvt_swap_in_compact_plan block (two blocks an SM where its
+ * shared memory allows), and the most entries a row of it resolves. */
+#define KVT_SWAP_COMPACT_THREADS 1024
+#define KVT_SWAP_COMPACT_MAX_ENTRIES 2048
 /* Largest scale piece of an item layout: one 8-byte word per lane of a warp. */
 #define KVT_ITEM_MAX_SCALE_BYTES 256
 
@@ -220,7 +226,12 @@ typedef struct kvt_item_layout {
  * block of KVT_SWAP_FEW_MISS_THREADS per row, warp votes instead of block
  * scans): a row of at most KVT_SWAP_FEW_MISS_INLINE misses is copied by its
  * own block, and the copy kernel that follows, with KVT_SWAP_SKIP_INLINE,
- * moves only the other rows' misses. With
+ * moves only the other rows' misses. kvt_swap_in_compact_plan is a third
+ * (KVT_SWAP_COMPACT_PLAN; the same contract and block size, state small enough
+ * for two blocks an SM): it copies a row's misses itself when they are at
+ * most KVT_SWAP_FEW_MISS_INLINE (the copy kernel follows with
+ * KVT_SWAP_SKIP_INLINE), or every miss with KVT_SWAP_COPY_IN_PLAN (one launch,
+ * no copy kernel). With
  * KVT_SWAP_REPLAY kvt_swap_in_copy runs alone on a caller's plan (SGLang's
  * copy_cache_planned_mla): only the plan, num_real_reqs, the KV planes and
  * the error word are read.

@@ -169,10 +169,15 @@ struct DeviceToPool {
 // moves in 16-byte vectors with an 8-byte head and/or tail; otherwise (entry
 // sizes such as 584 put every other entry at 8 mod 16) the entry moves in
 // 8-byte pieces. All loads of a pass are issued before its stores so that many
-// requests are in flight on the link; a pass is U vectors per lane.
+// requests are in flight on the link; a pass is U vectors per lane (512 * U
+// bytes). With `parts` > 1 the passes are shared among that many warps: this
+// one makes passes part, part + parts, ..., and part 0 also the head and tail
+// (a kernel held to few registers moves a row in passes of U = 1, one per
+// warp, over several warps).
 template <class P, uint32_t U = KVT_UNROLL>
 __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, char* __restrict__ dst,
-                                                uint32_t bytes, uint32_t lane) {
+                                                uint32_t bytes, uint32_t lane, uint32_t part = 0,
+                                                uint32_t parts = 1) {
     const uint32_t src_phase = (uint32_t)(uintptr_t)src & 15u;
     const uint32_t dst_phase = (uint32_t)(uintptr_t)dst & 15u;
     if (src_phase == dst_phase) {
@@ -180,12 +185,13 @@ __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, ch
         const uint32_t body = (bytes - head) & ~15u;
         const uint32_t tail = bytes - head - body;  // 0 or 8
         uint2 head_v = make_uint2(0, 0), tail_v = make_uint2(0, 0);
-        if (head != 0 && lane == 0) head_v = P::load8(src);
-        if (tail != 0 && lane == 1) tail_v = P::load8(src + head + body);
+        const bool ends = part == 0;
+        if (head != 0 && lane == 0 && ends) head_v = P::load8(src);
+        if (tail != 0 && lane == 1 && ends) tail_v = P::load8(src + head + body);
         const uint4* s = reinterpret_cast<const uint4*>(src + head);
         uint4* d = reinterpret_cast<uint4*>(dst + head);
         const uint32_t n = body >> 4;
-        for (uint32_t base = 0; base < n; base += KVT_WARP * U) {
+        for (uint32_t base = part * KVT_WARP * U; base < n; base += parts * KVT_WARP * U) {
             uint4 v[U];
 #pragma unroll
             for (uint32_t u = 0; u < U; ++u) {
@@ -198,13 +204,13 @@ __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, ch
                 if (i < n) P::store16(d + i, v[u]);
             }
         }
-        if (head != 0 && lane == 0) P::store8(dst, head_v);
-        if (tail != 0 && lane == 1) P::store8(dst + head + body, tail_v);
+        if (head != 0 && lane == 0 && ends) P::store8(dst, head_v);
+        if (tail != 0 && lane == 1 && ends) P::store8(dst + head + body, tail_v);
     } else {
         const uint2* s = reinterpret_cast<const uint2*>(src);
         uint2* d = reinterpret_cast<uint2*>(dst);
         const uint32_t n = bytes >> 3;
-        for (uint32_t base = 0; base < n; base += KVT_WARP * U * 2) {
+        for (uint32_t base = part * KVT_WARP * U * 2; base < n; base += parts * KVT_WARP * U * 2) {
             uint2 v[U * 2];
 #pragma unroll
             for (uint32_t u = 0; u < U * 2; ++u) {
@@ -225,19 +231,22 @@ __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, ch
 // with the whole warp (same calling rule as warp_copy_entry). A row is a value
 // piece and an optional scale piece of at most 256 bytes; each lane loads its
 // 8-byte word of the scale before the value moves and stores it after, so the
-// two pieces cost one round trip over the link, not two.
+// two pieces cost one round trip over the link, not two. `part` of `parts`:
+// as warp_copy_entry (part 0 moves the scale).
 template <class P, uint32_t U = KVT_UNROLL>
 __device__ __forceinline__ void warp_copy_item(const kvt_item_layout& L, kvt_addr src_base, kvt_addr dst_base,
-                                               uint64_t src_row, uint64_t dst_row, uint32_t lane) {
+                                               uint64_t src_row, uint64_t dst_row, uint32_t lane,
+                                               uint32_t part = 0, uint32_t parts = 1) {
     const uint64_t mask = (1ull << L.page_shift) - 1;
     const char* src = reinterpret_cast<const char*>(src_base) + (src_row >> L.page_shift) * L.page_bytes;
     char* dst = reinterpret_cast<char*>(dst_base) + (dst_row >> L.page_shift) * L.page_bytes;
     const uint64_t src_in_page = src_row & mask, dst_in_page = dst_row & mask;
     const uint64_t scale_run = (uint64_t)L.value_bytes << L.page_shift;
-    const bool has_scale_word = lane < (L.scale_bytes >> 3);
+    const bool has_scale_word = lane < (L.scale_bytes >> 3) && part == 0;
     uint2 scale = make_uint2(0, 0);
     if (has_scale_word) scale = P::load8(src + scale_run + src_in_page * L.scale_bytes + 8 * lane);
-    warp_copy_entry<P, U>(src + src_in_page * L.value_bytes, dst + dst_in_page * L.value_bytes, L.value_bytes, lane);
+    warp_copy_entry<P, U>(src + src_in_page * L.value_bytes, dst + dst_in_page * L.value_bytes, L.value_bytes, lane,
+                          part, parts);
     if (has_scale_word) P::store8(dst + scale_run + dst_in_page * L.scale_bytes + 8 * lane, scale);
 }
 

@@ -263,23 +263,61 @@ __device__ __forceinline__ void short_row(const kvt_swap_in_params& p, const Pla
     if (threadIdx.x == 0) st(row.plan_count + row.b, (int32_t)0);
 }
 
+// Four slots' tokens or rows, as one 16-byte vector.
+struct SlotRow4 {
+    uint4 tokens, locs;
+};
+__device__ __forceinline__ bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+__device__ __forceinline__ const uint4* as_vec(const int32_t* p) { return reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ uint4* as_vec(int32_t* p) { return reinterpret_cast<uint4*>(p); }
+
+// The chunks of 32 items (one per lane) warp `warp` of a block of `Warps`
+// warps owns of `count`: a contiguous run, so that ranks in item order are
+// this warp's offset plus its running count plus the lane's rank in the
+// chunk's ballot. Every lane of a warp gets the same run, so loops over it
+// may vote.
+template <uint32_t Warps>
+struct WarpChunks {
+    uint32_t first, end;
+    __device__ __forceinline__ WarpChunks(uint32_t count, uint32_t warp) {
+        const uint32_t chunks = (count + KVT_WARP - 1) / KVT_WARP;
+        const uint32_t per = (chunks + Warps - 1) / Warps;
+        first = min(warp * per, chunks);
+        end = min(first + per, chunks);
+    }
+};
+
+// Exclusive prefix (this warp's offset) and total over a block of 32 warps
+// of one per-warp count in shared memory (`stride` words between warps).
+struct WarpOffset {
+    uint32_t before, total;
+};
+__device__ __forceinline__ WarpOffset warp_offset(const uint32_t* totals, uint32_t stride, uint32_t warp,
+                                                  uint32_t lane) {
+    const uint32_t mine = totals[lane * stride];
+    const uint32_t incl = warp_inclusive_sum(mine, lane);
+    return {warp_read(incl - mine, warp), warp_read(incl, KVT_WARP - 1)};
+}
+
 // Copies host row `src` to device row `dst` of every KV plane with the calling
 // warp, after checking both rows (the plan already did; a replayed plan is the
 // caller's, so the copy stays safe on its own). U: vectors per lane a pass
-// keeps in flight (warp_copy_entry).
+// keeps in flight; `part` of `parts`: this warp's share of the passes
+// (warp_copy_entry; part 0 reports a bad row).
 template <uint32_t U = KVT_UNROLL>
 __device__ __forceinline__ void copy_row(const kvt_swap_in_params& p, const Reporter& err, int64_t src, int64_t dst,
-                                         uint32_t position, uint32_t lane) {
+                                         uint32_t position, uint32_t lane, uint32_t part = 0, uint32_t parts = 1) {
     if (!in_rows(src, p.host_rows) || !in_rows(dst, p.device_rows)) {
-        if (lane == 0)
+        if (lane == 0 && part == 0)
             report(err, in_rows(src, p.host_rows) ? KVT_ERR_SWAP_DEVICE_LOC : KVT_ERR_SWAP_HOST_LOC, position,
                    in_rows(src, p.host_rows) ? dst : src);
         return;
     }
-    warp_copy_item<PoolToDevice, U>(p.items, p.host_cache[0], p.device_buffer[0], (uint64_t)src, (uint64_t)dst, lane);
+    warp_copy_item<PoolToDevice, U>(p.items, p.host_cache[0], p.device_buffer[0], (uint64_t)src, (uint64_t)dst, lane,
+                                    part, parts);
     if (p.host_cache[1] != 0)
         warp_copy_item<PoolToDevice, U>(p.items, p.host_cache[1], p.device_buffer[1], (uint64_t)src, (uint64_t)dst,
-                                     lane);
+                                        lane, part, parts);
 }
 
 }  // namespace swap

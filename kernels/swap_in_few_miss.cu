@@ -76,39 +76,8 @@ struct Smem {
     __device__ __forceinline__ uint16_t* usable_slot() const { return lru_old() + H; }
 };
 
-// Four slots' tokens or rows, as one 16-byte vector.
-struct SlotRow4 {
-    uint4 tokens, locs;
-};
-__device__ __forceinline__ bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
-__device__ __forceinline__ const uint4* as_vec(const int32_t* p) { return reinterpret_cast<const uint4*>(p); }
-__device__ __forceinline__ uint4* as_vec(int32_t* p) { return reinterpret_cast<uint4*>(p); }
-
-// The chunks of 32 items (one per lane) warp `warp` owns of `count`: a
-// contiguous run, so that ranks in item order are this warp's offset plus
-// its running count plus the lane's rank in the chunk's ballot. Every lane of
-// a warp gets the same run, so loops over it may vote.
-struct Chunks {
-    uint32_t first, end;
-    __device__ __forceinline__ Chunks(uint32_t count, uint32_t warp) {
-        const uint32_t chunks = (count + KVT_WARP - 1) / KVT_WARP;
-        const uint32_t per = (chunks + kWarps - 1) / kWarps;
-        first = min(warp * per, chunks);
-        end = min(first + per, chunks);
-    }
-};
-
-// Exclusive prefix (this warp's offset) and total over the block of one
-// per-warp count in shared memory (`stride` words between warps).
-struct WarpOffset {
-    uint32_t before, total;
-};
-__device__ __forceinline__ WarpOffset warp_offset(const uint32_t* totals, uint32_t stride, uint32_t warp,
-                                                  uint32_t lane) {
-    const uint32_t mine = totals[lane * stride];
-    const uint32_t incl = warp_inclusive_sum(mine, lane);
-    return {warp_read(incl - mine, warp), warp_read(incl, KVT_WARP - 1)};
-}
+// A warp's run of 32-item chunks, over this block's warps.
+using Chunks = WarpChunks<kWarps>;
 
 }  // namespace few
 }  // namespace swap

@@ -20,6 +20,7 @@ out_dir=$(KVTIER_REQUIRE_KERNELS=1 cargo build --release --locked -p kvtier --li
 [ -f "$out_dir/ptxas.log" ] || { echo "kernel-resources: the library was built without its kernels' report (no $out_dir/ptxas.log)" >&2; exit 1; }
 threads_of() {  # the kernel's block size (src/cuda/kernels.rs)
   case "$1" in
+    kvt_swap_in_compact_plan) grep -oP 'KVT_SWAP_COMPACT_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_swap_in_plan) grep -oP 'KVT_SWAP_PLAN_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_swap_in_few_miss_plan) grep -oP 'KVT_SWAP_FEW_MISS_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_spec_swap_in) grep -oP 'KVT_SPEC_THREADS \K[0-9]+' kernels/abi.h ;;
@@ -71,4 +72,4 @@ for line in open(sys.argv[2]):
       "$blocks" "$threads" "$instrs"
   done
 done
-echo "smem_B is static shared memory; kvt_swap_in_plan, kvt_swap_in_few_miss_plan and kvt_swap_in_copy also take dynamic shared memory sized per call (src/swap_in/cuda.rs), kvt_spec_swap_in KVT_SPEC_SMEM_BYTES (kernels/abi.h)."
+echo "smem_B is static shared memory; kvt_swap_in_plan, kvt_swap_in_few_miss_plan, kvt_swap_in_compact_plan and kvt_swap_in_copy also take dynamic shared memory sized per call (src/swap_in/cuda.rs), kvt_spec_swap_in KVT_SPEC_SMEM_BYTES (kernels/abi.h)."

@@ -50,6 +50,8 @@ pub const KVT_INDEX_INT64: u32 = 2;
 pub const KVT_SWAP_IN_PLAN_THEN_COPY: u32 = 0;
 pub const KVT_SWAP_IN_ONE_BLOCK_PER_REQUEST: u32 = 1;
 pub const KVT_SWAP_IN_FEW_MISS: u32 = 2;
+pub const KVT_SWAP_IN_COMPACT: u32 = 3;
+pub const KVT_SWAP_IN_COMPACT_ONE_LAUNCH: u32 = 4;
 
 /// `kvt_buf`: an address and a length in elements.
 #[repr(C)]
@@ -934,9 +936,11 @@ fn strategy(s: u32) -> Result<SwapInStrategy> {
         KVT_SWAP_IN_PLAN_THEN_COPY => Ok(SwapInStrategy::PlanThenCopy),
         KVT_SWAP_IN_ONE_BLOCK_PER_REQUEST => Ok(SwapInStrategy::OneBlockPerRequest),
         KVT_SWAP_IN_FEW_MISS => Ok(SwapInStrategy::FewMiss),
+        KVT_SWAP_IN_COMPACT => Ok(SwapInStrategy::Compact),
+        KVT_SWAP_IN_COMPACT_ONE_LAUNCH => Ok(SwapInStrategy::CompactOneLaunch),
         other => Err(invalid(
             "strategy",
-            format!("{other} is not a KVT_SWAP_IN_* strategy (0, 1 or 2)"),
+            format!("{other} is not a KVT_SWAP_IN_* strategy (0 to 4)"),
         )),
     }
 }

@@ -257,6 +257,8 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor) {
             SwapInStrategy::PlanThenCopy,
             SwapInStrategy::OneBlockPerRequest,
             SwapInStrategy::FewMiss,
+            SwapInStrategy::Compact,
+            SwapInStrategy::CompactOneLaunch,
         ] {
             let got = case.run_with(gpu, strategy, opts);
             assert!(

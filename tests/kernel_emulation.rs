@@ -819,9 +819,15 @@ fn emulate_swap(
     stores.extend(plan);
     let mut reports = Vec::new();
     if batch > 0 {
-        // The kernel the launch picks: the few-miss planner where the
-        // argument checks asked for it.
-        let (plan, threads, smem) = if p.flags & kvtier::abi::KVT_SWAP_SKIP_INLINE != 0 {
+        // The kernel the launch picks: the compact or few-miss planner
+        // where the argument checks asked for it.
+        let (plan, threads, smem) = if p.flags & kvtier::abi::KVT_SWAP_COMPACT_PLAN != 0 {
+            (
+                &b"kvt_emu_swap_in_compact_plan"[..],
+                kvtier::abi::KVT_SWAP_COMPACT_THREADS,
+                kvtier::swap_in::compact_smem_bytes(e as u32, case.hot as u32),
+            )
+        } else if p.flags & kvtier::abi::KVT_SWAP_SKIP_INLINE != 0 {
             (
                 &b"kvt_emu_swap_in_few_miss_plan"[..],
                 kvtier::abi::KVT_SWAP_FEW_MISS_THREADS,
@@ -846,8 +852,9 @@ fn emulate_swap(
                 stores.len(),
             )
         });
-        // The host launches no copy kernel for a skip-IO swap-in.
-        if strategy != SwapInStrategy::OneBlockPerRequest && !opts.skip_io {
+        // The host launches no copy kernel for a skip-IO swap-in, nor
+        // where the plan kernel copies every miss.
+        if p.flags & (kvtier::abi::KVT_SWAP_COPY_IN_PLAN | kvtier::abi::KVT_SWAP_SKIP_IO) == 0 {
             let smem = kvtier::swap_in::copy_smem_bytes(batch as u32);
             reports.push(unsafe {
                 swap_fn(b"kvt_emu_swap_in_copy")(
@@ -937,11 +944,17 @@ fn swap_agrees(case: &SwapCase) {
         (SwapInStrategy::FewMiss, 1, plain),
         (SwapInStrategy::FewMiss, grids(rows)[2], record),
         (SwapInStrategy::FewMiss, 0, probe),
+        (SwapInStrategy::Compact, 1, plain),
+        (SwapInStrategy::Compact, grids(rows)[2], record),
+        (SwapInStrategy::Compact, 0, probe),
+        (SwapInStrategy::CompactOneLaunch, 0, plain),
+        (SwapInStrategy::CompactOneLaunch, 0, record),
     ];
     // under the race detector, each kernel once: the plan and copy kernels
-    // recording, one block per request probing, the few-miss planner both ways
+    // recording, one block per request probing, the few-miss and compact
+    // planners both ways, the compact one copying every miss
     let runs: Vec<_> = if race_detector() {
-        [4, 5, 7, 9].map(|i| runs[i]).to_vec()
+        [4, 5, 7, 9, 10, 12, 13].map(|i| runs[i]).to_vec()
     } else {
         runs.to_vec()
     };
@@ -1534,7 +1547,12 @@ fn planners_barriers_per_block() {
             SwapOptions::default(),
         );
         set_schedule(0);
-        for strategy in [SwapInStrategy::PlanThenCopy, SwapInStrategy::FewMiss] {
+        for strategy in [
+            SwapInStrategy::PlanThenCopy,
+            SwapInStrategy::FewMiss,
+            SwapInStrategy::Compact,
+            SwapInStrategy::CompactOneLaunch,
+        ] {
             let (got, reports) = emulate_swap(&case, strategy, 4, SwapOptions::default());
             assert!(got == want, "{strategy:?}, {misses} misses");
             let plan = &reports[0];
@@ -1545,6 +1563,18 @@ fn planners_barriers_per_block() {
             );
             if strategy == SwapInStrategy::FewMiss {
                 assert_eq!(plan.barriers, 5, "{misses} misses");
+            }
+            // The compact planner: one more (its slot test runs in slot
+            // order, its counts in LRU order after it).
+            if matches!(
+                strategy,
+                SwapInStrategy::Compact | SwapInStrategy::CompactOneLaunch
+            ) {
+                assert_eq!(plan.barriers, 6, "{misses} misses");
+                assert_eq!(
+                    reports.len(),
+                    1 + (strategy == SwapInStrategy::Compact) as usize
+                );
             }
         }
     }
@@ -1579,6 +1609,14 @@ fn plan_kernels_let_a_successor_start_only_when_the_copy_kernel_follows() {
         ),
         (SwapInStrategy::PlanThenCopy, probe, false),
         (SwapInStrategy::FewMiss, probe, false),
+        (SwapInStrategy::Compact, SwapOptions::default(), true),
+        (SwapInStrategy::Compact, probe, false),
+        // every miss copied by its planning block: no copy kernel follows
+        (
+            SwapInStrategy::CompactOneLaunch,
+            SwapOptions::default(),
+            false,
+        ),
     ] {
         let (_, reports) = emulate_swap(&case, strategy, 2, opts);
         let plan = &reports[0];

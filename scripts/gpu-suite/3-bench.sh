@@ -2,8 +2,9 @@
 # Stage 3: the bench on the GPU, swap-in first (the figure kvtier is judged
 # by): SGLang's own benchmark grid (512-byte items, batch 1/10/100, HOT
 # 4096/8192, 2 and 410 misses of K 2048) and the production rows (656-byte
-# fp8 DSA items, batch up to 256), each with SGLang's own kernel beside
-# kvtier's strategies, and the production rows again with the same commit's
+# fp8 DSA items, batch up to 256) and the realistic-miss rows, each with
+# SGLang's own kernel beside kvtier's strategies, and the production rows
+# again with the same commit's
 # kernels built by nvcc 13.0; then the speculative swap-in beside SGLang's
 # speculative kernels, the gather (128K context) and the writeback against the
 # link, and the Engram gather (an 8 GiB table in mapped host memory). One
@@ -27,6 +28,13 @@ if [ "$dry" = 1 ]; then
 else
   bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 2
   bench swap-in-production 120 --scenario swap-in --max-seconds 2
+  # the regime servers live in: the HiSparse paper's GLM-5.1 misses (30 %,
+  # 13.4 % and 6.7 % of top-k 2048 with a hot buffer of 1x, 2x and 4x top-k),
+  # 656-byte items, batch 1 to 256, every strategy beside SGLang's kernel
+  for hm in 2048:614 4096:274 8192:137; do
+    bench "swap-in-realistic-h${hm%%:*}" 90 --scenario swap-in --entry 656 --hot "${hm%%:*}" \
+      --misses "${hm##*:}" --batch 1,8,32,64,128,256 --max-seconds 1
+  done
   # the same rows with the same commit's kernels built by nvcc 13.0 instead of
   # NVRTC 12.9 (each JSON line's "kernels" names its build), right after the
   # NVRTC build's, so that a compiler's difference shows in one run

@@ -214,9 +214,10 @@ pub enum Kernel {
     SwapInFewMissPlan = 5,
     ErrorTake = 6,
     EngramGather = 7,
+    SwapInCompactPlan = 8,
 }
 
-const KERNELS: usize = 8;
+const KERNELS: usize = 9;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -228,6 +229,7 @@ impl Kernel {
         Kernel::SwapInFewMissPlan,
         Kernel::ErrorTake,
         Kernel::EngramGather,
+        Kernel::SwapInCompactPlan,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -241,6 +243,7 @@ impl Kernel {
             Kernel::SwapInFewMissPlan => "kvt_swap_in_few_miss_plan",
             Kernel::ErrorTake => "kvt_error_take",
             Kernel::EngramGather => "kvt_engram_gather",
+            Kernel::SwapInCompactPlan => "kvt_swap_in_compact_plan",
         }
     }
 
@@ -250,6 +253,7 @@ impl Kernel {
             Kernel::SwapInPlan => crate::abi::KVT_SWAP_PLAN_THREADS,
             Kernel::SpecSwapIn => crate::abi::KVT_SPEC_THREADS,
             Kernel::SwapInFewMissPlan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
+            Kernel::SwapInCompactPlan => crate::abi::KVT_SWAP_COMPACT_THREADS,
             Kernel::ErrorTake => 32,
             _ => BLOCK_THREADS,
         }
@@ -259,7 +263,10 @@ impl Kernel {
     fn wants_large_smem(self) -> bool {
         matches!(
             self,
-            Kernel::SwapInPlan | Kernel::SwapInCopy | Kernel::SwapInFewMissPlan
+            Kernel::SwapInPlan
+                | Kernel::SwapInCopy
+                | Kernel::SwapInFewMissPlan
+                | Kernel::SwapInCompactPlan
         )
     }
 }

@@ -5,8 +5,9 @@
 use super::items::{self, KvBuffers};
 use super::{MAX_BATCH, MAX_HOT, MAX_TOP_K, SwapInStrategy, SwapInTarget, span};
 use crate::abi::{
-    KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_QUERY_BLOCKS, KVT_SWAP_REQ_INDICES_I64, KVT_SWAP_SEQ_LENS_I64,
-    KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO, kvt_swap_in_params,
+    KVT_SWAP_COMPACT_MAX_ENTRIES, KVT_SWAP_COMPACT_PLAN, KVT_SWAP_COPY_IN_PLAN,
+    KVT_SWAP_QUERY_BLOCKS, KVT_SWAP_REQ_INDICES_I64, KVT_SWAP_SEQ_LENS_I64, KVT_SWAP_SKIP_INLINE,
+    KVT_SWAP_SKIP_IO, kvt_swap_in_params,
 };
 use crate::error::{Result, invalid};
 use crate::mem::{Buf, BufMut, Location};
@@ -500,6 +501,24 @@ pub(crate) fn check(
             flags |= KVT_SWAP_SKIP_INLINE
         }
         SwapInStrategy::FewMiss => {}
+        // Where its limits or this GPU's shared memory rule the compact
+        // planner out, the few-miss planner (or the block-scan one) runs
+        // the same parameters; the one-launch kind keeps its one launch only
+        // with the compact planner.
+        SwapInStrategy::Compact | SwapInStrategy::CompactOneLaunch => {
+            if entries <= KVT_SWAP_COMPACT_MAX_ENTRIES
+                && super::compact_smem_bytes(entries, hot) <= t.max_smem
+            {
+                flags |= KVT_SWAP_COMPACT_PLAN;
+                flags |= if strategy == SwapInStrategy::Compact {
+                    KVT_SWAP_SKIP_INLINE
+                } else {
+                    KVT_SWAP_COPY_IN_PLAN
+                };
+            } else if super::few_miss_smem_bytes(entries, hot) <= t.max_smem {
+                flags |= KVT_SWAP_SKIP_INLINE
+            }
+        }
         SwapInStrategy::PlanThenCopy | SwapInStrategy::PlanThenCopyInOrder => {}
     }
     Ok(kvt_swap_in_params {

@@ -1,13 +1,15 @@
 //! The CUDA executor's launches: `kvt_swap_in_plan` (or
-//! `kvt_swap_in_few_miss_plan`) then `kvt_swap_in_copy` for a swap-in,
+//! `kvt_swap_in_few_miss_plan` or `kvt_swap_in_compact_plan`) then
+//! `kvt_swap_in_copy` for a swap-in,
 //! `kvt_swap_in_copy` alone for a plan replay,
 //! `kvt_spec_swap_in` for a speculative swap-in, on the caller's stream; and
 //! the shared memory each needs.
 
 use crate::abi::{
-    KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_FEW_MISS_INLINE,
-    KVT_SWAP_FEW_MISS_THREADS, KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO,
-    kvt_spec_swap_in_params, kvt_swap_in_params,
+    KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_COMPACT_PLAN, KVT_SWAP_COMPACT_THREADS,
+    KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_FEW_MISS_INLINE, KVT_SWAP_FEW_MISS_THREADS,
+    KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO, kvt_spec_swap_in_params,
+    kvt_swap_in_params,
 };
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
@@ -36,6 +38,23 @@ pub fn few_miss_smem_bytes(entries: u32, hot: u32) -> usize {
     8 * inline + 4 * words + 2 * (h + e)
 }
 
+/// Bytes of dynamic shared memory `kvt_swap_in_compact_plan` uses for rows of
+/// `entries` entries over `hot` slots (the carve-up of `Smem` in
+/// kernels/swap_in_compact.cu).
+pub fn compact_smem_bytes(entries: u32, hot: u32) -> usize {
+    let (e, h) = (entries as usize, hot as usize);
+    let hash = (2 * e).next_power_of_two();
+    let warps = (KVT_SWAP_COMPACT_THREADS / 32) as usize;
+    let inline = KVT_SWAP_FEW_MISS_INLINE as usize;
+    // the copy list's host rows and the request; the copy list's device rows,
+    // per-warp totals, flags, hash keys, entry tokens, the slot bitmap; hash
+    // values, entry positions (even count), LRU order, its inverse, usable slots
+    let eights = inline + 1;
+    let words = inline + 4 * warps + 4 + hash + e + h.div_ceil(32);
+    let halves = hash + e.next_multiple_of(2) + 2 * h + e;
+    8 * eights + 4 * words + 2 * halves
+}
+
 /// Bytes of dynamic shared memory `kvt_swap_in_copy` uses.
 pub fn copy_smem_bytes(batch: u32) -> usize {
     4 * (batch as usize + 1 + (BLOCK_THREADS / 32) as usize)
@@ -55,8 +74,9 @@ fn fits(dev: &CudaDevice, smem: usize, what: impl FnOnce() -> String) -> Result<
     Ok(())
 }
 
-/// Enqueues the swap-in on `stream`: the plan kernel (the few-miss planner
-/// for `KVT_SWAP_SKIP_INLINE`), then, unless the plan kernel
+/// Enqueues the swap-in on `stream`: the plan kernel (the compact planner
+/// for `KVT_SWAP_COMPACT_PLAN`, else the few-miss planner for
+/// `KVT_SWAP_SKIP_INLINE`), then, unless the plan kernel
 /// copies every row itself or `skip_io`, the copy kernel, as its
 /// programmatic dependent where `dependent` and the device allow it.
 ///
@@ -75,7 +95,13 @@ pub(super) unsafe fn launch(
     }
     // The argument checks asked for the few-miss planner only where its
     // state fits this GPU's shared memory.
-    let (kernel, threads, smem) = if p.flags & KVT_SWAP_SKIP_INLINE != 0 {
+    let (kernel, threads, smem) = if p.flags & KVT_SWAP_COMPACT_PLAN != 0 {
+        (
+            Kernel::SwapInCompactPlan,
+            KVT_SWAP_COMPACT_THREADS,
+            compact_smem_bytes(p.entries, p.hot),
+        )
+    } else if p.flags & KVT_SWAP_SKIP_INLINE != 0 {
         (
             Kernel::SwapInFewMissPlan,
             KVT_SWAP_FEW_MISS_THREADS,

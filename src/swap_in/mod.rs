@@ -113,7 +113,7 @@ mod spec;
 
 pub use args::{IndexBuf, MissPlan, QueryKind, SwapInArgs};
 pub use counters::{MAX_COUNTED_LAYERS, SwapInCounters};
-pub use cuda::{copy_smem_bytes, few_miss_smem_bytes, plan_smem_bytes};
+pub use cuda::{compact_smem_bytes, copy_smem_bytes, few_miss_smem_bytes, plan_smem_bytes};
 pub use items::{KvBuffers, KvPlane};
 pub use replay::PlannedCopyArgs;
 pub use spec::emulation_spec_params;
@@ -162,6 +162,22 @@ pub enum SwapInStrategy {
     /// planning state does not fit the GPU's shared memory (top-k and hot
     /// buffer far beyond SGLang's) runs `PlanThenCopy` instead.
     FewMiss,
+    /// `FewMiss` with the planning state cut to what lets two 1024-thread
+    /// blocks share an SM (32 registers a thread; 74 KiB of shared memory at
+    /// top-k 2048 over a hot buffer of 8192, against the few-miss planner's
+    /// 128 KiB): batch 256 fits one wave of an H100 or H200 instead of two.
+    /// A request's misses are copied by its own block when at most
+    /// [`FEW_MISS_INLINE`], else by the copy kernel that follows. Rows of
+    /// more than 2048 entries, and shapes whose state does not fit the GPU's
+    /// shared memory, run `FewMiss` instead. Exact on the CPU (the kernel
+    /// emulator); not yet timed on a GPU.
+    Compact,
+    /// `Compact` with every miss copied by its request's planning block: one
+    /// launch a swap-in, no copy kernel (SGLang's kernel has one launch too).
+    /// For batches wide enough that the planning blocks alone keep the link
+    /// busy; a few requests with hundreds of misses each copy faster with
+    /// `Compact`'s wide copy kernel. Not yet timed on a GPU.
+    CompactOneLaunch,
 }
 
 impl SwapInStrategy {

@@ -90,6 +90,10 @@ inline int atomicCAS(int* a, int compare, int v) {
     KVT_EMU_ATOMIC_POINT;
     return kvt_emu_cas(a, compare, v);
 }
+inline unsigned atomicCAS(unsigned* a, unsigned compare, unsigned v) {
+    KVT_EMU_ATOMIC_POINT;
+    return kvt_emu_cas(a, compare, v);
+}
 inline int atomicExch(int* a, int v) {
     KVT_EMU_ATOMIC_POINT;
     return __atomic_exchange_n(a, v, __ATOMIC_RELAXED);

@@ -12,6 +12,7 @@
 #include "spec_swap_in.cu"
 #include "swap_in.cu"
 #include "swap_in_few_miss.cu"
+#include "swap_in_compact.cu"
 #include "writeback.cu"
 #include "error_word.cu"
 #include "engram.cu"
@@ -530,6 +531,14 @@ extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_plan(const kvt_swap_in_params
                                                         const kvt_emu_range* stores, size_t n_stores) {
     return run<kvt_swap_in_params, kvt_swap_in_few_miss_plan>(p, grid, block, smem_bytes, loads, n_loads, stores,
                                                               n_stores);
+}
+
+extern "C" kvt_emu_report kvt_emu_swap_in_compact_plan(const kvt_swap_in_params* p, unsigned grid,
+                                                       unsigned block, size_t smem_bytes,
+                                                       const kvt_emu_range* loads, size_t n_loads,
+                                                       const kvt_emu_range* stores, size_t n_stores) {
+    return run<kvt_swap_in_params, kvt_swap_in_compact_plan>(p, grid, block, smem_bytes, loads, n_loads, stores,
+                                                             n_stores);
 }
 
 extern "C" kvt_emu_report kvt_emu_swap_in_copy(const kvt_swap_in_params* p, unsigned grid, unsigned block,

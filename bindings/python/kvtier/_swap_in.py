@@ -22,6 +22,8 @@ STRATEGIES = {
     "plan_then_copy": _lib.PLAN_THEN_COPY,
     "one_block_per_request": _lib.ONE_BLOCK_PER_REQUEST,
     "few_miss": _lib.FEW_MISS,
+    "compact": _lib.COMPACT,
+    "compact_one_launch": _lib.COMPACT_ONE_LAUNCH,
 }
 
 # The library functions the native module calls (by address: one library in

@@ -4,7 +4,9 @@
 //! call:
 //!
 //! 1. kvtier's swap-in (plan per request, one copy over every miss); on a
-//!    GPU also the few-miss planner (SwapInStrategy::FewMiss); on sm_90
+//!    GPU also the few-miss planner (SwapInStrategy::FewMiss) and the
+//!    compact planner, with the copy kernel after it and alone
+//!    (SwapInStrategy::Compact, CompactOneLaunch); on sm_90
 //!    also the same two kernels with the copy launched the
 //!    ordinary way, after the plan kernel, instead of as its programmatic
 //!    dependent (what the dependent launch gains);
@@ -628,15 +630,22 @@ impl State {
             Ok(t)
         };
         // The CPU executor has one way; on a GPU, SGLang's design and the
-        // few-miss planner next to the first planner.
-        let (one_block, few_miss) = match exec {
-            Executor::Cpu => (None, None),
+        // few-miss and compact planners next to the first planner.
+        let (one_block, few_miss, compact) = match exec {
+            Executor::Cpu => (None, None, None),
             Executor::Cuda(_) => (
                 Some(other(
                     SwapInStrategy::OneBlockPerRequest,
                     "one block per request",
                 )?),
                 Some(other(SwapInStrategy::FewMiss, "few-miss planner")?),
+                Some((
+                    other(SwapInStrategy::Compact, "compact planner")?,
+                    other(
+                        SwapInStrategy::CompactOneLaunch,
+                        "compact planner, one launch",
+                    )?,
+                )),
             ),
         };
         // Where the copy kernel is a programmatic dependent of the plan
@@ -711,6 +720,15 @@ impl State {
         )];
         if let Some(t) = few_miss {
             rows.push(row("", "kvtier swap-in, few-miss planner", t, false));
+        }
+        if let Some((two, one)) = compact {
+            rows.push(row("", "kvtier swap-in, compact planner", two, false));
+            rows.push(row(
+                "",
+                "kvtier swap-in, compact planner, one launch",
+                one,
+                false,
+            ));
         }
         if let Some(t) = ordinary {
             rows.push(row(

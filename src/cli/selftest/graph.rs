@@ -35,6 +35,9 @@ pub(super) fn check(dut: &Executor, seed: u64) -> Row {
             (SwapInStrategy::FewMiss, false),
             (SwapInStrategy::PlanThenCopy, true),
             (SwapInStrategy::FewMiss, true),
+            (SwapInStrategy::Compact, false),
+            (SwapInStrategy::Compact, true),
+            (SwapInStrategy::CompactOneLaunch, false),
         ] {
             checks.push(("swap-in", swap_in(dut, clean, strategy, plan)?));
         }

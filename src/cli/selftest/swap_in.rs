@@ -568,7 +568,7 @@ fn run_once(exec: &Executor, c: &SwapCase, strategy: SwapInStrategy) -> kvtier::
 }
 
 /// The CPU executor's result, then the executor under test's with each of
-/// its strategies (the CUDA executor has three, and on sm_90 the copy kernel
+/// its strategies (the CUDA executor has five, and on sm_90 the copy kernel
 /// launched in order as well as a dependent).
 fn agree(dut: &Executor, c: &SwapCase) -> kvtier::Result<Verdict> {
     let want = run_once(&Executor::cpu(), c, SwapInStrategy::PlanThenCopy)?;
@@ -579,11 +579,15 @@ fn agree(dut: &Executor, c: &SwapCase) -> kvtier::Result<Verdict> {
             SwapInStrategy::OneBlockPerRequest,
             SwapInStrategy::PlanThenCopyInOrder,
             SwapInStrategy::FewMiss,
+            SwapInStrategy::Compact,
+            SwapInStrategy::CompactOneLaunch,
         ],
         Executor::Cuda(_) => &[
             SwapInStrategy::PlanThenCopy,
             SwapInStrategy::OneBlockPerRequest,
             SwapInStrategy::FewMiss,
+            SwapInStrategy::Compact,
+            SwapInStrategy::CompactOneLaunch,
         ],
     };
     let mut note = None;
