@@ -184,10 +184,11 @@ __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, ch
         const uint32_t head = src_phase;  // 0 or 8
         const uint32_t body = (bytes - head) & ~15u;
         const uint32_t tail = bytes - head - body;  // 0 or 8
-        uint2 head_v = make_uint2(0, 0), tail_v = make_uint2(0, 0);
-        const bool ends = part == 0;
-        if (head != 0 && lane == 0 && ends) head_v = P::load8(src);
-        if (tail != 0 && lane == 1 && ends) tail_v = P::load8(src + head + body);
+        // The 8-byte head (lane 0) and tail (lane 1), in one register pair.
+        const bool edge = part == 0 && ((lane == 0 && head != 0) || (lane == 1 && tail != 0));
+        const uint32_t edge_at = lane == 0 ? 0 : head + body;
+        uint2 edge_v = make_uint2(0, 0);
+        if (edge) edge_v = P::load8(src + edge_at);
         const uint4* s = reinterpret_cast<const uint4*>(src + head);
         uint4* d = reinterpret_cast<uint4*>(dst + head);
         const uint32_t n = body >> 4;
@@ -204,8 +205,7 @@ __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, ch
                 if (i < n) P::store16(d + i, v[u]);
             }
         }
-        if (head != 0 && lane == 0 && ends) P::store8(dst, head_v);
-        if (tail != 0 && lane == 1 && ends) P::store8(dst + head + body, tail_v);
+        if (edge) P::store8(dst + edge_at, edge_v);
     } else {
         const uint2* s = reinterpret_cast<const uint2*>(src);
         uint2* d = reinterpret_cast<uint2*>(dst);
@@ -302,6 +302,25 @@ __device__ __forceinline__ void block_exclusive_scan(uint32_t (&v)[N], uint32_t 
         v[k] = scratch[k * n + t] - v[k];
     }
     __syncthreads();  // scratch may be reused after this
+}
+
+// *a = min(*a, v) for a 16-bit word (shared or global memory), with a CAS on
+// the aligned 32-bit word holding it: CUDA has no 16-bit atomicMin. The other half of the word
+// is written back as found, so nothing may write that half plainly while
+// such updates run (an array updated this way wants an even length and a
+// 4-byte aligned start). Checked under the emulator's shuffled schedules
+// against a plain read-compare-write (tests/kernel_emu/planted.cu).
+__device__ __forceinline__ void atomic_min16(uint16_t* a, uint16_t v) {
+    unsigned* word = reinterpret_cast<unsigned*>(reinterpret_cast<uintptr_t>(a) & ~uintptr_t(3));
+    const uint32_t shift = (reinterpret_cast<uintptr_t>(a) & 2) * 8;
+    unsigned old = 0xffffffffu;  // a guess: a CAS that misses returns the word
+    while (true) {
+        if (((old >> shift) & 0xffffu) <= v) return;
+        const unsigned next = (old & ~(0xffffu << shift)) | ((unsigned)v << shift);
+        const unsigned found = atomicCAS(word, old, next);
+        if (found == old) return;
+        old = found;
+    }
 }
 
 // Index of this thread's warp in the grid, and the number of warps in the grid.

@@ -44,24 +44,6 @@ constexpr uint16_t kNone16 = 0xffff;
 // e_tok of a duplicate entry once found: kDupOf - (its canonical entry).
 constexpr int32_t kDupOf = -7;
 
-// *a = min(*a, v) for a 16-bit shared word, with a CAS on the aligned 32-bit
-// word holding it: CUDA has no 16-bit atomicMin. The other half of the word
-// is written back as found, so nothing else may write it plainly in the
-// same phase (every array updated this way has an even length and a 4-byte
-// aligned start, and is only ever updated this way between two barriers).
-__device__ __forceinline__ void atomic_min16(uint16_t* a, uint16_t v) {
-    unsigned* word = reinterpret_cast<unsigned*>(reinterpret_cast<uintptr_t>(a) & ~uintptr_t(3));
-    const uint32_t shift = (reinterpret_cast<uintptr_t>(a) & 2) * 8;
-    unsigned old = 0xffffffffu;  // a guess: a CAS that misses returns the word
-    while (true) {
-        if (((old >> shift) & 0xffffu) <= v) return;
-        const unsigned next = (old & ~(0xffffu << shift)) | ((unsigned)v << shift);
-        const unsigned found = atomicCAS(word, old, next);
-        if (found == old) return;
-        old = found;
-    }
-}
-
 // Passes of one 16-byte vector a lane (512 bytes) a warp makes over a row's
 // value piece (8-byte pieces, where its ends are not 16-byte aligned, take as
 // many: two a lane a pass).
@@ -132,8 +114,11 @@ struct Smem {
     __device__ __forceinline__ int32_t* duplicates() const {
         return reinterpret_cast<int32_t*>(miss_totals() + kWarps);
     }
-    // [hs] the hash table's keys
+    // [hs] the hash table's keys (8-byte aligned); once the slots are tested
+    // and duplicates marked, [E] the row each entry's output or copy needs
+    // (hs >= 2E)
     __device__ __forceinline__ int32_t* hash_keys() const { return duplicates() + 4; }
+    __device__ __forceinline__ int64_t* entry_row() const { return reinterpret_cast<int64_t*>(hash_keys()); }
     // [E] the entry's token, or kPad / kBad / kNewest; when the query names a
     // token twice, a duplicate's becomes kDupOf - its canonical entry, and
     // the others' their output once decided
@@ -325,6 +310,16 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
         });
     __syncthreads();
 
+    // A duplicate entry is marked with its canonical one (after this the hash
+    // table is done with: its space holds the entries' rows below).
+    if (s.duplicates()[0] != 0) {
+        for (uint32_t i = tid; i < p.entries; i += nthreads) {
+            const int32_t tok = s.e_tok()[i];
+            if (tok < 0) continue;
+            const int32_t c = s.hash().find(tok);
+            if (c != (int32_t)i) s.e_tok()[i] = kDupOf - c;
+        }
+    }
     // Per warp, in LRU order: hits, evictables, usable evictables.
     {
         const Chunks pc(p.hot, warp);
@@ -363,32 +358,26 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     // other tokens are misses when their host row is in range. Every row an
     // entry needs is loaded before any output is stored (a store between two
     // loads would hold the second behind the first's round trip). A lane
-    // keeps its entries' rows (`row_of`), misses (bit k of `miss_bits` for
-    // chunk first + k) in registers; a duplicate (`dup_bits`) is marked in
-    // e_tok with its canonical entry, whose output it takes at the end.
+    // keeps its entries' misses in `miss_bits` (bit k for chunk first + k),
+    // their host rows in entry_row; duplicates, marked in e_tok, take their
+    // canonical entry's output at the end.
     const Chunks ec(p.entries, warp);
     int64_t row_of[kMaxEntryChunks];
-    uint32_t hit_bits = 0, cand_bits = 0, dup_bits = 0;
-    {
-        const bool dups = s.duplicates()[0] != 0;
+    uint32_t hit_bits = 0, cand_bits = 0;
 #pragma unroll
-        for (uint32_t k = 0; k < kMaxEntryChunks; ++k) {
-            row_of[k] = -1;
-            const uint32_t i = (ec.first + k) * KVT_WARP + lane;
-            if (ec.first + k >= ec.end || i >= p.entries) continue;
-            const int32_t tok = s.e_tok()[i];
-            if (tok == kNewest || (tok >= 0 && s.e_pos()[i] != kNone16)) {
-                // The newest token's reserved slot, or the hit's slot.
-                const uint32_t slot = tok == kNewest ? p.hot : (s.lru_old()[s.e_pos()[i]] & kSlotMask);
-                row_of[k] = ld(rq.bloc() + slot);
-                hit_bits |= 1u << k;
-            } else if (tok >= 0 && dups && s.hash().find(tok) != (int32_t)i) {
-                dup_bits |= 1u << k;
-                s.e_tok()[i] = kDupOf - s.hash().find(tok);
-            } else if (tok >= 0) {
-                row_of[k] = ld(rq.hloc() + tok);
-                cand_bits |= 1u << k;
-            }
+    for (uint32_t k = 0; k < kMaxEntryChunks; ++k) {
+        row_of[k] = -1;
+        const uint32_t i = (ec.first + k) * KVT_WARP + lane;
+        if (ec.first + k >= ec.end || i >= p.entries) continue;
+        const int32_t tok = s.e_tok()[i];
+        if (tok == kNewest || (tok >= 0 && s.e_pos()[i] != kNone16)) {
+            // The newest token's reserved slot, or the hit's slot.
+            const uint32_t slot = tok == kNewest ? p.hot : (s.lru_old()[s.e_pos()[i]] & kSlotMask);
+            row_of[k] = ld(rq.bloc() + slot);
+            hit_bits |= 1u << k;
+        } else if (tok >= 0) {
+            row_of[k] = ld(rq.hloc() + tok);
+            cand_bits |= 1u << k;
         }
     }
     uint32_t miss_bits = 0;
@@ -399,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
             if (ec.first + k >= ec.end) break;  // warp-uniform
             const uint32_t i = (ec.first + k) * KVT_WARP + lane;
             bool miss = false;
-            if (i < p.entries && !((dup_bits >> k) & 1u)) {
+            if (i < p.entries && s.e_tok()[i] > kDupOf) {
                 int32_t o = -1;
                 if ((hit_bits >> k) & 1u) {
                     if (in_rows(row_of[k], p.device_rows))
@@ -410,7 +399,9 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
                     miss = in_rows(row_of[k], p.host_rows);
                     if (!miss) report(Reporter(p), KVT_ERR_SWAP_HOST_LOC, (blockIdx.x << 16) | i, row_of[k]);
                 }
-                if (!miss) {  // a miss's output waits for its slot
+                if (miss) {
+                    s.entry_row()[i] = row_of[k];  // its output waits for its slot
+                } else {
                     st(rq.out() + i, o);
                     if (s.duplicates()[0] != 0) s.e_tok()[i] = o;  // for its duplicates
                 }
@@ -451,10 +442,11 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
                 const uint16_t slot = s.usable_slot()[m];
                 o = ld(rq.bloc() + slot);
                 st(rq.btok() + slot, s.e_tok()[i]);
-                st(rq.plan_src() + m, row_of[k]);
+                const int64_t src = s.entry_row()[i];
+                st(rq.plan_src() + m, src);
                 st(rq.plan_dst() + m, o);
                 if (copy_few) {
-                    s.copy_src()[m] = row_of[k];
+                    s.copy_src()[m] = src;
                     s.copy_dst()[m] = o;
                 }
             } else {
@@ -521,15 +513,26 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     // more misses; it waits for this grid to complete before it reads the plan.
     if (!copy_all) allow_dependents();
     if (!copy_all && !copy_few) return;
-    // One copy loop for both lists (two inlined copies would not fit the
-    // registers two blocks an SM leave), of one 16-byte vector a lane a pass
-    // (two spill): a row of more than 512 bytes is shared by several warps,
-    // one pass each, so that a few misses still cost one round trip.
+    // One copy loop for both lists, of work items of one pass of one 16-byte
+    // vector a lane over one plane of one row: a row of more than 512 bytes,
+    // or of two planes, is shared by several warps, so that a few misses
+    // still cost one round trip. (Two inlined copies, two vectors a lane, or
+    // both planes in one item would not fit the registers two blocks an SM
+    // leave.)
     const uint32_t parts = row_passes(p.items);
-    for (uint32_t g = warp; g < n_load * parts; g += kWarps) {
-        const uint32_t m = g / parts;
+    const uint32_t per_row = parts * (p.host_cache[1] != 0 ? 2 : 1);
+    for (uint32_t g = warp; g < n_load * per_row; g += kWarps) {
+        const uint32_t m = g / per_row, item = g - m * per_row, plane = item / parts;
         const int64_t src = copy_all ? ld(rq.plan_src() + m) : s.copy_src()[m];
         const int32_t dst = copy_all ? ld(rq.plan_dst() + m) : s.copy_dst()[m];
-        copy_row<1>(p, Reporter(p), src, dst, (blockIdx.x << 16) | m, lane, g - m * parts, parts);
+        if (!in_rows(src, p.host_rows) || !in_rows(dst, p.device_rows)) {  // a caller's plan: checked
+            if (lane == 0 && item == 0)
+                report(Reporter(p), in_rows(src, p.host_rows) ? KVT_ERR_SWAP_DEVICE_LOC : KVT_ERR_SWAP_HOST_LOC,
+                       (blockIdx.x << 16) | m, in_rows(src, p.host_rows) ? dst : src);
+            continue;
+        }
+        warp_copy_item<PoolToDevice, 1>(p.items, plane ? p.host_cache[1] : p.host_cache[0],
+                                        plane ? p.device_buffer[1] : p.device_buffer[0], (uint64_t)src,
+                                        (uint64_t)dst, lane, item - plane * parts, parts);
     }
 }

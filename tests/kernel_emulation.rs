@@ -1302,6 +1302,31 @@ fn the_emulator_catches_planted_lane_exchange_vote_and_race_bugs() {
         assert!(emulate_planted(4, block, &mut counter).clean());
         assert_eq!(counter[0], block, "atomic increments, schedule {schedule}");
     }
+    // The 16-bit minimum by a CAS on the 32-bit word (the compact planner's
+    // atomic_min16): exact in every schedule; a plain read, compare and
+    // write loses minima where threads switch between the read and the write.
+    let min_of = |parity: u32| {
+        (0..block)
+            .filter(|t| t % 2 == parity)
+            .map(|t| 1000 + (t * 37) % 512)
+            .min()
+            .unwrap()
+    };
+    let minima = min_of(0) | (min_of(1) << 16);
+    for (schedule, racy) in [(0, false), (1, false), (2, true), (3, true)] {
+        set_schedule(schedule);
+        let mut word = [u32::MAX];
+        assert!(emulate_planted(11, block, &mut word).clean());
+        assert_eq!(word[0], minima, "atomic_min16, schedule {schedule}");
+        let mut word = [u32::MAX];
+        assert!(emulate_planted(12, block, &mut word).clean());
+        assert_eq!(
+            word[0] != minima,
+            racy,
+            "plain 16-bit minima gave {:#x} (want {minima:#x}), schedule {schedule}",
+            word[0]
+        );
+    }
     // The race shows under the shuffled schedules (threads switch between
     // the load and the store), not under the fixed orders.
     for (schedule, racy) in [(0, false), (1, false), (2, true), (3, true)] {

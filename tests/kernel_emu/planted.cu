@@ -26,6 +26,10 @@ struct kvt_planted_params {
 // 4 tid + i, value -tid) while thread 0 takes the word once, in between.
 #define KVT_PLANTED_TAKE 9          // with kvt_error_take's exchanges (correct)
 #define KVT_PLANTED_TAKE_NAIVE 10   // read, then reset with plain stores: loses reports
+// 16-bit minima (out: one word, two halves): thread t folds 1000 + (t * 37) % 512
+// into half t % 2.
+#define KVT_PLANTED_MIN16 11        // with atomic_min16 (correct)
+#define KVT_PLANTED_MIN16_PLAIN 12  // a plain read, compare and write: loses minima
 
 extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
     using namespace kvt;
@@ -85,6 +89,17 @@ extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
                 st(&word->flags, 0u);
                 st(&word->count, 0u);
                 for (uint32_t k = 0; k < KVT_ERR_KINDS; ++k) st(&word->first[k], (uint64_t)KVT_ERR_FIRST_NONE);
+            }
+            break;
+        }
+        case KVT_PLANTED_MIN16:
+        case KVT_PLANTED_MIN16_PLAIN: {
+            uint16_t* half = reinterpret_cast<uint16_t*>(p.out) + tid % 2;
+            const uint16_t v = (uint16_t)(1000 + (tid * 37) % 512);
+            if (p.variant == KVT_PLANTED_MIN16) {
+                atomic_min16(half, v);
+            } else if (v < ld(half)) {
+                st(half, v);
             }
             break;
         }
