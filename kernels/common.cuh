@@ -250,6 +250,28 @@ __device__ __forceinline__ void warp_copy_item(const kvt_item_layout& L, kvt_add
     if (has_scale_word) P::store8(dst + scale_run + dst_in_page * L.scale_bytes + 8 * lane, scale);
 }
 
+// One piece of warp_copy_item's row, for kernels that spread a row over
+// several warps with few registers each: pieces 0 .. parts - 1 are the value
+// piece's passes (warp_copy_entry's `part` of `parts`), piece `parts` the
+// scale piece (nothing without one). Pieces of one row may run on different
+// warps in any order.
+template <class P, uint32_t U = 1>
+__device__ __forceinline__ void warp_copy_item_piece(const kvt_item_layout& L, kvt_addr src_base, kvt_addr dst_base,
+                                                     uint64_t src_row, uint64_t dst_row, uint32_t lane,
+                                                     uint32_t piece, uint32_t parts) {
+    const uint64_t mask = (1ull << L.page_shift) - 1;
+    const char* src = reinterpret_cast<const char*>(src_base) + (src_row >> L.page_shift) * L.page_bytes;
+    char* dst = reinterpret_cast<char*>(dst_base) + (dst_row >> L.page_shift) * L.page_bytes;
+    if (piece < parts) {
+        warp_copy_entry<P, U>(src + (src_row & mask) * L.value_bytes, dst + (dst_row & mask) * L.value_bytes,
+                              L.value_bytes, lane, piece, parts);
+    } else if (lane < (L.scale_bytes >> 3)) {
+        const uint64_t scale_run = (uint64_t)L.value_bytes << L.page_shift;
+        P::store8(dst + scale_run + (dst_row & mask) * L.scale_bytes + 8 * lane,
+                  P::load8(src + scale_run + (src_row & mask) * L.scale_bytes + 8 * lane));
+    }
+}
+
 // Zero-fills one entry with the whole warp (same calling rule as above).
 template <class P>
 __device__ __forceinline__ void warp_zero_entry(char* __restrict__ dst, uint32_t bytes, uint32_t lane) {

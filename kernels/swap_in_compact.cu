@@ -19,12 +19,34 @@
 //   of a quarter full with 32-bit ones;
 // - 16-bit LRU positions per entry (e_pos), updated with a 32-bit CAS; the
 //   device rows of hits and of the slots misses take are loaded from global
-//   memory (L2) when needed instead of kept.
+//   memory (L2) when needed instead of kept;
+// - 32 registers a thread: the request's pointers recomputed from a shared
+//   copy of its index, error reports made after the loops that find them
+//   (a call inside a loop holds the loop's registers across it), and the
+//   copy split into work items of one 512-byte pass or one scale piece of
+//   one plane of one row, each a warp's.
 // Its misses are copied by the block itself when they are at most
 // KVT_SWAP_FEW_MISS_INLINE (the copy kernel follows with
 // KVT_SWAP_SKIP_INLINE and moves the other rows'), or all of them with
 // KVT_SWAP_COPY_IN_PLAN: one launch a swap-in, no copy kernel, which suits
 // batches wide enough that the planning blocks alone keep the link busy.
+//
+// What the diet costs, read from the source (the order of its loads and
+// barriers), not yet measured: before a 2-miss row's first host read a block
+// waits on five dependent device round trips, where the few-miss planner
+// waits on three: (1) the row's request and length; (2) the LRU order and
+// the query; (3) the slots' tokens and rows, which the few-miss planner
+// loads in (2) and keeps; (4) the hits' device rows and the misses' host
+// rows; (5) the device rows of the slots the misses take, which the
+// few-miss planner has kept too. (3) to (5) read what (2) to (4) brought
+// into L2. Two blocks an SM instead of one, and no second wave at batch 256,
+// are what it buys.
+//
+// Per architecture: on sm_80 and sm_90 two blocks share an SM at K 2048 /
+// HOT 8192 (74 KB each; sm_80 holds two up to ~81 KB); sm_86, sm_89 and
+// sm_120 hold at most 1536 threads an SM, so one block, as the few-miss
+// planner. The default strategy stays the few-miss planner on every
+// architecture until a GPU run shows this one ahead.
 #include "swap_in.cuh"
 
 namespace kvt {
@@ -380,7 +402,9 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
             cand_bits |= 1u << k;
         }
     }
-    uint32_t miss_bits = 0;
+    // A row out of range is reported after the loop (`bad_bits`), from
+    // entry_row: a call inside it would hold its registers across the call.
+    uint32_t miss_bits = 0, bad_bits = 0;
     {
         uint32_t n_miss = 0;
 #pragma unroll
@@ -390,26 +414,32 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
             bool miss = false;
             if (i < p.entries && s.e_tok()[i] > kDupOf) {
                 int32_t o = -1;
+                bool bad = false;
                 if ((hit_bits >> k) & 1u) {
-                    if (in_rows(row_of[k], p.device_rows))
-                        o = (int32_t)row_of[k];
-                    else
-                        report(Reporter(p), KVT_ERR_SWAP_DEVICE_LOC, (blockIdx.x << 16) | i, row_of[k]);
+                    bad = !in_rows(row_of[k], p.device_rows);
+                    if (!bad) o = (int32_t)row_of[k];
                 } else if ((cand_bits >> k) & 1u) {
                     miss = in_rows(row_of[k], p.host_rows);
-                    if (!miss) report(Reporter(p), KVT_ERR_SWAP_HOST_LOC, (blockIdx.x << 16) | i, row_of[k]);
+                    bad = !miss;
                 }
-                if (miss) {
-                    s.entry_row()[i] = row_of[k];  // its output waits for its slot
-                } else {
+                s.entry_row()[i] = row_of[k];  // a miss's output waits for its slot
+                if (!miss) {
                     st(rq.out() + i, o);
                     if (s.duplicates()[0] != 0) s.e_tok()[i] = o;  // for its duplicates
                 }
+                bad_bits |= (uint32_t)bad << k;
             }
             miss_bits |= (uint32_t)miss << k;
             n_miss += __popc(warp_ballot(miss));
         }
         if (lane == 0) s.miss_totals()[warp] = n_miss;
+    }
+#pragma unroll 1
+    for (uint32_t k = 0; bad_bits >> k; ++k) {
+        if (!((bad_bits >> k) & 1u)) continue;
+        const uint32_t i = (ec.first + k) * KVT_WARP + lane;
+        report(Reporter(p), (hit_bits >> k) & 1u ? KVT_ERR_SWAP_DEVICE_LOC : KVT_ERR_SWAP_HOST_LOC,
+               (blockIdx.x << 16) | i, s.entry_row()[i]);
     }
     __syncthreads();
     // Recomputed where used (from the per-warp totals; every lane votes)
@@ -513,26 +543,44 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     // more misses; it waits for this grid to complete before it reads the plan.
     if (!copy_all) allow_dependents();
     if (!copy_all && !copy_few) return;
-    // One copy loop for both lists, of work items of one pass of one 16-byte
-    // vector a lane over one plane of one row: a row of more than 512 bytes,
-    // or of two planes, is shared by several warps, so that a few misses
-    // still cost one round trip. (Two inlined copies, two vectors a lane, or
-    // both planes in one item would not fit the registers two blocks an SM
-    // leave.)
+    // One copy loop for both lists, of work items of one piece of one plane
+    // of one row: a pass of one 16-byte vector a lane over its value piece,
+    // or its scale piece (warp_copy_item_piece). A row of more than 512
+    // bytes, with a scale piece, or of two planes is shared by several warps,
+    // so that a few misses still cost one round trip. (Two inlined copies,
+    // two vectors a lane, or a whole row in one item would not fit the
+    // registers two blocks an SM leave.)
+    // Every row is checked again before it is followed: the plan may be the
+    // caller's memory (a recorded miss plan), which another stream could
+    // change. A bad one is skipped, and reported after the loop (a call
+    // inside it would hold the loop's registers across the call).
     const uint32_t parts = row_passes(p.items);
-    const uint32_t per_row = parts * (p.host_cache[1] != 0 ? 2 : 1);
+    const uint32_t pieces = parts + (p.items.scale_bytes != 0 ? 1 : 0);
+    const uint32_t per_row = pieces * (p.host_cache[1] != 0 ? 2 : 1);
+    auto row_at = [&](uint32_t m) -> int64_t { return copy_all ? ld(rq.plan_src() + m) : s.copy_src()[m]; };
+    auto loc_at = [&](uint32_t m) -> int32_t { return copy_all ? ld(rq.plan_dst() + m) : s.copy_dst()[m]; };
+    bool skipped = false;
     for (uint32_t g = warp; g < n_load * per_row; g += kWarps) {
-        const uint32_t m = g / per_row, item = g - m * per_row, plane = item / parts;
-        const int64_t src = copy_all ? ld(rq.plan_src() + m) : s.copy_src()[m];
-        const int32_t dst = copy_all ? ld(rq.plan_dst() + m) : s.copy_dst()[m];
-        if (!in_rows(src, p.host_rows) || !in_rows(dst, p.device_rows)) {  // a caller's plan: checked
-            if (lane == 0 && item == 0)
-                report(Reporter(p), in_rows(src, p.host_rows) ? KVT_ERR_SWAP_DEVICE_LOC : KVT_ERR_SWAP_HOST_LOC,
-                       (blockIdx.x << 16) | m, in_rows(src, p.host_rows) ? dst : src);
+        const uint32_t m = g / per_row, item = g - m * per_row, plane = item / pieces;
+        const int64_t src = row_at(m);
+        const int32_t dst = loc_at(m);
+        if (!in_rows(src, p.host_rows) || !in_rows(dst, p.device_rows)) {
+            skipped = true;
             continue;
         }
-        warp_copy_item<PoolToDevice, 1>(p.items, plane ? p.host_cache[1] : p.host_cache[0],
-                                        plane ? p.device_buffer[1] : p.device_buffer[0], (uint64_t)src,
-                                        (uint64_t)dst, lane, item - plane * parts, parts);
+        warp_copy_item_piece<PoolToDevice>(p.items, plane ? p.host_cache[1] : p.host_cache[0],
+                                           plane ? p.device_buffer[1] : p.device_buffer[0], (uint64_t)src,
+                                           (uint64_t)dst, lane, item - plane * pieces, parts);
+    }
+    if (skipped && lane == 0) {
+        for (uint32_t g = warp; g < n_load * per_row; g += kWarps) {
+            const uint32_t m = g / per_row;
+            const int64_t src = row_at(m);
+            const int32_t dst = loc_at(m);
+            const bool src_ok = in_rows(src, p.host_rows);
+            if (g == m * per_row && !(src_ok && in_rows(dst, p.device_rows)))
+                report(Reporter(p), src_ok ? KVT_ERR_SWAP_DEVICE_LOC : KVT_ERR_SWAP_HOST_LOC, (blockIdx.x << 16) | m,
+                       src_ok ? dst : src);
+        }
     }
 }
