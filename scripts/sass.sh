@@ -21,7 +21,7 @@ out=target/sass
 mkdir -p "$out"
 cubin=$(ls -t target/release/build/kvtier-*/out/kvtier.sm_90.cubin 2>/dev/null | head -1 || true)
 [ -n "$cubin" ] || { echo "sass: no sm_90 cubin; run cargo build --release first" >&2; exit 1; }
-for k in kvt_swap_in_few_miss_plan kvt_swap_in_plan kvt_swap_in_copy; do
+for k in kvt_swap_in_compact_plan kvt_swap_in_few_miss_plan kvt_swap_in_plan kvt_swap_in_copy; do
   cuobjdump -sass -fun "$k" "$cubin" > "$out/$k.sm_90.sass"
   echo "sass: $out/$k.sm_90.sass ($(grep -c '^        /\*[0-9a-f]*\*/' "$out/$k.sm_90.sass") instructions)"
 done

@@ -84,6 +84,21 @@ fn ratio(all: &[Measurement], m: &Measurement) -> Option<f64> {
         .map(|l| l.time.median_us / m.time.median_us)
 }
 
+/// Whether a row is SGLang's own kernel (the swap-in scenarios time it
+/// beside kvtier's on a GPU).
+fn is_sglang(m: &Measurement) -> bool {
+    m.method.starts_with("SGLang ")
+}
+
+/// SGLang's median / method's median, per (scenario, point): how many times
+/// as fast as SGLang's own kernel the method is (above 1.00: faster); none
+/// where SGLang's kernel was not timed at the point.
+fn ratio_to_sglang(all: &[Measurement], m: &Measurement) -> Option<f64> {
+    all.iter()
+        .find(|o| is_sglang(o) && o.scenario == m.scenario && o.params == m.params)
+        .map(|s| s.time.median_us / m.time.median_us)
+}
+
 fn gbps(m: &Measurement) -> f64 {
     m.bytes as f64 / m.time.median_us / 1e3
 }
@@ -130,15 +145,18 @@ fn table(rows: &[Measurement]) -> Vec<String> {
     let width = |min: usize, texts: &mut dyn Iterator<Item = usize>| texts.fold(min, usize::max);
     let pw = width(58, &mut points.iter().map(|p| p.chars().count()));
     let mw = width(46, &mut rows.iter().map(|r| r.method.chars().count()));
-    let mut out = vec![
-        format!("{}:", first.scenario),
-        format!(
-            "{:<pw$} {:<mw$} {:>10} {:>5} {:>10} {:>10} {:>10} {:>8} {:>8}",
-            "point", "method", "bytes", "n", "median µs", "p99 µs", "max µs", "GB/s", "vs limit"
-        ),
-    ];
+    // A "vs SGLang" column where SGLang's kernel was timed beside kvtier's.
+    let sglang = rows.iter().any(is_sglang);
+    let mut header = format!(
+        "{:<pw$} {:<mw$} {:>10} {:>5} {:>10} {:>10} {:>10} {:>8} {:>8}",
+        "point", "method", "bytes", "n", "median µs", "p99 µs", "max µs", "GB/s", "vs limit"
+    );
+    if sglang {
+        header.push_str(&format!(" {:>9}", "vs SGLang"));
+    }
+    let mut out = vec![format!("{}:", first.scenario), header];
     for (r, point) in rows.iter().zip(&points) {
-        out.push(format!(
+        let mut line = format!(
             "{:<pw$} {:<mw$} {:>10} {:>5} {:>10} {:>10} {:>10} {:>8} {:>8}",
             point,
             r.method,
@@ -149,7 +167,11 @@ fn table(rows: &[Measurement]) -> Vec<String> {
             format_us(r.time.max_us),
             format_rate((r.bytes > 0).then(|| gbps(r))),
             format_rate(ratio(rows, r)),
-        ));
+        );
+        if sglang {
+            line.push_str(&format!(" {:>9}", format_rate(ratio_to_sglang(rows, r))));
+        }
+        out.push(line);
     }
     out
 }
@@ -199,6 +221,7 @@ pub(super) fn json_lines(env: &Environment, all: &[Measurement]) -> Vec<serde_js
                 "samples": m.time.samples,
                 "gbps": gbps(m),
                 "ratio_to_limit": ratio(all, m),
+                "ratio_to_sglang": ratio_to_sglang(all, m),
                 "is_limit": m.limit,
                 "kvtier": env!("CARGO_PKG_VERSION"),
                 "commit": commit,
@@ -317,7 +340,38 @@ pub(crate) fn register_font(font: Option<&Path>) -> kvtier::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::super::figures::log_ticks;
-    use super::format_rate;
+    use super::super::{Measurement, Stats};
+    use super::{format_rate, table};
+    use serde_json::json;
+
+    #[test]
+    fn swap_in_tables_say_each_method_against_sglangs_kernel_where_it_was_timed() {
+        let at = |batch: u32, method: &'static str, median_us: f64| {
+            let t = Stats {
+                median_us,
+                q1_us: median_us,
+                q3_us: median_us,
+                p99_us: None,
+                max_us: median_us,
+                samples: 5,
+            };
+            Measurement::new("swap-in", method, &[("batch", json!(batch))], 1000, t, false)
+        };
+        let rows = [
+            at(1, "kvtier swap-in, compact planner", 10.0),
+            at(1, "SGLang 0.5.23's swap-in kernel", 15.0),
+            at(8, "kvtier swap-in, compact planner", 30.0),
+        ];
+        let t = table(&rows);
+        assert!(t[1].ends_with("vs SGLang"), "{t:?}");
+        // batch 1: SGLang's 15 µs over 10 µs; batch 8: SGLang's kernel not timed
+        assert!(t[2].ends_with(" 1.50"), "{t:?}");
+        assert!(t[3].ends_with(" 1.00"), "{t:?}");
+        assert!(t[4].ends_with(" -"), "{t:?}");
+        // without SGLang's kernel (the CPU executor) the column is left out
+        let t = table(&rows[2..]);
+        assert!(t[1].ends_with("vs limit"), "{t:?}");
+    }
 
     #[test]
     fn small_rates_keep_their_digits_and_undefined_ones_are_a_dash() {
