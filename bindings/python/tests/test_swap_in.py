@@ -334,3 +334,24 @@ def test_replay_bad_counts_and_rows_are_refused_and_reported():
                                item_size_bytes=16)
     with pytest.raises(TypeError):
         copy_cache_planned_mla(src, dst, cnt, np.array([2], np.int32), host, dev, 16)  # keyword-only, as SGLang's
+
+
+def test_every_strategy_is_the_headers_and_gives_the_same_result():
+    """kvtier.swap_in's strategy names map to the C header's KVT_SWAP_IN_*
+    values, and each runs (the CPU executor has one way: the same result)."""
+    import re
+    from pathlib import Path
+
+    from kvtier import _lib
+    from kvtier._swap_in import STRATEGIES, swap_in
+
+    header = (Path(__file__).resolve().parents[2] / "kvtier.h").read_text()
+    defined = {m[1].lower(): int(m[2]) for m in re.finditer(r"#define KVT_SWAP_IN_(\w+) (\d+)", header)}
+    assert STRATEGIES == defined
+    for name in STRATEGIES:
+        c = worked_example([4, 2, 7])
+        k = c.kwargs()
+        k["items"] = _lib.linear_items(k.pop("item_size_bytes"))
+        swap_in(**k, strategy=name)
+        assert c.out.tolist() == [[7, 3, 11]], name
+        assert c.lru.tolist() == [[0, 3, 1, 2]], name
