@@ -55,6 +55,27 @@ fn writeback_agrees(case: &WritebackCase, gpu: &Executor) {
     assert_eq!(reported(&cpu_res), expected_report(&case.expected().1));
 }
 
+/// The compact planner's reason to exist: two of its blocks share an SM at
+/// top-k 2048 over a hot buffer of 8192 on sm_80 and sm_90 (one where an SM
+/// holds at most 1536 threads: sm_86, sm_89, sm_120).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_compact_planner_holds_two_blocks_an_sm() {
+    let Executor::Cuda(dev) = cuda() else {
+        unreachable!()
+    };
+    let blocks = dev.compact_planner_blocks_per_sm(2048, 8192).unwrap();
+    let want = match dev.compute_capability() {
+        (8, 0) | (9, 0) => 2,
+        _ => 1,
+    };
+    assert!(
+        blocks >= want,
+        "{blocks} blocks an SM on sm_{:?}",
+        dev.compute_capability()
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gather_matches_cpu_on_random_batches() {

@@ -337,6 +337,21 @@ impl Kernels {
                 }
                 .call("cuFuncSetAttribute")?;
             }
+            if k == Kernel::SwapInCompactPlan {
+                // Two blocks of it share an SM only with the most of the
+                // SM's L1/shared split given to shared memory (2 x 74 KiB
+                // at top-k 2048 over a hot buffer of 8192); the driver takes
+                // the preference as a hint.
+                // SAFETY: `f` is a function of the loaded module.
+                unsafe {
+                    result::function::set_function_attribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                        100,
+                    )
+                }
+                .call("cuFuncSetAttribute")?;
+            }
             // SAFETY: `f` is a function of the loaded module.
             let blocks = unsafe {
                 result::occupancy::max_active_block_per_multiprocessor(

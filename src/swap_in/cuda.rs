@@ -197,3 +197,20 @@ pub(super) unsafe fn launch_spec(
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The compact planner's state at top-k 2048 over 8192 slots fits two
+    /// blocks in an sm_80 SM (164 KiB of shared memory, 1 KiB of it reserved
+    /// per block) and is below half of the few-miss planner's.
+    #[test]
+    fn the_compact_planners_state_fits_two_blocks_on_sm_80() {
+        let compact = compact_smem_bytes(2048, 8192);
+        assert!(2 * (compact + 1024) <= 164 * 1024, "{compact} B");
+        assert!(2 * compact < few_miss_smem_bytes(2048, 8192), "{compact} B");
+        // the shape the GPU runs measure most: K 2048 over 4096 slots
+        assert!(compact_smem_bytes(2048, 4096) < compact);
+    }
+}

@@ -355,7 +355,14 @@ mod tests {
                 max_us: median_us,
                 samples: 5,
             };
-            Measurement::new("swap-in", method, &[("batch", json!(batch))], 1000, t, false)
+            Measurement::new(
+                "swap-in",
+                method,
+                &[("batch", json!(batch))],
+                1000,
+                t,
+                false,
+            )
         };
         let rows = [
             at(1, "kvtier swap-in, compact planner", 10.0),
