@@ -21,6 +21,7 @@ pub const KVT_ERR_SWAP_PLAN_COUNT: u32 = 14;
 pub const KVT_ERR_SWAP_DUP_REQ: u32 = 15;
 pub const KVT_ERR_KINDS: u32 = 16;
 pub const KVT_ERR_FIRST_NONE: u64 = 18446744073709551615;
+pub const KVT_COPY_LINE_ALIGNED: u32 = 1;
 pub const KVT_SWAP_SEQ_LENS_I64: u32 = 1;
 pub const KVT_SWAP_REQ_INDICES_I64: u32 = 2;
 pub const KVT_SWAP_COPY_IN_PLAN: u32 = 4;
@@ -74,10 +75,11 @@ pub struct kvt_gather_params {
     pub batch: u32,
     pub k: u32,
     pub topk_stride: u32,
+    pub flags: u32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of kvt_gather_params"][::core::mem::size_of::<kvt_gather_params>() - 80usize];
+    ["Size of kvt_gather_params"][::core::mem::size_of::<kvt_gather_params>() - 88usize];
     ["Alignment of kvt_gather_params"][::core::mem::align_of::<kvt_gather_params>() - 8usize];
     ["Offset of field: kvt_gather_params::slot_bases"]
         [::core::mem::offset_of!(kvt_gather_params, slot_bases) - 0usize];
@@ -105,6 +107,8 @@ const _: () = {
         [::core::mem::offset_of!(kvt_gather_params, k) - 72usize];
     ["Offset of field: kvt_gather_params::topk_stride"]
         [::core::mem::offset_of!(kvt_gather_params, topk_stride) - 76usize];
+    ["Offset of field: kvt_gather_params::flags"]
+        [::core::mem::offset_of!(kvt_gather_params, flags) - 80usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]

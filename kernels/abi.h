@@ -112,7 +112,11 @@ typedef struct kvt_gather_params {
     uint32_t batch;           /* rows of req_slots, seq_lens and topk; < 65536 */
     uint32_t k;               /* top-k columns read per row; <= 65536 */
     uint32_t topk_stride;     /* elements between consecutive rows of topk, >= k */
+    uint32_t flags;           /* KVT_COPY_*: how a warp moves an entry */
 } kvt_gather_params;
+
+/* kvt_gather_params.flags: the copy method (the bytes moved are the same). */
+#define KVT_COPY_LINE_ALIGNED 1u /* passes aligned to 128-byte lines of the host address (warp_copy_entry_lines) */
 
 /*
  * Layer-first writeback (kernel kvt_writeback): for each layer l in

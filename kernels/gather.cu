@@ -56,7 +56,10 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather(const
         }
 
         if (src != nullptr) {
-            kvt::warp_copy_entry<kvt::PoolToDevice>(src, dst, p.entry_bytes, lane);
+            if (p.flags & KVT_COPY_LINE_ALIGNED)
+                kvt::warp_copy_entry_lines<kvt::PoolToDevice>(src, dst, p.entry_bytes, lane);
+            else
+                kvt::warp_copy_entry<kvt::PoolToDevice>(src, dst, p.entry_bytes, lane);
         } else {
             kvt::warp_zero_entry<kvt::PoolToDevice>(dst, p.entry_bytes, lane);
         }

@@ -7,6 +7,7 @@
 use crate::abi::{
     KVT_ERR_GATHER_INDEX, KVT_ERR_GATHER_SEQ_LEN, KVT_ERR_GATHER_SLOT, kvt_gather_params,
 };
+use crate::copy_method::CopyMethod;
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
@@ -65,6 +66,7 @@ pub(crate) fn plan(
     layer: u32,
     batch: &GatherBatch<'_>,
     out: &BufMut<'_, u8>,
+    method: CopyMethod,
 ) -> Result<kvt_gather_params> {
     let n = batch.batch();
     let k = batch.k;
@@ -110,6 +112,7 @@ pub(crate) fn plan(
         batch: n as u32,
         k,
         topk_stride: batch.topk_stride,
+        flags: method.flags(),
     })
 }
 

@@ -24,6 +24,7 @@
 //! ```
 
 pub mod abi;
+pub mod copy_method;
 pub mod cuda;
 pub mod engram;
 pub mod error;
@@ -43,6 +44,7 @@ pub mod tier;
 pub mod trace;
 pub mod writeback;
 
+pub use copy_method::CopyMethod;
 pub use cuda::{CudaDevice, DeviceBuffer, Stream};
 pub use error::{Error, Result};
 pub use error_word::{BadIndex, BadIndexKind, BadIndexReport, ErrorWord};

@@ -13,6 +13,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::copy_method::CopyMethod;
 use crate::cuda::{CudaDevice, DeviceBuffer, Stream, copy_to_device_async};
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
@@ -183,7 +184,20 @@ impl Tier {
         out: BufMut<'_, u8>,
         stream: Stream,
     ) -> Result<()> {
-        let p = gather::plan(&self.tables(), layer, batch, &out)?;
+        self.gather_with(layer, batch, out, CopyMethod::default(), stream)
+    }
+
+    /// [`Tier::gather`] with an explicit copy method for the CUDA executor
+    /// (the CPU executor has one way; every method gives the same bytes).
+    pub fn gather_with(
+        &self,
+        layer: u32,
+        batch: &GatherBatch<'_>,
+        out: BufMut<'_, u8>,
+        method: CopyMethod,
+        stream: Stream,
+    ) -> Result<()> {
+        let p = gather::plan(&self.tables(), layer, batch, &out, method)?;
         match &self.backend {
             // SAFETY: `plan` checked every host buffer; slot bases come from
             // bind_slot and point at regions of self.pool, which we keep alive.

@@ -31,12 +31,18 @@ const MEDIUM: Limits = Limits {
 fn gather_agrees(case: &GatherCase, gpu: &Executor) {
     let (want_out, want_err) = case.expected();
     let (cpu_out, cpu_res) = case.run(&Executor::cpu());
-    let (gpu_out, gpu_res) = case.run(gpu);
-    assert!(
-        gpu_out == cpu_out,
-        "CUDA and CPU outputs differ for {case:?}"
-    );
-    assert_eq!(reported(&gpu_res), reported(&cpu_res), "{case:?}");
+    for method in kvtier::CopyMethod::ALL {
+        let (gpu_out, gpu_res) = case.run_with(gpu, method);
+        assert!(
+            gpu_out == cpu_out,
+            "CUDA ({method:?}) and CPU outputs differ for {case:?}"
+        );
+        assert_eq!(
+            reported(&gpu_res),
+            reported(&cpu_res),
+            "{method:?}: {case:?}"
+        );
+    }
     assert!(
         cpu_out == want_out,
         "CPU output differs from the model for {case:?}"

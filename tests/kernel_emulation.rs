@@ -314,8 +314,9 @@ fn grids(rows: u64) -> [u32; 3] {
     [1, 3, rows.div_ceil((BLOCK / 32) as u64).max(1) as u32 + 1]
 }
 
-/// Runs a gather case through the emulated kernel with `grid` blocks.
-fn emulate_gather(case: &GatherCase, grid: u32) -> (Vec<u8>, ErrorWord, Report) {
+/// Runs a gather case through the emulated kernel with `grid` blocks and
+/// copy-method `flags` (KVT_COPY_*).
+fn emulate_gather(case: &GatherCase, grid: u32, flags: u32) -> (Vec<u8>, ErrorWord, Report) {
     let fx = filled_pool(case.setup.layout, case.setup.n_regions);
     let slots = slot_table(&fx, &case.setup);
     let layout = case.setup.layout;
@@ -335,6 +336,7 @@ fn emulate_gather(case: &GatherCase, grid: u32) -> (Vec<u8>, ErrorWord, Report) 
         batch: case.batch() as u32,
         k: case.k,
         topk_stride: case.topk_stride,
+        flags,
     };
     let mut loads = region_ranges(&fx, &case.setup);
     loads.extend(gather_meta(&p));
@@ -361,13 +363,20 @@ fn gather_agrees(case: &GatherCase) {
         cpu_out == model_out,
         "CPU executor differs from the model for {case:?}"
     );
-    for (grid, schedule) in grid_schedules(case.batch() as u64 * case.k as u64) {
+    // every copy method on every grid and schedule
+    let runs = grid_schedules(case.batch() as u64 * case.k as u64)
+        .into_iter()
+        .flat_map(|gs| [(gs, 0), (gs, kvtier::abi::KVT_COPY_LINE_ALIGNED)]);
+    for ((grid, schedule), flags) in runs {
         set_schedule(schedule);
-        let (out, err, report) = emulate_gather(case, grid);
-        assert!(report.clean(), "bad accesses {report:?} for {case:?}");
+        let (out, err, report) = emulate_gather(case, grid, flags);
+        assert!(
+            report.clean(),
+            "bad accesses {report:?} (flags {flags}) for {case:?}"
+        );
         assert!(
             out == cpu_out,
-            "kernel output differs from the CPU executor (grid {grid}) for {case:?}"
+            "kernel output differs from the CPU executor (grid {grid}, flags {flags}) for {case:?}"
         );
         assert_eq!(
             expected_report(&err),
@@ -538,10 +547,12 @@ fn production_shape() {
             .collect();
         let (cpu_out, _) = case.run(&Executor::cpu());
         let grid = grids(16 * 2048)[2];
-        let (out, err, report) = emulate_gather(&case, grid);
-        assert!(report.clean(), "{report:?}");
-        assert!(err.is_clear());
-        assert!(out == cpu_out);
+        for flags in [0, kvtier::abi::KVT_COPY_LINE_ALIGNED] {
+            let (out, err, report) = emulate_gather(&case, grid, flags);
+            assert!(report.clean(), "{report:?}");
+            assert!(err.is_clear());
+            assert!(out == cpu_out, "flags {flags}");
+        }
     }
 }
 
@@ -615,6 +626,8 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
             batch: case.batch() as u32,
             k: case.k,
             topk_stride: case.topk_stride,
+            // 8 mod 16: the line-aligned method takes today's path
+            flags: (seed % 2) as u32 * kvtier::abi::KVT_COPY_LINE_ALIGNED,
         };
         let mut loads = vec![pool.mem.range()];
         loads.extend(gather_meta(&p));
@@ -710,6 +723,7 @@ fn the_memcheck_catches_misaligned_and_out_of_range_accesses() {
         batch: 1,
         k: 2,
         topk_stride: 2,
+        flags: 0,
     };
     let region = region_ranges(&fx, &case.setup)[0];
     let stores = [out.range()];
@@ -721,6 +735,7 @@ fn the_memcheck_catches_misaligned_and_out_of_range_accesses() {
 
     let clean = run(&base, region);
     assert_eq!((clean.misaligned, clean.out_of_range), (0, 0));
+    let gathered = out.bytes().to_vec();
     assert_eq!(
         clean.stores,
         2 * 656 / 16,
@@ -745,6 +760,43 @@ fn the_memcheck_catches_misaligned_and_out_of_range_accesses() {
     };
     let r = run(&skewed, region);
     assert!(r.misaligned > 0, "a 4-byte-aligned output is caught: {r:?}");
+
+    // The line-aligned method reads the two entries and nothing of the
+    // lines they share with their neighbours (token 15 starts 112 bytes into
+    // a 128-byte line of a page-aligned region): loads allowed on exactly
+    // the entries' bytes.
+    assert_eq!(region.start % 128, 0);
+    let aligned = kvt_gather_params {
+        flags: kvtier::abi::KVT_COPY_LINE_ALIGNED,
+        ..base
+    };
+    let mut loads: Vec<Range> = [15u64, 0]
+        .iter()
+        .map(|t| range(region.start + t * 656, 656))
+        .collect();
+    loads.extend(gather_meta(&aligned));
+    unsafe { std::ptr::write_bytes(out.addr() as *mut u8, 0x5A, 2 * 656) };
+    let r = unsafe {
+        gather_fn()(
+            &aligned,
+            1,
+            BLOCK,
+            loads.as_ptr(),
+            loads.len(),
+            stores.as_ptr(),
+            1,
+        )
+    };
+    assert!(r.clean(), "{r:?}");
+    assert_eq!(
+        r.stores,
+        2 * 656 / 16,
+        "both rows stored in 16-byte vectors"
+    );
+    assert!(
+        out.bytes()[..2 * 656] == gathered[..2 * 656],
+        "the two entries' bytes, as the first method's"
+    );
 }
 
 fn swap_fn(symbol: &[u8]) -> libloading::Symbol<'static, SwapFn> {

@@ -335,6 +335,15 @@ impl GatherCase {
     /// Runs the case on `exec`: (output bytes, the call's result, including
     /// bad indices reported at the sync point for the CUDA executor).
     pub fn run(&self, exec: &Executor) -> (Vec<u8>, kvtier::Result<()>) {
+        self.run_with(exec, kvtier::CopyMethod::default())
+    }
+
+    /// [`GatherCase::run`] with a copy method for the CUDA executor.
+    pub fn run_with(
+        &self,
+        exec: &Executor,
+        method: kvtier::CopyMethod,
+    ) -> (Vec<u8>, kvtier::Result<()>) {
         let (_fx, tier) = self.setup.build(exec);
         let n = self.out_bytes();
         match exec {
@@ -355,7 +364,13 @@ impl GatherCase {
                     k: self.k,
                     topk_stride: self.topk_stride,
                 };
-                let res = tier.gather(self.layer, &batch, BufMut::host(bytes), Stream::null());
+                let res = tier.gather_with(
+                    self.layer,
+                    &batch,
+                    BufMut::host(bytes),
+                    method,
+                    Stream::null(),
+                );
                 (bytes.to_vec(), res)
             }
             Executor::Cuda(dev) => {
@@ -372,10 +387,11 @@ impl GatherCase {
                     topk_stride: self.topk_stride,
                 };
                 let res = tier
-                    .gather(
+                    .gather_with(
                         self.layer,
                         &batch,
                         out.slice_mut(self.out_offset, n),
+                        method,
                         stream.stream(),
                     )
                     .and_then(|_| tier.check(stream.stream()));

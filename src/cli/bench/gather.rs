@@ -2,7 +2,8 @@
 //! grid k × entry size × batch × context × index distribution. Per point,
 //! five methods move the same useful bytes out of the same pool memory:
 //!
-//! 1. kvtier's gather kernel (or the CPU executor);
+//! 1. kvtier's gather kernel (or the CPU executor); on a GPU also with its
+//!    line-aligned copy method (`CopyMethod::LineAligned`);
 //! 2. the limit: one contiguous copy of as many bytes;
 //! 3. one `cudaMemcpyAsync` per entry;
 //! 4. a host gather into pinned staging, then one copy;
@@ -15,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use serde_json::json;
 
-use kvtier::{Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier};
+use kvtier::{CopyMethod, Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier};
 
 use super::{Bench, Clock, Indices, Measurement, Timing, invalid, named};
 use crate::cli::transfer::{self, Dir, ExecVec, Staging};
@@ -273,6 +274,26 @@ impl Setup<'_> {
         })?;
         self.tier.check(clock.stream())?;
         self.verify("the kvtier gather", inp, &out.to_vec()?)?;
+        // The other copy methods, on a GPU (the CPU executor has one way).
+        let line_aligned = match exec {
+            Executor::Cuda(_) => {
+                // Other bytes first, untimed, so that the check below sees
+                // what this method wrote.
+                // SAFETY: no method is running; the length is the buffer's.
+                unsafe { out.write(&vec![0x5Au8; useful])? };
+                let t = b.time(&clock, Timing::Device, none, |s| {
+                    let batch = GatherBatch::new(slots.buf(), seq_lens.buf(), topk.buf(), inp.k);
+                    // SAFETY: one method runs at a time.
+                    let out = unsafe { out.buf_mut() };
+                    self.tier
+                        .gather_with(0, &batch, out, CopyMethod::LineAligned, s)
+                })?;
+                self.tier.check(clock.stream())?;
+                self.verify("the kvtier gather, line-aligned", inp, &out.to_vec()?)?;
+                Some(t)
+            }
+            Executor::Cpu => None,
+        };
         let dst = out.addr();
         // SAFETY (all four): the sources are pool entries of `entry` bytes
         // (registered for the CUDA executor), `first` starts at least
@@ -301,14 +322,23 @@ impl Setup<'_> {
         let row = |cpu, cuda, bytes, t, limit| {
             Measurement::new(SCENARIO, named(exec, cpu, cuda), &params, bytes, t, limit)
         };
-        Ok(vec![
-            row(
-                "kvtier gather (CPU executor)",
-                "kvtier gather",
+        let mut rows = vec![row(
+            "kvtier gather (CPU executor)",
+            "kvtier gather",
+            useful,
+            kv,
+            false,
+        )];
+        if let Some(t) = line_aligned {
+            rows.push(row(
+                "",
+                "kvtier gather, passes aligned to 128-byte host lines",
                 useful,
-                kv,
+                t,
                 false,
-            ),
+            ));
+        }
+        rows.extend([
             row(
                 "contiguous memcpy (limit)",
                 "contiguous H2D copy (limit)",
@@ -337,6 +367,7 @@ impl Setup<'_> {
                 whole,
                 false,
             ),
-        ])
+        ]);
+        Ok(rows)
     }
 }
