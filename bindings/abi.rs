@@ -128,10 +128,11 @@ pub struct kvt_writeback_params {
     pub num_items: u32,
     pub first_layer: u32,
     pub num_layers: u32,
+    pub flags: u32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of kvt_writeback_params"][::core::mem::size_of::<kvt_writeback_params>() - 96usize];
+    ["Size of kvt_writeback_params"][::core::mem::size_of::<kvt_writeback_params>() - 104usize];
     ["Alignment of kvt_writeback_params"][::core::mem::align_of::<kvt_writeback_params>() - 8usize];
     ["Offset of field: kvt_writeback_params::slot_bases"]
         [::core::mem::offset_of!(kvt_writeback_params, slot_bases) - 0usize];
@@ -163,6 +164,8 @@ const _: () = {
         [::core::mem::offset_of!(kvt_writeback_params, first_layer) - 88usize];
     ["Offset of field: kvt_writeback_params::num_layers"]
         [::core::mem::offset_of!(kvt_writeback_params, num_layers) - 92usize];
+    ["Offset of field: kvt_writeback_params::flags"]
+        [::core::mem::offset_of!(kvt_writeback_params, flags) - 96usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]

@@ -115,7 +115,8 @@ typedef struct kvt_gather_params {
     uint32_t flags;           /* KVT_COPY_*: how a warp moves an entry */
 } kvt_gather_params;
 
-/* kvt_gather_params.flags: the copy method (the bytes moved are the same). */
+/* kvt_gather_params.flags and kvt_writeback_params.flags: the copy method
+ * (the bytes moved are the same). */
 #define KVT_COPY_LINE_ALIGNED 1u /* passes aligned to 128-byte lines of the host address (warp_copy_entry_lines) */
 
 /*
@@ -146,6 +147,7 @@ typedef struct kvt_writeback_params {
     uint32_t num_items;
     uint32_t first_layer;
     uint32_t num_layers;
+    uint32_t flags;           /* KVT_COPY_*: how a warp moves an entry */
 } kvt_writeback_params;
 
 /* kvt_swap_in_params.flags */

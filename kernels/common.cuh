@@ -227,23 +227,26 @@ __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, ch
 }
 
 // warp_copy_entry with the warp's passes aligned to 128-byte lines of the
-// source address: vector i of the pass covers bytes [16 i, 16 i + 16) from
-// the line holding the entry's first byte, so that each load instruction of
-// the warp asks for whole lines (four of them) and no line is split between
+// host address (the source of a gather, HostIsDst: the destination of a
+// writeback): vector i of the pass covers bytes [16 i, 16 i + 16) from the
+// line holding the entry's first byte, so that each load (store) instruction
+// of the warp covers whole lines (four of them) and no line is split between
 // two instructions; the entry's first and last lines are its only partial
 // ones. Today's warp_copy_entry starts its passes at the entry's first byte:
 // a 656-byte entry (41 vectors) at 16 mod 128 takes two instructions that
 // share a line. For entries of whole 16-byte vectors at 16-byte aligned
 // source and destination; others take warp_copy_entry. Which is faster over
-// a host link is the GPU's to say (the gather bench times both).
-template <class P, uint32_t U = KVT_UNROLL>
+// a host link is the GPU's to say (the gather and writeback benches time
+// both).
+template <class P, uint32_t U = KVT_UNROLL, bool HostIsDst = false>
 __device__ __forceinline__ void warp_copy_entry_lines(const char* __restrict__ src, char* __restrict__ dst,
                                                       uint32_t bytes, uint32_t lane) {
     if ((((uintptr_t)src | (uintptr_t)dst | bytes) & 15u) != 0) {
         warp_copy_entry<P, U>(src, dst, bytes, lane);
         return;
     }
-    const uint32_t lead = (uint32_t)((uintptr_t)src & 127u) >> 4;  // vectors of the line before the entry
+    const uintptr_t host = HostIsDst ? (uintptr_t)dst : (uintptr_t)src;
+    const uint32_t lead = (uint32_t)(host & 127u) >> 4;  // vectors of the line before the entry
     const uint32_t end = lead + (bytes >> 4);
     for (uint32_t base = 0; base < end; base += KVT_WARP * U) {
         uint4 v[U];

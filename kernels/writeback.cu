@@ -51,6 +51,9 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS)
         const char* src = reinterpret_cast<const char*>(src_buf + (uint64_t)src_row * p.entry_bytes);
         char* dst = reinterpret_cast<char*>(base + (uint64_t)(p.first_layer + layer_i) * p.layer_bytes +
                                             (uint64_t)token * p.entry_bytes);
-        kvt::warp_copy_entry<kvt::DeviceToPool>(src, dst, p.entry_bytes, lane);
+        if (p.flags & KVT_COPY_LINE_ALIGNED)
+            kvt::warp_copy_entry_lines<kvt::DeviceToPool, KVT_UNROLL, true>(src, dst, p.entry_bytes, lane);
+        else
+            kvt::warp_copy_entry<kvt::DeviceToPool>(src, dst, p.entry_bytes, lane);
     }
 }

@@ -13,12 +13,12 @@ pub enum CopyMethod {
     /// GPU figure so far measured).
     #[default]
     WarpVectors,
-    /// The same loads with each 512-byte pass aligned to 128-byte lines of
-    /// the host address, so that no line is split between two load
-    /// instructions (a 656-byte entry, 5 lines and 16 bytes, otherwise
-    /// shares a line between its two). Entries that are not whole 16-byte
-    /// vectors at 16-byte aligned addresses move as `WarpVectors`. Not yet
-    /// timed on a GPU.
+    /// The same accesses with each 512-byte pass aligned to 128-byte lines
+    /// of the host address (the source of a gather, the destination of a
+    /// writeback), so that no line is split between two instructions (a
+    /// 656-byte entry, 5 lines and 16 bytes, otherwise shares a line between
+    /// its two). Entries that are not whole 16-byte vectors at 16-byte
+    /// aligned addresses move as `WarpVectors`. Not yet timed on a GPU.
     LineAligned,
 }
 

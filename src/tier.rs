@@ -219,6 +219,20 @@ impl Tier {
         src: Buf<'_, u8>,
         stream: Stream,
     ) -> Result<()> {
+        self.writeback_layer_with(layer, items, src, CopyMethod::default(), stream)
+    }
+
+    /// [`Tier::writeback_layer`] with an explicit copy method for the CUDA
+    /// executor (the CPU executor has one way; every method writes the same
+    /// bytes).
+    pub fn writeback_layer_with(
+        &self,
+        layer: u32,
+        items: &WritebackItems<'_>,
+        src: Buf<'_, u8>,
+        method: CopyMethod,
+        stream: Stream,
+    ) -> Result<()> {
         let entry = self.layout().entry_bytes() as usize;
         let rows = (src.len() / entry) as u64;
         // With items to copy, at least one whole row, and the alignment checks
@@ -232,6 +246,7 @@ impl Tier {
                 base: src.addr(),
                 rows,
             },
+            method,
             stream,
         )
     }
@@ -295,6 +310,18 @@ impl Tier {
         kv: &KvLayers<'_>,
         stream: Stream,
     ) -> Result<()> {
+        self.writeback_all_layers_with(items, kv, CopyMethod::default(), stream)
+    }
+
+    /// [`Tier::writeback_all_layers`] with an explicit copy method for the
+    /// CUDA executor (same bytes).
+    pub fn writeback_all_layers_with(
+        &self,
+        items: &WritebackItems<'_>,
+        kv: &KvLayers<'_>,
+        method: CopyMethod,
+        stream: Stream,
+    ) -> Result<()> {
         if kv.tier != self.id {
             return Err(invalid("kv", "was registered with another tier"));
         }
@@ -310,6 +337,7 @@ impl Tier {
                 layers: kv.layers,
                 rows: kv.rows,
             },
+            method,
             stream,
         )
     }
@@ -319,9 +347,10 @@ impl Tier {
         first_layer: u32,
         items: &WritebackItems<'_>,
         src: WritebackSource,
+        method: CopyMethod,
         stream: Stream,
     ) -> Result<()> {
-        let p = writeback::plan(&self.tables(), first_layer, items, src)?;
+        let p = writeback::plan(&self.tables(), first_layer, items, src, method)?;
         match &self.backend {
             // SAFETY: as in `gather`; the source buffers were checked by the
             // callers (one layer) or at registration (all layers).

@@ -9,6 +9,7 @@ use crate::abi::{
     KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW, KVT_ERR_WRITEBACK_TOKEN,
     kvt_writeback_params,
 };
+use crate::copy_method::CopyMethod;
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
 use crate::error_word::ErrorWord;
@@ -54,6 +55,7 @@ pub(crate) fn plan(
     first_layer: u32,
     items: &WritebackItems<'_>,
     src: WritebackSource,
+    method: CopyMethod,
 ) -> Result<kvt_writeback_params> {
     let n = items.len();
     let want = t.location;
@@ -100,6 +102,7 @@ pub(crate) fn plan(
         num_items: n as u32,
         first_layer,
         num_layers,
+        flags: method.flags(),
     })
 }
 

@@ -52,12 +52,18 @@ fn gather_agrees(case: &GatherCase, gpu: &Executor) {
 
 fn writeback_agrees(case: &WritebackCase, gpu: &Executor) {
     let (cpu_pool, cpu_res) = case.run(&Executor::cpu());
-    let (gpu_pool, gpu_res) = case.run(gpu);
-    assert!(
-        gpu_pool == cpu_pool,
-        "CUDA and CPU pools differ for {case:?}"
-    );
-    assert_eq!(reported(&gpu_res), reported(&cpu_res), "{case:?}");
+    for method in kvtier::CopyMethod::ALL {
+        let (gpu_pool, gpu_res) = case.run_with(gpu, method);
+        assert!(
+            gpu_pool == cpu_pool,
+            "CUDA ({method:?}) and CPU pools differ for {case:?}"
+        );
+        assert_eq!(
+            reported(&gpu_res),
+            reported(&cpu_res),
+            "{method:?}: {case:?}"
+        );
+    }
     assert_eq!(reported(&cpu_res), expected_report(&case.expected().1));
 }
 

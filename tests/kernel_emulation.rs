@@ -397,6 +397,7 @@ fn writeback_params(
     slots: &[u64],
     table: &[u64],
     err: &mut ErrorWord,
+    flags: u32,
 ) -> kvt_writeback_params {
     let layout = case.setup.layout;
     let (first_layer, num_layers, src_base, src_layer_bases) = match case.mode {
@@ -419,17 +420,23 @@ fn writeback_params(
         num_items: case.slots.len() as u32,
         first_layer,
         num_layers,
+        flags,
     }
 }
 
-/// Runs a writeback case through the emulated kernel with `grid` blocks.
-fn emulate_writeback(case: &WritebackCase, grid: u32) -> (Vec<Vec<u8>>, ErrorWord, Report) {
+/// Runs a writeback case through the emulated kernel with `grid` blocks and
+/// copy-method `flags` (KVT_COPY_*).
+fn emulate_writeback(
+    case: &WritebackCase,
+    grid: u32,
+    flags: u32,
+) -> (Vec<Vec<u8>>, ErrorWord, Report) {
     let fx = filled_pool(case.setup.layout, case.setup.n_regions);
     let slots = slot_table(&fx, &case.setup);
     let src: Vec<Aligned> = case.src.iter().map(|b| Aligned::from(b)).collect();
     let table: Vec<u64> = src.iter().map(Aligned::addr).collect();
     let mut err = ErrorWord::clear();
-    let p = writeback_params(case, &slots, &table, &mut err);
+    let p = writeback_params(case, &slots, &table, &mut err, flags);
     let mut loads: Vec<Range> = src.iter().map(Aligned::range).collect();
     loads.extend(writeback_meta(&p));
     let stores = region_ranges(&fx, &case.setup);
@@ -457,13 +464,20 @@ fn writeback_agrees(case: &WritebackCase) {
         } else {
             1
         };
-    for (grid, schedule) in grid_schedules(rows) {
+    // every copy method on every grid and schedule
+    let runs = grid_schedules(rows)
+        .into_iter()
+        .flat_map(|gs| [(gs, 0), (gs, kvtier::abi::KVT_COPY_LINE_ALIGNED)]);
+    for ((grid, schedule), flags) in runs {
         set_schedule(schedule);
-        let (pool, err, report) = emulate_writeback(case, grid);
-        assert!(report.clean(), "bad accesses {report:?} for {case:?}");
+        let (pool, err, report) = emulate_writeback(case, grid, flags);
+        assert!(
+            report.clean(),
+            "bad accesses {report:?} (flags {flags}) for {case:?}"
+        );
         assert!(
             pool == cpu_pool,
-            "kernel pool contents differ from the CPU executor (grid {grid}) for {case:?}"
+            "kernel pool contents differ from the CPU executor (grid {grid}, flags {flags}) for {case:?}"
         );
         assert_eq!(
             expected_report(&err),
@@ -665,7 +679,9 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
             .collect();
         let table: Vec<u64> = src.iter().map(Aligned::addr).collect();
         let mut err = ErrorWord::clear();
-        let p = writeback_params(&wb, &slots, &table, &mut err);
+        // 8 mod 16: the line-aligned method takes today's path
+        let flags = (seed % 2) as u32 * kvtier::abi::KVT_COPY_LINE_ALIGNED;
+        let p = writeback_params(&wb, &slots, &table, &mut err, flags);
         let mut loads: Vec<Range> = src.iter().map(Aligned::range).collect();
         loads.extend(writeback_meta(&p));
         let stores = [pool.mem.range()];

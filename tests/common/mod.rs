@@ -564,6 +564,15 @@ impl WritebackCase {
 
     /// Runs the case on `exec`: (region contents afterwards, the result).
     pub fn run(&self, exec: &Executor) -> (Vec<Vec<u8>>, kvtier::Result<()>) {
+        self.run_with(exec, kvtier::CopyMethod::default())
+    }
+
+    /// [`WritebackCase::run`] with a copy method for the CUDA executor.
+    pub fn run_with(
+        &self,
+        exec: &Executor,
+        method: kvtier::CopyMethod,
+    ) -> (Vec<Vec<u8>>, kvtier::Result<()>) {
         let (fx, tier) = self.setup.build(exec);
         let res = match exec {
             Executor::Cpu => {
@@ -599,13 +608,17 @@ impl WritebackCase {
                     src_rows: rows.as_buf(),
                 };
                 let launched = match self.mode {
-                    WritebackMode::Layer(l) => {
-                        tier.writeback_layer(l, &items, src[0].as_buf(), stream.stream())
-                    }
+                    WritebackMode::Layer(l) => tier.writeback_layer_with(
+                        l,
+                        &items,
+                        src[0].as_buf(),
+                        method,
+                        stream.stream(),
+                    ),
                     WritebackMode::AllLayers => {
                         let bufs: Vec<Buf<u8>> = src.iter().map(|b| b.as_buf()).collect();
                         let kv = tier.register_kv_layers(&bufs).unwrap();
-                        tier.writeback_all_layers(&items, &kv, stream.stream())
+                        tier.writeback_all_layers_with(&items, &kv, method, stream.stream())
                     }
                 };
                 launched.and_then(|_| tier.check(stream.stream()))

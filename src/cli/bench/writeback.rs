@@ -7,7 +7,8 @@
 //! * decode: every layer (`--layers`) of the newest token of each request of
 //!   a batch.
 //!
-//! Per point: kvtier's writeback; the limit (one contiguous device→host copy
+//! Per point: kvtier's writeback (on a GPU also with its line-aligned copy
+//! method, `CopyMethod::LineAligned`); the limit (one contiguous device→host copy
 //! of the same bytes); one `cudaMemcpyAsync` per entry; one copy into pinned
 //! staging, then a host scatter into the pool.
 
@@ -18,7 +19,9 @@ use rand::seq::SliceRandom;
 use rand::{RngCore, SeedableRng};
 use serde_json::json;
 
-use kvtier::{Buf, Executor, LayerFirstLayout, Pool, Region, Stream, Tier, WritebackItems};
+use kvtier::{
+    Buf, CopyMethod, Executor, LayerFirstLayout, Pool, Region, Stream, Tier, WritebackItems,
+};
 
 use super::{Bench, Clock, Measurement, Timing, count, invalid, named};
 use crate::cli::transfer::{self, Dir, ExecVec, Staging};
@@ -124,13 +127,27 @@ impl Point<'_> {
         Ok(())
     }
 
-    /// Times the four methods on the source at `src` (the executor's copy of
-    /// `self.src`); `kvtier_call` runs kvtier's writeback from it.
+    /// Writes other bytes over the entries `verify` checks, so that it sees
+    /// what the method after it wrote.
+    fn spoil(&self) {
+        for &(off, addr) in [self.moves.first(), self.moves.last()]
+            .into_iter()
+            .flatten()
+        {
+            let other: Vec<u8> = self.src[off..][..self.entry].iter().map(|b| !b).collect();
+            // SAFETY: `addr` is an entry of a live pool region; no call runs.
+            unsafe { std::ptr::copy_nonoverlapping(other.as_ptr(), addr as *mut u8, self.entry) };
+        }
+    }
+
+    /// Times the methods on the source at `src` (the executor's copy of
+    /// `self.src`); `kvtier_call` runs kvtier's writeback from it with a
+    /// copy method (on a GPU each method is timed).
     fn measure(
         &self,
         b: &Bench,
         src: u64,
-        kvtier_call: impl Fn(Stream) -> kvtier::Result<()>,
+        kvtier_call: impl Fn(CopyMethod, Stream) -> kvtier::Result<()>,
     ) -> kvtier::Result<Vec<Measurement>> {
         let bytes = self.bytes();
         let exec = &b.exec;
@@ -143,9 +160,23 @@ impl Point<'_> {
             .map(|&(off, addr)| (src + off as u64, addr))
             .collect();
         let none = |_: Stream| Ok(());
-        let kv = b.time(&clock, Timing::Device, none, &kvtier_call)?;
+        let kv = b.time(&clock, Timing::Device, none, |s| {
+            kvtier_call(CopyMethod::WarpVectors, s)
+        })?;
         clock.sync()?;
         self.verify("the kvtier writeback")?;
+        let line_aligned = match exec {
+            Executor::Cuda(_) => {
+                self.spoil();
+                let t = b.time(&clock, Timing::Device, none, |s| {
+                    kvtier_call(CopyMethod::LineAligned, s)
+                })?;
+                clock.sync()?;
+                self.verify("the kvtier writeback, line-aligned")?;
+                Some(t)
+            }
+            Executor::Cpu => None,
+        };
         // SAFETY (all three): the source is `src` (at least `bytes`, device
         // memory for the CUDA executor), the destinations pool entries (and
         // `bytes` contiguous pool bytes from `pool_base`), registered for the
@@ -171,13 +202,21 @@ impl Point<'_> {
                 limit,
             )
         };
-        Ok(vec![
-            row(
-                "kvtier writeback (CPU executor)",
-                "kvtier writeback",
-                kv,
+        let mut rows = vec![row(
+            "kvtier writeback (CPU executor)",
+            "kvtier writeback",
+            kv,
+            false,
+        )];
+        if let Some(t) = line_aligned {
+            rows.push(row(
+                "",
+                "kvtier writeback, passes aligned to 128-byte host lines",
+                t,
                 false,
-            ),
+            ));
+        }
+        rows.extend([
             row(
                 "contiguous memcpy (limit)",
                 "contiguous D2H copy (limit)",
@@ -191,7 +230,8 @@ impl Point<'_> {
                 staged,
                 false,
             ),
-        ])
+        ]);
+        Ok(rows)
     }
 }
 
@@ -235,8 +275,8 @@ fn prefill(b: &Bench, entry: u32, tokens: u32) -> kvtier::Result<Vec<Measurement
     };
     let items = Items::new(&b.exec, &slots, &toks, &src_rows)?;
     let source = ExecVec::from_host(&b.exec, &point.src)?;
-    point.measure(b, source.addr(), |s| {
-        tier.writeback_layer(0, &items.items(), source.buf(), s)
+    point.measure(b, source.addr(), |method, s| {
+        tier.writeback_layer_with(0, &items.items(), source.buf(), method, s)
     })
 }
 
@@ -288,8 +328,8 @@ fn decode(
         .map(|l| unsafe { Buf::from_raw(src + (l * layer_len) as u64, layer_len, loc) })
         .collect();
     let kv = tier.register_kv_layers(&bufs)?;
-    point.measure(b, src, |s| {
-        tier.writeback_all_layers(&items.items(), &kv, s)
+    point.measure(b, src, |method, s| {
+        tier.writeback_all_layers_with(&items.items(), &kv, method, s)
     })
 }
 
