@@ -112,11 +112,12 @@ typedef struct kvt_gather_params {
     uint32_t batch;           /* rows of req_slots, seq_lens and topk; < 65536 */
     uint32_t k;               /* top-k columns read per row; <= 65536 */
     uint32_t topk_stride;     /* elements between consecutive rows of topk, >= k */
-    uint32_t flags;           /* KVT_COPY_*: how a warp moves an entry */
+    uint32_t flags;           /* KVT_COPY_*: the copy method, i.e. which kernel the launcher runs */
 } kvt_gather_params;
 
 /* kvt_gather_params.flags and kvt_writeback_params.flags: the copy method
- * (the bytes moved are the same). */
+ * (the bytes moved are the same): kvt_gather or kvt_gather_line_aligned,
+ * kvt_writeback or kvt_writeback_line_aligned. */
 #define KVT_COPY_LINE_ALIGNED 1u /* passes aligned to 128-byte lines of the host address (warp_copy_entry_lines) */
 
 /*
@@ -147,7 +148,7 @@ typedef struct kvt_writeback_params {
     uint32_t num_items;
     uint32_t first_layer;
     uint32_t num_layers;
-    uint32_t flags;           /* KVT_COPY_*: how a warp moves an entry */
+    uint32_t flags;           /* KVT_COPY_*: the copy method, i.e. which kernel the launcher runs */
 } kvt_writeback_params;
 
 /* kvt_swap_in_params.flags */

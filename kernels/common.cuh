@@ -235,30 +235,37 @@ __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, ch
 // ones. Today's warp_copy_entry starts its passes at the entry's first byte:
 // a 656-byte entry (41 vectors) at 16 mod 128 takes two instructions that
 // share a line. For entries of whole 16-byte vectors at 16-byte aligned
-// source and destination; others take warp_copy_entry. Which is faster over
+// source and destination; others take warp_copy_entry (two vectors a lane a
+// pass). Which is faster over
 // a host link is the GPU's to say (the gather and writeback benches time
 // both).
 template <class P, uint32_t U = KVT_UNROLL, bool HostIsDst = false>
 __device__ __forceinline__ void warp_copy_entry_lines(const char* __restrict__ src, char* __restrict__ dst,
                                                       uint32_t bytes, uint32_t lane) {
+    // (two vectors a lane in flight there: with U the kernel's registers
+    // would grow from 64 to 80, one block an SM fewer than the default's)
     if ((((uintptr_t)src | (uintptr_t)dst | bytes) & 15u) != 0) {
-        warp_copy_entry<P, U>(src, dst, bytes, lane);
+        warp_copy_entry<P, 2>(src, dst, bytes, lane);
         return;
     }
     const uintptr_t host = HostIsDst ? (uintptr_t)dst : (uintptr_t)src;
-    const uint32_t lead = (uint32_t)(host & 127u) >> 4;  // vectors of the line before the entry
-    const uint32_t end = lead + (bytes >> 4);
-    for (uint32_t base = 0; base < end; base += KVT_WARP * U) {
+    const uint32_t lead = (uint32_t)(host & 127u);  // bytes of the line before the entry
+    // Byte offsets from the line's start: vector i covers [16 i, 16 i + 16),
+    // inside the entry from `lead` to `lead + bytes` (the addresses below are
+    // formed only for those).
+    const uintptr_t s0 = (uintptr_t)src - lead, d0 = (uintptr_t)dst - lead;
+    const uint32_t end = lead + bytes;
+    for (uint32_t base = 16 * lane; base < end; base += 16 * KVT_WARP * U) {
         uint4 v[U];
 #pragma unroll
         for (uint32_t u = 0; u < U; ++u) {
-            const uint32_t i = base + u * KVT_WARP + lane;
-            if (i >= lead && i < end) v[u] = P::load16(src + 16 * (i - lead));
+            const uint32_t at = base + 16 * KVT_WARP * u;
+            if (at >= lead && at < end) v[u] = P::load16(reinterpret_cast<const void*>(s0 + at));
         }
 #pragma unroll
         for (uint32_t u = 0; u < U; ++u) {
-            const uint32_t i = base + u * KVT_WARP + lane;
-            if (i >= lead && i < end) P::store16(dst + 16 * (i - lead), v[u]);
+            const uint32_t at = base + 16 * KVT_WARP * u;
+            if (at >= lead && at < end) P::store16(reinterpret_cast<void*>(d0 + at), v[u]);
         }
     }
 }

@@ -13,7 +13,12 @@
 //          multiple of 8, and that every non-zero slot base is a region of
 //          this pool's layout.
 // Mapping: one warp per output row, grid-stride over the batch * k rows.
-extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather(const kvt_gather_params p) {
+// Two entry points, one per copy method (kvt_gather_line_aligned for
+// KVT_COPY_LINE_ALIGNED): in one kernel the second method's registers would
+// cost the first its fourth block an SM.
+namespace kvt {
+template <bool LineAligned>
+__device__ __forceinline__ void gather(const kvt_gather_params& p) {
     const uint32_t lane = threadIdx.x % KVT_WARP;
     const uint32_t rows = p.batch * p.k;
     const int32_t* req_slots = reinterpret_cast<const int32_t*>(p.req_slots);
@@ -56,7 +61,7 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather(const
         }
 
         if (src != nullptr) {
-            if (p.flags & KVT_COPY_LINE_ALIGNED)
+            if (LineAligned)
                 kvt::warp_copy_entry_lines<kvt::PoolToDevice>(src, dst, p.entry_bytes, lane);
             else
                 kvt::warp_copy_entry<kvt::PoolToDevice>(src, dst, p.entry_bytes, lane);
@@ -64,4 +69,12 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather(const
             kvt::warp_zero_entry<kvt::PoolToDevice>(dst, p.entry_bytes, lane);
         }
     }
+}
+}  // namespace kvt
+
+extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather(const kvt_gather_params p) {
+    kvt::gather<false>(p);
+}
+extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather_line_aligned(const kvt_gather_params p) {
+    kvt::gather<true>(p);
 }

@@ -14,8 +14,11 @@
 //          this pool's layout, and that entry_bytes is a multiple of 8.
 // Mapping: one warp per (layer, item) copy, grid-stride; consecutive warps take
 //          consecutive items of the same layer.
-extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS)
-    kvt_writeback(const kvt_writeback_params p) {
+// Two entry points, one per copy method (kvt_writeback_line_aligned for
+// KVT_COPY_LINE_ALIGNED), as the gather has.
+namespace kvt {
+template <bool LineAligned>
+__device__ __forceinline__ void writeback(const kvt_writeback_params& p) {
     const uint32_t lane = threadIdx.x % KVT_WARP;
     const uint64_t rows = (uint64_t)p.num_layers * p.num_items;
     const int32_t* item_slots = reinterpret_cast<const int32_t*>(p.item_slots);
@@ -51,9 +54,18 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS)
         const char* src = reinterpret_cast<const char*>(src_buf + (uint64_t)src_row * p.entry_bytes);
         char* dst = reinterpret_cast<char*>(base + (uint64_t)(p.first_layer + layer_i) * p.layer_bytes +
                                             (uint64_t)token * p.entry_bytes);
-        if (p.flags & KVT_COPY_LINE_ALIGNED)
+        if (LineAligned)
             kvt::warp_copy_entry_lines<kvt::DeviceToPool, KVT_UNROLL, true>(src, dst, p.entry_bytes, lane);
         else
             kvt::warp_copy_entry<kvt::DeviceToPool>(src, dst, p.entry_bytes, lane);
     }
+}
+}  // namespace kvt
+
+extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_writeback(const kvt_writeback_params p) {
+    kvt::writeback<false>(p);
+}
+extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS)
+    kvt_writeback_line_aligned(const kvt_writeback_params p) {
+    kvt::writeback<true>(p);
 }

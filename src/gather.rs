@@ -5,7 +5,8 @@
 //! `kernels/gather.cu`. Both follow the contract in `kernels/abi.h`.
 
 use crate::abi::{
-    KVT_ERR_GATHER_INDEX, KVT_ERR_GATHER_SEQ_LEN, KVT_ERR_GATHER_SLOT, kvt_gather_params,
+    KVT_COPY_LINE_ALIGNED, KVT_ERR_GATHER_INDEX, KVT_ERR_GATHER_SEQ_LEN, KVT_ERR_GATHER_SLOT,
+    kvt_gather_params,
 };
 use crate::copy_method::CopyMethod;
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
@@ -203,7 +204,13 @@ pub(crate) unsafe fn launch(dev: &CudaDevice, p: &kvt_gather_params, stream: Str
     if rows == 0 {
         return Ok(());
     }
-    let grid = dev.grid_for_rows(Kernel::Gather, rows);
+    // The copy method is a kernel of its own (kernels/gather.cu).
+    let kernel = if p.flags & KVT_COPY_LINE_ALIGNED != 0 {
+        Kernel::GatherLineAligned
+    } else {
+        Kernel::Gather
+    };
+    let grid = dev.grid_for_rows(kernel, rows);
     // SAFETY: per this function's contract.
-    unsafe { dev.launch(Kernel::Gather, grid, BLOCK_THREADS, 0, p, stream) }
+    unsafe { dev.launch(kernel, grid, BLOCK_THREADS, 0, p, stream) }
 }

@@ -6,8 +6,8 @@
 //! the CPU reference below, or `kvt_writeback` in `kernels/writeback.cu`.
 
 use crate::abi::{
-    KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW, KVT_ERR_WRITEBACK_TOKEN,
-    kvt_writeback_params,
+    KVT_COPY_LINE_ALIGNED, KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW,
+    KVT_ERR_WRITEBACK_TOKEN, kvt_writeback_params,
 };
 use crate::copy_method::CopyMethod;
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
@@ -206,7 +206,13 @@ pub(crate) unsafe fn launch(
     if rows == 0 {
         return Ok(());
     }
-    let grid = dev.grid_for_rows(Kernel::Writeback, rows);
+    // The copy method is a kernel of its own (kernels/writeback.cu).
+    let kernel = if p.flags & KVT_COPY_LINE_ALIGNED != 0 {
+        Kernel::WritebackLineAligned
+    } else {
+        Kernel::Writeback
+    };
+    let grid = dev.grid_for_rows(kernel, rows);
     // SAFETY: per this function's contract.
-    unsafe { dev.launch(Kernel::Writeback, grid, BLOCK_THREADS, 0, p, stream) }
+    unsafe { dev.launch(kernel, grid, BLOCK_THREADS, 0, p, stream) }
 }

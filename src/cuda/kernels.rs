@@ -215,9 +215,11 @@ pub enum Kernel {
     ErrorTake = 6,
     EngramGather = 7,
     SwapInCompactPlan = 8,
+    GatherLineAligned = 9,
+    WritebackLineAligned = 10,
 }
 
-const KERNELS: usize = 9;
+const KERNELS: usize = 11;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -230,6 +232,8 @@ impl Kernel {
         Kernel::ErrorTake,
         Kernel::EngramGather,
         Kernel::SwapInCompactPlan,
+        Kernel::GatherLineAligned,
+        Kernel::WritebackLineAligned,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -244,6 +248,8 @@ impl Kernel {
             Kernel::ErrorTake => "kvt_error_take",
             Kernel::EngramGather => "kvt_engram_gather",
             Kernel::SwapInCompactPlan => "kvt_swap_in_compact_plan",
+            Kernel::GatherLineAligned => "kvt_gather_line_aligned",
+            Kernel::WritebackLineAligned => "kvt_writeback_line_aligned",
         }
     }
 

@@ -498,9 +498,14 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
     return g_report;
 }
 
+// The gather and the writeback: the kernel of the call's copy method, as the
+// launcher picks it (src/gather.rs, src/writeback.rs).
 extern "C" kvt_emu_report kvt_emu_gather(const kvt_gather_params* p, unsigned grid, unsigned block,
                                          const kvt_emu_range* loads, size_t n_loads,
                                          const kvt_emu_range* stores, size_t n_stores) {
+    if (p->flags & KVT_COPY_LINE_ALIGNED)
+        return run<kvt_gather_params, kvt_gather_line_aligned>(p, grid, block, 0, loads, n_loads, stores,
+                                                                n_stores);
     return run<kvt_gather_params, kvt_gather>(p, grid, block, 0, loads, n_loads, stores, n_stores);
 }
 
@@ -515,6 +520,9 @@ extern "C" kvt_emu_report kvt_emu_writeback(const kvt_writeback_params* p, unsig
                                             unsigned block, const kvt_emu_range* loads,
                                             size_t n_loads, const kvt_emu_range* stores,
                                             size_t n_stores) {
+    if (p->flags & KVT_COPY_LINE_ALIGNED)
+        return run<kvt_writeback_params, kvt_writeback_line_aligned>(p, grid, block, 0, loads, n_loads, stores,
+                                                                      n_stores);
     return run<kvt_writeback_params, kvt_writeback>(p, grid, block, 0, loads, n_loads, stores, n_stores);
 }
 
