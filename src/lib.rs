@@ -52,7 +52,7 @@ pub use executor::Executor;
 pub use gather::GatherBatch;
 pub use layout::{EntryFormat, ItemLayout, LayerFirstLayout};
 pub use mem::{Buf, BufMut, Location};
-pub use pool::{DeviceSpec, Pool, PoolOptions, Region, RegionTicket};
+pub use pool::{DeviceSpec, HostPages, Pool, PoolOptions, Region, RegionTicket};
 pub use swap_in::{
     IndexBuf, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, QueryKind, SpecState, SpecSwapInArgs,
     SwapInArgs, SwapInCounters, SwapInEngine, SwapInStrategy,

@@ -2075,3 +2075,75 @@ fn publishing_twice_and_foreign_regions_are_said_in_words() {
     );
     assert!(!e.contains("Some("), "{e}");
 }
+
+/// The smaps entry of this process's mapping that holds `addr`: its VmFlags
+/// and its AnonHugePages in bytes.
+fn smaps_of(addr: u64) -> (String, u64) {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut found = false;
+    let (mut flags, mut anon_huge) = (String::new(), 0u64);
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = first.split_once('-')
+            && let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16))
+        {
+            if found {
+                break;
+            }
+            found = (lo..hi).contains(&addr);
+            continue;
+        }
+        if !found {
+            continue;
+        }
+        if let Some(f) = line.strip_prefix("VmFlags:") {
+            flags = f.trim().to_string();
+        }
+        if let Some(kb) = line.strip_prefix("AnonHugePages:") {
+            anon_huge = 1024
+                * kb.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap();
+        }
+    }
+    assert!(found, "no mapping holds {addr:#x}");
+    (flags, anon_huge)
+}
+
+/// HostPages::Transparent asks the kernel for transparent huge pages for an
+/// anonymous pool before it is touched (smaps: the mapping's VmFlags carry
+/// "hg"), and Pool::huge_page_bytes reports what the kernel gave, as smaps
+/// does; the default asks nothing.
+#[test]
+fn anonymous_pools_ask_for_transparent_huge_pages_when_told() {
+    let layout = LayerFirstLayout::new(65536, 2, 256).unwrap(); // 32 MiB regions
+    let bytes = Pool::device_bytes_for(&layout, 2).unwrap();
+    for pages in [kvtier::HostPages::Base, kvtier::HostPages::Transparent] {
+        let options = PoolOptions {
+            host_pages: pages,
+            ..PoolOptions::default()
+        };
+        let pool = Pool::create_on(layout, vec![DeviceSpec::Anon { bytes }], options).unwrap();
+        let r = pool.alloc_region().unwrap();
+        let ones = vec![1u8; layout.layer_bytes() as usize];
+        pool.write_tokens(&r, 0, 0, &ones).unwrap();
+        pool.write_tokens(&r, 1, 0, &ones).unwrap();
+        let (flags, anon_huge) = smaps_of(pool.region_host_addr(&r).unwrap());
+        let advised = flags.split_whitespace().any(|f| f == "hg");
+        assert_eq!(
+            advised,
+            pages == kvtier::HostPages::Transparent,
+            "{pages:?}: {flags}"
+        );
+        assert_eq!(pool.huge_page_bytes().unwrap(), anon_huge, "{pages:?}");
+        // where the kernel has transparent huge pages for madvised memory
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .unwrap_or_default();
+        println!(
+            "{pages:?}: {anon_huge} B of huge pages (THP {})",
+            thp.trim()
+        );
+    }
+}

@@ -22,9 +22,13 @@ bench() {
   run "$name" "$secs" "${bin:-$bundle/bin/kvtier}" bench "$@" --json "$logs/$name.jsonl"
 }
 nvcc_build=$bundle/bin/kvtier-nvcc
+# whether transparent huge pages can be had here (the gather's --host-pages)
+{ echo "transparent_hugepage/enabled: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>&1)"
+  grep -i huge /proc/meminfo; } > "$logs/host-pages.txt" 2>&1 || true
 if [ "$dry" = 1 ]; then
   bench bench-quick 120 --quick
   bin=$nvcc_build bench bench-quick-nvcc 120 --quick --scenario swap-in
+  bench bench-quick-host-pages 60 --quick --scenario gather --host-pages base,transparent
 else
   bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 2
   bench swap-in-production 120 --scenario swap-in --max-seconds 2
@@ -41,6 +45,12 @@ else
   bin=$nvcc_build bench swap-in-production-nvcc 120 --scenario swap-in --max-seconds 2
   bench spec-swap-in 100 --scenario spec-swap-in --max-seconds 1
   bench gather 150 --scenario gather --context 131072 --max-seconds 1
+  # 4 KiB against 2 MiB pages (transparent huge pages) under the pool at
+  # uniform indices over about 8 GiB: whether the GPU's translation of host
+  # pages is what caps the uniform gather (the log says how much of each pool
+  # the kernel gave huge pages)
+  bench gather-host-pages 150 --scenario gather --context 131072 --entry fp8-dsa,bf16-mla --batch 64 \
+    --k 1024,2048 --indices uniform --host-pages base,transparent --pool-memory 8GiB --max-seconds 1
   bench writeback 60 --scenario writeback --max-seconds 1
   bench engram-gather 120 --scenario engram-gather --max-seconds 1
 fi

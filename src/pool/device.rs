@@ -559,12 +559,17 @@ pub(crate) struct MappedDevice {
 
 impl MappedDevice {
     pub(crate) fn map(spec: &DeviceSpec, mode: MapMode) -> Result<Self> {
-        MappedDevice::map_with(spec, mode, DEFAULT_FILE_MODE)
+        MappedDevice::map_with(spec, mode, DEFAULT_FILE_MODE, HostPages::Base)
     }
 
     /// [`MappedDevice::map`]; a file device created here gets permissions
-    /// `file_mode`.
-    pub(crate) fn map_with(spec: &DeviceSpec, mode: MapMode, file_mode: u32) -> Result<Self> {
+    /// `file_mode`; anonymous and NUMA memory is backed by `pages`.
+    pub(crate) fn map_with(
+        spec: &DeviceSpec,
+        mode: MapMode,
+        file_mode: u32,
+        pages: HostPages,
+    ) -> Result<Self> {
         if mode == MapMode::Open && !spec.is_shared() {
             return Err(invalid(
                 "device",
@@ -576,13 +581,13 @@ impl MappedDevice {
         }
         let mut file = None;
         let map = match spec {
-            DeviceSpec::Anon { bytes } => map_anon(*bytes)?,
+            DeviceSpec::Anon { bytes } => map_anon(*bytes, pages)?,
             DeviceSpec::Numa { nodes, bytes } => {
                 for &node in nodes {
                     check_numa_node(Path::new("/sys"), node)?;
                 }
                 check_numa_size(Path::new("/sys"), spec, nodes, *bytes)?;
-                let map = map_anon(*bytes)?;
+                let map = map_anon(*bytes, pages)?;
                 bind_to_nodes(&map, nodes)?;
                 map
             }
@@ -628,6 +633,11 @@ impl MappedDevice {
 
     pub(crate) fn ptr(&self) -> *mut u8 {
         self.map.as_mut_ptr()
+    }
+
+    /// Bytes of the mapping that huge pages back ([`huge_page_bytes_at`]).
+    pub(crate) fn huge_page_bytes(&self) -> Result<u64> {
+        huge_page_bytes_at(self.ptr() as usize)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -867,14 +877,92 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Io { context, source }
 }
 
-fn map_anon(bytes: u64) -> Result<MmapRaw> {
+/// Which pages back a pool's anonymous and NUMA memory (a file's are its
+/// filesystem's: 2 MiB or 1 GiB on hugetlbfs, a devdax device's its
+/// alignment). The GPU translates every host address it reads through them;
+/// whether 2 MiB pages make a gather of rows spread over many gigabytes
+/// faster is what the gather bench's `--host-pages` measures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HostPages {
+    /// The kernel's choice: 4 KiB pages unless the system makes every
+    /// anonymous mapping transparent huge pages.
+    #[default]
+    Base,
+    /// Transparent huge pages asked for (`madvise(MADV_HUGEPAGE)`, before
+    /// the memory is touched): 2 MiB pages where the kernel can find them,
+    /// 4 KiB where not (`Pool::huge_page_bytes` says how much it got).
+    Transparent,
+}
+
+fn map_anon(bytes: u64, pages: HostPages) -> Result<MmapRaw> {
     let len =
         usize::try_from(bytes).map_err(|_| invalid("device", "larger than the address space"))?;
     let m = MmapOptions::new().len(len).map_anon().map_err(io(format!(
         "mapping {} of anonymous memory",
         format_size(bytes)
     )))?;
-    Ok(MmapRaw::from(m))
+    let m = MmapRaw::from(m);
+    if pages == HostPages::Transparent {
+        // SAFETY: advice on our own fresh mapping, nothing touched yet.
+        if unsafe {
+            libc::madvise(
+                m.as_mut_ptr() as *mut libc::c_void,
+                m.len(),
+                libc::MADV_HUGEPAGE,
+            )
+        } != 0
+        {
+            return Err(io(format!(
+                "asking for transparent huge pages for {} (madvise; a kernel without them \
+                 refuses: use HostPages::Base)",
+                format_size(bytes)
+            ))(std::io::Error::last_os_error()));
+        }
+    }
+    Ok(m)
+}
+
+/// Bytes of the mapping at `start` that 2 MiB (or larger) pages back, from
+/// /proc/self/smaps: every resident byte where the mapping's own pages are
+/// huge (hugetlbfs), else its transparent huge pages (anonymous, shmem or
+/// file-backed ones).
+pub(crate) fn huge_page_bytes_at(start: usize) -> Result<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps")
+        .map_err(io("reading /proc/self/smaps".into()))?;
+    let mut in_map = false;
+    let (mut rss, mut thp, mut page_kb) = (0u64, 0u64, 4u64);
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if let Some((lo, _)) = first.split_once('-')
+            && let Ok(lo) = usize::from_str_radix(lo, 16)
+        {
+            if in_map {
+                break;
+            }
+            in_map = lo == start;
+            continue;
+        }
+        if !in_map {
+            continue;
+        }
+        let kb = words
+            .next()
+            .and_then(|w| w.parse::<u64>().ok())
+            .unwrap_or(0);
+        match first {
+            "Rss:" => rss = kb,
+            "KernelPageSize:" => page_kb = kb,
+            "AnonHugePages:" | "ShmemPmdMapped:" | "FilePmdMapped:" => thp += kb,
+            _ => {}
+        }
+    }
+    if !in_map {
+        return Err(Error::Pool(format!(
+            "no mapping at {start:#x} in /proc/self/smaps"
+        )));
+    }
+    Ok(1024 * if page_kb >= 2048 { rss } else { thp })
 }
 
 /// Permissions of the pool files kvtier creates: the creating user's alone

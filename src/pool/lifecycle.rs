@@ -143,7 +143,9 @@ impl Pool {
         }
         let maps: Vec<MappedDevice> = devices
             .iter()
-            .map(|d| MappedDevice::map_with(d, MapMode::Create, options.file_mode))
+            .map(|d| {
+                MappedDevice::map_with(d, MapMode::Create, options.file_mode, options.host_pages)
+            })
             .collect::<Result<_>>()?;
         for m in &maps {
             check_device_size(m.spec(), m.len() as u64)?;

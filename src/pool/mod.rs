@@ -40,6 +40,7 @@ pub use metadata::{Coherence, DEFAULT_CLIENTS, MAX_CLIENTS, MAX_DEVICES, RegionS
 pub use placement::RoundRobinPlacement;
 pub use stats::{MAX_STATS_BYTES, PublishedStats, run_dir};
 
+pub use device::HostPages;
 use device::MappedDevice;
 use metadata::{ClientControl, ClientEntry, ClientState, RegionEntry};
 
@@ -75,6 +76,8 @@ pub struct PoolOptions {
     /// Permissions of the pool files a create makes (default 0600: the
     /// creating user alone; 0660 for a group of users sharing the pool).
     pub file_mode: u32,
+    /// Pages for anonymous and NUMA devices (default: the kernel's choice).
+    pub host_pages: HostPages,
 }
 
 impl Default for PoolOptions {
@@ -88,6 +91,7 @@ impl Default for PoolOptions {
             attach: true,
             reclaim_dead: true,
             file_mode: device::DEFAULT_FILE_MODE,
+            host_pages: HostPages::Base,
         }
     }
 }

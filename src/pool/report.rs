@@ -35,6 +35,14 @@ impl Pool {
         self.uuid
     }
 
+    /// Bytes of this process's mappings of the devices that 2 MiB (or
+    /// larger) pages back (/proc/self/smaps): every touched byte of a
+    /// hugetlbfs file, the transparent huge pages of anonymous and NUMA
+    /// memory ([`HostPages`]). Untouched memory counts as none.
+    pub fn huge_page_bytes(&self) -> Result<u64> {
+        self.devices.iter().map(|d| d.map.huge_page_bytes()).sum()
+    }
+
     /// The devices, in pool order.
     pub fn devices(&self) -> Vec<DeviceInfo> {
         self.devices

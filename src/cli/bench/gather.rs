@@ -16,9 +16,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use serde_json::json;
 
+use kvtier::pool::PoolOptions;
 use kvtier::{CopyMethod, Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier};
 
-use super::{Bench, Clock, Indices, Measurement, Timing, invalid, named};
+use super::{Bench, Clock, Indices, Measurement, PoolPages, Timing, invalid, named};
 use crate::cli::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "gather";
@@ -29,6 +30,10 @@ struct Grid {
     batches: Vec<u32>,
     ks: Vec<u32>,
     indices: Vec<Indices>,
+    /// Pages of each pool; `given`: named on the command line (then a
+    /// parameter of every point).
+    pages: Vec<PoolPages>,
+    pages_given: bool,
 }
 
 fn grid(b: &Bench) -> kvtier::Result<Grid> {
@@ -44,6 +49,12 @@ fn grid(b: &Bench) -> kvtier::Result<Grid> {
         } else {
             a.indices.clone()
         },
+        pages: if a.host_pages.is_empty() {
+            vec![PoolPages::Base]
+        } else {
+            a.host_pages.clone()
+        },
+        pages_given: !a.host_pages.is_empty(),
     };
     let min_context = *g.contexts.iter().min().expect("non-empty");
     if let Some(&k) = g.ks.iter().find(|&&k| k == 0 || k > min_context) {
@@ -57,10 +68,12 @@ fn grid(b: &Bench) -> kvtier::Result<Grid> {
 
 pub(super) fn points(b: &Bench) -> kvtier::Result<u64> {
     let g = grid(b)?;
-    Ok(
-        (g.entries.len() * g.contexts.len() * g.batches.len() * g.ks.len() * g.indices.len())
-            as u64,
-    )
+    Ok((g.entries.len()
+        * g.contexts.len()
+        * g.pages.len()
+        * g.batches.len()
+        * g.ks.len()
+        * g.indices.len()) as u64)
 }
 
 pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
@@ -68,45 +81,64 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
     let budget = b.pool_budget()?;
     let max_batch = *g.batches.iter().max().expect("non-empty");
     let mut rows = Vec::new();
-    for &entry in &g.entries {
-        for &context in &g.contexts {
-            let layout = LayerFirstLayout::new(entry, 1, context)?;
-            // Distinct regions within the memory budget; rows beyond share them.
-            let fit = (budget / layout.region_bytes().max(1)).max(1);
-            let distinct = (max_batch as u64).min(fit) as u32;
-            let pool = Pool::create(
-                layout,
-                b.pool_device(Pool::device_bytes_for(&layout, distinct)?),
-            )?;
-            let mut rng =
-                StdRng::seed_from_u64(b.args.seed ^ ((entry as u64) << 32) ^ context as u64);
-            let regions = fill_pool(&pool, distinct, &mut rng)?;
-            let mut tier = Tier::new(pool.clone(), b.exec.clone(), max_batch)?;
-            for slot in 0..max_batch {
-                tier.bind_slot(slot, &regions[(slot % distinct) as usize], Stream::null())?;
-            }
-            if let Executor::Cuda(dev) = &b.exec {
-                dev.synchronize_all()?; // the timed work runs on another stream
-            }
-            let setup = Setup {
-                tier: &tier,
-                pool: &pool,
-                regions: &regions,
-                entry,
-                context,
-                distinct,
-            };
-            for &batch in &g.batches {
-                for &k in &g.ks {
-                    for &indices in &g.indices {
-                        b.progress.set_message(format!(
-                            "gather: {entry} B, context {context}, batch {batch}, k {k}, {}",
-                            indices.name()
-                        ));
-                        let inp = Inputs::draw(batch, k, context, indices, &mut rng);
-                        rows.extend(setup.measure(b, &inp)?);
-                        b.progress.inc(1);
-                    }
+    for (&entry, &context, &pages) in g
+        .entries
+        .iter()
+        .flat_map(|e| g.contexts.iter().map(move |c| (e, c)))
+        .flat_map(|(e, c)| g.pages.iter().map(move |p| (e, c, p)))
+    {
+        let layout = LayerFirstLayout::new(entry, 1, context)?;
+        // Distinct regions within the memory budget; rows beyond share them.
+        let fit = (budget / layout.region_bytes().max(1)).max(1);
+        let distinct = (max_batch as u64).min(fit) as u32;
+        let options = PoolOptions {
+            host_pages: pages.host_pages(),
+            ..PoolOptions::default()
+        };
+        let device = b.pool_device(Pool::device_bytes_for(&layout, distinct)?);
+        let pool = Pool::create_on(layout, vec![device], options)?;
+        let mut rng = StdRng::seed_from_u64(b.args.seed ^ ((entry as u64) << 32) ^ context as u64);
+        let regions = fill_pool(&pool, distinct, &mut rng)?;
+        if g.pages_given {
+            // What the kernel gave (the filled regions are touched).
+            let huge = pool.huge_page_bytes()?;
+            let filled = distinct as u64 * layout.region_bytes();
+            b.progress.suspend(|| {
+                println!(
+                    "gather pool ({entry} B, context {context}, {} pages): huge pages back {} of its \
+                     mapping ({} of regions filled)",
+                    pages.name(),
+                    super::count(huge, "byte", "bytes"),
+                    super::count(filled, "byte", "bytes"),
+                )
+            });
+        }
+        let mut tier = Tier::new(pool.clone(), b.exec.clone(), max_batch)?;
+        for slot in 0..max_batch {
+            tier.bind_slot(slot, &regions[(slot % distinct) as usize], Stream::null())?;
+        }
+        if let Executor::Cuda(dev) = &b.exec {
+            dev.synchronize_all()?; // the timed work runs on another stream
+        }
+        let setup = Setup {
+            tier: &tier,
+            pool: &pool,
+            regions: &regions,
+            entry,
+            context,
+            distinct,
+            pages: g.pages_given.then_some(pages),
+        };
+        for &batch in &g.batches {
+            for &k in &g.ks {
+                for &indices in &g.indices {
+                    b.progress.set_message(format!(
+                        "gather: {entry} B, context {context}, batch {batch}, k {k}, {}",
+                        indices.name()
+                    ));
+                    let inp = Inputs::draw(batch, k, context, indices, &mut rng);
+                    rows.extend(setup.measure(b, &inp)?);
+                    b.progress.inc(1);
                 }
             }
         }
@@ -191,6 +223,8 @@ struct Setup<'a> {
     entry: u32,
     context: u32,
     distinct: u32,
+    /// The pool's pages, where `--host-pages` named them.
+    pages: Option<PoolPages>,
 }
 
 impl Setup<'_> {
@@ -232,6 +266,9 @@ impl Setup<'_> {
             ("indices", json!(inp.indices.name())),
             ("distinct_regions", json!(self.distinct.min(inp.batch))),
         ]
+        .into_iter()
+        .chain(self.pages.map(|p| ("host_pages", json!(p.name()))))
+        .collect()
     }
 
     fn measure(&self, b: &Bench, inp: &Inputs) -> kvtier::Result<Vec<Measurement>> {

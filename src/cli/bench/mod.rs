@@ -72,6 +72,11 @@ pub struct BenchArgs {
     /// gather: how top-k indices are drawn (default uniform,locality).
     #[arg(long, value_enum, value_delimiter = ',')]
     indices: Vec<Indices>,
+    /// gather: pages of the pool's anonymous or NUMA memory, each a pool of
+    /// its own (default base: the kernel's choice; transparent: transparent
+    /// huge pages asked for; the output says how many bytes got them).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    host_pages: Vec<PoolPages>,
     /// swap-in: hot buffer sizes (LRU slots per request; default 4096,8192;
     /// the CPU executor's default grid and --quick: 4096).
     #[arg(long, value_delimiter = ',')]
@@ -180,6 +185,32 @@ enum Scenario {
     /// DeepSeek-V4.1's Engram row gather.
     EngramGather,
     All,
+}
+
+/// The gather pool's pages (`kvtier::HostPages`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(super) enum PoolPages {
+    /// The kernel's choice (4 KiB pages unless the system makes every
+    /// anonymous mapping huge).
+    Base,
+    /// Transparent huge pages asked for (2 MiB where the kernel finds them).
+    Transparent,
+}
+
+impl PoolPages {
+    fn name(self) -> &'static str {
+        match self {
+            PoolPages::Base => "base",
+            PoolPages::Transparent => "transparent",
+        }
+    }
+
+    fn host_pages(self) -> kvtier::HostPages {
+        match self {
+            PoolPages::Base => kvtier::HostPages::Base,
+            PoolPages::Transparent => kvtier::HostPages::Transparent,
+        }
+    }
 }
 
 /// How the gather's top-k indices are drawn.
