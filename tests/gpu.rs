@@ -960,3 +960,107 @@ fn engram_gather_matches_cpu_from_device_and_host_tables() {
         drop(regs);
     }
 }
+
+/// Two swap-ins on two streams of one engine, each with a plan of its own
+/// (SGLang replays shared-index plans on a side stream) and bad input,
+/// running at once: each one's outputs, state and plan are its own model's,
+/// and the error word and the layer's counters, which they share, hold
+/// both: counts and counters summed, the first entry of each kind the lower
+/// of the two.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn two_streams_share_the_error_word_and_counters() {
+    use common::swap::*;
+    use kvtier::{BadIndex, BadIndexReport, SwapInCounters, SwapInEngine, SwapInStrategy};
+    let cases: Vec<SwapCase> = (0..400)
+        .map(|seed| SwapCase::random(seed, SWAP_SMALL, HOSTILE, None))
+        .filter(|c| {
+            let n = c.expected().counters.unwrap();
+            n.misses > 0 && n.bad_indices > 0
+        })
+        .take(2)
+        .collect();
+    let (a, b) = (&cases[0], &cases[1]);
+    let record = SwapOptions {
+        record_plan: true,
+        skip_io: false,
+    };
+    let (want_a, want_b) = (a.expected_with(record), b.expected_with(record));
+    let sum = |x: SwapInCounters, y: SwapInCounters| SwapInCounters {
+        calls: x.calls + y.calls,
+        rows: x.rows + y.rows,
+        hits: x.hits + y.hits,
+        misses: x.misses + y.misses,
+        bytes: x.bytes + y.bytes,
+        bad_indices: x.bad_indices + y.bad_indices,
+    };
+    let key = |e: &BadIndex| {
+        (((e.row as u64) << 16 | e.col as u64) << 32) | (e.value as u32 ^ 0x8000_0000) as u64
+    };
+    let merged = |x: &BadIndexReport, y: &BadIndexReport| {
+        let mut first: Vec<BadIndex> = x.first.clone();
+        for e in &y.first {
+            match first.iter_mut().find(|f| f.kind == e.kind) {
+                Some(f) if key(e) < key(f) => *f = e.clone(),
+                Some(_) => {}
+                None => first.push(e.clone()),
+            }
+        }
+        first.sort_by_key(|e| e.kind as u32);
+        BadIndexReport {
+            count: x.count + y.count,
+            first,
+            unknown_flags: 0,
+        }
+    };
+    let want_report = merged(
+        want_a.report.as_ref().unwrap(),
+        want_b.report.as_ref().unwrap(),
+    );
+    let want_counters = sum(want_a.counters.unwrap(), want_b.counters.unwrap());
+    for strategy in [
+        SwapInStrategy::FewMiss,
+        SwapInStrategy::Compact,
+        SwapInStrategy::CompactOneLaunch,
+    ] {
+        let mut engine = SwapInEngine::new(cuda()).unwrap();
+        let batch = a.batch().max(b.batch()).max(1) as u32;
+        let entries = a.entries().max(b.entries()) as u32;
+        engine.reserve(batch, entries).unwrap();
+        engine.enable_counters(1).unwrap();
+        // b is launched on its stream while a's may still run on its own
+        let mut got_b = None;
+        let got_a = a.run_cuda_then(&mut engine, strategy, record, |e| {
+            got_b = Some(b.run_cuda_then(e, strategy, record, |_| Ok(())));
+            Ok(())
+        });
+        let got_b = got_b.unwrap();
+        let state = |o: &SwapOutcome| {
+            (
+                o.out.clone(),
+                o.tokens.clone(),
+                o.lru.clone(),
+                o.device_buffer.clone(),
+                o.device_buffer_v.clone(),
+                o.plan.clone(),
+            )
+        };
+        assert!(
+            state(&got_a) == state(&want_a),
+            "{strategy:?}: the first call"
+        );
+        assert!(
+            state(&got_b) == state(&want_b),
+            "{strategy:?}: the second call"
+        );
+        assert_eq!(
+            engine.counters().unwrap().unwrap()[0],
+            want_counters,
+            "{strategy:?}"
+        );
+        match engine.check() {
+            Err(kvtier::Error::BadIndices(r)) => assert_eq!(r, want_report, "{strategy:?}"),
+            other => panic!("{strategy:?}: {other:?}"),
+        }
+    }
+}
