@@ -1001,9 +1001,9 @@ fn two_streams_share_the_error_word_and_counters() {
         let mut first: Vec<BadIndex> = x.first.clone();
         for e in &y.first {
             match first.iter_mut().find(|f| f.kind == e.kind) {
-                Some(f) if key(e) < key(f) => *f = e.clone(),
+                Some(f) if key(e) < key(f) => *f = *e,
                 Some(_) => {}
-                None => first.push(e.clone()),
+                None => first.push(*e),
             }
         }
         first.sort_by_key(|e| e.kind as u32);
