@@ -8,7 +8,7 @@ from __future__ import annotations
 import hisparse_model as model
 import numpy as np
 import pytest
-from conftest import ITEM, Case, worked_example
+from conftest import ITEM, REPOSITORY, Case, needs_repository, worked_example
 
 from kvtier import KvtierError
 from kvtier.sglang import (
@@ -336,16 +336,16 @@ def test_replay_bad_counts_and_rows_are_refused_and_reported():
         copy_cache_planned_mla(src, dst, cnt, np.array([2], np.int32), host, dev, 16)  # keyword-only, as SGLang's
 
 
+@needs_repository
 def test_every_strategy_is_the_headers_and_gives_the_same_result():
     """kvtier.swap_in's strategy names map to the C header's KVT_SWAP_IN_*
     values, and each runs (the CPU executor has one way: the same result)."""
     import re
-    from pathlib import Path
 
     from kvtier import _lib
     from kvtier._swap_in import STRATEGIES, swap_in
 
-    header = (Path(__file__).resolve().parents[2] / "kvtier.h").read_text()
+    header = (REPOSITORY / "bindings" / "kvtier.h").read_text()
     defined = {m[1].lower(): int(m[2]) for m in re.finditer(r"#define KVT_SWAP_IN_(\w+) (\d+)", header)}
     assert STRATEGIES == defined
     for name in STRATEGIES:
