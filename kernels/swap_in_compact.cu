@@ -5,11 +5,12 @@
 //
 // Why a third planner: on the first GPU runs (bench/results/h200-2026-11-26)
 // the few-miss planner lost to SGLang's kernel at batch 256 (0.72x): its
-// 1024-thread block holds 64 registers a thread and 128 KB of shared memory
-// at K 2048 / HOT 8192, so an SM runs one block where SGLang's runs two, and
-// 256 rows take two waves of 132 SMs where SGLang's take one. This planner
-// keeps the few-miss planner's warp-vote ranks and coalesced slot loads and
-// cuts its state to what two blocks can hold (74 KB at K 2048 / HOT 8192;
+// 1024-thread block holds 64 registers a thread and 125 KiB of shared memory
+// at K 2048 / HOT 4096 (166 KiB at HOT 8192), so an SM runs one block where
+// SGLang's runs two, and 256 rows take two waves of 132 SMs where SGLang's
+// take one. This planner keeps the few-miss planner's warp-vote ranks and
+// coalesced slot loads and cuts its state to what two blocks can hold (57 KiB
+// at K 2048 / HOT 4096, 74 KiB at HOT 8192;
 // two blocks need <= ~81 KB on sm_80, ~113 KB on sm_90):
 // - no staged copy of the slots' tokens and rows (64 KB at HOT 8192): the
 //   slots are read once, in slot order, straight into the hit test, which

@@ -163,9 +163,10 @@ pub enum SwapInStrategy {
     /// buffer far beyond SGLang's) runs `PlanThenCopy` instead.
     FewMiss,
     /// `FewMiss` with the planning state cut to what lets two 1024-thread
-    /// blocks share an SM (32 registers a thread; 74 KiB of shared memory at
-    /// top-k 2048 over a hot buffer of 8192, against the few-miss planner's
-    /// 128 KiB): batch 256 fits one wave of an H100 or H200 instead of two.
+    /// blocks share an SM (32 registers a thread; 57 KiB of shared memory at
+    /// top-k 2048 over a hot buffer of 4096 and 74 KiB over 8192, against the
+    /// few-miss planner's 64 registers and 125 and 166 KiB): batch 256 fits
+    /// one wave of an H100 or H200 instead of two.
     /// A request's misses are copied by its own block when at most
     /// [`FEW_MISS_INLINE`], else by the copy kernel that follows. Rows of
     /// more than 2048 entries, and shapes whose state does not fit the GPU's
