@@ -75,3 +75,100 @@ fn module_dependencies_have_no_cycle() {
         assert!(!g[low].contains(high), "{low} depends on {high}");
     }
 }
+
+/// Within each folder module, the sibling files depend on one another one
+/// way too (`super::NAME` or `crate::MODULE::NAME` of a sibling), so that
+/// each can be read after the ones it uses.
+#[test]
+fn sibling_files_have_no_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut checked = 0;
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        let mut siblings: BTreeMap<String, String> = BTreeMap::new();
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p.clone());
+                // a sub-folder module's files speak for it as one sibling
+                let name = p.file_name().unwrap().to_str().unwrap().to_string();
+                let mut text = String::new();
+                for f in std::fs::read_dir(&p).unwrap() {
+                    let f = f.unwrap().path();
+                    if f.extension().and_then(|x| x.to_str()) == Some("rs") {
+                        text += &std::fs::read_to_string(&f).unwrap();
+                    }
+                }
+                siblings.insert(name, text);
+            } else if p.extension().and_then(|x| x.to_str()) == Some("rs") {
+                let name = p.file_stem().unwrap().to_str().unwrap().to_string();
+                if name != "mod" && name != "lib" && name != "main" {
+                    siblings.insert(name, std::fs::read_to_string(&p).unwrap());
+                }
+            }
+        }
+        if dir == src {
+            continue; // the top level: module_dependencies_have_no_cycle
+        }
+        let module = dir
+            .strip_prefix(&src)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .replace('/', "::");
+        let names: BTreeSet<String> = siblings.keys().cloned().collect();
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (name, text) in &siblings {
+            let deps = g.entry(name.clone()).or_default();
+            for prefix in ["super::".to_string(), format!("crate::{module}::")] {
+                for (i, _) in text.match_indices(&prefix) {
+                    let used: String = text[i + prefix.len()..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                        .collect();
+                    if names.contains(&used) && &used != name {
+                        deps.insert(used);
+                    }
+                }
+                // `use super::{a, b::c}`: each name in the braces
+                for (i, _) in text.match_indices(&format!("{prefix}{{")) {
+                    let inside: String = text[i + prefix.len() + 1..]
+                        .chars()
+                        .take_while(|&c| c != '}')
+                        .collect();
+                    for part in inside.split(',') {
+                        let used: String = part
+                            .trim()
+                            .chars()
+                            .take_while(|c| {
+                                c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_'
+                            })
+                            .collect();
+                        if names.contains(&used) && &used != name {
+                            deps.insert(used);
+                        }
+                    }
+                }
+            }
+        }
+        let mut left = g.clone();
+        while !left.is_empty() {
+            let free: Vec<String> = left
+                .iter()
+                .filter(|(_, d)| d.iter().all(|m| !left.contains_key(m)))
+                .map(|(m, _)| m.clone())
+                .collect();
+            assert!(
+                !free.is_empty(),
+                "a dependency cycle among the files of src/{}: {:?}",
+                dir.strip_prefix(&src).unwrap().display(),
+                left
+            );
+            for m in free {
+                left.remove(&m);
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked >= 3, "folder modules checked: {checked}");
+}

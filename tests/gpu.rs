@@ -76,7 +76,7 @@ fn the_compact_planner_holds_two_blocks_an_sm() {
     let Executor::Cuda(dev) = cuda() else {
         unreachable!()
     };
-    let blocks = dev.compact_planner_blocks_per_sm(2048, 8192).unwrap();
+    let blocks = kvtier::swap_in::compact_planner_blocks_per_sm(&dev, 2048, 8192).unwrap();
     let want = match dev.compute_capability() {
         (8, 0) | (9, 0) => 2,
         _ => 1,

@@ -240,18 +240,14 @@ impl CudaDevice {
         self.sm_count
     }
 
-    /// Blocks of the compact swap-in planner (`SwapInStrategy::Compact`) an
-    /// SM holds at once for rows of `entries` entries over `hot` slots, as
-    /// the driver reports it: the occupancy its design is for (two at top-k
-    /// 2048 over 8192 slots on sm_80 and sm_90), checked by the GPU tests.
-    #[doc(hidden)]
-    pub fn compact_planner_blocks_per_sm(&self, entries: u32, hot: u32) -> Result<u32> {
-        let smem = crate::swap_in::compact_smem_bytes(entries, hot);
+    /// Blocks of `kernel` an SM holds at once with `smem` bytes of dynamic
+    /// shared memory each, as the driver reports it.
+    pub(crate) fn resident_blocks(&self, kernel: Kernel, smem: usize) -> Result<u32> {
         // SAFETY: a function of the loaded module, queried only.
         let blocks = unsafe {
             result::occupancy::max_active_block_per_multiprocessor(
-                self.kernels.function(Kernel::SwapInCompactPlan),
-                Kernel::SwapInCompactPlan.block_threads() as i32,
+                self.kernels.function(kernel),
+                kernel.block_threads() as i32,
                 smem,
             )
         }

@@ -6,7 +6,7 @@ use std::slice::{from_raw_parts, from_raw_parts_mut};
 
 use super::counters::{self, SwapInCounters};
 use super::items::{copy_row, layout_of};
-use super::policy::Row;
+use super::policy::{Row, in_rows};
 use super::{QueryKind, span};
 use crate::abi::{
     KVT_ERR_SWAP_DEVICE_LOC, KVT_ERR_SWAP_DUP_REQ, KVT_ERR_SWAP_HOST_LOC, KVT_ERR_SWAP_NUM_REAL,
@@ -14,12 +14,6 @@ use crate::abi::{
     KVT_SWAP_REQ_INDICES_I64, KVT_SWAP_SEQ_LENS_I64, KVT_SWAP_SKIP_IO, kvt_swap_in_params,
 };
 use crate::error_word::ErrorWord;
-
-/// Whether `row` is one of `rows` rows (the executors' bounds check of every
-/// row they follow).
-pub(super) fn in_rows(row: i64, rows: u64) -> bool {
-    row >= 0 && (row as u64) < rows
-}
 
 /// Element `i` of an int32 or int64 (`is_i64`) index array at `addr`.
 ///

@@ -113,7 +113,10 @@ mod spec;
 
 pub use args::{IndexBuf, MissPlan, QueryKind, SwapInArgs};
 pub use counters::{MAX_COUNTED_LAYERS, SwapInCounters};
-pub use cuda::{compact_smem_bytes, copy_smem_bytes, few_miss_smem_bytes, plan_smem_bytes};
+pub use cuda::{
+    compact_planner_blocks_per_sm, compact_smem_bytes, copy_smem_bytes, few_miss_smem_bytes,
+    plan_smem_bytes,
+};
 pub use items::{KvBuffers, KvPlane};
 pub use replay::PlannedCopyArgs;
 pub use spec::emulation_spec_params;

@@ -12,7 +12,6 @@ use crate::abi::{
 use crate::error_word::ErrorWord;
 
 use super::QueryKind;
-use super::cpu::in_rows;
 
 /// One row's inputs and state.
 pub(super) struct Row<'r> {
@@ -35,6 +34,12 @@ pub(super) struct Row<'r> {
     pub device_rows: u64,
     /// `row << 16`, the error word's position of the row.
     pub position: u32,
+}
+
+/// Whether `row` is one of `rows` rows (the executors' bounds check of every
+/// row they follow).
+pub(super) fn in_rows(row: i64, rows: u64) -> bool {
+    row >= 0 && (row as u64) < rows
 }
 
 /// What an entry of a long row turned out to be.

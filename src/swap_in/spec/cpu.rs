@@ -12,8 +12,9 @@ use crate::abi::{
 };
 use crate::error_word::ErrorWord;
 use crate::layout::ItemLayout;
-use crate::swap_in::cpu::{in_rows, read_index, real_rows};
+use crate::swap_in::cpu::{read_index, real_rows};
 use crate::swap_in::items::{self, copy_planes};
+use crate::swap_in::policy::in_rows;
 use crate::swap_in::span;
 
 // SGLang's encodings of the state (its `hisparse_spec.cuh`).

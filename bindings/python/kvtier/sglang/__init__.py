@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from .._lib import KvtierError
 from .._swap_in import engine_for
-from ._config import ENV, KvtierConfig, load_config
-from ._patch import current_config, install, installed_report, uninstall
+from ._config import ENV, KvtierConfig, current_config, load_config
+from ._patch import install, installed_report, uninstall
 from .compat import CHECKED_VERSIONS, Report, report
 from .counters import swap_in_counters
 from .entry_points import (

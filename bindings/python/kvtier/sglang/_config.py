@@ -148,6 +148,7 @@ class KvtierConfig:
                 "kvtier config: `counters_export_s` must be a number of seconds in 0.5..3600 (each export reads "
                 "the counters and writes a file), or null"
             )
+        # imported here: trace needs numpy, which loading a config does not
         from .trace import check_config
 
         check_config(self.trace)
@@ -206,3 +207,20 @@ def load_config(config=None) -> KvtierConfig:
     if unknown:
         raise KvtierError(f"kvtier config: unknown keys {unknown}; known: {sorted(known)}")
     return KvtierConfig(**config)
+
+
+# The configuration install() put in place in this process (None before it,
+# and after uninstall()). Here, not in _patch, so that the modules the shim
+# installs read it without importing the module that installs them.
+_installed: KvtierConfig | None = None
+
+
+def current_config() -> KvtierConfig | None:
+    """The installed configuration (None before :func:`kvtier.sglang.install`)."""
+    return _installed
+
+
+def set_current_config(config: KvtierConfig | None) -> None:
+    """What :func:`kvtier.sglang.install` and ``uninstall`` record."""
+    global _installed
+    _installed = config

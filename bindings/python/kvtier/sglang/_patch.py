@@ -11,8 +11,10 @@ import os
 import sys
 import threading
 
-from . import bad_indices, compat, counters, trace
-from ._config import ENV, KvtierConfig, load_config
+from . import bad_indices, compat, counters, engram, trace
+from ._config import ENV, current_config, load_config, set_current_config
+from .entry_points import SERVED
+from .host_pool import host_pool_class
 
 COORDINATOR = compat.COORDINATOR
 ENGRAM = "sglang.srt.layers.engram"
@@ -20,14 +22,8 @@ ENGRAM = "sglang.srt.layers.engram"
 logger = logging.getLogger("kvtier")
 
 _lock = threading.RLock()
-_config: KvtierConfig | None = None
 _report: compat.Report | None = None
 _hook = None
-
-
-def current_config() -> KvtierConfig | None:
-    """The installed configuration (None before :func:`install`)."""
-    return _config
 
 
 def installed_report() -> compat.Report | None:
@@ -47,7 +43,7 @@ def install(config=None, hisparse_config=None, log=True) -> compat.Report:
     ``--hisparse-config`` where known: a hot buffer beyond kvtier's limit
     installs nothing. Idempotent. `log`: log the report's lines (the
     launcher prints them itself)."""
-    global _config, _report
+    global _report
     cfg = load_config(config)
     rep = compat.report(cfg, hisparse_config)
     rep.config, rep.dry_run = cfg, False
@@ -58,7 +54,7 @@ def install(config=None, hisparse_config=None, log=True) -> compat.Report:
             (logger.warning if warn else logger.info)("%s", line)
         if not rep.installs:
             return rep
-        _config = cfg
+        set_current_config(cfg)
         bad_indices.configure(cfg.bad_indices if cfg.swap_in else "off", cfg.bad_index_poll_s)
         counters.configure_export(cfg.counters_export_s if cfg.swap_in and cfg.counters else None)
         trace.configure(cfg.trace if cfg.swap_in else None)
@@ -75,9 +71,9 @@ def install(config=None, hisparse_config=None, log=True) -> compat.Report:
 def uninstall() -> None:
     """Undoes :func:`install` in this process (the coordinator module gets its
     own functions and classes back)."""
-    global _config, _hook, _report
+    global _hook, _report
     with _lock:
-        _config = None
+        set_current_config(None)
         _report = None
         bad_indices.configure("off", 1.0)
         counters.configure_export(None)
@@ -88,8 +84,6 @@ def uninstall() -> None:
         _hook = None
         engram_module = sys.modules.get(ENGRAM)
         if engram_module is not None:
-            from . import engram
-
             engram.unpatch(engram_module)
         module = sys.modules.get(COORDINATOR)
         originals = getattr(module, "_kvtier_originals", None) if module else None
@@ -105,11 +99,9 @@ def is_installed(module) -> bool:
 
 def _patch(module) -> None:
     global _report
-    if is_installed(module) or _config is None or _report is None:
+    if is_installed(module) or current_config() is None or _report is None:
         return
     if module.__name__ == ENGRAM:
-        from . import engram
-
         engram.patch(module, table=_report.served("_HostTable"), gather=_report.served("engram_gather"))
         return
     problem = compat.live_incompatibility(module)
@@ -120,9 +112,6 @@ def _patch(module) -> None:
         _report.refusal = f"the coordinator's live entry points differ from what kvtier knows: {problem}"
         logger.warning("%s", _report.lines()[0])
         return
-    from .entry_points import SERVED
-    from .host_pool import host_pool_class
-
     originals = {}
     for route in _report.routes:
         current = getattr(module, route.name, None)
@@ -132,7 +121,7 @@ def _patch(module) -> None:
         if route.name in SERVED:
             setattr(module, route.name, SERVED[route.name])
         else:
-            setattr(module, route.name, host_pool_class(current, _config))
+            setattr(module, route.name, host_pool_class(current, current_config()))
     module._kvtier_originals = originals
 
 

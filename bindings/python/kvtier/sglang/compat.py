@@ -30,6 +30,8 @@ from .._packages import package_root, package_version
 from .._swap_in import swap_in_limits
 from ._config import load_config
 from .capacity import device_problem, device_warnings
+from .engram import engram_gather
+from .entry_points import SERVED
 
 COORDINATOR = "sglang.srt.managers.hisparse_coordinator"
 COORDINATOR_FILE = "sglang/srt/managers/hisparse_coordinator.py"
@@ -359,8 +361,6 @@ def platform() -> tuple:
 
 
 def served_functions() -> dict:
-    from .entry_points import SERVED
-
     return SERVED
 
 
@@ -454,8 +454,6 @@ def engram_routes(root: Path, config) -> list:
         fn = next((n for n in ast.parse(gather_src.read_text()).body
                    if isinstance(n, ast.FunctionDef) and n.name == "engram_gather"), None)
         theirs = params_of_source(fn) if fn is not None else None
-    from .engram import engram_gather
-
     why = "not found in SGLang's kernels" if theirs is None else incompatibility(
         theirs, params_of_function(engram_gather))
     if why:

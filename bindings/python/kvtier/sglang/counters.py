@@ -40,7 +40,9 @@ import weakref
 from .._lib import KvtierError
 from .._swap_in import SwapInCounters, engine_for
 from . import bad_indices
+from ._config import current_config
 from ._graphs import capturing as _capturing
+from .topology import detect_rank
 
 logger = logging.getLogger("kvtier")
 
@@ -269,9 +271,6 @@ def _prometheus_export():
         _prometheus_tried = True
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             try:
-                from ._patch import current_config
-                from .host_pool import detect_rank
-
                 cfg = current_config()
                 rank = detect_rank(cfg)[0] if cfg is not None else 0
                 _prometheus = PrometheusExport(rank=rank)

@@ -48,6 +48,7 @@ from pathlib import Path
 from .._lib import KvtierError, check as _check, library
 from .._swap_in import native
 from .._table import Table, destroy_table, load_table, table_path
+from ._config import current_config
 
 logger = logging.getLogger("kvtier")
 
@@ -385,8 +386,6 @@ def _sorted_reads(module) -> bool:
 def _init_host_table(self, num_embeddings: int, dim: int, layer_id: int):
     """kvtier's ``EngramEmbedding._init_host_table``: the table in kvtier's
     store (see the module's documentation)."""
-    from ._patch import current_config
-
     module = self._kvtier_module
     cfg = current_config()
     tables = cfg.engram_tables

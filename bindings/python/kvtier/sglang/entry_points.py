@@ -28,7 +28,7 @@ from __future__ import annotations
 from .. import _lib
 from .._lib import KvtierError
 from .._swap_in import copy_planned, spec_swap_in, swap_in
-from ._patch import current_config
+from ._config import current_config
 from . import trace
 from .counters import counted_layer, layer_number, per_step
 

@@ -32,25 +32,8 @@ import sys
 from .._lib import KvtierError
 from .._pool import Layout, Pool, device_bytes_for
 from . import capacity, counters, topology
+from .topology import detect_rank
 from ._config import KvtierConfig, is_private
-
-
-def detect_rank(config: KvtierConfig) -> tuple:
-    """(rank, ranks) for placement: the config's, else torch.distributed's,
-    else the current CUDA device's, else (0, 1)."""
-    rank, ranks = config.rank, config.ranks
-    torch = sys.modules.get("torch")
-    if rank is None and torch is not None:
-        dist = getattr(torch, "distributed", None)
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank()
-            ranks = ranks if ranks is not None else dist.get_world_size()
-        elif torch.cuda.is_available():
-            rank = torch.cuda.current_device()
-            ranks = ranks if ranks is not None else torch.cuda.device_count()
-    rank = 0 if rank is None else rank
-    ranks = max(ranks if ranks is not None else rank + 1, rank + 1)
-    return rank, ranks
 
 
 logger = logging.getLogger("kvtier")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .._lib import KvtierError, library
+from ._config import KvtierConfig
 
 SYSFS = Path("/sys")
 _NUMA = re.compile(r"^numa:(\d+(?:\+\d+)*)(?::(.+))?$")
@@ -115,3 +116,21 @@ def current_gpu() -> int | None:
     except Exception:
         return None
     return None
+
+
+def detect_rank(config: KvtierConfig) -> tuple:
+    """(rank, ranks) for placement: the config's, else torch.distributed's,
+    else the current CUDA device's, else (0, 1)."""
+    rank, ranks = config.rank, config.ranks
+    torch = sys.modules.get("torch")
+    if rank is None and torch is not None:
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank()
+            ranks = ranks if ranks is not None else dist.get_world_size()
+        elif torch.cuda.is_available():
+            rank = torch.cuda.current_device()
+            ranks = ranks if ranks is not None else torch.cuda.device_count()
+    rank = 0 if rank is None else rank
+    ranks = max(ranks if ranks is not None else rank + 1, rank + 1)
+    return rank, ranks
