@@ -11,8 +11,8 @@
 // take one. This planner keeps the few-miss planner's warp-vote ranks and
 // coalesced slot loads and cuts its state to what two blocks can hold (57 KiB
 // at K 2048 / HOT 4096, 74 KiB at HOT 8192;
-// two blocks need <= ~81 KB on sm_80, ~113 KB on sm_90):
-// - no staged copy of the slots' tokens and rows (64 KB at HOT 8192): the
+// two blocks need <= ~81 KiB on sm_80, ~113 KiB on sm_90):
+// - no staged copy of the slots' tokens and rows (64 KiB at HOT 8192): the
 //   slots are read once, in slot order, straight into the hit test, which
 //   needs each slot's LRU position, so the LRU order is inverted first
 //   (pos_of, 2 bytes a slot);
@@ -44,7 +44,7 @@
 // are what it buys.
 //
 // Per architecture: on sm_80 and sm_90 two blocks share an SM at K 2048 /
-// HOT 8192 (74 KB each; sm_80 holds two up to ~81 KB); sm_86, sm_89 and
+// HOT 8192 (74 KiB each; sm_80 holds two up to ~81 KiB); sm_86, sm_89 and
 // sm_120 hold at most 1536 threads an SM, so one block, as the few-miss
 // planner. The default strategy stays the few-miss planner on every
 // architecture until a GPU run shows this one ahead.
@@ -58,7 +58,7 @@ constexpr uint32_t kWarps = KVT_SWAP_COMPACT_THREADS / KVT_WARP;
 static_assert(kWarps == KVT_WARP, "a warp scans one total per warp of the block");
 using Chunks = WarpChunks<kWarps>;
 // Chunks of 32 entries a warp owns at most: a lane keeps its entries' miss
-// state (and host rows) in registers across two phases.
+// bits in registers across two phases (their rows go to shared memory).
 constexpr uint32_t kMaxEntryChunks = (KVT_SWAP_COMPACT_MAX_ENTRIES / KVT_WARP + kWarps - 1) / kWarps;
 // Hash table at most half full (two cells per entry).
 constexpr uint32_t kHashSpread = 2;
