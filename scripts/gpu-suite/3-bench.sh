@@ -11,7 +11,11 @@
 # JSON-lines file and log per scenario; the figures are drawn where cargo is,
 # from the JSON (kvtier bench --from-json ... --plot DIR), since the GPU
 # machines have no fonts. Stages 1, 3 and 4 took 4.4 minutes together on an
-# H200 (2026-11-26).
+# H200 (2026-11-26), stage 3 about 3 of them (the JSON lines' timestamps:
+# 1.5 s a swap-in point of 8 methods). Since then each swap-in point has 12
+# methods (the compact strategies and two floor lines), the gather and the
+# writeback one more, and the realistic-miss and host-pages runs are new:
+# stage 3 is estimated at 6 to 8 minutes, not yet measured.
 # Dry run: the quick grid on the CPU executor (the swap-in's also with the
 # nvcc build).
 source "$(dirname "$0")/common.sh"
@@ -36,7 +40,7 @@ else
   # 13.4 % and 6.7 % of top-k 2048 with a hot buffer of 1x, 2x and 4x top-k),
   # 656-byte items, batch 1 to 256, every strategy beside SGLang's kernel
   for hm in 2048:614 4096:274 8192:137; do
-    bench "swap-in-realistic-h${hm%%:*}" 90 --scenario swap-in --entry 656 --hot "${hm%%:*}" \
+    bench "swap-in-realistic-h${hm%%:*}" 150 --scenario swap-in --entry 656 --hot "${hm%%:*}" \
       --misses "${hm##*:}" --batch 1,8,32,64,128,256 --max-seconds 1
   done
   # the same rows with the same commit's kernels built by nvcc 13.0 instead of
