@@ -635,9 +635,9 @@ impl MappedDevice {
         self.map.as_mut_ptr()
     }
 
-    /// Bytes of the mapping that huge pages back ([`huge_page_bytes_at`]).
+    /// Bytes of the mapping that huge pages back ([`huge_page_bytes_in`]).
     pub(crate) fn huge_page_bytes(&self) -> Result<u64> {
-        huge_page_bytes_at(self.ptr() as usize)
+        huge_page_bytes_in(self.ptr() as usize, self.len())
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -922,47 +922,55 @@ fn map_anon(bytes: u64, pages: HostPages) -> Result<MmapRaw> {
     Ok(m)
 }
 
-/// Bytes of the mapping at `start` that 2 MiB (or larger) pages back, from
-/// /proc/self/smaps: every resident byte where the mapping's own pages are
-/// huge (hugetlbfs), else its transparent huge pages (anonymous, shmem or
-/// file-backed ones).
-pub(crate) fn huge_page_bytes_at(start: usize) -> Result<u64> {
+/// Bytes of `[start, start + len)` that 2 MiB (or larger) pages back, from
+/// /proc/self/smaps: of each mapping (VMA) that overlaps the range, every
+/// resident byte where its own pages are huge (hugetlbfs), else its
+/// transparent huge pages (anonymous, shmem or file-backed ones). The kernel
+/// may merge the range's VMA with a neighbour of the same flags, or split
+/// it: a VMA that reaches past the range counts at most its overlap.
+pub(crate) fn huge_page_bytes_in(start: usize, len: usize) -> Result<u64> {
     let smaps = std::fs::read_to_string("/proc/self/smaps")
         .map_err(io("reading /proc/self/smaps".into()))?;
-    let mut in_map = false;
-    let (mut rss, mut thp, mut page_kb) = (0u64, 0u64, 4u64);
+    let end = start.saturating_add(len);
+    // (overlap with the range, resident kB, huge-page kB, page size kB) per VMA
+    let mut vmas: Vec<(u64, u64, u64, u64)> = Vec::new();
+    let mut current: Option<usize> = None;
     for line in smaps.lines() {
         let mut words = line.split_whitespace();
         let first = words.next().unwrap_or("");
-        if let Some((lo, _)) = first.split_once('-')
-            && let Ok(lo) = usize::from_str_radix(lo, 16)
+        if let Some((lo, hi)) = first.split_once('-')
+            && let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
         {
-            if in_map {
-                break;
+            current = None;
+            if lo < end && hi > start {
+                vmas.push(((hi.min(end) - lo.max(start)) as u64, 0, 0, 4));
+                current = Some(vmas.len() - 1);
             }
-            in_map = lo == start;
             continue;
         }
-        if !in_map {
-            continue;
-        }
+        let Some(v) = current else { continue };
         let kb = words
             .next()
             .and_then(|w| w.parse::<u64>().ok())
             .unwrap_or(0);
         match first {
-            "Rss:" => rss = kb,
-            "KernelPageSize:" => page_kb = kb,
-            "AnonHugePages:" | "ShmemPmdMapped:" | "FilePmdMapped:" => thp += kb,
+            "Rss:" => vmas[v].1 = kb,
+            "KernelPageSize:" => vmas[v].3 = kb,
+            "AnonHugePages:" | "ShmemPmdMapped:" | "FilePmdMapped:" => vmas[v].2 += kb,
             _ => {}
         }
     }
-    if !in_map {
+    if vmas.is_empty() {
         return Err(Error::Pool(format!(
             "no mapping at {start:#x} in /proc/self/smaps"
         )));
     }
-    Ok(1024 * if page_kb >= 2048 { rss } else { thp })
+    Ok(vmas
+        .iter()
+        .map(|&(overlap, rss, thp, page_kb)| {
+            (1024 * if page_kb >= 2048 { rss } else { thp }).min(overlap)
+        })
+        .sum())
 }
 
 /// Permissions of the pool files kvtier creates: the creating user's alone
