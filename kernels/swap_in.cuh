@@ -34,26 +34,34 @@ __device__ __forceinline__ uint32_t hash_of(int32_t key, uint32_t mask) {
     return ((uint32_t)key * 2654435761u) & mask;
 }
 
+// Keeps the lower of a hash value and `v`: 32-bit values with atomicMin,
+// 16-bit ones with atomic_min16 (common.cuh).
+__device__ __forceinline__ void keep_lower(int32_t* a, uint32_t v) { atomicMin(a, (int32_t)v); }
+__device__ __forceinline__ void keep_lower(uint16_t* a, uint32_t v) { atomic_min16(a, (uint16_t)v); }
+
 // The planning hash table (shared memory): token -> lowest entry index
-// holding it, open addressing over mask + 1 cells.
-struct TokenHash {
+// holding it, open addressing over mask + 1 cells. V: the values' type
+// (int32_t; uint16_t where shared memory is short: entries < 65535), `none`
+// an empty cell's value (above every index).
+template <class V, V none>
+struct TokenHashOf {
     int32_t* keys;
-    int32_t* vals;
+    V* vals;
     uint32_t mask;
 
     __device__ __forceinline__ void clear(uint32_t tid, uint32_t nthreads) const {
         for (uint32_t i = tid; i <= mask; i += nthreads) {
             keys[i] = kEmptyKey;
-            vals[i] = kNone;
+            vals[i] = none;
         }
     }
     // True when another entry inserted the token first (a duplicate).
-    __device__ __forceinline__ bool insert(int32_t token, int32_t index) const {
+    __device__ __forceinline__ bool insert(int32_t token, uint32_t index) const {
         uint32_t h = hash_of(token, mask);
         while (true) {
             const int32_t old = atomicCAS(&keys[h], kEmptyKey, token);
             if (old == kEmptyKey || old == token) {
-                atomicMin(&vals[h], index);
+                keep_lower(&vals[h], index);
                 return old == token;
             }
             h = (h + 1) & mask;
@@ -70,6 +78,7 @@ struct TokenHash {
         }
     }
 };
+using TokenHash = TokenHashOf<int32_t, kNone>;
 
 // Where a swap-in reports a bad entry: the engine's error word and, when the
 // call is counted, its layer's `bad` counter (one per report, as the word's

@@ -75,41 +75,8 @@ __device__ __forceinline__ uint32_t row_passes(const kvt_item_layout& L) {
     return passes > 0 ? passes : 1;
 }
 
-// Token -> lowest entry index holding it: open addressing, 32-bit keys and
-// 16-bit values (entries <= KVT_SWAP_COMPACT_MAX_ENTRIES).
-struct Hash16 {
-    int32_t* keys;
-    uint16_t* vals;
-    uint32_t mask;
-
-    __device__ __forceinline__ void clear(uint32_t tid, uint32_t nthreads) const {
-        for (uint32_t i = tid; i <= mask; i += nthreads) keys[i] = kEmptyKey;
-        unsigned* v = reinterpret_cast<unsigned*>(vals);
-        for (uint32_t i = tid; i < (mask + 1) / 2; i += nthreads) v[i] = 0xffffffffu;
-    }
-    // True when another entry inserted the token first (a duplicate).
-    __device__ __forceinline__ bool insert(int32_t token, uint32_t index) const {
-        uint32_t h = hash_of(token, mask);
-        while (true) {
-            const int32_t old = atomicCAS(&keys[h], kEmptyKey, token);
-            if (old == kEmptyKey || old == token) {
-                atomic_min16(&vals[h], (uint16_t)index);
-                return old == token;
-            }
-            h = (h + 1) & mask;
-        }
-    }
-    // The lowest entry index holding `token`, or -1.
-    __device__ __forceinline__ int32_t find(int32_t token) const {
-        uint32_t h = hash_of(token, mask);
-        while (true) {
-            const int32_t k = keys[h];
-            if (k == token) return vals[h];
-            if (k == kEmptyKey) return -1;
-            h = (h + 1) & mask;
-        }
-    }
-};
+// The token hash with 16-bit values (entries <= KVT_SWAP_COMPACT_MAX_ENTRIES).
+using Hash16 = TokenHashOf<uint16_t, kNone16>;
 
 // The block's shared memory, carved from kvt_dynamic_smem; the host computes
 // the same size (compact_smem_bytes in src/swap_in/cuda.rs). 8-byte arrays
