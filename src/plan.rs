@@ -693,6 +693,100 @@ impl Deployment {
     }
 }
 
+/// The share of the top-k that missed the hot buffer per layer and decode
+/// step in the one published measurement there is (GLM-5.1 under SGLang's
+/// HiSparse, as its authors report it), against the hot buffer's size in
+/// multiples of the top-k: 30 % at 1×, 13.4 % at 2×, 6.7 % at 4×.
+pub const PUBLISHED_MISS_RATES: [(f64, f64); 3] = [(1.0, 0.30), (2.0, 0.134), (4.0, 0.067)];
+
+/// Where [`PUBLISHED_MISS_RATES`] come from, as `kvtier plan` cites it.
+pub const PUBLISHED_MISS_RATES_SOURCE: &str = "HiSparse's published GLM-5.1 misses (30 % of top-k at a hot buffer \
+     of 1× top-k, 13.4 % at 2×, 6.7 % at 4×)";
+
+/// A miss rate read off [`PUBLISHED_MISS_RATES`] for one hot buffer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PublishedMissRate {
+    /// The share of the top-k missed per layer and step.
+    pub rate: f64,
+    /// The hot buffer in multiples of the top-k.
+    pub ratio: f64,
+    pub how: MissRateFrom,
+}
+
+/// How a [`PublishedMissRate`] was read off the published points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MissRateFrom {
+    /// The hot buffer is one of the published sizes.
+    Published,
+    /// Between two published sizes: linear in the logarithms of both
+    /// (the published rate about halves per doubling of the buffer).
+    Interpolated,
+    /// Larger than the largest published size: its rate, which a larger
+    /// buffer can only lower (so an over-estimate of the misses).
+    Largest,
+}
+
+impl PublishedMissRate {
+    /// The rate for a hot buffer of `hot_slots` slots and a top-k of `top_k`
+    /// entries (`top_k` ≤ `hot_slots`, as HiSparse requires).
+    pub fn for_buffer(hot_slots: u32, top_k: u32) -> Result<Self> {
+        if top_k == 0 || hot_slots < top_k {
+            return Err(invalid(
+                "hot_slots",
+                format!(
+                    "a hot buffer of {hot_slots} slots cannot hold a top-k of {top_k} (and top-k must be positive)"
+                ),
+            ));
+        }
+        let ratio = hot_slots as f64 / top_k as f64;
+        let p = PUBLISHED_MISS_RATES;
+        if let Some(&(_, rate)) = p.iter().find(|(r, _)| (r - ratio).abs() < 1e-9) {
+            return Ok(PublishedMissRate {
+                rate,
+                ratio,
+                how: MissRateFrom::Published,
+            });
+        }
+        let last = p[p.len() - 1];
+        if ratio > last.0 {
+            return Ok(PublishedMissRate {
+                rate: last.1,
+                ratio,
+                how: MissRateFrom::Largest,
+            });
+        }
+        let w = p
+            .windows(2)
+            .find(|w| ratio > w[0].0 && ratio < w[1].0)
+            .expect("1 <= ratio <= the largest published size");
+        let ((x0, y0), (x1, y1)) = (w[0], w[1]);
+        let t = (ratio.ln() - x0.ln()) / (x1.ln() - x0.ln());
+        Ok(PublishedMissRate {
+            rate: (y0.ln() + t * (y1.ln() - y0.ln())).exp(),
+            ratio,
+            how: MissRateFrom::Interpolated,
+        })
+    }
+
+    /// One line: the rate, for which buffer, and how it was read.
+    pub fn describe(&self) -> String {
+        let how = match self.how {
+            MissRateFrom::Published => "the published figure".to_string(),
+            MissRateFrom::Interpolated => "between the published figures, log-linear".to_string(),
+            MissRateFrom::Largest => format!(
+                "the largest published buffer's figure ({}× top-k): a larger buffer misses less",
+                PUBLISHED_MISS_RATES[PUBLISHED_MISS_RATES.len() - 1].0
+            ),
+        };
+        format!(
+            "{:.1} % of the top-k missing per layer and step at a hot buffer of {:.2}× top-k: {how}; source: {}",
+            self.rate * 100.0,
+            self.ratio,
+            PUBLISHED_MISS_RATES_SOURCE
+        )
+    }
+}
+
 /// How many requests `d` holds of `model`, per set of host tiers.
 pub fn plan(model: &ModelSpec, d: &Deployment) -> Result<Plan> {
     model.check()?;

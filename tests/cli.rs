@@ -84,7 +84,7 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
     ]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("wrote 6 figures to") && out.contains("headline.png, gather.png"),
+        out.contains("wrote 7 figures to") && out.contains("headline.png, gather.png"),
         "{out}"
     );
     let cpu = out.contains("executor: CPU executor");
@@ -148,13 +148,18 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
     // Engram gather: 2 token counts (1 and 64, 24 rows each), 4 methods
     // (unsorted and sorted reads, the limit, SGLang's staging)
     assert_eq!(count("engram-gather"), 2 * 4, "{out}");
+    // decode step: 3 recipes (one a model) × (3 measured steps + all), kvtier
+    // and the floor on the CPU, SGLang's kernel beside them on CUDA where
+    // its harness is given (not here)
+    let steps = 3 * (3 + 1);
+    assert_eq!(count("decode-step"), steps * 2, "{out}");
     // every point has one limit, at ratio 1, and the others' ratios
     for l in lines.iter().filter(|l| l["is_limit"] == true) {
         assert_eq!(l["ratio_to_limit"].as_f64(), Some(1.0), "{l}");
     }
     assert_eq!(
         lines.iter().filter(|l| l["is_limit"] == true).count(),
-        4 + 4 + 3 + spec + 2
+        4 + 4 + 3 + spec + 2 + steps
     );
     let g = lines
         .iter()
@@ -170,7 +175,14 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
         "the full-context fetch moves whole layers"
     );
 
-    for name in ["headline", "gather", "swap-in", "spec-swap-in", "writeback"] {
+    for name in [
+        "headline",
+        "gather",
+        "swap-in",
+        "spec-swap-in",
+        "writeback",
+        "decode-step",
+    ] {
         let png = std::fs::read(figures.join(format!("{name}.png"))).unwrap();
         assert!(
             png.starts_with(b"\x89PNG") && png.len() > 10_000,
@@ -187,7 +199,7 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
         "--plot",
         again.to_str().unwrap(),
     ]);
-    assert!(ok && out.contains("wrote 6 figures"), "{out}{err}");
+    assert!(ok && out.contains("wrote 7 figures"), "{out}{err}");
     assert!(!out.contains("executor:"), "measures nothing: {out}");
     for name in ["headline", "writeback"] {
         let a = std::fs::read(figures.join(format!("{name}.png"))).unwrap();
@@ -538,9 +550,10 @@ fn the_first_screens_modelled_gain_is_kvtier_plans() {
             .unwrap_or_else(|| panic!("{after:?} in the first screen"));
         rest.split_whitespace().next().unwrap().parse().unwrap()
     };
-    let (without, with) = (
+    let (without, with, published) = (
         number("512 GiB of DRAM holds"),
         number("in a kvtier pool it holds"),
+        number("but only"),
     );
     let plan = |cxl: &[&str]| -> u64 {
         let base = [
@@ -558,8 +571,13 @@ fn the_first_screens_modelled_gain_is_kvtier_plans() {
         let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
         v["max_requests"].as_u64().unwrap()
     };
+    let two = ["--cxl", "512GiB@30", "--cxl", "512GiB@30"];
+    // the text's 2 %, then plan's default (the published rate)
+    assert_eq!(without, plan(&["--miss-rate", "0.02"]));
+    assert_eq!(with, plan(&[&two[..], &["--miss-rate", "0.02"]].concat()));
     assert_eq!(without, plan(&[]));
-    assert_eq!(with, plan(&["--cxl", "512GiB@30", "--cxl", "512GiB@30"]));
+    assert_eq!(published, plan(&two));
+    assert!(glance.contains("published 13.4 %"), "{glance}");
 }
 
 #[test]
@@ -840,6 +858,9 @@ fn plan_answers_in_json_a_table_and_a_plot() {
         "40GiB",
         "--dram-for-kv",
         "1024GiB",
+        // the hand arithmetic below is at 2 % misses per layer and step
+        "--miss-rate",
+        "0.02",
     ];
     let (ok, out, err) = kvtier(&[&args[..], &["--json"]].concat());
     assert!(ok, "{err}");
@@ -1519,7 +1540,7 @@ fn bench_tables_are_aligned_and_print_no_zero_rates() {
             }
         }
     }
-    assert_eq!(tables, 5, "{out}");
+    assert_eq!(tables, 6, "{out}");
 }
 
 /// `selftest --cpu` prints its table once, and no link rows of "0 cases"
@@ -1794,6 +1815,9 @@ fn plan_prices_a_million_tokens_and_recomputing() {
         "0.0008",
         "--prefill-tokens-per-s",
         "8000",
+        // the costs below are at 2 % misses per layer and step
+        "--miss-rate",
+        "0.02",
     ];
     let (ok, out, err) = kvtier(&base);
     assert!(ok, "{err}");

@@ -22,6 +22,11 @@ fn spec() -> SynthSpec {
         run_len: 4,
         recent: 8,
         seed: 5,
+        warmup_steps: 0,
+        block_tokens: 0,
+        item_bytes: 0,
+        outcomes: false,
+        provenance: String::new(),
     }
 }
 
@@ -207,6 +212,7 @@ fn a_recorded_state_is_used_at_its_size_and_fitted_at_others() {
         synthetic: false,
         note: String::new(),
         truncated: false,
+        warmup_steps: 0,
     };
     let state = RowState {
         tokens: vec![11, 10, 3, -1],
@@ -219,6 +225,7 @@ fn a_recorded_state_is_used_at_its_size_and_fitted_at_others() {
             seq,
             topk,
             state,
+            misses: None,
         }],
     };
     let t = Trace {

@@ -33,7 +33,7 @@ ARTIFACTS = (("libkvtier.so", "libkvtier.so"), ("lib_native.so", "_native.abi3.s
 
 # What an sdist carries of the Rust workspace, under rust/.
 WORKSPACE_FILES = ("Cargo.toml", "Cargo.lock", "build.rs", "README.md", "LICENSE", "NOTICE", "src", "kernels",
-                   "benches", "bindings/abi.rs", "bindings/kvtier.h", "bindings/python/native/Cargo.toml",
+                   "benches", "bench/traces", "bindings/abi.rs", "bindings/kvtier.h", "bindings/python/native/Cargo.toml",
                    "bindings/python/native/src")
 
 

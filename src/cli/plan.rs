@@ -50,9 +50,17 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 55.0)]
     link_gbps: f64,
     /// An assumption: the share of each layer's top-k that misses the HOT
-    /// buffer per decode step.
-    #[arg(long, default_value_t = 0.02)]
-    miss_rate: f64,
+    /// buffer per decode step (default: the published GLM-5.1 figure for
+    /// the model's hot buffer, 30 % at 1× top-k, 13.4 % at 2×, 6.7 % at 4×;
+    /// the output says which it used).
+    #[arg(long, conflicts_with = "decode_step")]
+    miss_rate: Option<f64>,
+    /// Instead of --miss-rate: the miss rate a decode step measured, from
+    /// the JSON lines of `kvtier bench --scenario decode-step` (kvtier's
+    /// own rows, the batch nearest the plan's); the output then gives the
+    /// swap-in time that step measured as a share of --step-ms.
+    #[arg(long, value_name = "FILE")]
+    decode_step: Option<PathBuf>,
     /// An assumption: a decode step's time, in ms.
     #[arg(long, default_value_t = 50.0)]
     step_ms: f64,
@@ -260,7 +268,11 @@ fn model(a: &PlanArgs) -> kvtier::Result<ModelSpec> {
     })
 }
 
-fn deployment(a: &PlanArgs, contexts: Vec<(u64, f64)>) -> kvtier::Result<Deployment> {
+fn deployment(
+    a: &PlanArgs,
+    contexts: Vec<(u64, f64)>,
+    miss_rate: f64,
+) -> kvtier::Result<Deployment> {
     let size = |arg: &'static str, s: &str| parse_size(s).map_err(|e| arg_err(arg, e.to_string()));
     let cxl = a
         .cxl
@@ -292,7 +304,7 @@ fn deployment(a: &PlanArgs, contexts: Vec<(u64, f64)>) -> kvtier::Result<Deploym
         )?,
         cxl,
         link_gbps: a.link_gbps,
-        miss_rate: a.miss_rate,
+        miss_rate,
         step_ms: a.step_ms,
         link_budget: a.link_budget,
         tables: a
@@ -347,7 +359,8 @@ pub fn run(a: PlanArgs) -> kvtier::Result<()> {
     }
     let m = model(&a)?;
     let mix = contexts(&a)?;
-    let d = deployment(&a, mix)?;
+    let rate = MissRate::choose(&a, &m)?;
+    let d = deployment(&a, mix, rate.rate())?;
     if let Some(path) = &a.plot {
         // checked before anything is printed
         super::bench::find_font(a.plot_font.as_deref())?;
@@ -372,12 +385,25 @@ pub fn run(a: PlanArgs) -> kvtier::Result<()> {
     };
     if a.json {
         let mut v = to_json(&p, &d);
+        v["assumptions"]["miss_rate_source"] = json!(rate.describe());
+        v["miss_rate_spread"] = json!(
+            spread(&m, &d)
+                .iter()
+                .map(
+                    |(ratio, r, share, n)| json!({"hot_over_top_k": ratio, "miss_rate": r,
+                "link_share": share, "max_requests": n})
+                )
+                .collect::<Vec<_>>()
+        );
+        if let MissRate::Measured(s) = &rate {
+            v["decode_step"] = s.to_json(d.step_ms);
+        }
         if let Some(c) = &c {
             v["cost"] = cost_json(c);
         }
         println!("{v}");
     } else {
-        print_table(&p, &d);
+        print_table(&p, &d, &rate);
         if let Some(c) = &c {
             print_cost(c);
         }
@@ -534,7 +560,7 @@ fn print_cost(c: &Cost) {
     }
 }
 
-fn print_table(p: &Plan, d: &Deployment) {
+fn print_table(p: &Plan, d: &Deployment, rate: &MissRate) {
     let m = &p.model;
     println!("{} ({})", m.name, m.source);
     let mix: Vec<String> = d
@@ -615,9 +641,9 @@ fn print_table(p: &Plan, d: &Deployment) {
         }
     }
     println!(
-        "assumed: {} GPUs (--gpus), attention TP {} (--tp), {}% of the top-k missing per layer and step \
-         (--miss-rate), {} ms steps (--step-ms), swap-ins in {}% of a step (--link-budget), {} GB/s per GPU \
-         (--link-gbps)",
+        "assumed: {} GPUs (--gpus), attention TP {} (--tp), {:.1}% of the top-k missing per layer and step \
+         (--miss-rate), {} ms steps (--step-ms), swap-ins in {}% of a step (--link-budget), {} GB/s \
+         per GPU (--link-gbps)",
         d.gpus,
         d.tp,
         d.miss_rate * 100.0,
@@ -625,6 +651,26 @@ fn print_table(p: &Plan, d: &Deployment) {
         d.link_budget * 100.0,
         d.link_gbps
     );
+    println!("miss rate: {}", rate.describe());
+    if m.offloads() {
+        let cells: Vec<String> = spread(m, d)
+            .iter()
+            .map(|(ratio, r, share, n)| {
+                format!(
+                    "{:.1} % ({ratio}× top-k): link {:.0}% of a step at {n} requests",
+                    r * 100.0,
+                    share * 100.0
+                )
+            })
+            .collect();
+        println!(
+            "at the published miss rates instead (DRAM only): {}",
+            cells.join("; ")
+        );
+    }
+    if let MissRate::Measured(step) = rate {
+        println!("{}", step.describe(d.step_ms));
+    }
     println!(
         "{:<11} {:>13}  {:<41}  {:>9}  binds",
         "", "", "requests a GPU as each resource allows", "requests"
@@ -745,4 +791,176 @@ fn draw(
         .map_err(|e| err(e.to_string()))?;
     root.present().map_err(|e| err(e.to_string()))?;
     Ok(())
+}
+
+/// The miss rate a plan assumes, and where it comes from.
+enum MissRate {
+    Given(f64),
+    Published(kvtier::plan::PublishedMissRate),
+    Measured(MeasuredStep),
+}
+
+impl MissRate {
+    fn choose(a: &PlanArgs, m: &ModelSpec) -> kvtier::Result<MissRate> {
+        if let Some(r) = a.miss_rate {
+            return Ok(MissRate::Given(r));
+        }
+        if let Some(path) = &a.decode_step {
+            return MeasuredStep::read(path).map(MissRate::Measured);
+        }
+        if !m.offloads() {
+            // nothing offloaded, nothing missed: the rate is never used
+            return Ok(MissRate::Given(0.0));
+        }
+        kvtier::plan::PublishedMissRate::for_buffer(m.hot_slots, m.top_k)
+            .map(MissRate::Published)
+            .map_err(in_the_users_words)
+    }
+
+    fn rate(&self) -> f64 {
+        match self {
+            MissRate::Given(r) => *r,
+            MissRate::Published(p) => p.rate,
+            MissRate::Measured(s) => s.miss_rate(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            MissRate::Given(r) => format!(
+                "{:.1} % of the top-k per layer and step (--miss-rate)",
+                r * 100.0
+            ),
+            MissRate::Published(p) => format!("{} (--miss-rate to assume another)", p.describe()),
+            MissRate::Measured(s) => format!(
+                "{:.2} % of the top-k per layer and step, measured by the decode step in {} ({})",
+                s.miss_rate() * 100.0,
+                s.path,
+                s.what
+            ),
+        }
+    }
+}
+
+/// The plan at each published miss rate: (hot / top-k, rate, link share of
+/// a step, requests a node) for the DRAM-only configuration.
+fn spread(m: &ModelSpec, d: &Deployment) -> Vec<(f64, f64, f64, u64)> {
+    kvtier::plan::PUBLISHED_MISS_RATES
+        .iter()
+        .filter_map(|&(ratio, r)| {
+            let p = plan(
+                m,
+                &Deployment {
+                    miss_rate: r,
+                    ..d.clone()
+                },
+            )
+            .ok()?;
+            let c = p.capacities.first()?;
+            Some((ratio, r, c.link_share, c.max_requests))
+        })
+        .collect()
+}
+
+/// What `kvtier bench --scenario decode-step` measured, as `plan` uses it:
+/// kvtier's line for all the steps of its largest batch.
+struct MeasuredStep {
+    path: String,
+    what: String,
+    misses: f64,
+    entries: f64,
+    steps: f64,
+    median_us: f64,
+    device: String,
+}
+
+impl MeasuredStep {
+    fn read(path: &std::path::Path) -> kvtier::Result<MeasuredStep> {
+        let err = |msg: String| arg_err("--decode-step", format!("{}: {msg}", path.display()));
+        let text =
+            std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+        let mut best: Option<(u64, MeasuredStep)> = None;
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let v: Value = serde_json::from_str(line)
+                .map_err(|e| err(format!("line {}: not JSON: {e}", i + 1)))?;
+            let p = &v["params"];
+            if v["scenario"] != "decode-step"
+                || !v["method"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with(super::bench::DECODE_STEP_KVTIER_METHOD))
+                || p["step"] != "all"
+            {
+                continue;
+            }
+            let num = |x: &Value, key: &str| {
+                x[key]
+                    .as_f64()
+                    .filter(|n| n.is_finite() && *n >= 0.0)
+                    .ok_or_else(|| {
+                        err(format!(
+                            "line {}: `{key}` is missing or not a number",
+                            i + 1
+                        ))
+                    })
+            };
+            let batch = num(p, "batch")? as u64;
+            let s = MeasuredStep {
+                path: path.display().to_string(),
+                what: format!(
+                    "{} at batch {batch}, {} on {}",
+                    p["source"].as_str().unwrap_or("a trace"),
+                    v["executor"].as_str().unwrap_or("?"),
+                    v["device"].as_str().unwrap_or("?")
+                ),
+                misses: num(p, "misses_total")?,
+                entries: num(p, "entries_total")?,
+                steps: num(p, "measured_steps")?,
+                median_us: num(&v, "median_us")?,
+                device: v["device"].as_str().unwrap_or("?").to_string(),
+            };
+            if s.entries == 0.0 || s.steps == 0.0 {
+                return Err(err(format!(
+                    "line {}: a decode step of no entries or no steps",
+                    i + 1
+                )));
+            }
+            if best.as_ref().is_none_or(|(b, _)| batch > *b) {
+                best = Some((batch, s));
+            }
+        }
+        best.map(|(_, s)| s).ok_or_else(|| {
+            err(format!(
+                "no line of kvtier's decode step over all steps (scenario decode-step, a method beginning \"{}\", \
+                 step \"all\")",
+                super::bench::DECODE_STEP_KVTIER_METHOD
+            ))
+        })
+    }
+
+    fn miss_rate(&self) -> f64 {
+        self.misses / self.entries
+    }
+
+    fn step_ms(&self) -> f64 {
+        self.median_us / self.steps / 1e3
+    }
+
+    fn describe(&self, step_ms: f64) -> String {
+        format!(
+            "measured: a decode step's swap-ins took {:.3} ms on {} ({}), {:.1}% of a {step_ms} ms step",
+            self.step_ms(),
+            self.device,
+            self.what,
+            self.step_ms() / step_ms * 100.0
+        )
+    }
+
+    fn to_json(&self, step_ms: f64) -> Value {
+        json!({"file": self.path, "what": self.what, "miss_rate": self.miss_rate(),
+               "swap_in_ms_per_step": self.step_ms(), "share_of_step": self.step_ms() / step_ms})
+    }
 }

@@ -329,6 +329,13 @@ impl CudaDevice {
         result::ctx::synchronize().call("cuCtxSynchronize")
     }
 
+    /// Free and total device memory in bytes (`cuMemGetInfo`).
+    pub fn memory_info(&self) -> Result<(u64, u64)> {
+        let _bound = self.bind()?;
+        let (free, total) = result::mem_get_info().call("cuMemGetInfo")?;
+        Ok((free as u64, total as u64))
+    }
+
     /// Enqueues a copy of `bytes` bytes from host memory to device memory on
     /// `stream` (the copy engine; the benchmark's limit).
     ///

@@ -31,14 +31,23 @@ pub(crate) const PALETTE: [RGBColor; 7] = [
 
 /// Parameters that follow from the others (not a dimension of the grid);
 /// a trace call's layer, requests and misses follow from the call, an
-/// Engram gather's ids from its tokens.
-const DERIVED: [&str; 6] = [
+/// Engram gather's ids from its tokens, a decode step's totals, trace,
+/// graph bucket and aliasing from its model, context and batch.
+const DERIVED: [&str; 14] = [
     "distinct_regions",
     "unique_misses_per_request",
     "layer",
     "requests",
     "misses_total",
     "ids",
+    "source",
+    "bucket",
+    "measured_steps",
+    "calls",
+    "rows_total",
+    "entries_total",
+    "host_rows",
+    "device_buffers",
 ];
 
 /// The most grid points a headline panel shows; beyond it parameters are
@@ -181,12 +190,13 @@ pub(super) fn read(paths: &[PathBuf]) -> kvtier::Result<Vec<Record>> {
 }
 
 /// The scenarios' order in the figures; others follow in first-seen order.
-const SCENARIOS: [&str; 5] = [
+const SCENARIOS: [&str; 6] = [
     "gather",
     "swap-in",
     "spec-swap-in",
     "writeback",
     "engram-gather",
+    "decode-step",
 ];
 
 fn scenarios(records: &[Record]) -> Vec<String> {
@@ -726,6 +736,15 @@ pub(super) fn draw_all(dir: &Path, records: &[Record]) -> kvtier::Result<Vec<Pat
         context: format!("making the figures' folder {}", dir.display()),
         source,
     })?;
+    // a decode step's figures show each trace's steps in all, not step by step
+    let all_steps: Vec<Record> = records
+        .iter()
+        .filter(|r| {
+            r.scenario != "decode-step" || r.param("step").and_then(Value::as_str) == Some("all")
+        })
+        .cloned()
+        .collect();
+    let records = &all_steps[..];
     let mut written = Vec::new();
     let path = dir.join("headline.png");
     headline(&path, records).map_err(|e| drawing(&path, e))?;
@@ -957,8 +976,13 @@ fn detail(path: &Path, scenario: &str, rs: &[&Record]) -> Result<(), String> {
         &[
             (
                 format!(
-                    "kvtier bench — {scenario}: median latency per call against {}, one panel per \
+                    "kvtier bench — {scenario}: median latency {} against {}, one panel per \
                      slice of the grid (log axes)",
+                    if scenario == "decode-step" {
+                        "of a trace's measured decode steps, every swap-in of each (their medians summed)"
+                    } else {
+                        "per call"
+                    },
                     if scenario == "writeback" {
                         "batch (decode) or tokens (prefill)".to_string()
                     } else {

@@ -22,6 +22,7 @@
 //! copy-engine transfer. Without one the CPU executor runs, the limit is a
 //! host memcpy, and every line of the output says so.
 
+mod decode_step;
 mod engram;
 mod figures;
 mod gather;
@@ -44,6 +45,7 @@ use kvtier::cuda::{DriverStatus, EventTimer, OwnedStream};
 use kvtier::pool::{numa_nodes, parse_size};
 use kvtier::{DeviceSpec, EntryFormat, Executor, Stream};
 
+pub(crate) use decode_step::DECODE_STEP_KVTIER_METHOD;
 pub(crate) use link::link_figures;
 
 #[derive(Debug, Args)]
@@ -91,9 +93,16 @@ pub struct BenchArgs {
     /// `trace` setting, or `kvtier trace synth`) instead of drawn indices:
     /// each call from the hot-buffer state the trace's replay reaches before
     /// it, at the trace's HOT size, its items --entry bytes (default: the
-    /// trace's item size, else fp8-dsa). Runs the swap-in scenario only.
+    /// trace's item size, else fp8-dsa). Runs the swap-in scenario only,
+    /// unless --scenario decode-step: then every decode step of the trace
+    /// (or of a recipe, `kvtier trace synth --recipe`) is replayed (default:
+    /// the committed recipes).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// decode-step: replay every step once and check each row's misses
+    /// against the trace's recorded outcome; time nothing.
+    #[arg(long)]
+    replay_only: bool,
     /// swap-in --trace: calls to time, spread evenly over the calls that
     /// have a request longer than its HOT buffer (the others copy nothing).
     #[arg(long, default_value_t = 8, requires = "trace")]
@@ -184,6 +193,9 @@ enum Scenario {
     Writeback,
     /// DeepSeek-V4.1's Engram row gather.
     EngramGather,
+    /// Every swap-in of a decode step replayed from a trace, in a CUDA
+    /// graph, beside SGLang's kernel and the link's floor.
+    DecodeStep,
     All,
 }
 
@@ -731,6 +743,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
         }
         match args.scenario {
             Scenario::All | Scenario::SwapIn => args.scenario = Scenario::SwapIn,
+            Scenario::DecodeStep => {}
             other => {
                 let name = other
                     .to_possible_value()
@@ -788,6 +801,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
             }
             all.push(Scenario::Writeback);
             all.push(Scenario::EngramGather);
+            all.push(Scenario::DecodeStep);
             all
         }
         s => vec![s],
@@ -800,6 +814,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
             Scenario::SpecSwapIn => spec_swap_in::points(&bench),
             Scenario::Writeback => writeback::points(&bench),
             Scenario::EngramGather => engram::points(&bench),
+            Scenario::DecodeStep => decode_step::points(&bench),
             Scenario::All => Ok(0),
         })
         .sum::<kvtier::Result<u64>>()?;
@@ -833,6 +848,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
             Scenario::SpecSwapIn => spec_swap_in::run(&bench)?,
             Scenario::Writeback => writeback::run(&bench)?,
             Scenario::EngramGather => engram::run(&bench)?,
+            Scenario::DecodeStep => decode_step::run(&bench)?,
             Scenario::All => unreachable!(),
         };
         bench.progress.suspend(|| {

@@ -8,15 +8,22 @@
 //!
 //! JSON lines. The first line is the header:
 //! `{"kvtier_trace": 1, "hot": H, "block_tokens": S, "item_bytes": B,
-//! "synthetic": bool, "note": "..."}` (`block_tokens` 0 for token queries,
-//! else the tokens per block id of a block query; `item_bytes` the bytes a
-//! miss moves, 0 if unknown). Every other line is one swap-in call of one
-//! layer: `{"layer": l, "rows": [{"req": r, "seq": n, "topk": [...],
-//! "state": {"tokens": [...], "lru": [...]}}, ...]}`, its real batch rows
-//! (padding rows are not recorded): the request's row in the engine's state
-//! arrays, its sequence length, the query (token positions or block ids, -1
-//! padding) and, where the recorder took one, the request's hot-buffer state
-//! before the call (the `H` slots' tokens and the LRU order). A recorder
+//! "synthetic": bool, "note": "...", "warmup_steps": W}` (`block_tokens` 0
+//! for token queries, else the tokens per block id of a block query;
+//! `item_bytes` the bytes a miss moves, 0 if unknown; `warmup_steps`, where
+//! given, the decode steps at the start that only bring the hot buffers to
+//! their steady state: a replay of the decode step runs them untimed).
+//! Every other line is one swap-in call of one layer: `{"layer": l, "rows":
+//! [{"req": r, "seq": n, "topk": [...], "state": {"tokens": [...], "lru":
+//! [...]}, "misses": m}, ...]}`, its real batch rows (padding rows are not
+//! recorded): the request's row in the engine's state arrays, its sequence
+//! length, the query (token positions or block ids, -1 padding), where the
+//! recorder took one, the request's hot-buffer state before the call (the
+//! `H` slots' tokens and the LRU order), and where it knew it, the call's
+//! outcome: the row's entries that missed the hot buffer (copied from the
+//! host) at `H`. A decode step is a run of calls of rising layers: a call
+//! whose layer is not above the one before it starts the next step
+//! ([`steps_of`]). A recorder
 //! takes the state at a request row's first call, and whenever the row's
 //! previous recorded call was not a long one (`seq > H`) or its sequence did
 //! not grow by one (a new request in the row): in between, only the swap-in
@@ -44,8 +51,13 @@ use crate::cuda::Stream;
 use crate::error::{Error, Result, invalid};
 use crate::executor::Executor;
 use crate::mem::{Buf, BufMut};
+mod recipe;
+mod synth;
+pub use recipe::*;
+pub use synth::*;
+
 use crate::swap_in::{
-    IndexBuf, KvBuffers, MAX_COUNTED_LAYERS, MAX_HOT, MAX_TOP_K, QueryKind, SwapInArgs,
+    IndexBuf, KvBuffers, MAX_COUNTED_LAYERS, MAX_HOT, MAX_TOP_K, MissPlan, QueryKind, SwapInArgs,
     SwapInCounters, SwapInEngine,
 };
 
@@ -66,6 +78,8 @@ pub struct TraceHeader {
     pub item_bytes: u64,
     pub synthetic: bool,
     pub note: String,
+    /// Decode steps at the start that only warm the hot buffers up.
+    pub warmup_steps: u32,
     /// Read from a file whose last line was cut off (not written).
     pub truncated: bool,
 }
@@ -84,6 +98,8 @@ pub struct TraceRow {
     pub seq: u32,
     pub topk: Vec<i32>,
     pub state: Option<RowState>,
+    /// The recorded outcome: the row's entries that missed the hot buffer.
+    pub misses: Option<u32>,
 }
 
 /// One swap-in call of one layer.
@@ -175,6 +191,10 @@ impl<R: BufRead> TraceReader<R> {
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string(),
+            warmup_steps: match h.get("warmup_steps") {
+                None => 0,
+                Some(_) => uint(&h, "warmup_steps", u32::MAX as u64, 1)? as u32,
+            },
             truncated: false,
         };
         if header.hot == 0 {
@@ -271,6 +291,8 @@ struct RawRow {
     topk: Vec<i32>,
     #[serde(default)]
     state: Option<RawState>,
+    #[serde(default)]
+    misses: Option<u64>,
 }
 
 #[derive(serde::Deserialize)]
@@ -311,11 +333,16 @@ impl RawCall {
                         })
                     }
                 };
+                let misses = match r.misses {
+                    None => None,
+                    Some(m) => Some(below("misses", m, entries)? as u32),
+                };
                 Ok(TraceRow {
                     req: below("req", r.req, u32::MAX as u64)? as u32,
                     seq: below("seq", r.seq, MAX_TRACE_SEQ as u64)? as u32,
                     topk: r.topk,
                     state,
+                    misses,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -371,6 +398,10 @@ fn raw_call(v: &Value, line: usize) -> Result<RawCall> {
                 },
                 req: uint(r, "req", u64::MAX, line)?,
                 seq: uint(r, "seq", u64::MAX, line)?,
+                misses: match r.get("misses") {
+                    None | Some(Value::Null) => None,
+                    Some(_) => Some(uint(r, "misses", u64::MAX, line)?),
+                },
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -437,8 +468,11 @@ fn write_io(e: std::io::Error) -> Error {
 
 /// Writes a trace's header line.
 pub fn write_header(w: &mut impl Write, h: &TraceHeader) -> Result<()> {
-    let header = json!({"kvtier_trace": TRACE_VERSION, "hot": h.hot, "block_tokens": h.block_tokens,
+    let mut header = json!({"kvtier_trace": TRACE_VERSION, "hot": h.hot, "block_tokens": h.block_tokens,
         "item_bytes": h.item_bytes, "synthetic": h.synthetic, "note": h.note});
+    if h.warmup_steps > 0 {
+        header["warmup_steps"] = json!(h.warmup_steps);
+    }
     writeln!(w, "{header}").map_err(write_io)
 }
 
@@ -449,6 +483,8 @@ pub fn write_call(w: &mut impl Write, c: &TraceCall) -> Result<()> {
     // format has always written them
     #[derive(serde::Serialize)]
     struct Row<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        misses: Option<u32>,
         req: u32,
         seq: u32,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -466,6 +502,7 @@ pub fn write_call(w: &mut impl Write, c: &TraceCall) -> Result<()> {
             w.write_all(b",").map_err(write_io)?;
         }
         let row = Row {
+            misses: r.misses,
             req: r.req,
             seq: r.seq,
             state: r.state.as_ref().map(|s| State {
@@ -639,6 +676,80 @@ pub fn states_before(trace: &Trace, hot: u32, wanted: &[usize]) -> Result<Vec<Ve
     Ok(out)
 }
 
+/// The decode steps of a run of calls: a call whose layer is not above the
+/// one before it starts the next step. Each step as the range of its calls.
+pub fn steps_of<C: std::borrow::Borrow<TraceCall>>(calls: &[C]) -> Vec<std::ops::Range<usize>> {
+    let mut steps = Vec::new();
+    let mut start = 0;
+    for i in 1..calls.len() {
+        if calls[i].borrow().layer <= calls[i - 1].borrow().layer {
+            steps.push(start..i);
+            start = i;
+        }
+    }
+    if start < calls.len() {
+        steps.push(start..calls.len());
+    }
+    steps
+}
+
+/// Fills in calls' outcomes as they are made: each row's misses at the
+/// trace's own hot size, from the replay [`replay`] does (a row at a time,
+/// through the CPU executor's swap-in). A synthesizer hands it every call in
+/// order; a recorder of a real run has the outcome from the run itself.
+pub struct OutcomeRecorder {
+    r: Replayer,
+    calls: usize,
+}
+
+impl OutcomeRecorder {
+    /// For calls of queries of at most `max_cols` columns, sequences of at
+    /// most `max_seq`, layers below `layers`, at `header.hot`.
+    pub fn new(header: &TraceHeader, max_seq: u32, max_cols: u32, layers: u32) -> Result<Self> {
+        let shape = TraceShape {
+            calls: 0,
+            calls_per_layer: vec![0; layers.max(1) as usize],
+            max_seq,
+            max_cols,
+        };
+        Ok(OutcomeRecorder {
+            r: Replayer::new(header, &shape, header.hot)?,
+            calls: 0,
+        })
+    }
+
+    /// Sets `call`'s rows' `misses` to what the replay finds.
+    pub fn record(&mut self, call: &mut TraceCall) -> Result<()> {
+        let mut misses = vec![0u32; call.rows.len()];
+        let index = self.calls;
+        let over = self.r.call(
+            index,
+            call,
+            REPLAY_STATE_BUDGET,
+            &mut |_, _, _| {},
+            &mut |_, row, m| misses[row] = m,
+        )?;
+        if let Err(over) = over {
+            return Err(invalid(
+                "trace",
+                format!(
+                    "recording outcomes keeps the states of {} request rows (up to {} B each) at layer {}, past \
+                     the {} MiB a replay keeps: fewer requests or layers",
+                    over.rows,
+                    self.r.state_bytes(),
+                    over.layer,
+                    REPLAY_STATE_BUDGET >> 20
+                ),
+            ));
+        }
+        for (row, m) in call.rows.iter_mut().zip(misses) {
+            row.misses = Some(m);
+        }
+        self.calls += 1;
+        Ok(())
+    }
+}
+
 /// A request row's state between its calls: a row that has not outgrown
 /// its buffer holds `short_state(seq)`, kept as its length alone.
 enum Kept {
@@ -683,7 +794,7 @@ where
             if !span.contains(&call.layer) {
                 continue;
             }
-            if let Err(over) = r.call(call_index, &call, budget, &mut before)? {
+            if let Err(over) = r.call(call_index, &call, budget, &mut before, &mut |_, _, _| {})? {
                 if group == 1 {
                     return Err(invalid(
                         "trace",
@@ -733,6 +844,10 @@ struct Replayer {
     long: u64,
     scratch: RowState,
     out: Vec<i32>,
+    /// The miss plan each row's call records (its count is the row's misses).
+    miss_src: Vec<i64>,
+    miss_dst: Vec<i32>,
+    miss_count: [i32; 1],
 }
 
 const ITEM: u32 = 8; // no KV moves (skip_io): rows only need to exist
@@ -764,6 +879,9 @@ impl Replayer {
             long: 0,
             scratch: short_state(0, h),
             out: Vec::new(),
+            miss_src: vec![0; ((shape.max_cols.max(1) * s.max(1)).min(MAX_TOP_K)) as usize],
+            miss_dst: vec![0; ((shape.max_cols.max(1) * s.max(1)).min(MAX_TOP_K)) as usize],
+            miss_count: [0],
         })
     }
 
@@ -780,7 +898,8 @@ impl Replayer {
         self.states.len() as u64 * ENTRY + self.long * self.state_bytes()
     }
 
-    /// Replays one call's rows; Err(OverBudget) when the states kept
+    /// Replays one call's rows (`before` sees each row's state before its
+    /// swap-in, `after` its misses); Err(OverBudget) when the states kept
     /// outgrow the budget.
     fn call(
         &mut self,
@@ -788,6 +907,7 @@ impl Replayer {
         call: &TraceCall,
         budget: u64,
         before: &mut impl FnMut(usize, usize, &RowState),
+        after: &mut impl FnMut(usize, usize, u32),
     ) -> Result<std::result::Result<(), OverBudget>> {
         let h = self.hot as usize;
         for (row_index, row) in call.rows.iter().enumerate() {
@@ -836,6 +956,7 @@ impl Replayer {
             self.out.clear();
             self.out.resize(entries as usize, 0);
             let (req, seq) = ([0i32], [row.seq as i32]);
+            self.miss_count[0] = 0;
             let args = SwapInArgs {
                 top_k_tokens: Buf::host(&row.topk),
                 top_k_stride: row.topk.len(),
@@ -864,7 +985,13 @@ impl Replayer {
                 hot_buffer_size: self.hot,
                 skip_io: true,
                 layer: Some(call.layer),
-                miss_plan: None,
+                miss_plan: Some(MissPlan {
+                    stride: self.miss_src.len(),
+                    capacity: self.miss_src.len(),
+                    src: BufMut::host(&mut self.miss_src),
+                    dst: BufMut::host(&mut self.miss_dst),
+                    count: BufMut::host(&mut self.miss_count),
+                }),
             };
             // a refused entry (a token past the sequence, say) is counted as
             // a bad index, as the recording run counted it
@@ -872,6 +999,7 @@ impl Replayer {
                 Ok(()) | Err(Error::BadIndices(_)) => {}
                 Err(e) => return Err(e),
             }
+            after(call_index, row_index, self.miss_count[0].max(0) as u32);
             // what the row carries into its next call: a long call changed
             // its state (kept whole from now on); a short one changed nothing
             let state = match state {
@@ -892,192 +1020,6 @@ impl Replayer {
         Ok(Ok(()))
     }
 }
-/// What [`synthesize`] generates: requests decoding side by side, each
-/// layer's selection per step an assumption, not a measurement.
-#[derive(Clone, Debug)]
-pub struct SynthSpec {
-    pub requests: u32,
-    pub layers: u32,
-    pub steps: u32,
-    /// Context length at the first step (every request; each step adds one).
-    pub context: u32,
-    pub top_k: u32,
-    /// The hot buffer the header names (the size it was "recorded" at).
-    pub hot: u32,
-    /// Share of a step's selection kept from the same layer's previous step.
-    pub overlap: f64,
-    /// Length of the runs of consecutive positions the new part is drawn in.
-    pub run_len: u32,
-    /// Positions at the end of the context always selected (a local window).
-    pub recent: u32,
-    pub seed: u64,
-}
-
-/// The most memory [`synthesize_each`] keeps of the previous step's
-/// selections (`requests × layers × top_k` positions, 4 bytes each, when
-/// `overlap` keeps any).
-pub const SYNTH_STATE_BUDGET: u64 = 256 << 20;
-
-/// A synthetic trace: per request and layer, step 0 selects `top_k`
-/// positions (the `recent` newest, the rest in runs of `run_len` at uniform
-/// places); each later step keeps an `overlap` share of the previous step's
-/// selection (uniformly chosen), takes the `recent` newest, and draws the
-/// rest in runs. The header says it is synthetic and with what. In memory:
-/// [`synthesize_each`] streams it instead.
-pub fn synthesize(spec: &SynthSpec) -> Result<Trace> {
-    let mut calls = Vec::new();
-    let header = synthesize_each(spec, |c| {
-        calls.push(c);
-        Ok(())
-    })?;
-    Ok(Trace { header, calls })
-}
-
-/// [`synthesize`], each call handed to `emit` as it is made (a writer's,
-/// say): memory for one call and the previous step's selections, never the
-/// whole trace. Returns the header (the same before and after: see
-/// [`synth_header`]).
-pub fn synthesize_each(
-    spec: &SynthSpec,
-    mut emit: impl FnMut(TraceCall) -> Result<()>,
-) -> Result<TraceHeader> {
-    use rand::{Rng, SeedableRng, seq::SliceRandom};
-    let header = synth_header(spec)?;
-    let sp = spec;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(sp.seed);
-    let keep = (sp.overlap * sp.top_k as f64).round() as usize;
-    let mut prev: std::collections::HashMap<(u32, u32), Vec<i32>> = Default::default();
-    let mut unkept = vec![0i32; sp.top_k as usize];
-    for step in 0..sp.steps {
-        let seq = sp.context + step;
-        for layer in 0..sp.layers {
-            let mut rows = Vec::new();
-            for req in 0..sp.requests {
-                let k = sp.top_k as usize;
-                let mut chosen: Vec<i32> = Vec::with_capacity(k);
-                let mut seen = std::collections::HashSet::new();
-                let mut take = |t: i32, chosen: &mut Vec<i32>| {
-                    if chosen.len() < k && t >= 0 && (t as u32) < seq && seen.insert(t) {
-                        chosen.push(t);
-                    }
-                };
-                for t in (seq.saturating_sub(sp.recent)..seq).rev() {
-                    take(t as i32, &mut chosen);
-                }
-                if let Some(p) = prev.get_mut(&(layer, req)) {
-                    p.shuffle(&mut rng);
-                    for &t in p.iter().take(keep) {
-                        take(t, &mut chosen);
-                    }
-                } else if keep == 0 && step > 0 {
-                    // nothing kept, but the draws as if it were: a seed
-                    // gives the trace it always gave
-                    unkept.shuffle(&mut rng);
-                }
-                while chosen.len() < k {
-                    let start = rng.random_range(0..seq);
-                    for t in start..(start + sp.run_len).min(seq) {
-                        take(t as i32, &mut chosen);
-                    }
-                }
-                if keep > 0 {
-                    prev.insert((layer, req), chosen.clone());
-                }
-                rows.push(TraceRow {
-                    req,
-                    seq,
-                    topk: chosen,
-                    state: None,
-                });
-            }
-            emit(TraceCall { layer, rows })?;
-        }
-    }
-    Ok(header)
-}
-
-/// The header of the synthetic trace `spec` describes, after checking it.
-pub fn synth_header(spec: &SynthSpec) -> Result<TraceHeader> {
-    let sp = spec;
-    if sp.requests == 0 || sp.layers == 0 || sp.steps == 0 || sp.top_k == 0 || sp.run_len == 0 {
-        return Err(invalid(
-            "synth",
-            "requests, layers, steps, top_k and run_len must be positive",
-        ));
-    }
-    if sp
-        .context
-        .checked_add(sp.steps)
-        .is_none_or(|end| end > MAX_TRACE_SEQ)
-    {
-        return Err(invalid(
-            "synth",
-            format!(
-                "context {} + steps {} is past {MAX_TRACE_SEQ} tokens",
-                sp.context, sp.steps
-            ),
-        ));
-    }
-    if sp.top_k > MAX_TOP_K || sp.top_k > sp.context || sp.layers > MAX_COUNTED_LAYERS {
-        return Err(invalid(
-            "synth",
-            format!(
-                "top_k {} must be at most {MAX_TOP_K} and the context {}; layers at most {MAX_COUNTED_LAYERS}",
-                sp.top_k, sp.context
-            ),
-        ));
-    }
-    if !(0.0..=1.0).contains(&sp.overlap) || sp.recent > sp.top_k {
-        return Err(invalid(
-            "synth",
-            "overlap must be in 0..=1 and recent at most top_k",
-        ));
-    }
-    // one call's rows, and the previous step's selections where kept: 4
-    // bytes a position, and a row's own (a vector, its key in the map)
-    let row_bytes = sp.requests as u64 * (sp.top_k as u64 * 4 + 64);
-    let kept = if sp.overlap > 0.0 {
-        row_bytes * sp.layers as u64
-    } else {
-        0
-    };
-    if row_bytes.max(kept) > SYNTH_STATE_BUDGET {
-        return Err(invalid(
-            "synth",
-            format!(
-                "{} requests × {} layers × top-k {} keeps {} MiB of selections between steps, past the {} MiB a \
-                 synthesis holds; synthesize fewer requests (the rows are independent: several smaller traces \
-                 say the same)",
-                sp.requests,
-                if kept > 0 { sp.layers } else { 1 },
-                sp.top_k,
-                row_bytes.max(kept) >> 20,
-                SYNTH_STATE_BUDGET >> 20
-            ),
-        ));
-    }
-    Ok(TraceHeader {
-        hot: sp.hot,
-        block_tokens: 0,
-        item_bytes: 0,
-        synthetic: true,
-        truncated: false,
-        note: format!(
-            "synthetic (kvtier trace synth): {} requests, {} layers, {} steps from context {}, top-k {}, \
-             overlap {} with the previous step, runs of {}, the {} newest always; assumptions, not a \
-             measurement",
-            sp.requests,
-            sp.layers,
-            sp.steps,
-            sp.context,
-            sp.top_k,
-            sp.overlap,
-            sp.run_len,
-            sp.recent
-        ),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1094,6 +1036,11 @@ mod tests {
             run_len: 4,
             recent: 8,
             seed: 3,
+            warmup_steps: 0,
+            block_tokens: 0,
+            item_bytes: 0,
+            outcomes: false,
+            provenance: String::new(),
         })
         .unwrap()
     }
@@ -1141,6 +1088,7 @@ mod tests {
             synthetic: false,
             note: String::new(),
             truncated: false,
+            warmup_steps: 0,
         };
         let calls: Vec<TraceCall> = (0..5000)
             .map(|req| TraceCall {
@@ -1150,6 +1098,7 @@ mod tests {
                     seq: 1,
                     topk: vec![0],
                     state: None,
+                    misses: None,
                 }],
             })
             .collect();
@@ -1200,6 +1149,11 @@ mod tests {
             run_len: 1,
             recent: 0,
             seed: 1,
+            warmup_steps: 0,
+            block_tokens: 0,
+            item_bytes: 0,
+            outcomes: false,
+            provenance: String::new(),
         };
         let mut calls = 0;
         let e = synthesize_each(&spec, |_| {

@@ -1,0 +1,1071 @@
+//! The `decode-step` scenario: what a decode step costs in swap-ins. A
+//! trace (a recorded one, or a recipe's synthetic one) is replayed a decode
+//! step at a time: every layer's swap-in of the step back to back on one
+//! stream, captured once in a CUDA graph and replayed, as SGLang's decode
+//! runs them, at SGLang's padded CUDA-graph batch (the smallest of its
+//! decode buckets that holds the step's requests; `num_real_reqs` the real
+//! ones, padding rows with request row 0 and sequence length 1, as SGLang's
+//! graph runner fills them). Per measured step, from the same state
+//! restored untimed before every replay:
+//!
+//! 1. kvtier's swap-ins of the step ([`DECODE_STEP_KVTIER_METHOD`]);
+//! 2. SGLang 0.5.23's own kernel on identical inputs (CUDA executor, with
+//!    `KVTIER_SGLANG_KERNELS`; top-k 2048 token queries at HOT 4096 or 8192,
+//!    the shapes its harness is built for), its page tables compared with
+//!    kvtier's;
+//! 3. the link's floor: each call's missed bytes in one contiguous copy, the
+//!    step's copies back to back (in a graph of their own).
+//!
+//! Before that, untimed, every call of the step runs once with a miss plan,
+//! and each row's misses are compared with the trace's recorded outcome
+//! (and a recipe's per-layer totals): a replay that differs is an error,
+//! so a run also proves the replay exact. Warm-up steps (the trace header's
+//! `warmup_steps`) only run that check. The rows' host KV is one pool of at
+//! most `--pool-memory` (request rows beyond it alias earlier ones, and
+//! every layer reads the same host rows: aliasing changes address
+//! translation, which the output says), and the device buffers are one per
+//! layer where they fit, else shared by several layers (which changes
+//! nothing a step measures: each layer's swap-in writes its own rows).
+
+use std::path::Path;
+
+use serde_json::json;
+
+use kvtier::trace::{TraceCall, TraceHeader, TraceReader, TraceRecipe, TraceShape, steps_of};
+use kvtier::{
+    Buf, BufMut, Executor, IndexBuf, KvBuffers, LayerFirstLayout, MissPlan, Pool, QueryKind,
+    Region, Stream, SwapInArgs, SwapInStrategy, Tier,
+};
+
+use super::sglang::SglangKernels;
+use super::{Bench, Clock, Measurement, Stats, Timing, count, invalid, row_pattern};
+use crate::cli::transfer::{self, Dir, ExecVec};
+
+pub(super) const SCENARIO: &str = "decode-step";
+
+/// How kvtier's method names begin (`kvtier plan --decode-step` reads its
+/// lines): a CUDA graph on the GPU, the calls one after the other on the
+/// CPU executor.
+pub(crate) const DECODE_STEP_KVTIER_METHOD: &str = "kvtier: the step's swap-ins";
+const KVTIER_GRAPH: &str = "kvtier: the step's swap-ins (CUDA graph)";
+const KVTIER_CPU: &str = "kvtier: the step's swap-ins (CPU executor)";
+const SGLANG_METHOD: &str = "SGLang 0.5.23's kernel: the step's swap-ins (CUDA graph)";
+const FLOOR_METHOD: &str = "link floor: each call's misses in one contiguous copy";
+
+/// The committed recipes (`bench/traces/`, embedded by build.rs):
+/// synthetic decode-step traces of three models at four batches and two
+/// contexts, calibrated to the published miss rate for their hot buffer
+/// (scripts/make-traces.sh).
+pub(super) const RECIPES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/trace_recipes.rs"));
+
+/// The recipes `--quick` replays (the smallest of each model).
+const QUICK: [&str; 3] = ["dsv32-32k-b8", "dsv4flash-32k-b8", "m3-32k-b8"];
+
+/// SGLang 0.5.23's decode CUDA-graph batch sizes without speculation
+/// (`generate_decode_cuda_graph_batch_sizes`: 1, 2, 4, 8, 12, then every 8
+/// to 256, every 16 to 512, every 32 beyond) up to `max_bs`, and `max_bs`.
+pub(super) fn decode_buckets(max_bs: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = [1, 2, 4, 8, 12]
+        .into_iter()
+        .chain((16..=256).step_by(8))
+        .chain((272..512).step_by(16))
+        .chain((512..=max_bs.max(512)).step_by(32))
+        .filter(|&b| b <= max_bs)
+        .collect();
+    if v.last() != Some(&max_bs) {
+        v.push(max_bs);
+    }
+    v
+}
+
+/// The graph a batch of `batch` requests replays: the smallest bucket that
+/// holds it (SGLang's default largest bucket on an H100 or H200 at TP < 4
+/// is 256, at TP ≥ 4 512; 512 here).
+pub(super) fn bucket_of(batch: u32) -> kvtier::Result<u32> {
+    decode_buckets(512)
+        .into_iter()
+        .find(|&b| b >= batch)
+        .ok_or_else(|| {
+            invalid(
+                "--trace",
+                format!("a step of {batch} requests is past SGLang's largest decode graph (512)"),
+            )
+        })
+}
+
+/// Where a trace comes from.
+enum Source {
+    Recipe(Box<TraceRecipe>),
+    File(std::path::PathBuf),
+}
+
+impl Source {
+    fn name(&self) -> String {
+        match self {
+            Source::Recipe(r) => r.name.clone(),
+            Source::File(p) => p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The sources a run replays: `--trace` (a trace or a recipe), else the
+    /// committed recipes (`--quick`: the smallest of each model).
+    fn chosen(b: &Bench) -> kvtier::Result<Vec<Source>> {
+        if let Some(path) = &b.args.trace {
+            // a committed recipe by its name
+            if !path.exists()
+                && let Some((_, text)) = RECIPES
+                    .iter()
+                    .find(|(name, _)| Path::new(name) == path.as_path())
+            {
+                return Ok(vec![Source::Recipe(Box::new(TraceRecipe::parse(text)?))]);
+            }
+            let mut head = Vec::new();
+            {
+                use std::io::Read;
+                let f = kvtier::shared_fs::open_input(path, "--trace")?;
+                f.take(4096)
+                    .read_to_end(&mut head)
+                    .map_err(|e| kvtier::Error::Io {
+                        context: format!("reading {}", path.display()),
+                        source: e,
+                    })?;
+            }
+            return Ok(vec![if TraceRecipe::looks_like(&head) {
+                let mut r = TraceRecipe::read(path)?;
+                if r.name.is_empty() {
+                    r.name = path.display().to_string();
+                }
+                Source::Recipe(Box::new(r))
+            } else {
+                Source::File(path.clone())
+            }]);
+        }
+        RECIPES
+            .iter()
+            .filter(|(name, _)| !b.args.quick || QUICK.contains(name))
+            .map(|(name, text)| {
+                TraceRecipe::parse(text)
+                    .map(|r| Source::Recipe(Box::new(r)))
+                    .map_err(|e| kvtier::Error::Pool(format!("the committed recipe {name}: {e}")))
+            })
+            .collect()
+    }
+
+    /// The header and the shape the replay allocates for (a first pass over
+    /// a file; a recipe's spec says it).
+    fn shape(&self) -> kvtier::Result<(TraceHeader, TraceShape, u32)> {
+        match self {
+            Source::Recipe(r) => {
+                let s = &r.spec;
+                let header = kvtier::trace::synth_header(s)?;
+                let total = s.warmup_steps + s.steps;
+                let shape = TraceShape {
+                    calls: (total * s.layers) as u64,
+                    calls_per_layer: vec![total as u64; s.layers as usize],
+                    max_seq: s.context + total,
+                    max_cols: s.top_k,
+                };
+                Ok((header, shape, s.requests))
+            }
+            Source::File(p) => {
+                let f = kvtier::shared_fs::open_input(p, "--trace")?;
+                let mut reader = TraceReader::new(std::io::BufReader::new(f))?;
+                let mut reqs = std::collections::BTreeSet::new();
+                let shape = TraceShape::of((&mut reader).inspect(|c| {
+                    if let Ok(c) = c {
+                        reqs.extend(c.rows.iter().map(|r| r.req));
+                    }
+                }))?;
+                if shape.calls == 0 {
+                    return Err(invalid(
+                        "--trace",
+                        format!("{} holds no calls", p.display()),
+                    ));
+                }
+                Ok((reader.header, shape, reqs.len() as u32))
+            }
+        }
+    }
+
+    /// Hands the trace's calls, a step at a time, to `step` (memory for one
+    /// step).
+    fn each_step(
+        &self,
+        mut step: impl FnMut(usize, &[TraceCall]) -> kvtier::Result<()>,
+    ) -> kvtier::Result<usize> {
+        let mut pending: Vec<TraceCall> = Vec::new();
+        let mut index = 0usize;
+        let mut push = |c: TraceCall, pending: &mut Vec<TraceCall>| -> kvtier::Result<()> {
+            if pending.last().is_some_and(|p| c.layer <= p.layer) {
+                step(index, pending)?;
+                index += 1;
+                pending.clear();
+            }
+            pending.push(c);
+            Ok(())
+        };
+        match self {
+            Source::Recipe(r) => {
+                r.synthesize_each(|c| push(c, &mut pending))?;
+            }
+            Source::File(p) => {
+                let f = kvtier::shared_fs::open_input(p, "--trace")?;
+                let mut reader = TraceReader::new(std::io::BufReader::new(f))?;
+                while let Some(c) = reader.next_call()? {
+                    push(c, &mut pending)?;
+                }
+            }
+        }
+        if !pending.is_empty() {
+            debug_assert_eq!(steps_of(&pending).len(), 1);
+            step(index, &pending)?;
+            index += 1;
+        }
+        Ok(index)
+    }
+}
+
+pub(super) fn points(b: &Bench) -> kvtier::Result<u64> {
+    Ok(Source::chosen(b)?.len() as u64)
+}
+
+pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
+    let sglang = match b.exec {
+        Executor::Cuda(_) => SglangKernels::from_env()?,
+        Executor::Cpu => None,
+    };
+    let mut rows = Vec::new();
+    for source in Source::chosen(b)? {
+        b.progress
+            .set_message(format!("decode-step: {}", source.name()));
+        rows.extend(Replay::run(b, &source, sglang.as_ref())?);
+        b.progress.inc(1);
+    }
+    Ok(rows)
+}
+
+/// A trace's replay: the state of every layer's hot buffers for the trace's
+/// request rows, and the buffers of one step's calls.
+struct Replay<'b> {
+    b: &'b Bench<'b>,
+    name: String,
+    model: String,
+    header: TraceHeader,
+    /// Request rows of the state (the trace's `req` values mapped densely).
+    rows: usize,
+    row_of: std::collections::HashMap<u32, usize>,
+    layers: usize,
+    hot: usize,
+    /// Query columns, and the entries a row resolves (columns × block tokens).
+    cols: usize,
+    entries: usize,
+    item: usize,
+    max_seq: usize,
+    /// Positions at the first step (a recipe's context; a file's longest).
+    context: usize,
+    bucket: usize,
+    /// Distinct device buffers (layer `l` uses `l % device_buffers`) and
+    /// distinct host rows (request row `r`'s position `t` is host row
+    /// `(r × max_seq + t) % host_rows`).
+    device_buffers: usize,
+    host_rows: usize,
+    /// `[layer][row][hot + 1]`, `[layer][row][hot]`: the state, its copy at
+    /// the step's start and at its end.
+    tokens: ExecVec<i32>,
+    lru: ExecVec<i16>,
+    start_tokens: ExecVec<i32>,
+    start_lru: ExecVec<i16>,
+    end_tokens: ExecVec<i32>,
+    end_lru: ExecVec<i16>,
+    locs: ExecVec<i32>,
+    host_locs: ExecVec<i64>,
+    device: Vec<ExecVec<u8>>,
+    /// Per layer: `[bucket][cols]` queries, `[bucket]` request rows and
+    /// lengths, `[bucket][entries]` page tables, and one miss plan.
+    topk: ExecVec<i32>,
+    req: ExecVec<i32>,
+    seq: ExecVec<i32>,
+    out: ExecVec<i32>,
+    num_real: ExecVec<i32>,
+    plan_src: ExecVec<i64>,
+    plan_dst: ExecVec<i32>,
+    plan_count: ExecVec<i32>,
+    pool: std::sync::Arc<Pool>,
+    region: Region,
+    tier: Tier,
+    /// A recipe's recorded per-layer misses, `[step][layer]`.
+    recorded: Option<Vec<Vec<u64>>>,
+}
+
+/// What the checked run of a step found.
+struct StepOutcome {
+    /// Per call: its layer, real rows and misses.
+    calls: Vec<(u32, usize, u64)>,
+    /// Rows whose misses were compared with a recorded outcome.
+    checked: u64,
+    /// Every layer's page tables after the step (`[layer][bucket][entries]`).
+    out: Vec<i32>,
+}
+
+impl<'b> Replay<'b> {
+    fn run(
+        b: &'b Bench<'b>,
+        source: &Source,
+        sglang: Option<&SglangKernels>,
+    ) -> kvtier::Result<Vec<Measurement>> {
+        let (header, shape, requests) = source.shape()?;
+        let mut r = Replay::new(b, source, header, &shape, requests)?;
+        let mut measured: Vec<Measurement> = Vec::new();
+        let warm = r.header.warmup_steps as usize;
+        let mut misses_by_step: Vec<Vec<u64>> = Vec::new();
+        let mut checked = 0u64;
+        let steps = source.each_step(|s, calls| {
+            let outcome = r.check_step(s, calls)?;
+            checked += outcome.checked;
+            let mut per_layer = vec![0u64; r.layers];
+            for &(layer, _, m) in &outcome.calls {
+                per_layer[layer as usize] += m;
+            }
+            if let Some(rec) = &r.recorded
+                && let Some(want) = rec.get(s)
+                && *want != per_layer
+            {
+                let l = (0..r.layers).find(|&l| want.get(l) != per_layer.get(l)).unwrap_or(0);
+                return Err(kvtier::Error::Pool(format!(
+                    "decode-step replay of {}: step {s}, layer {l}: {} misses, the recipe records {}",
+                    r.name,
+                    per_layer[l],
+                    want.get(l).copied().unwrap_or(0)
+                )));
+            }
+            misses_by_step.push(per_layer);
+            if s >= warm && !b.args.replay_only {
+                measured.extend(r.measure(s, calls, &outcome, sglang)?);
+            }
+            r.keep_end_state()
+        })?;
+        if steps <= warm {
+            return Err(invalid(
+                "--trace",
+                format!("{} has {steps} steps, all of them warm-up ({warm})", r.name),
+            ));
+        }
+        let total: u64 = misses_by_step.iter().flatten().sum();
+        let checked_words = match (checked, r.recorded.is_some()) {
+            (0, false) => "the trace records no outcome: the replay is not checked".to_string(),
+            (rows, recipe) => format!(
+                "every row's misses as the trace records them ({rows} rows{})",
+                if recipe {
+                    ", and each layer's total as the recipe records it"
+                } else {
+                    ""
+                }
+            ),
+        };
+        println!(
+            "\ndecode-step {}: replayed {} ({} warm-up), {total} misses in all; {checked_words}; bucket {} for {}; {} \
+             distinct device buffer(s) for {} layers; {} host rows{}",
+            r.name,
+            count(steps as u64, "step", "steps"),
+            warm,
+            r.bucket,
+            count(requests as u64, "request", "requests"),
+            r.device_buffers,
+            r.layers,
+            r.host_rows,
+            if r.host_rows < r.rows * r.max_seq {
+                format!(
+                    " (aliased: {} rows × {} positions share them, and every layer reads the same rows, which changes \
+                     address translation)",
+                    r.rows, r.max_seq
+                )
+            } else {
+                " (every layer reads the same rows, which changes address translation)".to_string()
+            }
+        );
+        Ok(with_totals(measured))
+    }
+
+    fn new(
+        b: &'b Bench<'b>,
+        source: &Source,
+        header: TraceHeader,
+        shape: &TraceShape,
+        requests: u32,
+    ) -> kvtier::Result<Self> {
+        let exec = &b.exec;
+        let layers = shape.layers().max(1) as usize;
+        let hot = header.hot as usize;
+        let cols = shape.max_cols.max(1) as usize;
+        let entries = cols * header.block_tokens.max(1) as usize;
+        // the trace's own item size; --entry only for a trace that names none
+        let item = match (header.item_bytes, b.args.entry.as_slice()) {
+            (0, []) => 656,
+            (0, [e]) => e.parse::<kvtier::EntryFormat>()?.bytes() as usize,
+            (0, _) => return Err(invalid("--entry", "a trace runs at one item size")),
+            (bytes, _) => bytes as usize,
+        };
+        if item % 8 != 0 {
+            return Err(invalid(
+                "--entry",
+                format!("items of {item} B: the swap-in moves multiples of 8 B (give --entry)"),
+            ));
+        }
+        let rows = requests.max(1) as usize;
+        let bucket = bucket_of(rows as u32)? as usize;
+        let max_seq = shape.max_seq.max(1) as usize;
+        // host rows: the pool budget, at most every (row, position)
+        let budget = b.pool_budget()?;
+        let host_rows = ((budget / item as u64) as usize).clamp(1, rows * max_seq);
+        let per_device = rows * (hot + 1) * item;
+        let device_budget: u64 = match exec {
+            Executor::Cpu => 1 << 30,
+            Executor::Cuda(dev) => dev
+                .memory_info()
+                .map(|(free, _)| free / 2)
+                .unwrap_or(8 << 30),
+        };
+        let device_buffers = ((device_budget / per_device.max(1) as u64) as usize).clamp(1, layers);
+        let locs: Vec<i32> = (0..(rows * (hot + 1)) as i32).collect();
+        let host_locs: Vec<i64> = (0..rows * max_seq)
+            .map(|i| (i % host_rows) as i64)
+            .collect();
+        let layout = LayerFirstLayout::new(item as u32, 1, host_rows as u32)?;
+        let pool = Pool::create(layout, b.pool_device(Pool::device_bytes_for(&layout, 1)?))?;
+        let region = pool.alloc_region()?;
+        let chunk = 4096usize;
+        let mut bytes = vec![0u8; chunk * item];
+        for first in (0..host_rows).step_by(chunk) {
+            let n = chunk.min(host_rows - first);
+            for (i, row) in bytes.chunks_mut(item).take(n).enumerate() {
+                row.fill(row_pattern(first + i));
+            }
+            pool.write_tokens(&region, 0, first as u32, &bytes[..n * item])?;
+        }
+        let mut tier = Tier::new(pool.clone(), exec.clone(), 1)?;
+        tier.enable_swap_in(bucket as u32, entries as u32)?;
+        let zeroed_i32 = |n: usize| ExecVec::<i32>::zeroed(exec, n);
+        let state_tokens = vec![-1i32; layers * rows * (hot + 1)];
+        let state_lru: Vec<i16> = (0..layers * rows).flat_map(|_| 0..hot as i16).collect();
+        let (name, model, recorded) = match source {
+            Source::Recipe(r) => (r.name.clone(), r.model.clone(), Some(r.misses.clone())),
+            Source::File(_) => (source.name(), "recorded".to_string(), None),
+        };
+        Ok(Replay {
+            b,
+            name,
+            model,
+            header,
+            rows,
+            row_of: Default::default(),
+            layers,
+            hot,
+            cols,
+            entries,
+            item,
+            max_seq,
+            context: match source {
+                Source::Recipe(r) => r.spec.context as usize,
+                Source::File(_) => max_seq,
+            },
+            bucket,
+            device_buffers,
+            host_rows,
+            tokens: ExecVec::from_host(exec, &state_tokens)?,
+            lru: ExecVec::from_host(exec, &state_lru)?,
+            start_tokens: ExecVec::from_host(exec, &state_tokens)?,
+            start_lru: ExecVec::from_host(exec, &state_lru)?,
+            end_tokens: ExecVec::from_host(exec, &state_tokens)?,
+            end_lru: ExecVec::from_host(exec, &state_lru)?,
+            locs: ExecVec::from_host(exec, &locs)?,
+            host_locs: ExecVec::from_host(exec, &host_locs)?,
+            device: (0..device_buffers)
+                .map(|_| ExecVec::<u8>::zeroed(exec, per_device))
+                .collect::<kvtier::Result<_>>()?,
+            topk: zeroed_i32(layers * bucket * cols)?,
+            req: zeroed_i32(layers * bucket)?,
+            seq: zeroed_i32(layers * bucket)?,
+            out: zeroed_i32(layers * bucket * entries)?,
+            num_real: zeroed_i32(layers)?,
+            plan_src: ExecVec::zeroed(exec, bucket * entries)?,
+            plan_dst: zeroed_i32(bucket * entries)?,
+            plan_count: zeroed_i32(bucket)?,
+            pool,
+            region,
+            tier,
+            recorded,
+        })
+    }
+
+    /// The state row of request `req` (the next free one for a new request).
+    fn state_row(&mut self, req: u32) -> kvtier::Result<usize> {
+        let next = self.row_of.len();
+        let rows = self.rows;
+        let r = *self.row_of.entry(req).or_insert(next);
+        if r >= rows {
+            return Err(kvtier::Error::Pool(format!(
+                "decode-step replay of {}: more request rows than the first pass counted",
+                self.name
+            )));
+        }
+        Ok(r)
+    }
+
+    /// Writes the step's queries, rows and lengths per layer (padding rows:
+    /// request row 0, length 1, queries -1; `num_real_reqs` the real ones).
+    fn upload(&mut self, calls: &[TraceCall]) -> kvtier::Result<()> {
+        let (p, k) = (self.bucket, self.cols);
+        for c in calls {
+            let l = c.layer as usize;
+            if l >= self.layers {
+                return Err(invalid(
+                    "--trace",
+                    format!("layer {l} is past the trace's {} layers", self.layers),
+                ));
+            }
+            if c.rows.len() > p {
+                return Err(kvtier::Error::Pool(format!(
+                    "decode-step replay of {}: a call of {} rows in a bucket of {p}",
+                    self.name,
+                    c.rows.len()
+                )));
+            }
+            let mut topk = vec![-1i32; p * k];
+            let mut req = vec![0i32; p];
+            let mut seq = vec![1i32; p];
+            for (i, row) in c.rows.iter().enumerate() {
+                topk[i * k..][..row.topk.len()].copy_from_slice(&row.topk);
+                req[i] = self.state_row(row.req)? as i32;
+                seq[i] = row.seq as i32;
+                if row.state.is_some() {
+                    self.write_row_state(l, req[i] as usize, row)?;
+                }
+            }
+            // SAFETY (all four): no call is running; the ranges are the layer's.
+            unsafe {
+                self.topk.write_at(l * p * k, &topk)?;
+                self.req.write_at(l * p, &req)?;
+                self.seq.write_at(l * p, &seq)?;
+                self.num_real.write_at(l, &[c.rows.len() as i32])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A recorded hot-buffer state, where the trace gives one.
+    fn write_row_state(
+        &self,
+        layer: usize,
+        row: usize,
+        r: &kvtier::trace::TraceRow,
+    ) -> kvtier::Result<()> {
+        let st = r.state.as_ref().expect("a state");
+        let h = self.hot;
+        // SAFETY: no call is running; the ranges are the row's.
+        unsafe {
+            self.tokens
+                .write_at((layer * self.rows + row) * (h + 1), &st.tokens)?;
+            self.lru.write_at((layer * self.rows + row) * h, &st.lru)?;
+        }
+        Ok(())
+    }
+
+    /// The swap-in arguments of layer `l`, with or without the miss plan.
+    ///
+    /// # Safety
+    /// The buffers hold the state as the executor addresses them, for as
+    /// long as the arguments are used.
+    unsafe fn args(&self, l: usize, host_cache: u64, plan: bool) -> SwapInArgs<'_> {
+        let (p, k, e, h) = (self.bucket, self.cols, self.entries, self.hot);
+        let loc = self.b.exec.location();
+        let dev = &self.device[l % self.device_buffers];
+        // SAFETY: per this function's contract; every range is inside its buffer.
+        unsafe {
+            SwapInArgs {
+                layer: None,
+                top_k_tokens: Buf::from_raw(self.topk.addr() + (l * p * k * 4) as u64, p * k, loc),
+                top_k_stride: k,
+                query: match self.header.block_tokens {
+                    0 => QueryKind::Tokens,
+                    s => QueryKind::Blocks { block_tokens: s },
+                },
+                device_buffer_tokens: BufMut::from_raw(
+                    self.tokens.addr() + (l * self.rows * (h + 1) * 4) as u64,
+                    self.rows * (h + 1),
+                    loc,
+                ),
+                tokens_stride: h + 1,
+                device_buffer_locs: Buf::from_raw(self.locs.addr(), self.locs.len(), loc),
+                locs_stride: h + 1,
+                lru_slots: BufMut::from_raw(
+                    self.lru.addr() + (l * self.rows * h * 2) as u64,
+                    self.rows * h,
+                    loc,
+                ),
+                lru_stride: h,
+                host_cache_locs: Buf::from_raw(self.host_locs.addr(), self.host_locs.len(), loc),
+                host_stride: self.max_seq,
+                max_tokens: self.max_seq as u32,
+                kv: KvBuffers::linear(
+                    self.item as u32,
+                    Buf::from_raw(host_cache, self.host_rows * self.item, loc),
+                    BufMut::from_raw(dev.addr(), dev.len(), loc),
+                )
+                .expect("items are multiples of 8"),
+                top_k_device_locs: BufMut::from_raw(
+                    self.out.addr() + (l * p * e * 4) as u64,
+                    p * e,
+                    loc,
+                ),
+                out_stride: e,
+                req_pool_indices: IndexBuf::I32(Buf::from_raw(
+                    self.req.addr() + (l * p * 4) as u64,
+                    p,
+                    loc,
+                )),
+                seq_lens: IndexBuf::I32(Buf::from_raw(
+                    self.seq.addr() + (l * p * 4) as u64,
+                    p,
+                    loc,
+                )),
+                num_real_reqs: Some(Buf::from_raw(self.num_real.addr() + (l * 4) as u64, 1, loc)),
+                num_requests: self.rows as u32,
+                num_top_k: k as u32,
+                hot_buffer_size: h as u32,
+                skip_io: false,
+                miss_plan: plan.then(|| MissPlan {
+                    src: BufMut::from_raw(self.plan_src.addr(), p * e, loc),
+                    dst: BufMut::from_raw(self.plan_dst.addr(), p * e, loc),
+                    stride: e,
+                    capacity: e,
+                    count: BufMut::from_raw(self.plan_count.addr(), p, loc),
+                }),
+            }
+        }
+    }
+
+    fn host_cache(&self) -> kvtier::Result<u64> {
+        match &self.b.exec {
+            Executor::Cpu => self.pool.region_host_addr(&self.region),
+            Executor::Cuda(dev) => self.pool.region_device_addr(&self.region, dev),
+        }
+    }
+
+    /// Uploads the step, keeps its start state, runs every call once with a
+    /// miss plan and compares each row's misses with the trace's outcome and
+    /// the first and last missed rows' bytes with their host rows; keeps the
+    /// end state.
+    fn check_step(&mut self, s: usize, calls: &[TraceCall]) -> kvtier::Result<StepOutcome> {
+        self.upload(calls)?;
+        let stream = Stream::null();
+        self.copy_state(StateCopy::ToStart, stream)?;
+        let host_cache = self.host_cache()?;
+        let mut out_calls = Vec::new();
+        let mut checked = 0u64;
+        for c in calls {
+            let l = c.layer as usize;
+            // SAFETY: the replay's buffers, alive for the call.
+            let a = unsafe { self.args(l, host_cache, true) };
+            self.tier
+                .swap_in_with(&a, SwapInStrategy::DEFAULT, stream)?;
+            self.tier.check(stream)?;
+            let counts = self.plan_count.read(0, c.rows.len())?;
+            let mut total = 0u64;
+            for (i, (row, &got)) in c.rows.iter().zip(&counts).enumerate() {
+                total += got.max(0) as u64;
+                checked += u64::from(row.misses.is_some());
+                if let Some(want) = row.misses
+                    && want as i32 != got
+                {
+                    return Err(kvtier::Error::Pool(format!(
+                        "decode-step replay of {}: step {s}, layer {l}, row {i} (request {}): {got} misses, the \
+                         trace records {want}",
+                        self.name, row.req
+                    )));
+                }
+            }
+            // the bytes of the first and last miss of the call's first row
+            // that missed, against its host row
+            if let Some(i) = counts.iter().position(|&n| n > 0) {
+                let e = self.entries;
+                let n = counts[i] as usize;
+                let src = self.plan_src.read(i * e, n)?;
+                let dst = self.plan_dst.read(i * e, n)?;
+                let dev = &self.device[l % self.device_buffers];
+                for (from, to) in [(src[0], dst[0]), (src[n - 1], dst[n - 1])] {
+                    let want = row_pattern(from as usize);
+                    if dev
+                        .read(to as usize * self.item, self.item)?
+                        .iter()
+                        .any(|&x| x != want)
+                    {
+                        return Err(kvtier::Error::Pool(format!(
+                            "benchmark self-check failed: decode-step {} step {s} layer {l}: device row {to} does not \
+                             hold host row {from}",
+                            self.name
+                        )));
+                    }
+                }
+            }
+            out_calls.push((c.layer, c.rows.len(), total));
+        }
+        self.copy_state(StateCopy::ToEnd, stream)?;
+        Ok(StepOutcome {
+            checked,
+            calls: out_calls,
+            out: self.out.to_vec()?,
+        })
+    }
+
+    fn copy_state(&self, which: StateCopy, stream: Stream) -> kvtier::Result<()> {
+        let exec = &self.b.exec;
+        let (t, l) = (4 * self.tokens.len(), 2 * self.lru.len());
+        let pairs = match which {
+            StateCopy::ToStart => [
+                (self.start_tokens.addr(), self.tokens.addr(), t),
+                (self.start_lru.addr(), self.lru.addr(), l),
+            ],
+            StateCopy::ToEnd => [
+                (self.end_tokens.addr(), self.tokens.addr(), t),
+                (self.end_lru.addr(), self.lru.addr(), l),
+            ],
+            StateCopy::FromEnd => [
+                (self.tokens.addr(), self.end_tokens.addr(), t),
+                (self.lru.addr(), self.end_lru.addr(), l),
+            ],
+        };
+        for (dst, src, bytes) in pairs {
+            // SAFETY: buffers of equal length, in stream order.
+            unsafe { transfer::copy_within(exec, dst, src, bytes, stream)? };
+        }
+        if let Executor::Cuda(dev) = exec {
+            dev.synchronize(stream)?;
+        }
+        Ok(())
+    }
+
+    /// The next step starts where this one's checked run ended.
+    fn keep_end_state(&mut self) -> kvtier::Result<()> {
+        self.copy_state(StateCopy::FromEnd, Stream::null())
+    }
+
+    /// Times the step three ways (see the module's doc) from its start state.
+    fn measure(
+        &mut self,
+        s: usize,
+        calls: &[TraceCall],
+        outcome: &StepOutcome,
+        sglang: Option<&SglangKernels>,
+    ) -> kvtier::Result<Vec<Measurement>> {
+        let b = self.b;
+        let exec = &b.exec;
+        let clock = Clock::new(exec)?;
+        let host_cache = self.host_cache()?;
+        let this = &*self;
+        let reset = |st: Stream| -> kvtier::Result<()> {
+            let (t, l) = (4 * this.tokens.len(), 2 * this.lru.len());
+            // SAFETY: buffers of equal length, in stream order.
+            unsafe {
+                transfer::copy_within(exec, this.tokens.addr(), this.start_tokens.addr(), t, st)?;
+                transfer::copy_within(exec, this.lru.addr(), this.start_lru.addr(), l, st)
+            }
+        };
+        let kvtier_calls = |st: Stream| -> kvtier::Result<()> {
+            for c in calls {
+                // SAFETY: the replay's buffers, alive until after the timing.
+                let a = unsafe { this.args(c.layer as usize, host_cache, false) };
+                this.tier.swap_in_with(&a, SwapInStrategy::DEFAULT, st)?;
+            }
+            Ok(())
+        };
+        let same_tables = |what: &str| -> kvtier::Result<()> {
+            if this.out.to_vec()? != outcome.out {
+                return Err(kvtier::Error::Pool(format!(
+                    "benchmark self-check failed: decode-step {} step {s}: {what} gave other page tables than the \
+                     checked run",
+                    this.name
+                )));
+            }
+            Ok(())
+        };
+        let (kv, kv_method) = match exec {
+            Executor::Cuda(dev) => {
+                let graph =
+                    kvtier::cuda::CudaGraph::capture(dev, graph_stream(&clock), kvtier_calls)?;
+                let t = b.time(&clock, Timing::Device, reset, |st| graph.launch(st))?;
+                (t, KVTIER_GRAPH)
+            }
+            Executor::Cpu => (
+                b.time(&clock, Timing::Device, reset, kvtier_calls)?,
+                KVTIER_CPU,
+            ),
+        };
+        this.tier.check(clock.stream())?;
+        same_tables("kvtier's graph")?;
+        // SGLang's kernel, where its harness takes the shape
+        let theirs = match (sglang, exec) {
+            (Some(k), Executor::Cuda(dev))
+                if this.header.block_tokens == 0
+                    && this.cols == 2048
+                    && (this.hot == 4096 || this.hot == 8192) =>
+            {
+                let mut engine = kvtier::SwapInEngine::new(exec.clone())?;
+                engine.reserve(this.bucket as u32, this.entries as u32)?;
+                let params = calls
+                    .iter()
+                    .map(|c| {
+                        // SAFETY: the replay's buffers, alive until after the timing.
+                        let a = unsafe { this.args(c.layer as usize, host_cache, false) };
+                        engine.swap_in_params(&a, SwapInStrategy::DEFAULT)
+                    })
+                    .collect::<kvtier::Result<Vec<_>>>()?;
+                let launch_all = |st: Stream| -> kvtier::Result<()> {
+                    for p in &params {
+                        // SAFETY: parameters checked for device buffers alive until after the timing.
+                        unsafe { k.swap_in(p, st)? };
+                    }
+                    Ok(())
+                };
+                // once outside a graph (a lazy first launch is no graph's)
+                reset(clock.stream())?;
+                launch_all(clock.stream())?;
+                clock.sync()?;
+                same_tables("SGLang's kernel")?;
+                let graph =
+                    kvtier::cuda::CudaGraph::capture(dev, graph_stream(&clock), launch_all)?;
+                let t = b.time(&clock, Timing::Device, reset, |st| graph.launch(st))?;
+                same_tables("SGLang's kernel in a graph")?;
+                Some(t)
+            }
+            _ => None,
+        };
+        // the floor: each call's missed bytes in one contiguous copy
+        let host_base = this.pool.region_host_addr(&this.region)?;
+        let copies: Vec<(u64, usize)> = outcome
+            .calls
+            .iter()
+            .map(|&(layer, _, m)| {
+                let dev = &this.device[layer as usize % this.device_buffers];
+                (
+                    dev.addr(),
+                    (m as usize * this.item)
+                        .min(dev.len())
+                        .min(this.host_rows * this.item),
+                )
+            })
+            .filter(|&(_, bytes)| bytes > 0)
+            .collect();
+        let floor_calls = |st: Stream| -> kvtier::Result<()> {
+            for &(dst, bytes) in &copies {
+                // SAFETY: the pool's registered rows and a device buffer, each at least `bytes` long.
+                unsafe {
+                    transfer::contiguous(exec, Dir::HostToDevice, host_base, dst, bytes, st)?
+                };
+            }
+            Ok(())
+        };
+        let none = |_: Stream| Ok(());
+        let floor = match exec {
+            Executor::Cuda(dev) if !copies.is_empty() => {
+                let graph =
+                    kvtier::cuda::CudaGraph::capture(dev, graph_stream(&clock), floor_calls)?;
+                Some(b.time(&clock, Timing::Device, none, |st| graph.launch(st))?)
+            }
+            _ if !copies.is_empty() => Some(b.time(&clock, Timing::Device, none, floor_calls)?),
+            _ => None,
+        };
+        let misses: u64 = outcome.calls.iter().map(|c| c.2).sum();
+        let rows: usize = outcome.calls.iter().map(|c| c.1).sum();
+        let batch = outcome.calls.iter().map(|c| c.1).max().unwrap_or(0);
+        let params = self.params(json!(s), 1, calls.len(), batch, rows, misses);
+        let bytes = misses as usize * self.item;
+        let row = |method, t, limit| Measurement::new(SCENARIO, method, &params, bytes, t, limit);
+        let mut out = vec![row(kv_method, kv, false)];
+        if let Some(t) = theirs {
+            out.push(row(SGLANG_METHOD, t, false));
+        }
+        if let Some(t) = floor {
+            out.push(row(FLOOR_METHOD, t, true));
+        }
+        Ok(out)
+    }
+
+    fn params(
+        &self,
+        step: serde_json::Value,
+        steps: usize,
+        calls: usize,
+        batch: usize,
+        rows: usize,
+        misses: u64,
+    ) -> Vec<(&'static str, serde_json::Value)> {
+        vec![
+            ("model", json!(self.model)),
+            ("source", json!(self.name)),
+            ("context", json!(self.context)),
+            ("hot", json!(self.hot)),
+            ("k", json!(self.entries)),
+            ("entry", json!(self.item)),
+            ("batch", json!(batch)),
+            ("bucket", json!(self.bucket)),
+            ("step", step),
+            ("measured_steps", json!(steps)),
+            ("calls", json!(calls)),
+            ("rows_total", json!(rows)),
+            ("misses_total", json!(misses)),
+            ("entries_total", json!(rows * self.entries)),
+            ("host_rows", json!(self.host_rows)),
+            ("device_buffers", json!(self.device_buffers)),
+        ]
+    }
+}
+
+#[derive(Clone, Copy)]
+enum StateCopy {
+    ToStart,
+    ToEnd,
+    FromEnd,
+}
+
+/// The stream a graph is captured on: the clock's own.
+fn graph_stream(clock: &Clock) -> &kvtier::cuda::OwnedStream {
+    match clock {
+        Clock::Cuda { stream, .. } => stream,
+        Clock::Wall => unreachable!("graphs are captured on the CUDA executor only"),
+    }
+}
+
+/// Each method's line for all measured steps of a trace: the sum of its
+/// steps' medians (and quartiles), the fewest samples of any step.
+fn with_totals(rows: Vec<Measurement>) -> Vec<Measurement> {
+    let mut out = rows.clone();
+    let mut keys: Vec<(String, &'static str)> = Vec::new();
+    for m in &rows {
+        let k = (source_of(m), m.method);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    for (source, method) in keys {
+        let mine: Vec<&Measurement> = rows
+            .iter()
+            .filter(|m| source_of(m) == source && m.method == method)
+            .collect();
+        let first = mine[0];
+        let sum = |f: &dyn Fn(&Stats) -> f64| mine.iter().map(|m| f(&m.time)).sum::<f64>();
+        let time = Stats {
+            median_us: sum(&|t| t.median_us),
+            q1_us: sum(&|t| t.q1_us),
+            q3_us: sum(&|t| t.q3_us),
+            p99_us: None,
+            max_us: sum(&|t| t.max_us),
+            samples: mine.iter().map(|m| m.time.samples).min().unwrap_or(0),
+        };
+        let total = |k: &str| {
+            mine.iter()
+                .map(|m| {
+                    m.params
+                        .iter()
+                        .find(|(x, _)| *x == k)
+                        .and_then(|(_, v)| v.as_u64())
+                        .unwrap_or(0)
+                })
+                .sum::<u64>()
+        };
+        let params: Vec<(&'static str, serde_json::Value)> = first
+            .params
+            .iter()
+            .map(|(k, v)| {
+                let v = match *k {
+                    "step" => json!("all"),
+                    "measured_steps" => json!(mine.len()),
+                    "calls" | "rows_total" | "misses_total" | "entries_total" => json!(total(k)),
+                    _ => v.clone(),
+                };
+                (*k, v)
+            })
+            .collect();
+        out.push(Measurement {
+            scenario: SCENARIO,
+            method,
+            params,
+            bytes: mine.iter().map(|m| m.bytes).sum(),
+            time,
+            limit: first.limit,
+        });
+    }
+    out
+}
+
+fn source_of(m: &Measurement) -> String {
+    m.params
+        .iter()
+        .find(|(k, _)| *k == "source")
+        .map(|(_, v)| v.to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SGLang 0.5.23's decode buckets: a batch replays the smallest that
+    /// holds it.
+    #[test]
+    fn a_batch_replays_in_sglangs_smallest_bucket_that_holds_it() {
+        let b = decode_buckets(512);
+        assert_eq!(&b[..7], &[1, 2, 4, 8, 12, 16, 24]);
+        assert!(
+            b.contains(&256) && b.contains(&272) && !b.contains(&264) && b.last() == Some(&512)
+        );
+        let of = |n| bucket_of(n).unwrap();
+        assert_eq!(
+            [
+                of(1),
+                of(3),
+                of(5),
+                of(8),
+                of(13),
+                of(100),
+                of(128),
+                of(257),
+                of(300)
+            ],
+            [1, 4, 8, 8, 16, 104, 128, 272, 304]
+        );
+        assert!(bucket_of(513).is_err());
+        assert_eq!(decode_buckets(100).last(), Some(&100));
+    }
+
+    /// Every committed recipe parses, names its model and calibration, and
+    /// records a total for every step and layer.
+    #[test]
+    fn the_committed_recipes_read_and_say_where_their_numbers_come_from() {
+        assert_eq!(
+            RECIPES.len(),
+            24,
+            "three models × batch 8, 32, 64, 128 × 32K and 128K"
+        );
+        for (name, text) in RECIPES {
+            let r = TraceRecipe::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(&r.name, name);
+            let c = r.calibration.as_ref().expect("calibrated");
+            assert!(c.source.contains("published"), "{name}");
+            assert!(
+                (c.pilot_miss_rate - c.target_miss_rate).abs() < 0.01,
+                "{name}"
+            );
+            assert!(r.spec.provenance.contains("assumption"), "{name}");
+            assert_eq!(
+                r.misses.len(),
+                (r.spec.steps + r.spec.warmup_steps) as usize
+            );
+        }
+        for q in QUICK {
+            assert!(RECIPES.iter().any(|(n, _)| *n == q), "{q}");
+        }
+    }
+}
