@@ -222,3 +222,10 @@ def test_a_recorded_trace_replays_to_the_hits_and_misses_of_its_run(with_kvtier,
     smaller, bigger = replay(max(hot // 2, 1), hot * 2)
     assert bigger["misses"] <= at_hot["misses"], (bigger, at_hot)
     assert smaller["hits"] + smaller["misses"] > 0
+    # the decode-step scenario replays the same file a step at a time (every
+    # recorded layer's call, at SGLang's padded batch) to the run's misses
+    out = subprocess.run([sys.executable, "-m", "kvtier", "bench", "--scenario", "decode-step", "--trace", str(file),
+                          "--replay-only", "--executor", "cpu", "--pool-memory", "64MiB"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f", {st.misses} misses in all;" in out.stdout, out.stdout

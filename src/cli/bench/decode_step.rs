@@ -50,6 +50,8 @@ pub(crate) const DECODE_STEP_KVTIER_METHOD: &str = "kvtier: the step's swap-ins"
 const KVTIER_GRAPH: &str = "kvtier: the step's swap-ins (CUDA graph)";
 const KVTIER_CPU: &str = "kvtier: the step's swap-ins (CPU executor)";
 const SGLANG_METHOD: &str = "SGLang 0.5.23's kernel: the step's swap-ins (CUDA graph)";
+const SGLANG_LAUNCHES: &str =
+    "SGLang 0.5.23's kernel: the step's swap-ins (launched one by one, no graph)";
 const FLOOR_METHOD: &str = "link floor: each call's misses in one contiguous copy";
 
 /// The committed recipes (`bench/traces/`, embedded by build.rs):
@@ -253,6 +255,9 @@ struct Replay<'b> {
     b: &'b Bench<'b>,
     name: String,
     model: String,
+    /// Where the trace's selections come from, in a few words for every
+    /// line and figure panel: synthetic (calibrated or not) or recorded.
+    selections: &'static str,
     header: TraceHeader,
     /// Request rows of the state (the trace's `req` values mapped densely).
     rows: usize,
@@ -365,7 +370,7 @@ impl<'b> Replay<'b> {
                 }
             ),
         };
-        println!(
+        let said = format!(
             "\ndecode-step {}: replayed {} ({} warm-up), {total} misses in all; {checked_words}; bucket {} for {}; {} \
              distinct device buffer(s) for {} layers; {} host rows{}",
             r.name,
@@ -386,6 +391,7 @@ impl<'b> Replay<'b> {
                 " (every layer reads the same rows, which changes address translation)".to_string()
             }
         );
+        b.progress.suspend(|| println!("{said}"));
         Ok(with_totals(measured))
     }
 
@@ -410,8 +416,8 @@ impl<'b> Replay<'b> {
         };
         if item % 8 != 0 {
             return Err(invalid(
-                "--entry",
-                format!("items of {item} B: the swap-in moves multiples of 8 B (give --entry)"),
+                "--trace",
+                format!("the trace's items are {item} B: the swap-in moves multiples of 8 B"),
             ));
         }
         let rows = requests.max(1) as usize;
@@ -458,6 +464,13 @@ impl<'b> Replay<'b> {
             b,
             name,
             model,
+            selections: match source {
+                Source::Recipe(r) if r.calibration.is_some() => {
+                    "synthetic, calibrated to a published miss rate"
+                }
+                _ if header.synthetic => "synthetic",
+                _ => "recorded",
+            },
             header,
             rows,
             row_of: Default::default(),
@@ -819,7 +832,7 @@ impl<'b> Replay<'b> {
                     .map(|c| {
                         // SAFETY: the replay's buffers, alive until after the timing.
                         let a = unsafe { this.args(c.layer as usize, host_cache, false) };
-                        engine.swap_in_params(&a, SwapInStrategy::DEFAULT)
+                        engine.swap_in_params(&a, SwapInStrategy::PlanThenCopy)
                     })
                     .collect::<kvtier::Result<Vec<_>>>()?;
                 let launch_all = |st: Stream| -> kvtier::Result<()> {
@@ -834,11 +847,25 @@ impl<'b> Replay<'b> {
                 launch_all(clock.stream())?;
                 clock.sync()?;
                 same_tables("SGLang's kernel")?;
-                let graph =
-                    kvtier::cuda::CudaGraph::capture(dev, graph_stream(&clock), launch_all)?;
-                let t = b.time(&clock, Timing::Device, reset, |st| graph.launch(st))?;
-                same_tables("SGLang's kernel in a graph")?;
-                Some(t)
+                // its launcher is the CUDA runtime's: where it cannot be
+                // captured, its launches one after the other, said so
+                match kvtier::cuda::CudaGraph::capture(dev, graph_stream(&clock), launch_all) {
+                    Ok(graph) => {
+                        let t = b.time(&clock, Timing::Device, reset, |st| graph.launch(st))?;
+                        same_tables("SGLang's kernel in a graph")?;
+                        Some((t, SGLANG_METHOD))
+                    }
+                    Err(e) => {
+                        eprintln!(
+                            "note: decode-step {}: SGLang's kernel could not be captured in a CUDA graph ({e}); \
+                             its launches are timed one after the other",
+                            this.name
+                        );
+                        let t = b.time(&clock, Timing::Device, reset, launch_all)?;
+                        same_tables("SGLang's kernel")?;
+                        Some((t, SGLANG_LAUNCHES))
+                    }
+                }
             }
             _ => None,
         };
@@ -884,8 +911,8 @@ impl<'b> Replay<'b> {
         let bytes = misses as usize * self.item;
         let row = |method, t, limit| Measurement::new(SCENARIO, method, &params, bytes, t, limit);
         let mut out = vec![row(kv_method, kv, false)];
-        if let Some(t) = theirs {
-            out.push(row(SGLANG_METHOD, t, false));
+        if let Some((t, method)) = theirs {
+            out.push(row(method, t, false));
         }
         if let Some(t) = floor {
             out.push(row(FLOOR_METHOD, t, true));
@@ -904,6 +931,7 @@ impl<'b> Replay<'b> {
     ) -> Vec<(&'static str, serde_json::Value)> {
         vec![
             ("model", json!(self.model)),
+            ("selections", json!(self.selections)),
             ("source", json!(self.name)),
             ("context", json!(self.context)),
             ("hot", json!(self.hot)),
