@@ -348,3 +348,87 @@ fn plan_defaults_to_the_published_miss_rate_and_shows_the_spread() {
         "{out}"
     );
 }
+
+/// A trace of a DSA model with shared-index layers (SGLang's
+/// `index_topk_freq`, a synthetic configuration): calls of the anchors only;
+/// the replay runs each anchor's swap-in with its miss plan and the shared
+/// layers' replays of it, checks their bytes, and counts their bytes in the
+/// step's.
+#[test]
+fn shared_index_layers_replay_their_anchors_plans() {
+    let d = dir("shared");
+    let trace = d.join("t.jsonl");
+    let mut args = vec![
+        "trace",
+        "synth",
+        "-o",
+        trace.to_str().unwrap(),
+        "--overlap",
+        "0.8",
+        "--index-topk-freq",
+        "2",
+        "--item-bytes",
+        "64",
+    ];
+    args.extend(SHAPE);
+    let (ok, out, err) = kvtier(&args);
+    assert!(ok && out.contains("index_topk_freq 2"), "{out}{err}");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let mut lines = text.lines();
+    let header: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(
+        (
+            header["index_topk_freq"].as_u64(),
+            header["layers"].as_u64()
+        ),
+        (Some(2), Some(3))
+    );
+    // layers 0 and 1 select; layer 2 reuses layer 1's selection
+    let layers: Vec<u64> = lines
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["layer"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(&layers[..4], &[0, 1, 0, 1]);
+
+    let json = d.join("ds.jsonl");
+    let (ok, out, err) = kvtier(&[
+        "bench",
+        "--scenario",
+        "decode-step",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--executor",
+        "cpu",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--pool-memory",
+        "16MiB",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains(
+            "1 shared-index layers of 3 (SGLang's index_topk_freq 2) replay their anchors' miss plans"
+        ),
+        "{out}"
+    );
+    let all: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|l: &serde_json::Value| l["params"]["step"] == "all")
+        .collect();
+    // the bytes: layer 0's misses once, layer 1's twice (its own, and
+    // layer 2's replay of them); both more than the misses alone
+    let kv = all.iter().find(|l| l["is_limit"] == false).unwrap();
+    let misses = kv["params"]["misses_total"].as_u64().unwrap();
+    let bytes = kv["bytes"].as_u64().unwrap();
+    assert!(bytes > misses * 64 && bytes < 2 * misses * 64, "{kv}");
+    let _ = std::fs::remove_dir_all(&d);
+}

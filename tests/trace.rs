@@ -27,6 +27,7 @@ fn spec() -> SynthSpec {
         item_bytes: 0,
         outcomes: false,
         provenance: String::new(),
+        index_topk_freq: 1,
     }
 }
 
@@ -213,6 +214,8 @@ fn a_recorded_state_is_used_at_its_size_and_fitted_at_others() {
         note: String::new(),
         truncated: false,
         warmup_steps: 0,
+        index_topk_freq: 1,
+        layers: 0,
     };
     let state = RowState {
         tokens: vec![11, 10, 3, -1],

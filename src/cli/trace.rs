@@ -94,6 +94,13 @@ pub struct SynthArgs {
     /// Leave the rows' outcomes (their misses at --hot) out of the trace.
     #[arg(long)]
     no_outcomes: bool,
+    /// SGLang's `index_topk_freq` for DSA models: above 1, layers 0, 1,
+    /// 1 + K, 1 + 2K, ... select their own top-k and every other layer
+    /// reuses the one below it, replaying its miss plan (no call of its
+    /// own in the trace). None of the presets sets it: a trace with it is
+    /// a synthetic configuration (its header says so).
+    #[arg(long, default_value_t = 1)]
+    index_topk_freq: u32,
 }
 
 pub fn run(cmd: TraceCommand) -> kvtier::Result<()> {
@@ -136,7 +143,24 @@ fn synth(a: SynthArgs) -> kvtier::Result<()> {
         seed: a.seed,
         outcomes: !a.no_outcomes,
         provenance: model.as_ref().map(|m| m.source.clone()).unwrap_or_default(),
+        index_topk_freq: a.index_topk_freq,
     };
+    if a.index_topk_freq > 1 {
+        let said = format!(
+            "shared-index layers by SGLang's index_topk_freq {} applied to this shape: a synthetic configuration{}",
+            a.index_topk_freq,
+            if model.is_some() {
+                " (the model's own has none)"
+            } else {
+                ""
+            }
+        );
+        spec.provenance = if spec.provenance.is_empty() {
+            said
+        } else {
+            format!("{}; {said}", spec.provenance)
+        };
+    }
     // checked before anything is searched or made
     synth_header(&spec)?;
     let calibration = match a.miss_rate.as_deref() {

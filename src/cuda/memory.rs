@@ -394,6 +394,58 @@ impl Drop for EventTimer {
     }
 }
 
+/// An event that orders work between two streams (no timing): recorded on
+/// one, waited for on another; both are captured into a CUDA graph as the
+/// edge between its branches, as an engine forks a side stream off its
+/// decode step and joins it again.
+pub struct StreamEvent {
+    dev: Arc<CudaDevice>,
+    raw: sys::CUevent,
+}
+
+impl StreamEvent {
+    pub fn new(dev: &Arc<CudaDevice>) -> Result<Self> {
+        let _bound = dev.bind()?;
+        let raw = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .call("cuEventCreate")?;
+        Ok(StreamEvent {
+            dev: dev.clone(),
+            raw,
+        })
+    }
+
+    /// Records the event on `stream`: the point a [`StreamEvent::wait`] waits for.
+    pub fn record(&self, stream: Stream) -> Result<()> {
+        let _bound = self.dev.bind()?;
+        // SAFETY: live event and stream.
+        unsafe { result::event::record(self.raw, stream.raw()) }.call("cuEventRecord")
+    }
+
+    /// Makes the work enqueued on `stream` from now on wait for the last
+    /// recording of the event.
+    pub fn wait(&self, stream: Stream) -> Result<()> {
+        let _bound = self.dev.bind()?;
+        // SAFETY: live event and stream.
+        unsafe {
+            result::stream::wait_event(
+                stream.raw(),
+                self.raw,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .call("cuStreamWaitEvent")
+    }
+}
+
+impl Drop for StreamEvent {
+    fn drop(&mut self) {
+        if let Ok(_bound) = self.dev.bind() {
+            // SAFETY: created by `new`, destroyed once.
+            let _ = unsafe { result::event::destroy(self.raw) };
+        }
+    }
+}
+
 /// The device-side error word the kernels report into, and beside it the
 /// word a take moves it into (so a take allocates nothing).
 pub(crate) struct DeviceErrorWord {

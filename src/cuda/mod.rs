@@ -19,6 +19,7 @@ pub use graph::CudaGraph;
 pub use kernels::{BLOCK_THREADS, FatbinImage, Kernel, KernelBuild};
 pub use memory::{
     DeviceBuffer, EventTimer, HostRegistration, OwnedStream, REGISTER_FLAGS, REGISTER_IOMEMORY,
+    StreamEvent,
 };
 pub(crate) use memory::{DeviceErrorWord, DeviceSnapshot, copy_to_device_async};
 
@@ -394,6 +395,25 @@ impl CudaDevice {
         // SAFETY: per this function's contract.
         unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.raw()) }
             .call("cuMemcpyDtoDAsync")
+    }
+
+    /// Enqueues setting `bytes` bytes of device memory to `value` on
+    /// `stream` (the benchmark's stand-in for a layer's compute: it keeps the
+    /// SMs and HBM busy for a time measured alone).
+    ///
+    /// # Safety
+    /// `dst..dst + bytes` must be device memory of this device, valid until
+    /// the set completes.
+    pub unsafe fn memset_async(
+        &self,
+        dst: u64,
+        value: u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        let _bound = self.bind()?;
+        // SAFETY: per this function's contract.
+        unsafe { result::memset_d8_async(dst, value, bytes, stream.raw()) }.call("cuMemsetD8Async")
     }
 
     /// The device address of host memory that is page-locked and mapped for

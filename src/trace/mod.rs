@@ -12,7 +12,9 @@
 //! for token queries, else the tokens per block id of a block query;
 //! `item_bytes` the bytes a miss moves, 0 if unknown; `warmup_steps`, where
 //! given, the decode steps at the start that only bring the hot buffers to
-//! their steady state: a replay of the decode step runs them untimed).
+//! their steady state: a replay of the decode step runs them untimed;
+//! `index_topk_freq` and `layers`, where given, SGLang's shared-index layers:
+//! see [`shared_index_anchor`]).
 //! Every other line is one swap-in call of one layer: `{"layer": l, "rows":
 //! [{"req": r, "seq": n, "topk": [...], "state": {"tokens": [...], "lru":
 //! [...]}, "misses": m}, ...]}`, its real batch rows (padding rows are not
@@ -80,6 +82,14 @@ pub struct TraceHeader {
     pub note: String,
     /// Decode steps at the start that only warm the hot buffers up.
     pub warmup_steps: u32,
+    /// SGLang's `index_topk_freq` (1: every layer has its own selection):
+    /// above 1, the layers [`shared_index_anchor`] names reuse an anchor
+    /// layer's selection and replay its miss plan; the trace has calls of
+    /// the anchors only.
+    pub index_topk_freq: u32,
+    /// The model's swap-in layers, shared-index ones included (0: the
+    /// layers the calls name).
+    pub layers: u32,
     /// Read from a file whose last line was cut off (not written).
     pub truncated: bool,
 }
@@ -194,6 +204,14 @@ impl<R: BufRead> TraceReader<R> {
             warmup_steps: match h.get("warmup_steps") {
                 None => 0,
                 Some(_) => uint(&h, "warmup_steps", u32::MAX as u64, 1)? as u32,
+            },
+            index_topk_freq: match h.get("index_topk_freq") {
+                None => 1,
+                Some(_) => uint(&h, "index_topk_freq", MAX_COUNTED_LAYERS as u64, 1)?.max(1) as u32,
+            },
+            layers: match h.get("layers") {
+                None => 0,
+                Some(_) => uint(&h, "layers", MAX_COUNTED_LAYERS as u64, 1)? as u32,
             },
             truncated: false,
         };
@@ -473,6 +491,12 @@ pub fn write_header(w: &mut impl Write, h: &TraceHeader) -> Result<()> {
     if h.warmup_steps > 0 {
         header["warmup_steps"] = json!(h.warmup_steps);
     }
+    if h.index_topk_freq > 1 {
+        header["index_topk_freq"] = json!(h.index_topk_freq);
+    }
+    if h.layers > 0 {
+        header["layers"] = json!(h.layers);
+    }
     writeln!(w, "{header}").map_err(write_io)
 }
 
@@ -674,6 +698,21 @@ pub fn states_before(trace: &Trace, hot: u32, wanted: &[usize]) -> Result<Vec<Ve
         },
     )?;
     Ok(out)
+}
+
+/// The layer whose selection and miss plan `layer` reuses under SGLang's
+/// `index_topk_freq` rule (DSA models, without `index_skip_topk_offset`):
+/// with a frequency `k` above 1, layer `i` computes its own selection when
+/// `max(i - 1, 0)` is a multiple of `k` (layers 0, 1, 1 + k, 1 + 2k, ...),
+/// and every other layer reuses the nearest such layer below it, replaying
+/// its miss plan (`copy_cache_planned_mla`) on a side stream. None: `layer`
+/// computes its own.
+pub fn shared_index_anchor(layer: u32, freq: u32) -> Option<u32> {
+    let computes = |i: u32| freq <= 1 || i.saturating_sub(1) % freq == 0;
+    if computes(layer) {
+        return None;
+    }
+    (0..layer).rev().find(|&i| computes(i))
 }
 
 /// The decode steps of a run of calls: a call whose layer is not above the
@@ -1041,6 +1080,7 @@ mod tests {
             item_bytes: 0,
             outcomes: false,
             provenance: String::new(),
+            index_topk_freq: 1,
         })
         .unwrap()
     }
@@ -1055,6 +1095,34 @@ mod tests {
             || Ok(t.calls.iter().map(|c| Ok(std::borrow::Cow::Borrowed(c)))),
             |_, _, _| {},
         )
+    }
+
+    /// SGLang's `index_topk_freq` rule (DSA, no offset): layers 0, 1,
+    /// 1 + k, 1 + 2k, ... select; the others reuse the nearest one below.
+    #[test]
+    fn shared_index_layers_follow_sglangs_rule() {
+        let anchors = |freq, n| {
+            (0..n)
+                .map(|l| shared_index_anchor(l, freq))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(anchors(1, 4), [None; 4]);
+        assert_eq!(anchors(2, 6), [None, None, Some(1), None, Some(3), None]);
+        assert_eq!(
+            anchors(4, 10),
+            [
+                None,
+                None,
+                Some(1),
+                Some(1),
+                Some(1),
+                None,
+                Some(5),
+                Some(5),
+                Some(5),
+                None
+            ]
+        );
     }
 
     /// Rows of different layers share no state: a replay split into passes
@@ -1089,6 +1157,8 @@ mod tests {
             note: String::new(),
             truncated: false,
             warmup_steps: 0,
+            index_topk_freq: 1,
+            layers: 0,
         };
         let calls: Vec<TraceCall> = (0..5000)
             .map(|req| TraceCall {
@@ -1154,6 +1224,7 @@ mod tests {
             item_bytes: 0,
             outcomes: false,
             provenance: String::new(),
+            index_topk_freq: 1,
         };
         let mut calls = 0;
         let e = synthesize_each(&spec, |_| {

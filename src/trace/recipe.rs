@@ -269,6 +269,7 @@ impl TraceRecipe {
             "run_len": s.run_len,
             "recent": s.recent,
             "seed": s.seed,
+            "index_topk_freq": s.index_topk_freq.max(1),
             "calibration": self.calibration.as_ref().map(|c| json!({
                 "target_miss_rate": c.target_miss_rate,
                 "source": c.source,
@@ -346,6 +347,10 @@ impl TraceRecipe {
                 .ok_or_else(|| bad("`seed` is missing or not an unsigned integer".into()))?,
             outcomes: true,
             provenance: text_of("provenance")?,
+            index_topk_freq: match v.get("index_topk_freq") {
+                None => 1,
+                Some(_) => uint("index_topk_freq")?.max(1),
+            },
         };
         synth_header(&spec)?;
         let calibration = match v.get("calibration") {

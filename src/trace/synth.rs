@@ -39,6 +39,9 @@ pub struct SynthSpec {
     /// Said in the header's note before the generator's own words: what the
     /// trace stands for and where its numbers come from.
     pub provenance: String,
+    /// SGLang's `index_topk_freq` (1: none): layers that reuse an anchor's
+    /// selection ([`shared_index_anchor`]) get no call of their own.
+    pub index_topk_freq: u32,
 }
 
 /// The most memory [`synthesize_each`] keeps of the previous step's
@@ -102,6 +105,9 @@ pub fn synthesize_each(
             s => seq.div_ceil(s),
         };
         for layer in 0..sp.layers {
+            if shared_index_anchor(layer, sp.index_topk_freq).is_some() {
+                continue;
+            }
             let mut rows = Vec::new();
             for req in 0..sp.requests {
                 let k = sp.top_k as usize;
@@ -237,12 +243,18 @@ pub fn synth_header(spec: &SynthSpec) -> Result<TraceHeader> {
         0 => String::new(),
         s => format!(" blocks of {s} tokens,"),
     };
+    let shared = match sp.index_topk_freq {
+        0 | 1 => String::new(),
+        k => {
+            format!(" shared-index layers by SGLang's index_topk_freq {k} (no call of their own),")
+        }
+    };
     let warm = match sp.warmup_steps {
         0 => String::new(),
         w => format!(" after {w} warm-up steps"),
     };
     let generated = format!(
-        "synthetic (kvtier trace synth): {} requests, {} layers, {} steps{warm} from context {}, top-k {},{what} \
+        "synthetic (kvtier trace synth): {} requests, {} layers,{shared} {} steps{warm} from context {}, top-k {},{what} \
          overlap {} with the previous step, runs of {}, the {} newest always; assumptions, not a \
          measurement",
         sp.requests, sp.layers, sp.steps, sp.context, sp.top_k, sp.overlap, sp.run_len, sp.recent
@@ -254,6 +266,8 @@ pub fn synth_header(spec: &SynthSpec) -> Result<TraceHeader> {
         synthetic: true,
         truncated: false,
         warmup_steps: sp.warmup_steps,
+        index_topk_freq: sp.index_topk_freq.max(1),
+        layers: if sp.index_topk_freq > 1 { sp.layers } else { 0 },
         note: if sp.provenance.is_empty() {
             generated
         } else {

@@ -53,6 +53,10 @@ const SGLANG_METHOD: &str = "SGLang 0.5.23's kernel: the step's swap-ins (CUDA g
 const SGLANG_LAUNCHES: &str =
     "SGLang 0.5.23's kernel: the step's swap-ins (launched one by one, no graph)";
 const FLOOR_METHOD: &str = "link floor: each call's misses in one contiguous copy";
+const STAND_IN_ALONE: &str = "compute stand-in alone (one memset a layer)";
+const OVERLAP_IN_ORDER: &str = "kvtier, a compute stand-in a layer: shared-index replays in order";
+const OVERLAP_SIDE: &str =
+    "kvtier, a compute stand-in a layer: shared-index replays on a second stream";
 
 /// The committed recipes (`bench/traces/`, embedded by build.rs):
 /// synthetic decode-step traces of three models at four batches and two
@@ -295,9 +299,19 @@ struct Replay<'b> {
     seq: ExecVec<i32>,
     out: ExecVec<i32>,
     num_real: ExecVec<i32>,
+    /// Per layer: `[bucket][entries]` miss plans and `[bucket]` counts (an
+    /// anchor's plan is what its shared-index layers replay).
     plan_src: ExecVec<i64>,
     plan_dst: ExecVec<i32>,
     plan_count: ExecVec<i32>,
+    /// Each layer's anchor where it is a shared-index layer (SGLang's
+    /// `index_topk_freq`), and the engine that replays the anchor's plan.
+    anchor_of: Vec<Option<usize>>,
+    planned: kvtier::SwapInEngine,
+    /// The compute stand-in of the overlap measurement (CUDA, shared-index
+    /// traces): a device scratch and the bytes one layer's memset sets, and
+    /// how long that took alone.
+    stand_in: Option<(ExecVec<u8>, usize, f64)>,
     pool: std::sync::Arc<Pool>,
     region: Region,
     tier: Tier,
@@ -370,9 +384,19 @@ impl<'b> Replay<'b> {
                 }
             ),
         };
+        let shared = r.anchor_of.iter().filter(|a| a.is_some()).count();
+        let shared_words = if shared == 0 {
+            String::new()
+        } else {
+            format!(
+                "; {shared} shared-index layers of {} (SGLang's index_topk_freq {}) replay their anchors' miss plans, \
+                 their bytes checked",
+                r.layers, r.header.index_topk_freq
+            )
+        };
         let said = format!(
-            "\ndecode-step {}: replayed {} ({} warm-up), {total} misses in all; {checked_words}; bucket {} for {}; {} \
-             distinct device buffer(s) for {} layers; {} host rows{}",
+            "\ndecode-step {}: replayed {} ({} warm-up), {total} misses in all; {checked_words}{shared_words}; bucket {} \
+             for {}; {} distinct device buffer(s) for {} layers; {} host rows{}",
             r.name,
             count(steps as u64, "step", "steps"),
             warm,
@@ -403,7 +427,7 @@ impl<'b> Replay<'b> {
         requests: u32,
     ) -> kvtier::Result<Self> {
         let exec = &b.exec;
-        let layers = shape.layers().max(1) as usize;
+        let layers = (shape.layers().max(header.layers)).max(1) as usize;
         let hot = header.hot as usize;
         let cols = shape.max_cols.max(1) as usize;
         let entries = cols * header.block_tokens.max(1) as usize;
@@ -454,11 +478,16 @@ impl<'b> Replay<'b> {
         let mut tier = Tier::new(pool.clone(), exec.clone(), 1)?;
         tier.enable_swap_in(bucket as u32, entries as u32)?;
         let zeroed_i32 = |n: usize| ExecVec::<i32>::zeroed(exec, n);
+        let anchor_of: Vec<Option<usize>> = (0..layers as u32)
+            .map(|l| {
+                kvtier::trace::shared_index_anchor(l, header.index_topk_freq).map(|a| a as usize)
+            })
+            .collect();
         let state_tokens = vec![-1i32; layers * rows * (hot + 1)];
         let state_lru: Vec<i16> = (0..layers * rows).flat_map(|_| 0..hot as i16).collect();
         let (name, model, recorded) = match source {
             Source::Recipe(r) => (r.name.clone(), r.model.clone(), Some(r.misses.clone())),
-            Source::File(_) => (source.name(), "recorded".to_string(), None),
+            Source::File(_) => (source.name(), "a trace file".to_string(), None),
         };
         Ok(Replay {
             b,
@@ -503,9 +532,12 @@ impl<'b> Replay<'b> {
             seq: zeroed_i32(layers * bucket)?,
             out: zeroed_i32(layers * bucket * entries)?,
             num_real: zeroed_i32(layers)?,
-            plan_src: ExecVec::zeroed(exec, bucket * entries)?,
-            plan_dst: zeroed_i32(bucket * entries)?,
-            plan_count: zeroed_i32(bucket)?,
+            plan_src: ExecVec::zeroed(exec, layers * bucket * entries)?,
+            plan_dst: zeroed_i32(layers * bucket * entries)?,
+            plan_count: zeroed_i32(layers * bucket)?,
+            anchor_of,
+            planned: kvtier::SwapInEngine::new(exec.clone())?,
+            stand_in: None,
             pool,
             region,
             tier,
@@ -650,11 +682,19 @@ impl<'b> Replay<'b> {
                 hot_buffer_size: h as u32,
                 skip_io: false,
                 miss_plan: plan.then(|| MissPlan {
-                    src: BufMut::from_raw(self.plan_src.addr(), p * e, loc),
-                    dst: BufMut::from_raw(self.plan_dst.addr(), p * e, loc),
+                    src: BufMut::from_raw(
+                        self.plan_src.addr() + (l * p * e * 8) as u64,
+                        p * e,
+                        loc,
+                    ),
+                    dst: BufMut::from_raw(
+                        self.plan_dst.addr() + (l * p * e * 4) as u64,
+                        p * e,
+                        loc,
+                    ),
                     stride: e,
                     capacity: e,
-                    count: BufMut::from_raw(self.plan_count.addr(), p, loc),
+                    count: BufMut::from_raw(self.plan_count.addr() + (l * p * 4) as u64, p, loc),
                 }),
             }
         }
@@ -680,12 +720,21 @@ impl<'b> Replay<'b> {
         let mut checked = 0u64;
         for c in calls {
             let l = c.layer as usize;
+            if self.anchor_of[l].is_some() {
+                return Err(invalid(
+                    "--trace",
+                    format!(
+                        "a call of layer {l}, which the header's index_topk_freq makes a shared-index layer"
+                    ),
+                ));
+            }
             // SAFETY: the replay's buffers, alive for the call.
             let a = unsafe { self.args(l, host_cache, true) };
             self.tier
                 .swap_in_with(&a, SwapInStrategy::DEFAULT, stream)?;
             self.tier.check(stream)?;
-            let counts = self.plan_count.read(0, c.rows.len())?;
+            let (p, e) = (self.bucket, self.entries);
+            let counts = self.plan_count.read(l * p, c.rows.len())?;
             let mut total = 0u64;
             for (i, (row, &got)) in c.rows.iter().zip(&counts).enumerate() {
                 total += got.max(0) as u64;
@@ -702,28 +751,25 @@ impl<'b> Replay<'b> {
             }
             // the bytes of the first and last miss of the call's first row
             // that missed, against its host row
-            if let Some(i) = counts.iter().position(|&n| n > 0) {
-                let e = self.entries;
-                let n = counts[i] as usize;
-                let src = self.plan_src.read(i * e, n)?;
-                let dst = self.plan_dst.read(i * e, n)?;
-                let dev = &self.device[l % self.device_buffers];
-                for (from, to) in [(src[0], dst[0]), (src[n - 1], dst[n - 1])] {
-                    let want = row_pattern(from as usize);
-                    if dev
-                        .read(to as usize * self.item, self.item)?
-                        .iter()
-                        .any(|&x| x != want)
-                    {
-                        return Err(kvtier::Error::Pool(format!(
-                            "benchmark self-check failed: decode-step {} step {s} layer {l}: device row {to} does not \
-                             hold host row {from}",
-                            self.name
-                        )));
-                    }
+            let first_miss = match counts.iter().position(|&n| n > 0) {
+                Some(i) => {
+                    let n = counts[i] as usize;
+                    let src = self.plan_src.read((l * p + i) * e, n)?;
+                    let dst = self.plan_dst.read((l * p + i) * e, n)?;
+                    Some([(src[0], dst[0]), (src[n - 1], dst[n - 1])])
                 }
-            }
+                None => None,
+            };
+            self.verify(s, l, first_miss)?;
             out_calls.push((c.layer, c.rows.len(), total));
+            // the shared-index layers after it replay its plan
+            for shared in self.shared_after(l) {
+                // SAFETY: the replay's buffers, alive for the call.
+                let a = unsafe { self.planned_args(shared, l, host_cache) };
+                self.planned.copy_planned(&a, None, stream)?;
+                self.planned.check()?;
+                self.verify(s, shared, first_miss)?;
+            }
         }
         self.copy_state(StateCopy::ToEnd, stream)?;
         Ok(StepOutcome {
@@ -731,6 +777,80 @@ impl<'b> Replay<'b> {
             calls: out_calls,
             out: self.out.to_vec()?,
         })
+    }
+
+    /// The layers whose anchor is `anchor`, in order.
+    fn shared_after(&self, anchor: usize) -> Vec<usize> {
+        (0..self.layers)
+            .filter(|&l| self.anchor_of[l] == Some(anchor))
+            .collect()
+    }
+
+    /// Checks that layer `l`'s device rows of `misses` (host row, device
+    /// row) hold their host rows' bytes.
+    fn verify(&self, s: usize, l: usize, misses: Option<[(i64, i32); 2]>) -> kvtier::Result<()> {
+        let dev = &self.device[l % self.device_buffers];
+        for (from, to) in misses.into_iter().flatten() {
+            let want = row_pattern(from as usize);
+            if dev
+                .read(to as usize * self.item, self.item)?
+                .iter()
+                .any(|&x| x != want)
+            {
+                return Err(kvtier::Error::Pool(format!(
+                    "benchmark self-check failed: decode-step {} step {s} layer {l}: device row {to} does not \
+                     hold host row {from}",
+                    self.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The replay of `anchor`'s miss plan into shared-index layer `shared`'s
+    /// device buffer (SGLang's `copy_cache_planned_mla`).
+    ///
+    /// # Safety
+    /// As for [`Replay::args`].
+    unsafe fn planned_args(
+        &self,
+        shared: usize,
+        anchor: usize,
+        host_cache: u64,
+    ) -> kvtier::PlannedCopyArgs<'_> {
+        let (p, e) = (self.bucket, self.entries);
+        let loc = self.b.exec.location();
+        let dev = &self.device[shared % self.device_buffers];
+        // SAFETY: per this function's contract; every range is inside its buffer.
+        unsafe {
+            kvtier::PlannedCopyArgs {
+                src: Buf::from_raw(
+                    self.plan_src.addr() + (anchor * p * e * 8) as u64,
+                    p * e,
+                    loc,
+                ),
+                dst: Buf::from_raw(
+                    self.plan_dst.addr() + (anchor * p * e * 4) as u64,
+                    p * e,
+                    loc,
+                ),
+                count: Buf::from_raw(self.plan_count.addr() + (anchor * p * 4) as u64, p, loc),
+                stride: e,
+                capacity: e,
+                num_real_reqs: Some(Buf::from_raw(
+                    self.num_real.addr() + (anchor * 4) as u64,
+                    1,
+                    loc,
+                )),
+                kv: KvBuffers::linear(
+                    self.item as u32,
+                    Buf::from_raw(host_cache, self.host_rows * self.item, loc),
+                    BufMut::from_raw(dev.addr(), dev.len(), loc),
+                )
+                .expect("items are multiples of 8"),
+                skip_io: false,
+            }
+        }
     }
 
     fn copy_state(&self, which: StateCopy, stream: Stream) -> kvtier::Result<()> {
@@ -777,6 +897,10 @@ impl<'b> Replay<'b> {
         let exec = &b.exec;
         let clock = Clock::new(exec)?;
         let host_cache = self.host_cache()?;
+        let shared_index = self.anchor_of.iter().any(Option::is_some);
+        if shared_index && self.stand_in.is_none() && matches!(exec, Executor::Cuda(_)) {
+            self.stand_in = Some(self.calibrate_stand_in(&clock)?);
+        }
         let this = &*self;
         let reset = |st: Stream| -> kvtier::Result<()> {
             let (t, l) = (4 * this.tokens.len(), 2 * this.lru.len());
@@ -786,11 +910,20 @@ impl<'b> Replay<'b> {
                 transfer::copy_within(exec, this.lru.addr(), this.start_lru.addr(), l, st)
             }
         };
+        // each call's swap-in, and the replays of its plan by the
+        // shared-index layers after it, one after the other
         let kvtier_calls = |st: Stream| -> kvtier::Result<()> {
             for c in calls {
+                let l = c.layer as usize;
+                let shared = this.shared_after(l);
                 // SAFETY: the replay's buffers, alive until after the timing.
-                let a = unsafe { this.args(c.layer as usize, host_cache, false) };
+                let a = unsafe { this.args(l, host_cache, !shared.is_empty()) };
                 this.tier.swap_in_with(&a, SwapInStrategy::DEFAULT, st)?;
+                for sh in shared {
+                    // SAFETY: as above.
+                    let a = unsafe { this.planned_args(sh, l, host_cache) };
+                    this.planned.copy_planned(&a, None, st)?;
+                }
             }
             Ok(())
         };
@@ -820,8 +953,10 @@ impl<'b> Replay<'b> {
         same_tables("kvtier's graph")?;
         // SGLang's kernel, where its harness takes the shape
         let theirs = match (sglang, exec) {
+            // (a shared-index trace's replays have no SGLang harness here)
             (Some(k), Executor::Cuda(dev))
-                if this.header.block_tokens == 0
+                if !shared_index
+                    && this.header.block_tokens == 0
                     && this.cols == 2048
                     && (this.hot == 4096 || this.hot == 8192) =>
             {
@@ -871,11 +1006,18 @@ impl<'b> Replay<'b> {
         };
         // the floor: each call's missed bytes in one contiguous copy
         let host_base = this.pool.region_host_addr(&this.region)?;
+        // (a shared-index layer moves its anchor's misses again)
         let copies: Vec<(u64, usize)> = outcome
             .calls
             .iter()
-            .map(|&(layer, _, m)| {
-                let dev = &this.device[layer as usize % this.device_buffers];
+            .flat_map(|&(layer, _, m)| {
+                let l = layer as usize;
+                std::iter::once(l)
+                    .chain(this.shared_after(l))
+                    .map(move |x| (x, m))
+            })
+            .map(|(l, m)| {
+                let dev = &this.device[l % this.device_buffers];
                 (
                     dev.addr(),
                     (m as usize * this.item)
@@ -904,11 +1046,23 @@ impl<'b> Replay<'b> {
             _ if !copies.is_empty() => Some(b.time(&clock, Timing::Device, none, floor_calls)?),
             _ => None,
         };
+        let overlap = match (exec, &this.stand_in) {
+            (Executor::Cuda(dev), Some(stand_in)) => {
+                Some(this.overlap(dev, &clock, calls, host_cache, stand_in, reset)?)
+            }
+            _ => None,
+        };
         let misses: u64 = outcome.calls.iter().map(|c| c.2).sum();
         let rows: usize = outcome.calls.iter().map(|c| c.1).sum();
         let batch = outcome.calls.iter().map(|c| c.1).max().unwrap_or(0);
         let params = self.params(json!(s), 1, calls.len(), batch, rows, misses);
-        let bytes = misses as usize * self.item;
+        // the bytes moved: every call's misses, and its shared layers' again
+        let moved: u64 = outcome
+            .calls
+            .iter()
+            .map(|&(l, _, m)| m * (1 + self.shared_after(l as usize).len() as u64))
+            .sum();
+        let bytes = moved as usize * self.item;
         let row = |method, t, limit| Measurement::new(SCENARIO, method, &params, bytes, t, limit);
         let mut out = vec![row(kv_method, kv, false)];
         if let Some((t, method)) = theirs {
@@ -917,7 +1071,161 @@ impl<'b> Replay<'b> {
         if let Some(t) = floor {
             out.push(row(FLOOR_METHOD, t, true));
         }
+        if let Some([alone, in_order, side]) = overlap {
+            // a point of its own: the stand-in's length is part of it
+            let (_, set, us) = self.stand_in.as_ref().expect("measured");
+            let mut p = params.clone();
+            p.push(("compute_stand_in_us", json!((us * 10.0).round() / 10.0)));
+            p.push(("compute_stand_in_bytes", json!(set)));
+            out.push(Measurement::new(
+                SCENARIO,
+                STAND_IN_ALONE,
+                &p,
+                0,
+                alone,
+                false,
+            ));
+            out.push(Measurement::new(
+                SCENARIO,
+                OVERLAP_IN_ORDER,
+                &p,
+                bytes,
+                in_order,
+                false,
+            ));
+            out.push(Measurement::new(
+                SCENARIO,
+                OVERLAP_SIDE,
+                &p,
+                bytes,
+                side,
+                false,
+            ));
+        }
         Ok(out)
+    }
+
+    /// The compute stand-in of the overlap measurement: a device memset of
+    /// about `--compute-us` µs (its rate measured on 64 MiB first), and the
+    /// median it then takes alone: (scratch, bytes, µs).
+    fn calibrate_stand_in(&self, clock: &Clock) -> kvtier::Result<(ExecVec<u8>, usize, f64)> {
+        let b = self.b;
+        let Executor::Cuda(dev) = &b.exec else {
+            unreachable!("CUDA only")
+        };
+        let max = 512usize << 20;
+        let scratch = ExecVec::<u8>::zeroed(&b.exec, max)?;
+        let set = |bytes: usize| {
+            let addr = scratch.addr();
+            move |st: Stream| -> kvtier::Result<()> {
+                // SAFETY: inside the scratch, device memory alive for the timing.
+                unsafe { dev.memset_async(addr, 0x5a, bytes, st) }
+            }
+        };
+        let none = |_: Stream| Ok(());
+        let probe = 64usize << 20;
+        let t = b.time(clock, Timing::Device, none, set(probe))?;
+        let want = b.args.compute_us.max(1.0);
+        let bytes = ((probe as f64 * want / t.median_us) as usize).clamp(1 << 20, max) & !4095;
+        let alone = b.time(clock, Timing::Device, none, set(bytes))?;
+        Ok((scratch, bytes, alone.median_us))
+    }
+
+    /// SGLang's shared-index overlap, kvtier's kernels: every layer of the
+    /// step followed by the compute stand-in, the shared-index layers'
+    /// replays (a fixed grid of 128 warps, as SGLang's side-stream replay
+    /// takes) in order on the one stream, against on a second stream forked
+    /// after each anchor's swap-in (each shared layer's stand-in waits for
+    /// its replay), both captured in CUDA graphs from the same start state:
+    /// [the stand-ins alone, in order, overlapped].
+    fn overlap(
+        &self,
+        dev: &std::sync::Arc<kvtier::CudaDevice>,
+        clock: &Clock,
+        calls: &[TraceCall],
+        host_cache: u64,
+        stand_in: &(ExecVec<u8>, usize, f64),
+        reset: impl FnMut(Stream) -> kvtier::Result<()> + Copy,
+    ) -> kvtier::Result<[Stats; 3]> {
+        let b = self.b;
+        let (scratch, set, _) = stand_in;
+        let compute = |st: Stream| -> kvtier::Result<()> {
+            // SAFETY: inside the scratch, alive for the timing.
+            unsafe { dev.memset_async(scratch.addr(), 0x5a, *set, st) }
+        };
+        const SIDE_WARPS: u32 = 4 * 1024 / 32;
+        let layers: Vec<(usize, Vec<usize>)> = calls
+            .iter()
+            .map(|c| (c.layer as usize, self.shared_after(c.layer as usize)))
+            .collect();
+        let swap_in = |l: usize, plan: bool, st: Stream| -> kvtier::Result<()> {
+            // SAFETY: the replay's buffers, alive until after the timing.
+            let a = unsafe { self.args(l, host_cache, plan) };
+            self.tier.swap_in_with(&a, SwapInStrategy::DEFAULT, st)
+        };
+        let replay = |sh: usize, l: usize, st: Stream| -> kvtier::Result<()> {
+            // SAFETY: as above.
+            let a = unsafe { self.planned_args(sh, l, host_cache) };
+            self.planned.copy_planned(&a, Some(SIDE_WARPS), st)
+        };
+        let alone_calls = |st: Stream| -> kvtier::Result<()> {
+            for (_, shared) in &layers {
+                for _ in 0..1 + shared.len() {
+                    compute(st)?;
+                }
+            }
+            Ok(())
+        };
+        let in_order = |st: Stream| -> kvtier::Result<()> {
+            for (l, shared) in &layers {
+                swap_in(*l, !shared.is_empty(), st)?;
+                compute(st)?;
+                for &sh in shared {
+                    replay(sh, *l, st)?;
+                    compute(st)?;
+                }
+            }
+            Ok(())
+        };
+        let side = dev.create_stream()?;
+        let events = (0..self.layers)
+            .map(|_| kvtier::cuda::StreamEvent::new(dev))
+            .collect::<kvtier::Result<Vec<_>>>()?;
+        let overlapped = |st: Stream| -> kvtier::Result<()> {
+            for (l, shared) in &layers {
+                swap_in(*l, !shared.is_empty(), st)?;
+                if !shared.is_empty() {
+                    // the side stream starts once the anchor's plan is made
+                    events[*l].record(st)?;
+                    events[*l].wait(side.stream())?;
+                    for &sh in shared {
+                        replay(sh, *l, side.stream())?;
+                        events[sh].record(side.stream())?;
+                    }
+                }
+                compute(st)?;
+                for &sh in shared {
+                    events[sh].wait(st)?;
+                    compute(st)?;
+                }
+            }
+            Ok(())
+        };
+        let none = |_: Stream| Ok(());
+        let time_graph = |record: &dyn Fn(Stream) -> kvtier::Result<()>,
+                          reset: &mut dyn FnMut(Stream) -> kvtier::Result<()>|
+         -> kvtier::Result<Stats> {
+            let graph = kvtier::cuda::CudaGraph::capture(dev, graph_stream(clock), record)?;
+            b.time(clock, Timing::Device, |st| reset(st), |st| graph.launch(st))
+        };
+        let mut reset = reset;
+        let mut nothing = none;
+        let alone = time_graph(&alone_calls, &mut nothing)?;
+        let ordered = time_graph(&in_order, &mut reset)?;
+        let forked = time_graph(&overlapped, &mut reset)?;
+        self.tier.check(clock.stream())?;
+        self.planned.check()?;
+        Ok([alone, ordered, forked])
     }
 
     fn params(

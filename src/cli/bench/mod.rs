@@ -103,6 +103,12 @@ pub struct BenchArgs {
     /// against the trace's recorded outcome; time nothing.
     #[arg(long)]
     replay_only: bool,
+    /// decode-step, a trace with shared-index layers, on a GPU: the length
+    /// of the compute stand-in (a device memset) each layer's swap-in or
+    /// replay is followed by, in µs, to measure the replays on a second
+    /// stream against in order.
+    #[arg(long, default_value_t = 100.0)]
+    compute_us: f64,
     /// swap-in --trace: calls to time, spread evenly over the calls that
     /// have a request longer than its HOT buffer (the others copy nothing).
     #[arg(long, default_value_t = 8, requires = "trace")]
