@@ -430,5 +430,28 @@ fn shared_index_layers_replay_their_anchors_plans() {
     let misses = kv["params"]["misses_total"].as_u64().unwrap();
     let bytes = kv["bytes"].as_u64().unwrap();
     assert!(bytes > misses * 64 && bytes < 2 * misses * 64, "{kv}");
+    // the overlap measurement (on the CPU executor the same calls in order,
+    // its page tables checked): the stand-ins alone, the replays in order
+    // and on a second stream, a point of their own
+    for method in [
+        "compute stand-in alone (one memset a layer)",
+        "kvtier, a compute stand-in a layer: shared-index replays in order",
+        "kvtier, a compute stand-in a layer: shared-index replays on a second stream",
+    ] {
+        let l = all
+            .iter()
+            .find(|l| l["method"] == method)
+            .unwrap_or_else(|| panic!("{method}: {all:?}"));
+        assert!(
+            l["params"]["compute_stand_in_us"].as_f64().unwrap() > 0.0,
+            "{l}"
+        );
+        let want = if method.starts_with("compute") {
+            0
+        } else {
+            bytes
+        };
+        assert_eq!(l["bytes"].as_u64().unwrap(), want, "{l}");
+    }
     let _ = std::fs::remove_dir_all(&d);
 }

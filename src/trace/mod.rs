@@ -708,7 +708,7 @@ pub fn states_before(trace: &Trace, hot: u32, wanted: &[usize]) -> Result<Vec<Ve
 /// its miss plan (`copy_cache_planned_mla`) on a side stream. None: `layer`
 /// computes its own.
 pub fn shared_index_anchor(layer: u32, freq: u32) -> Option<u32> {
-    let computes = |i: u32| freq <= 1 || i.saturating_sub(1) % freq == 0;
+    let computes = |i: u32| freq <= 1 || i.saturating_sub(1).is_multiple_of(freq);
     if computes(layer) {
         return None;
     }

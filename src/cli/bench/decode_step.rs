@@ -898,7 +898,7 @@ impl<'b> Replay<'b> {
         let clock = Clock::new(exec)?;
         let host_cache = self.host_cache()?;
         let shared_index = self.anchor_of.iter().any(Option::is_some);
-        if shared_index && self.stand_in.is_none() && matches!(exec, Executor::Cuda(_)) {
+        if shared_index && self.stand_in.is_none() {
             self.stand_in = Some(self.calibrate_stand_in(&clock)?);
         }
         let this = &*self;
@@ -1046,11 +1046,11 @@ impl<'b> Replay<'b> {
             _ if !copies.is_empty() => Some(b.time(&clock, Timing::Device, none, floor_calls)?),
             _ => None,
         };
-        let overlap = match (exec, &this.stand_in) {
-            (Executor::Cuda(dev), Some(stand_in)) => {
-                Some(this.overlap(dev, &clock, calls, host_cache, stand_in, reset)?)
+        let overlap = match &this.stand_in {
+            Some(stand_in) => {
+                Some(this.overlap(&clock, calls, host_cache, stand_in, reset, same_tables)?)
             }
-            _ => None,
+            None => None,
         };
         let misses: u64 = outcome.calls.iter().map(|c| c.2).sum();
         let rows: usize = outcome.calls.iter().map(|c| c.1).sum();
@@ -1110,20 +1110,20 @@ impl<'b> Replay<'b> {
     /// median it then takes alone: (scratch, bytes, µs).
     fn calibrate_stand_in(&self, clock: &Clock) -> kvtier::Result<(ExecVec<u8>, usize, f64)> {
         let b = self.b;
-        let Executor::Cuda(dev) = &b.exec else {
-            unreachable!("CUDA only")
+        let max = match b.exec {
+            Executor::Cuda(_) => 512usize << 20,
+            Executor::Cpu => 64 << 20,
         };
-        let max = 512usize << 20;
         let scratch = ExecVec::<u8>::zeroed(&b.exec, max)?;
         let set = |bytes: usize| {
             let addr = scratch.addr();
             move |st: Stream| -> kvtier::Result<()> {
-                // SAFETY: inside the scratch, device memory alive for the timing.
-                unsafe { dev.memset_async(addr, 0x5a, bytes, st) }
+                // SAFETY: inside the scratch, alive for the timing.
+                unsafe { stand_in(&b.exec, addr, bytes, st) }
             }
         };
         let none = |_: Stream| Ok(());
-        let probe = 64usize << 20;
+        let probe = max / 8;
         let t = b.time(clock, Timing::Device, none, set(probe))?;
         let want = b.args.compute_us.max(1.0);
         let bytes = ((probe as f64 * want / t.median_us) as usize).clamp(1 << 20, max) & !4095;
@@ -1140,18 +1140,18 @@ impl<'b> Replay<'b> {
     /// [the stand-ins alone, in order, overlapped].
     fn overlap(
         &self,
-        dev: &std::sync::Arc<kvtier::CudaDevice>,
         clock: &Clock,
         calls: &[TraceCall],
         host_cache: u64,
         stand_in: &(ExecVec<u8>, usize, f64),
         reset: impl FnMut(Stream) -> kvtier::Result<()> + Copy,
+        same_tables: impl Fn(&str) -> kvtier::Result<()>,
     ) -> kvtier::Result<[Stats; 3]> {
         let b = self.b;
         let (scratch, set, _) = stand_in;
         let compute = |st: Stream| -> kvtier::Result<()> {
             // SAFETY: inside the scratch, alive for the timing.
-            unsafe { dev.memset_async(scratch.addr(), 0x5a, *set, st) }
+            unsafe { self::stand_in(&b.exec, scratch.addr(), *set, st) }
         };
         const SIDE_WARPS: u32 = 4 * 1024 / 32;
         let layers: Vec<(usize, Vec<usize>)> = calls
@@ -1187,25 +1187,40 @@ impl<'b> Replay<'b> {
             }
             Ok(())
         };
-        let side = dev.create_stream()?;
-        let events = (0..self.layers)
-            .map(|_| kvtier::cuda::StreamEvent::new(dev))
-            .collect::<kvtier::Result<Vec<_>>>()?;
+        // the side stream and its events (the CPU executor runs the same
+        // calls in order: there is nothing to fork)
+        let fork = match &b.exec {
+            Executor::Cuda(dev) => Some((
+                dev.create_stream()?,
+                (0..self.layers)
+                    .map(|_| kvtier::cuda::StreamEvent::new(dev))
+                    .collect::<kvtier::Result<Vec<_>>>()?,
+            )),
+            Executor::Cpu => None,
+        };
         let overlapped = |st: Stream| -> kvtier::Result<()> {
             for (l, shared) in &layers {
                 swap_in(*l, !shared.is_empty(), st)?;
-                if !shared.is_empty() {
-                    // the side stream starts once the anchor's plan is made
-                    events[*l].record(st)?;
-                    events[*l].wait(side.stream())?;
-                    for &sh in shared {
-                        replay(sh, *l, side.stream())?;
-                        events[sh].record(side.stream())?;
+                let side = match &fork {
+                    Some((side, events)) if !shared.is_empty() => {
+                        // the side stream starts once the anchor's plan is made
+                        events[*l].record(st)?;
+                        events[*l].wait(side.stream())?;
+                        side.stream()
+                    }
+                    _ => st,
+                };
+                for &sh in shared {
+                    replay(sh, *l, side)?;
+                    if let Some((_, events)) = &fork {
+                        events[sh].record(side)?;
                     }
                 }
                 compute(st)?;
                 for &sh in shared {
-                    events[sh].wait(st)?;
+                    if let Some((_, events)) = &fork {
+                        events[sh].wait(st)?;
+                    }
                     compute(st)?;
                 }
             }
@@ -1215,14 +1230,21 @@ impl<'b> Replay<'b> {
         let time_graph = |record: &dyn Fn(Stream) -> kvtier::Result<()>,
                           reset: &mut dyn FnMut(Stream) -> kvtier::Result<()>|
          -> kvtier::Result<Stats> {
-            let graph = kvtier::cuda::CudaGraph::capture(dev, graph_stream(clock), record)?;
-            b.time(clock, Timing::Device, |st| reset(st), |st| graph.launch(st))
+            match &b.exec {
+                Executor::Cuda(dev) => {
+                    let graph = kvtier::cuda::CudaGraph::capture(dev, graph_stream(clock), record)?;
+                    b.time(clock, Timing::Device, &mut *reset, |st| graph.launch(st))
+                }
+                Executor::Cpu => b.time(clock, Timing::Device, &mut *reset, record),
+            }
         };
         let mut reset = reset;
         let mut nothing = none;
         let alone = time_graph(&alone_calls, &mut nothing)?;
         let ordered = time_graph(&in_order, &mut reset)?;
+        same_tables("the replays in order")?;
         let forked = time_graph(&overlapped, &mut reset)?;
+        same_tables("the replays on a second stream")?;
         self.tier.check(clock.stream())?;
         self.planned.check()?;
         Ok([alone, ordered, forked])
@@ -1256,6 +1278,23 @@ impl<'b> Replay<'b> {
             ("host_rows", json!(self.host_rows)),
             ("device_buffers", json!(self.device_buffers)),
         ]
+    }
+}
+
+/// The compute stand-in: `bytes` bytes at `addr` set (a device memset on
+/// `stream`; on the CPU executor, at once).
+///
+/// # Safety
+/// `addr..addr + bytes` is the executor's memory, alive until the set ends.
+unsafe fn stand_in(exec: &Executor, addr: u64, bytes: usize, stream: Stream) -> kvtier::Result<()> {
+    match exec {
+        // SAFETY: per this function's contract.
+        Executor::Cuda(dev) => unsafe { dev.memset_async(addr, 0x5a, bytes, stream) },
+        Executor::Cpu => {
+            // SAFETY: per this function's contract.
+            unsafe { std::ptr::write_bytes(addr as *mut u8, 0x5a, bytes) };
+            Ok(())
+        }
     }
 }
 
