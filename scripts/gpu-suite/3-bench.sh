@@ -33,11 +33,6 @@ if [ "$dry" = 1 ]; then
   bench bench-quick 120 --quick
   bin=$nvcc_build bench bench-quick-nvcc 120 --quick --scenario swap-in
   bench bench-quick-host-pages 60 --quick --scenario gather --host-pages base,transparent
-  bench bench-quick-decode-step 120 --quick --scenario decode-step --trace dsv32-32k-b8
-  run synth-shared 60 "$bundle/bin/kvtier" trace synth --model deepseek-v3.2 --requests 5 --context 8192 \
-    --hot 4096 --steps 2 --warmup-steps 1 --miss-rate published --index-topk-freq 4 \
-    --recipe "$logs/dsv32-shared4-8k-b5.json"
-  bench bench-quick-decode-step-shared4 120 --quick --scenario decode-step --trace "$logs/dsv32-shared4-8k-b5.json"
 else
   bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 2
   bench swap-in-production 120 --scenario swap-in --max-seconds 2
@@ -48,22 +43,6 @@ else
     bench "swap-in-realistic-h${hm%%:*}" 150 --scenario swap-in --entry 656 --hot "${hm%%:*}" \
       --misses "${hm##*:}" --batch 1,8,32,64,128,256 --max-seconds 1
   done
-  # what a decode step costs: every swap-in of a step (each layer, in a CUDA
-  # graph at SGLang's padded batch) beside SGLang's kernel and the link's
-  # floor, over the committed synthetic traces (selections calibrated to the
-  # published miss rate): DeepSeek-V3.2 at 128K for batch 8 to 128, the other
-  # two models at batch 64
-  for t in dsv32-128k-b8 dsv32-128k-b32 dsv32-128k-b64 dsv32-128k-b128 dsv4flash-128k-b64 m3-128k-b64; do
-    bench "decode-step-$t" 150 --scenario decode-step --trace "$t" --max-seconds 1 --pool-memory 16GiB
-  done
-  # shared-index layers (SGLang's index_topk_freq 4 on DeepSeek-V3.2's shape:
-  # a synthetic configuration): the replays of each anchor's plan on a second
-  # stream against in order, each layer followed by a 100 us compute stand-in
-  run synth-shared 120 "$bundle/bin/kvtier" trace synth --model deepseek-v3.2 --requests 64 --context 131072 \
-    --hot 4096 --steps 3 --warmup-steps 2 --miss-rate published --index-topk-freq 4 \
-    --recipe "$logs/dsv32-shared4-128k-b64.json"
-  bench decode-step-shared4 150 --scenario decode-step --trace "$logs/dsv32-shared4-128k-b64.json" \
-    --max-seconds 1 --pool-memory 16GiB --compute-us 100
   # the same rows with the same commit's kernels built by nvcc 13.0 instead of
   # NVRTC 12.9 (each JSON line's "kernels" names its build), right after the
   # NVRTC build's, so that a compiler's difference shows in one run
