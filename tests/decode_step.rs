@@ -63,6 +63,27 @@ fn replay(trace: &Path) -> (bool, String, String) {
     ])
 }
 
+/// A timed replay on the CPU executor, its JSON lines to `json`.
+fn timed(trace: &Path, json: &Path) -> (bool, String, String) {
+    kvtier(&[
+        "bench",
+        "--scenario",
+        "decode-step",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--executor",
+        "cpu",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--pool-memory",
+        "16MiB",
+        "--json",
+        json.to_str().unwrap(),
+    ])
+}
+
 #[test]
 fn a_recipe_replays_exactly_and_a_planted_count_fails() {
     let d = dir("recipe");
@@ -200,23 +221,7 @@ fn a_timed_replay_writes_steps_and_plan_reads_them() {
     args.extend(SHAPE);
     assert!(kvtier(&args).0);
     let json = d.join("ds.jsonl");
-    let (ok, out, err) = kvtier(&[
-        "bench",
-        "--scenario",
-        "decode-step",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--executor",
-        "cpu",
-        "--iters",
-        "2",
-        "--warmup",
-        "1",
-        "--pool-memory",
-        "16MiB",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let (ok, out, err) = timed(&trace, &json);
     assert!(ok, "{out}{err}");
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&json)
         .unwrap()
@@ -394,23 +399,7 @@ fn shared_index_layers_replay_their_anchors_plans() {
     assert_eq!(&layers[..4], &[0, 1, 0, 1]);
 
     let json = d.join("ds.jsonl");
-    let (ok, out, err) = kvtier(&[
-        "bench",
-        "--scenario",
-        "decode-step",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--executor",
-        "cpu",
-        "--iters",
-        "2",
-        "--warmup",
-        "1",
-        "--pool-memory",
-        "16MiB",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let (ok, out, err) = timed(&trace, &json);
     assert!(ok, "{out}{err}");
     assert!(
         out.contains(
