@@ -62,21 +62,24 @@ def _positive(value, arg: str) -> None:
         raise KvtierError(f"invalid argument `{arg}`: {value!r} is not a positive int")
 
 
-def _mla_swap_in(items, a: dict) -> None:
-    """The MLA swap-ins' body: `a` holds the entry point's arguments."""
+def _mla_swap_in(items, *, top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache,
+                 device_buffer, top_k_device_locs, req_pool_indices, seq_lens, lru_slots, num_top_k,
+                 hot_buffer_size, page_size, block_size, num_real_reqs, miss_src, miss_dst, miss_count,
+                 skip_io) -> None:
+    """The MLA swap-ins' body, the entry point's arguments by SGLang's names
+    (``hot_buffer_size`` is the library's ``hot``: SGLang's word for the
+    slots a request keeps on the GPU)."""
     per_step()
-    _positive(a["page_size"], "page_size")
-    _positive(a["block_size"], "block_size")
-    _record(a["device_buffer"], top_k_tokens=a["top_k_tokens"], num_top_k=a["num_top_k"],
-            req_pool_indices=a["req_pool_indices"], seq_lens=a["seq_lens"], num_real_reqs=a["num_real_reqs"],
-            device_buffer_tokens=a["device_buffer_tokens"], lru_slots=a["lru_slots"], hot=a["hot_buffer_size"],
-            item_bytes=_item_bytes(items))
+    _positive(page_size, "page_size")
+    _positive(block_size, "block_size")
+    _record(device_buffer, top_k_tokens=top_k_tokens, num_top_k=num_top_k, req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens, num_real_reqs=num_real_reqs, device_buffer_tokens=device_buffer_tokens,
+            lru_slots=lru_slots, hot=hot_buffer_size, item_bytes=_item_bytes(items))
     swap_in(
-        a["top_k_tokens"], a["device_buffer_tokens"], a["host_cache_locs"], a["device_buffer_locs"],
-        a["host_cache"], a["device_buffer"], a["top_k_device_locs"], a["req_pool_indices"], a["seq_lens"],
-        a["lru_slots"], items, a["num_top_k"], a["hot_buffer_size"], num_real_reqs=a["num_real_reqs"],
-        miss_src=a["miss_src"], miss_dst=a["miss_dst"], miss_count=a["miss_count"], skip_io=bool(a["skip_io"]),
-        strategy=_strategy(), layer=_layer(a["device_buffer"]),
+        top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer,
+        top_k_device_locs, req_pool_indices, seq_lens, lru_slots, items, num_top_k, hot_buffer_size,
+        num_real_reqs=num_real_reqs, miss_src=miss_src, miss_dst=miss_dst, miss_count=miss_count,
+        skip_io=bool(skip_io), strategy=_strategy(), layer=_layer(device_buffer),
     )
 
 
@@ -107,7 +110,15 @@ def load_cache_to_device_buffer_mla(
     ``miss_src``/``miss_dst``/``miss_count`` the misses are recorded there (for
     :func:`copy_cache_planned_mla`); ``skip_io`` moves no KV bytes."""
     _positive(item_size_bytes, "item_size_bytes")
-    _mla_swap_in(_lib.linear_items(item_size_bytes), locals())
+    _mla_swap_in(
+        _lib.linear_items(item_size_bytes),
+        top_k_tokens=top_k_tokens, device_buffer_tokens=device_buffer_tokens, host_cache_locs=host_cache_locs,
+        device_buffer_locs=device_buffer_locs, host_cache=host_cache, device_buffer=device_buffer,
+        top_k_device_locs=top_k_device_locs, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
+        lru_slots=lru_slots, num_top_k=num_top_k, hot_buffer_size=hot_buffer_size, page_size=page_size,
+        block_size=block_size, num_real_reqs=num_real_reqs, miss_src=miss_src, miss_dst=miss_dst,
+        miss_count=miss_count, skip_io=skip_io,
+    )
 
 
 def load_cache_to_device_buffer_dsv4_mla(
@@ -141,7 +152,15 @@ def load_cache_to_device_buffer_dsv4_mla(
             f"invalid argument `item_size_bytes`: {item_size_bytes!r}; DeepSeek-V4's C4 token is "
             f"{_lib.DSV4_VALUE_BYTES} + {_lib.DSV4_SCALE_BYTES} = {_lib.DSV4_ITEM_BYTES} bytes"
         )
-    _mla_swap_in(_lib.dsv4_items(), locals())
+    _mla_swap_in(
+        _lib.dsv4_items(),
+        top_k_tokens=top_k_tokens, device_buffer_tokens=device_buffer_tokens, host_cache_locs=host_cache_locs,
+        device_buffer_locs=device_buffer_locs, host_cache=host_cache, device_buffer=device_buffer,
+        top_k_device_locs=top_k_device_locs, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
+        lru_slots=lru_slots, num_top_k=num_top_k, hot_buffer_size=hot_buffer_size, page_size=page_size,
+        block_size=block_size, num_real_reqs=num_real_reqs, miss_src=miss_src, miss_dst=miss_dst,
+        miss_count=miss_count, skip_io=skip_io,
+    )
 
 
 def load_blocks_to_device_buffer_mha(
