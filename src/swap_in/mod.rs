@@ -109,7 +109,7 @@ mod cuda;
 mod items;
 mod policy;
 mod replay;
-mod spec;
+mod speculative;
 
 pub use args::{IndexBuf, MissPlan, QueryKind, SwapInArgs};
 pub use counters::{MAX_COUNTED_LAYERS, SwapInCounters};
@@ -119,8 +119,8 @@ pub use cuda::{
 };
 pub use items::{KvBuffers, KvPlane};
 pub use replay::PlannedCopyArgs;
-pub use spec::emulation_spec_params;
-pub use spec::{
+pub use speculative::emulation_spec_params;
+pub use speculative::{
     SPEC_MAX_HOT, SPEC_MAX_OCCURRENCES, SPEC_MAX_STEPS, SPEC_MIN_STEPS, SPEC_MIN_TOP_K, SpecState,
     SpecSwapInArgs,
 };
@@ -456,11 +456,11 @@ impl SwapInEngine {
     /// CUDA kernel has run under host emulation only, not yet on a GPU.
     pub fn run_spec(&self, args: &SpecSwapInArgs<'_>, stream: Stream) -> Result<()> {
         let t = self.target();
-        let p = spec::check(args, t.location, t.error)?;
+        let p = speculative::check(args, t.location, t.error)?;
         match &self.exec {
             // SAFETY: `check` checked every host buffer against its shape and
             // that the written ones share no memory.
-            Executor::Cpu => unsafe { spec::run(&p) }.into_result(),
+            Executor::Cpu => unsafe { speculative::run(&p) }.into_result(),
             // SAFETY: `check` checked every buffer is device memory of the
             // right size; the error word is this engine's.
             Executor::Cuda(dev) => unsafe { cuda::launch_spec(dev, &p, stream) },
@@ -488,7 +488,7 @@ impl SwapInEngine {
         args: &SpecSwapInArgs<'_>,
     ) -> Result<crate::abi::kvt_spec_swap_in_params> {
         let t = self.target();
-        spec::check(args, t.location, t.error)
+        speculative::check(args, t.location, t.error)
     }
 
     /// Replays a recorded miss plan (SGLang's `copy_cache_planned_mla`): the
