@@ -274,7 +274,7 @@ typedef struct kvt_swap_in_params {
     uint32_t top_k;                /* query columns per row */
     uint32_t block_tokens;         /* tokens per query column: 1 unless KVT_SWAP_QUERY_BLOCKS */
     uint32_t entries;              /* top_k * block_tokens, <= hot and <= KVT_SWAP_MAX_TOP_K */
-    uint32_t hot;                  /* LRU slots per request, <= KVT_SWAP_MAX_HOT */
+    uint32_t hot;                  /* LRU slots per request, <= KVT_SWAP_MAX_HOT: the hot_buffer_size of SGLang, the shim, the C ABI and SwapInArgs, named short where every kernel reads it */
     uint32_t num_requests;         /* rows of the per-request state arrays */
     uint32_t max_tokens;           /* valid columns of host_cache_locs */
     uint32_t plan_capacity;        /* misses a plan row holds (<= plan_stride); counts above it are refused */
