@@ -47,7 +47,7 @@ echo "cross-aarch64: cargo build --target $target"
 # uses the stable ABI, so PyO3 needs no aarch64 Python to build it
 export CARGO_TARGET_DIR="$PWD/target/python-wheel"
 CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc KVTIER_REQUIRE_KERNELS=1 \
-  PYO3_PYTHON="$py" cargo build --release --locked --target "$target" -p kvtier --lib --bins -p kvtier-python
+  PYO3_PYTHON="$py" cargo build --release --locked --target "$target" -p kvtier --lib -p kvtier-cli --bins -p kvtier-python
 release="$CARGO_TARGET_DIR/$target/release"
 
 raw="$PWD/target/wheel-raw-aarch64"

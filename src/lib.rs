@@ -23,6 +23,9 @@
 //! # Ok(()) }
 //! ```
 
+/// This build's version (the `kvtier` binary prints it).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 pub mod abi;
 pub mod copy_method;
 pub mod cuda;

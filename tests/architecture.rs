@@ -81,7 +81,19 @@ fn module_dependencies_have_no_cycle() {
 /// each can be read after the ones it uses.
 #[test]
 fn sibling_files_have_no_cycle() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    // the library's modules, and the command line's (its own crate)
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let checked: usize = [root.join("src"), root.join("cli/src")]
+        .iter()
+        .map(|src| siblings_have_no_cycle(src))
+        .sum();
+    assert!(checked >= 5, "folder modules checked: {checked}");
+}
+
+/// [`sibling_files_have_no_cycle`] in the crate whose sources are `src`:
+/// how many folder modules it checked.
+fn siblings_have_no_cycle(src: &Path) -> usize {
+    let src = src.to_path_buf();
     let mut checked = 0;
     let mut stack = vec![src.clone()];
     while let Some(dir) = stack.pop() {
@@ -170,5 +182,40 @@ fn sibling_files_have_no_cycle() {
         }
         checked += 1;
     }
-    assert!(checked >= 3, "folder modules checked: {checked}");
+    checked
+}
+
+/// The library's own dependencies are the library's: the command line's
+/// crates (argument parsing, progress bars, plotting) are the `kvtier-cli`
+/// package's, so a program that depends on kvtier builds none of them.
+#[test]
+fn the_library_depends_on_no_command_line_crate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let deps: Vec<&str> = manifest
+        .split("\n[dependencies]\n")
+        .nth(1)
+        .expect("a [dependencies] table")
+        .split("\n[")
+        .next()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split('=').next().map(str::trim))
+        .filter(|n| !n.is_empty() && !n.starts_with('#'))
+        .collect();
+    assert!(
+        deps.contains(&"cudarc") && deps.contains(&"libc"),
+        "{deps:?}"
+    );
+    for cli_only in ["clap", "indicatif", "plotters"] {
+        assert!(
+            !deps.contains(&cli_only),
+            "the library depends on {cli_only}: {deps:?}"
+        );
+    }
+    let cli = std::fs::read_to_string(root.join("cli/Cargo.toml")).unwrap();
+    assert!(
+        cli.contains("name = \"kvtier\"") && cli.contains("clap"),
+        "{cli}"
+    );
 }

@@ -33,7 +33,7 @@ ARTIFACTS = (("libkvtier.so", "libkvtier.so"), ("lib_native.so", "_native.abi3.s
 
 # What an sdist carries of the Rust workspace, under rust/.
 WORKSPACE_FILES = ("Cargo.toml", "Cargo.lock", "build.rs", "README.md", "LICENSE", "NOTICE", "src", "kernels",
-                   "benches", "bench/traces", "bindings/abi.rs", "bindings/kvtier.h", "bindings/python/native/Cargo.toml",
+                   "benches", "bench/traces", "cli", "bindings/abi.rs", "bindings/kvtier.h", "bindings/python/native/Cargo.toml",
                    "bindings/python/native/src")
 
 
@@ -75,7 +75,8 @@ def cargo_build(root: Path) -> Path:
     # otherwise rebuild each other's artifacts
     target = Path(env.get("CARGO_TARGET_DIR") or root / "target" / "python-wheel")
     env["CARGO_TARGET_DIR"] = str(target)
-    cmd = [cargo, "build", "--release", "--locked", "-p", "kvtier", "--lib", "--bins", "-p", "kvtier-python"]
+    cmd = [cargo, "build", "--release", "--locked", "-p", "kvtier", "--lib", "-p", "kvtier-cli", "--bins", "-p",
+           "kvtier-python"]
     print("kvtier: " + " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=root, env=env, check=True)
     return target / "release"

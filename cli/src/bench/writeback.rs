@@ -24,7 +24,7 @@ use kvtier::{
 };
 
 use super::{Bench, Clock, Measurement, Timing, count, invalid, named};
-use crate::cli::transfer::{self, Dir, ExecVec, Staging};
+use crate::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "writeback";
 /// Tokens per decode region (the newest token is the last one).

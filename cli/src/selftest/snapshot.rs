@@ -1,6 +1,6 @@
 //! What a call wrote, as bytes, and the comparison of two executors' writes.
 
-use crate::cli::bench;
+use crate::bench;
 use kvtier::{BadIndexReport, Error};
 
 /// The arrays a call may write (read back to the host after it), and the

@@ -39,7 +39,7 @@ use kvtier::{
 
 use super::sglang::SglangKernels;
 use super::{Bench, Clock, Measurement, Stats, Timing, count, invalid, row_pattern};
-use crate::cli::transfer::{self, Dir, ExecVec};
+use crate::transfer::{self, Dir, ExecVec};
 
 pub(super) const SCENARIO: &str = "decode-step";
 

@@ -12,7 +12,7 @@ use kvtier::{
 
 use super::snapshot::{Snapshot, Verdict, settle};
 use super::{Row, run_cases};
-use crate::cli::transfer::ExecVec;
+use crate::transfer::ExecVec;
 
 /// A pool whose regions hold random bytes (from the seed), and a tier on
 /// one executor with slot `s` bound to region `bindings[s]`.

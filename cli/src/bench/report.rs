@@ -223,7 +223,7 @@ pub(super) fn json_lines(env: &Environment, all: &[Measurement]) -> Vec<serde_js
                 "ratio_to_limit": ratio(all, m),
                 "ratio_to_sglang": ratio_to_sglang(all, m),
                 "is_limit": m.limit,
-                "kvtier": env!("CARGO_PKG_VERSION"),
+                "kvtier": kvtier::VERSION,
                 "commit": commit,
                 "timestamp": timestamp,
             })

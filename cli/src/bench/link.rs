@@ -8,7 +8,7 @@ use clap::Parser;
 use kvtier::Executor;
 
 use super::{Bench, BenchArgs, Clock, Measurement, Timing, gather, swap_in};
-use crate::cli::transfer::{self, Dir, ExecVec, Staging};
+use crate::transfer::{self, Dir, ExecVec, Staging};
 
 /// The benchmark's arguments, parsed as the command line would be.
 #[derive(Parser)]

@@ -44,7 +44,7 @@ use kvtier::{
 
 use super::sglang::SglangKernels;
 use super::{Bench, Clock, Measurement, Stats, Timing, count, invalid, named, row_pattern};
-use crate::cli::transfer::{self, Dir, ExecVec, Staging};
+use crate::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "swap-in";
 

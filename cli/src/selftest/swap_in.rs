@@ -22,7 +22,7 @@ use kvtier::{
 
 use super::snapshot::{Snapshot, Verdict, settle};
 use super::{Row, run_cases};
-use crate::cli::transfer::{ExecVec, Staging};
+use crate::transfer::{ExecVec, Staging};
 
 /// SGLang's swap-in paths kvtier serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

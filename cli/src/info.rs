@@ -3,7 +3,7 @@
 use kvtier::cuda::{self, DriverStatus, FatbinImage, KernelBuild};
 
 pub fn run() -> kvtier::Result<()> {
-    println!("kvtier {}", env!("CARGO_PKG_VERSION"));
+    println!("kvtier {}", kvtier::VERSION);
 
     match cuda::kernels::BUILD {
         KernelBuild::Built {

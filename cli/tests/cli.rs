@@ -496,7 +496,7 @@ fn pool_commands_create_inspect_check_and_destroy() {
 #[test]
 fn the_readmes_pool_commands_fit_a_laptop_and_run() {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
     let block = readme
         .split("```bash\n")
         .find(|b| b.starts_with("kvtier pool create"))
@@ -540,7 +540,7 @@ fn the_readmes_pool_commands_fit_a_laptop_and_run() {
 #[test]
 fn the_first_screens_modelled_gain_is_kvtier_plans() {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
     let glance = readme.split("**At a glance.**").nth(1).unwrap();
     let glance = glance.split("**Contents:**").next().unwrap();
     let number = |after: &str| -> u64 {

@@ -180,7 +180,7 @@ pub fn run(args: SelftestArgs) -> kvtier::Result<ExitCode> {
             msg: format!("cannot write {}: {e}", path.display()),
         })?;
     }
-    println!("kvtier {} selftest", env!("CARGO_PKG_VERSION"));
+    println!("kvtier {} selftest", kvtier::VERSION);
     let dut = if args.cpu {
         println!(
             "executor under test: the CPU executor (--cpu: a dry run of the selftest; it checks the \
@@ -359,7 +359,7 @@ fn write_json(path: &std::path::Path, dut: &Executor, rows: &[Row]) -> kvtier::R
             "seconds": r.seconds,
             "device": device,
             "driver": bench::driver_text(),
-            "kvtier": env!("CARGO_PKG_VERSION"),
+            "kvtier": kvtier::VERSION,
         });
         text.push_str(&line.to_string());
         text.push('\n');

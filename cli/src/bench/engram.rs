@@ -22,7 +22,7 @@ use kvtier::engram::{EngramArgs, EngramGatherer, bf16_rne, e4m3_to_f32, e8m0_sca
 use kvtier::{Buf, BufMut, IndexBuf};
 
 use super::{Bench, Clock, Measurement, Timing, count, invalid, named};
-use crate::cli::transfer::{self, Dir, ExecVec, Staging};
+use crate::transfer::{self, Dir, ExecVec, Staging};
 
 pub(super) const SCENARIO: &str = "engram-gather";
 const DIM: usize = 256;

@@ -29,7 +29,7 @@ use kvtier::{
 
 use super::sglang::SglangKernels;
 use super::{Bench, Clock, Measurement, Timing, count, invalid, named, row_pattern};
-use crate::cli::transfer::{self, Dir, ExecVec};
+use crate::transfer::{self, Dir, ExecVec};
 
 pub(super) const SCENARIO: &str = "spec-swap-in";
 const STEPS: [u32; 2] = [2, 4];

@@ -20,7 +20,7 @@ use kvtier::pool::PoolOptions;
 use kvtier::{CopyMethod, Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier};
 
 use super::{Bench, Clock, Indices, Measurement, PoolPages, Timing, invalid, named};
-use crate::cli::transfer::{self, Dir, ExecVec, Staging};
+use crate::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "gather";
 
