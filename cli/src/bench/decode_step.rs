@@ -117,7 +117,8 @@ impl Source {
     }
 
     /// The sources a run replays: `--trace` (a trace or a recipe), else the
-    /// committed recipes (`--quick`: the smallest of each model).
+    /// committed recipes (`--quick` and the CPU executor's default grid:
+    /// the smallest of each model).
     fn chosen(b: &Bench) -> kvtier::Result<Vec<Source>> {
         if let Some(path) = &b.args.trace {
             // a committed recipe by its name
@@ -149,9 +150,14 @@ impl Source {
                 Source::File(path.clone())
             }]);
         }
+        // the quick grid and the CPU executor's default grid (about a
+        // minute): the smallest of each model; --full, a GPU and a replay
+        // that times nothing: all
+        let small = !b.args.replay_only
+            && (b.args.quick || (!b.args.full && matches!(b.exec, Executor::Cpu)));
         RECIPES
             .iter()
-            .filter(|(name, _)| !b.args.quick || QUICK.contains(name))
+            .filter(|(name, _)| !small || QUICK.contains(name))
             .map(|(name, text)| {
                 TraceRecipe::parse(text)
                     .map(|r| Source::Recipe(Box::new(r)))
