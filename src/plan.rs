@@ -971,6 +971,28 @@ pub fn cost(p: &Plan, d: &Deployment, prices: &Prices) -> Result<Cost> {
 mod tests {
     use super::*;
 
+    /// The published points exactly; between them log-linear (3× top-k:
+    /// 13.4 % × 0.5^log2(1.5)); past 4× the 4× figure; no rate for a buffer
+    /// smaller than the top-k.
+    #[test]
+    fn the_published_miss_rate_for_a_buffer() {
+        let at = |hot, k| PublishedMissRate::for_buffer(hot, k).unwrap();
+        for (hot, want) in [(2048, 0.30), (4096, 0.134), (8192, 0.067)] {
+            let r = at(hot, 2048);
+            assert_eq!((r.rate, r.how), (want, MissRateFrom::Published));
+        }
+        let three = at(6144, 2048);
+        assert_eq!(three.how, MissRateFrom::Interpolated);
+        let want = 0.134 * 0.5f64.powf(1.5f64.log2());
+        assert!((three.rate - want).abs() < 1e-12, "{three:?}");
+        assert!(three.rate < 0.134 && three.rate > 0.067);
+        let v4 = at(4096, 512);
+        assert_eq!((v4.rate, v4.ratio, v4.how), (0.067, 8.0, MissRateFrom::Largest));
+        assert!(v4.describe().contains("the largest published buffer's figure"));
+        assert!(PublishedMissRate::for_buffer(1024, 2048).is_err());
+        assert!(PublishedMissRate::for_buffer(1024, 0).is_err());
+    }
+
     fn v32() -> ModelSpec {
         ModelSpec::preset("deepseek-v3.2").unwrap()
     }
