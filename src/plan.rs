@@ -987,8 +987,14 @@ mod tests {
         assert!((three.rate - want).abs() < 1e-12, "{three:?}");
         assert!(three.rate < 0.134 && three.rate > 0.067);
         let v4 = at(4096, 512);
-        assert_eq!((v4.rate, v4.ratio, v4.how), (0.067, 8.0, MissRateFrom::Largest));
-        assert!(v4.describe().contains("the largest published buffer's figure"));
+        assert_eq!(
+            (v4.rate, v4.ratio, v4.how),
+            (0.067, 8.0, MissRateFrom::Largest)
+        );
+        assert!(
+            v4.describe()
+                .contains("the largest published buffer's figure")
+        );
         assert!(PublishedMissRate::for_buffer(1024, 2048).is_err());
         assert!(PublishedMissRate::for_buffer(1024, 0).is_err());
     }
