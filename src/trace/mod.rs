@@ -715,13 +715,19 @@ pub fn shared_index_anchor(layer: u32, freq: u32) -> Option<u32> {
     (0..layer).rev().find(|&i| computes(i))
 }
 
+/// Whether a call of `layer` after a call of `previous` starts the next
+/// decode step: its layer is not above the one before it.
+pub fn starts_step(previous: Option<u32>, layer: u32) -> bool {
+    previous.is_some_and(|p| layer <= p)
+}
+
 /// The decode steps of a run of calls: a call whose layer is not above the
 /// one before it starts the next step. Each step as the range of its calls.
 pub fn steps_of<C: std::borrow::Borrow<TraceCall>>(calls: &[C]) -> Vec<std::ops::Range<usize>> {
     let mut steps = Vec::new();
     let mut start = 0;
     for i in 1..calls.len() {
-        if calls[i].borrow().layer <= calls[i - 1].borrow().layer {
+        if starts_step(Some(calls[i - 1].borrow().layer), calls[i].borrow().layer) {
             steps.push(start..i);
             start = i;
         }

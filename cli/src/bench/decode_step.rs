@@ -211,7 +211,7 @@ impl Source {
         let mut pending: Vec<TraceCall> = Vec::new();
         let mut index = 0usize;
         let mut push = |c: TraceCall, pending: &mut Vec<TraceCall>| -> kvtier::Result<()> {
-            if pending.last().is_some_and(|p| c.layer <= p.layer) {
+            if kvtier::trace::starts_step(pending.last().map(|p| p.layer), c.layer) {
                 step(index, pending)?;
                 index += 1;
                 pending.clear();
