@@ -21,6 +21,14 @@ if [ "$dry" = 1 ]; then
     run "$tool" 60 compute-sanitizer --tool "$tool" --version
   done
   run list 60 "$tests" --list --ignored "${skip[@]}"
+elif [ "$quick" = 1 ]; then
+  # The quick pass, with what time is left: the kernels never run under a
+  # sanitizer (the compact planners, the line-aligned copies), memcheck then
+  # racecheck and synccheck over their tests
+  changed=(swap_in_matches_cpu_on_random_cases the_compact_planner gather_matches_cpu writeback_matches_cpu)
+  run memcheck 120 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 "$tests" --ignored --test-threads=1 "${changed[@]}"
+  run racecheck 120 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$tests" --ignored --test-threads=1 swap_in_matches_cpu_on_random_cases
+  run synccheck 90 compute-sanitizer --tool synccheck --error-exitcode 9 "$tests" --ignored --test-threads=1 swap_in_matches_cpu_on_random_cases
 else
   run memcheck 220 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 "$tests" --ignored --test-threads=1 "${skip[@]}"
   run racecheck 170 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$tests" --ignored --test-threads=1 "${barrier_tests[@]}"

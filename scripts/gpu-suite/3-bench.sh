@@ -33,6 +33,28 @@ if [ "$dry" = 1 ]; then
   bench bench-quick 120 --quick
   bin=$nvcc_build bench bench-quick-nvcc 120 --quick --scenario swap-in
   bench bench-quick-host-pages 60 --quick --scenario gather --host-pages base,transparent
+elif [ "$quick" = 1 ]; then
+  # The quick pass (quick-pass.sh): every swap-in strategy beside SGLang's
+  # kernel and the floor lines at SGLang's grid, the production rows and the
+  # realistic-miss rows at the HOT sizes SGLang's kernel serves; every copy
+  # method of the gather at the points of the copy-path goals, and the
+  # writeback; the rest (GPU_SUITE_QUICK=2) after the decode step.
+  bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 1
+  bench swap-in-production 120 --scenario swap-in --max-seconds 1
+  for hm in 4096:274 8192:137; do
+    bench "swap-in-realistic-h${hm%%:*}" 120 --scenario swap-in --entry 656 --hot "${hm%%:*}" \
+      --misses "${hm##*:}" --batch 1,8,64,256 --max-seconds 1
+  done
+  bench gather 120 --scenario gather --context 131072 --batch 1,8,64 --k 256,2048 --max-seconds 0.5
+  bench writeback 60 --scenario writeback --max-seconds 0.5
+elif [ "$quick" = 2 ]; then
+  # The quick pass's second part, after the decode step: 2 MiB pool pages,
+  # the nvcc build, the realistic rows at a buffer of 1x top-k
+  bench gather-host-pages 100 --scenario gather --context 131072 --entry fp8-dsa --batch 64 \
+    --k 2048 --indices uniform --host-pages base,transparent --pool-memory 8GiB --max-seconds 0.5
+  bin=$nvcc_build bench swap-in-production-nvcc 100 --scenario swap-in --max-seconds 1
+  bench swap-in-realistic-h2048 100 --scenario swap-in --entry 656 --hot 2048 --misses 614 \
+    --batch 1,8,64,256 --max-seconds 1
 else
   bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 2
   bench swap-in-production 120 --scenario swap-in --max-seconds 2

@@ -26,6 +26,17 @@ if [ "$dry" = 1 ]; then
     --hot 4096 --steps 2 --warmup-steps 1 --miss-rate published --index-topk-freq 4 \
     --recipe "$logs/dsv32-shared4-8k-b5.json"
   bench decode-step-quick-shared4 120 --quick --scenario decode-step --trace "$logs/dsv32-shared4-8k-b5.json"
+elif [ "$quick" = 1 ]; then
+  # The quick pass: one batch of each model, DeepSeek-V3.2 at batch 8 too,
+  # then the shared-index trace
+  for t in dsv32-128k-b64 dsv4flash-128k-b64 m3-128k-b64 dsv32-128k-b8; do
+    bench "decode-step-$t" 100 --scenario decode-step --trace "$t" --max-seconds 0.5 --pool-memory 8GiB
+  done
+  run synth-shared 60 "$bundle/bin/kvtier" trace synth --model deepseek-v3.2 --requests 64 --context 131072 \
+    --hot 4096 --steps 3 --warmup-steps 2 --miss-rate published --index-topk-freq 4 \
+    --recipe "$logs/dsv32-shared4-128k-b64.json"
+  bench decode-step-shared4 100 --scenario decode-step --trace "$logs/dsv32-shared4-128k-b64.json" \
+    --max-seconds 0.5 --pool-memory 8GiB --compute-us 100
 else
   for t in dsv32-128k-b64 dsv32-128k-b8 dsv32-128k-b32 dsv32-128k-b128 dsv4flash-128k-b64 m3-128k-b64; do
     bench "decode-step-$t" 150 --scenario decode-step --trace "$t" --max-seconds 1 --pool-memory 12GiB

@@ -13,15 +13,32 @@ export KVTIER_COMMIT
 stage=$(basename "$0" .sh)
 logs=$(mktemp -d)
 dry=${GPU_SUITE_DRY_RUN:-0}
+# GPU_SUITE_QUICK=1: each stage's quick grid (scripts/gpu-suite/quick-pass.sh)
+quick=${GPU_SUITE_QUICK:-0}
+# the quick pass's second part of a stage packs an archive of its own
+[ "$quick" = 2 ] && stage=$stage-part2
 log() { echo "$*" | tee -a "$logs/$stage.log"; }
 # run NAME SECONDS CMD...: runs CMD with a time limit, its output in NAME.log;
 # a failure is recorded, and the stage goes on.
+# With GPU_SUITE_DEADLINE (seconds since the epoch, set by quick-pass.sh) a
+# command's limit is cut to end 15 s before it, and one with under 20 s left
+# is skipped (its exit code 124 and "skipped" in the log), so the stages of
+# one device command pack their archives before the command's own limit.
 run() {
   local name=$1 secs=$2; shift 2
-  log "== $name: $*"
+  if [ -n "${GPU_SUITE_DEADLINE:-}" ] && [ "$dry" != 1 ]; then
+    local left=$((GPU_SUITE_DEADLINE - $(date +%s) - 15))
+    if [ "$left" -lt 20 ]; then
+      log "== $name: skipped, ${left}s before the quick pass's deadline"
+      echo "$name 124 skipped" >>"$logs/exit-codes.txt"
+      return 0
+    fi
+    [ "$left" -lt "$secs" ] && secs=$left
+  fi
+  log "== $name ($(date -u +%H:%M:%S), at most ${secs}s): $*"
   local rc=0
   timeout "$secs" "$@" >"$logs/$name.log" 2>&1 || rc=$?
-  log "   exit $rc ($(tail -n 1 "$logs/$name.log" | cut -c1-200))"
+  log "   exit $rc at $(date -u +%H:%M:%S) ($(tail -n 1 "$logs/$name.log" | cut -c1-200))"
   echo "$name $rc" >>"$logs/exit-codes.txt"
 }
 pack() {
