@@ -24,11 +24,15 @@ constexpr uint16_t kUsable = 0x4000;  // not a hit, and its device row is in ran
 constexpr uint16_t kHit = 0x8000;
 
 // Open-addressing table size for E entries: a power of two >= spread * E
-// (kvt_swap_in_plan: 2, at most half full; the few-miss planner: 4).
+// (kvt_swap_in_plan: 2, at most half full; the few-miss planner: 4). In
+// closed form, not a doubling loop: the compact planner recomputes it at
+// every shared-memory address (it keeps no offsets in registers), where the
+// loop was 56 % of the instructions it executed on an H100 and made it 4.6x
+// slower than the few-miss planner (bench/results/h100-2026-11-27/
+// profile-planners). spread * E stays far below 2^31 (host-checked shapes).
 __device__ __forceinline__ uint32_t hash_size(uint32_t entries, uint32_t spread = 2) {
-    uint32_t n = 1;
-    while (n < spread * entries) n <<= 1;
-    return n;
+    const uint32_t n = spread * entries;
+    return n <= 1 ? 1u : 1u << (32 - __clz((int)(n - 1)));
 }
 __device__ __forceinline__ uint32_t hash_of(int32_t key, uint32_t mask) {
     return ((uint32_t)key * 2654435761u) & mask;

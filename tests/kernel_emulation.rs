@@ -1335,6 +1335,31 @@ fn emulate_planted_at(variant: u32, block: u32, out: *mut u32, bytes: usize) -> 
     unsafe { f(&p, block, mem.as_ptr(), 1, mem.as_ptr(), 1) }
 }
 
+/// The planners' hash table size in closed form is the smallest power of two
+/// at least spread * entries (what the host sizes their shared memory with,
+/// `next_power_of_two`), at every size a planner takes and the edges of the
+/// closed form (0, 1, powers of two and their neighbours).
+#[test]
+fn hash_size_is_the_next_power_of_two() {
+    type HashSizeFn = unsafe extern "C" fn(u32, u32) -> u32;
+    let f: libloading::Symbol<'static, HashSizeFn> =
+        unsafe { emulator().get(b"kvt_emu_hash_size") }.unwrap();
+    let mut sizes: Vec<u32> = (0..=20_000).collect();
+    for b in 1..28 {
+        sizes.extend([(1u32 << b) - 1, 1 << b, (1 << b) + 1]);
+    }
+    for spread in [1u32, 2, 4] {
+        for &e in &sizes {
+            let Some(n) = e.checked_mul(spread).filter(|&n| n <= 1 << 30) else {
+                continue;
+            };
+            // SAFETY: a pure function of its two integers.
+            let got = unsafe { f(e, spread) };
+            assert_eq!(got, n.next_power_of_two(), "entries {e}, spread {spread}");
+        }
+    }
+}
+
 /// The emulator judges warp-level code and ordering: shuffles exchange the
 /// values of the lanes they name (a shuffle reading the wrong lane gives
 /// wrong prefix sums), a full-warp vote that some lanes skip is reported, and

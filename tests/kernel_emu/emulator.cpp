@@ -549,6 +549,12 @@ extern "C" kvt_emu_report kvt_emu_swap_in_compact_plan(const kvt_swap_in_params*
                                                              n_stores);
 }
 
+// The planners' hash table size, called as the kernels call it (a device
+// helper: no launch).
+extern "C" uint32_t kvt_emu_hash_size(uint32_t entries, uint32_t spread) {
+    return kvt::swap::hash_size(entries, spread);
+}
+
 extern "C" kvt_emu_report kvt_emu_swap_in_copy(const kvt_swap_in_params* p, unsigned grid, unsigned block,
                                                size_t smem_bytes, const kvt_emu_range* loads, size_t n_loads,
                                                const kvt_emu_range* stores, size_t n_stores) {
