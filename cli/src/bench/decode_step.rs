@@ -963,8 +963,7 @@ impl<'b> Replay<'b> {
             (Some(k), Executor::Cuda(dev))
                 if !shared_index
                     && this.header.block_tokens == 0
-                    && this.cols == 2048
-                    && (this.hot == 4096 || this.hot == 8192) =>
+                    && SglangKernels::serves_swap_in(this.cols as u32, this.hot as u32) =>
             {
                 let mut engine = kvtier::SwapInEngine::new(exec.clone())?;
                 engine.reserve(this.bucket as u32, this.entries as u32)?;

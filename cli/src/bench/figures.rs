@@ -32,8 +32,9 @@ pub(crate) const PALETTE: [RGBColor; 7] = [
 /// Parameters that follow from the others (not a dimension of the grid);
 /// a trace call's layer, requests and misses follow from the call, an
 /// Engram gather's ids from its tokens, a decode step's totals, trace,
-/// graph bucket and aliasing from its model, context and batch.
-const DERIVED: [&str; 14] = [
+/// graph bucket, aliasing, selections and compute stand-in from its model,
+/// context, batch and trace.
+const DERIVED: [&str; 17] = [
     "distinct_regions",
     "unique_misses_per_request",
     "layer",
@@ -48,6 +49,9 @@ const DERIVED: [&str; 14] = [
     "entries_total",
     "host_rows",
     "device_buffers",
+    "selections",
+    "compute_stand_in_us",
+    "compute_stand_in_bytes",
 ];
 
 /// The most grid points a headline panel shows; beyond it parameters are

@@ -77,6 +77,14 @@ impl SglangKernels {
         }))
     }
 
+    /// Whether the library's build of SGLang's swap-in kernel serves a shape:
+    /// SGLang instantiates it for top-k 2048 with a hot buffer of 4096 or
+    /// 8192 slots only (scripts/sglang-kernels.sh builds those), and the
+    /// bench leaves its line out elsewhere rather than stop.
+    pub fn serves_swap_in(k: u32, hot: u32) -> bool {
+        k == 2048 && (hot == 4096 || hot == 8192)
+    }
+
     /// SGLang's single-step swap-in on kvtier's checked parameters (with
     /// `num_real_reqs` given), blocks of [`SWAP_IN_BLOCK`] threads, on `stream`.
     ///

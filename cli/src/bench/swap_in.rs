@@ -85,6 +85,7 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
     let mut rows = Vec::new();
     for &item in &entries {
         for &hot in b.hot() {
+            let sglang = serving(b, sglang.as_ref(), b.args.swap_k, hot);
             let state = State::build(b, max_batch, hot, item)?;
             for &batch in &batches {
                 for &misses in &b.args.misses {
@@ -93,7 +94,7 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
                         count(misses, "miss", "misses")
                     ));
                     let q = state.queries(batch, misses, b.args.seed);
-                    rows.extend(state.measure(b, &q, sglang.as_ref())?);
+                    rows.extend(state.measure(b, &q, sglang)?);
                     b.progress.inc(1);
                 }
             }
@@ -175,12 +176,33 @@ impl TracePlan {
     }
 }
 
+/// SGLang's kernel where its build serves top-k `k` at `hot`; elsewhere
+/// none, and the output says why its line is missing.
+fn serving<'a>(
+    b: &Bench,
+    sglang: Option<&'a SglangKernels>,
+    k: u32,
+    hot: u32,
+) -> Option<&'a SglangKernels> {
+    if sglang.is_some() && !SglangKernels::serves_swap_in(k, hot) {
+        b.progress.suspend(|| {
+            println!(
+                "swap-in: SGLang's kernel is built for top-k 2048 and hot 4096 or 8192 only: \
+                 not timed at top-k {k}, hot {hot}"
+            )
+        });
+        return None;
+    }
+    sglang
+}
+
 /// Each chosen call of the trace, from the state its replay reaches before
 /// it: the same methods as a grid point.
 fn run_trace(b: &Bench, sglang: Option<&SglangKernels>) -> kvtier::Result<Vec<Measurement>> {
     let plan = TracePlan::read(b)?;
     let hot = plan.trace.header.hot;
     let states = kvtier::trace::states_before(&plan.trace, hot, &plan.chosen)?;
+    let sglang = serving(b, sglang, plan.k, hot);
     let mut rows = Vec::new();
     for (&index, before) in plan.chosen.iter().zip(&states) {
         let call = &plan.trace.calls[index];
