@@ -174,7 +174,8 @@ impl Tier {
     }
 
     /// Top-k sparse gather of `layer` for a whole batch into `out`
-    /// (`[batch][k][entry_bytes]`, 8-byte aligned), one launch. Padding (-1)
+    /// (`[batch][k][entry_bytes]`, 8-byte aligned), one launch, with the copy
+    /// method measured best for its entry size ([`CopyMethod::for_gather`]). Padding (-1)
     /// rows and indices are zero-filled; bad indices are zero-filled and
     /// reported (CPU: now; CUDA: at the next [`Tier::check`]).
     pub fn gather(
@@ -184,7 +185,8 @@ impl Tier {
         out: BufMut<'_, u8>,
         stream: Stream,
     ) -> Result<()> {
-        self.gather_with(layer, batch, out, CopyMethod::default(), stream)
+        let method = CopyMethod::for_gather(self.layout().entry_bytes());
+        self.gather_with(layer, batch, out, method, stream)
     }
 
     /// [`Tier::gather`] with an explicit copy method for the CUDA executor

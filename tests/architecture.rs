@@ -219,3 +219,99 @@ fn the_library_depends_on_no_command_line_crate() {
         "{cli}"
     );
 }
+
+/// The file map in one place: every source file of the tree (the library,
+/// the kernels, the command line, the Python package and extension module,
+/// the scripts) is named in the module table of `docs/architecture.md`,
+/// either by a row of its own or, under a row for its folder, by its file
+/// name; and every path a row names exists. A file added, moved or removed
+/// without its row fails here.
+#[test]
+fn the_file_map_names_every_source_file_and_nothing_else() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let table = &doc[doc.find("## 1. Modules").unwrap()..doc.find("## 2.").unwrap()];
+    // row path -> the row's text
+    let mut rows: BTreeMap<String, String> = BTreeMap::new();
+    for line in table.lines().filter(|l| l.starts_with("| `")) {
+        let path = line[3..].split('`').next().unwrap().to_string();
+        rows.insert(path, line.to_string());
+    }
+    assert!(rows.len() > 40, "{} rows", rows.len());
+    let missing: Vec<&String> = rows.keys().filter(|p| !root.join(p).exists()).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md names what does not exist: {missing:?}"
+    );
+
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if name.starts_with('.') || name == "__pycache__" {
+                continue;
+            }
+            if p.is_dir() {
+                walk(&p, out);
+            } else if [".rs", ".cu", ".cuh", ".h", ".py", ".sh"]
+                .iter()
+                .any(|x| name.ends_with(x))
+            {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    for dir in [
+        "src",
+        "kernels",
+        "cli/src",
+        "bindings/python/kvtier",
+        "bindings/python/native/src",
+        "scripts",
+    ] {
+        walk(&root.join(dir), &mut files);
+    }
+    for f in [
+        "build.rs",
+        "cli/build.rs",
+        "bindings/abi.rs",
+        "bindings/kvtier.h",
+    ] {
+        files.push(root.join(f));
+    }
+    let mut unnamed = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+        if rows.contains_key(&rel) {
+            continue;
+        }
+        // the nearest folder row, which names the file (with or without its
+        // extension, as `name` or `dir/name`) in its text
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let stem = name
+            .rsplit_once('.')
+            .map_or(name.as_str(), |(s, _)| s)
+            .to_string();
+        let covered = rows.iter().any(|(path, text)| {
+            path.ends_with('/') && rel.starts_with(path.as_str()) && {
+                let inner = &rel[path.len()..];
+                let inner_stem = inner.rsplit_once('.').map_or(inner, |(s, _)| s);
+                [inner, inner_stem, name.as_str(), stem.as_str()]
+                    .iter()
+                    .any(|n| {
+                        text.contains(&format!("`{n}`"))
+                            || text.contains(&format!("`{n} "))
+                            || text.contains(&format!("`{n}:"))
+                    })
+            }
+        });
+        if !covered {
+            unnamed.push(rel);
+        }
+    }
+    assert!(
+        unnamed.is_empty(),
+        "source files docs/architecture.md does not name: {unnamed:#?}"
+    );
+}

@@ -1,9 +1,10 @@
 """The GPU figures the SGLang install report prints are the committed
 measurements: each range quoted in ``compat.MEASURED``, ``SPEC_LEFT`` and
 ``ENGRAM_GATHER_LEFT`` is recomputed here from the JSON lines of the runs
-under ``bench/results/`` that the text names (H200 and H100, 2026-11-26), so
-that a new run, or an edited sentence, cannot leave the report quoting
-figures no one measured."""
+under ``bench/results/`` that the text names (H200 and H100, 2026-11-26;
+H100, 2026-11-27), and so is every figure of the README's paragraph on the
+latest run, so that a new run, or an edited sentence, cannot leave the
+report or the README quoting figures no one measured."""
 
 from __future__ import annotations
 
@@ -95,3 +96,113 @@ def test_the_engram_gather_figures_are_the_measured_ones():
     text = compat.ENGRAM_GATHER_LEFT
     assert f"{span(device, 1)} SGLang's speed on a table in GPU memory" in text, text
     assert f"{span(slower, 2)} at {len(slower)} of {len(host_sorted)} points reading a host table" in text, text
+
+
+# The quick pass of 2026-11-27 (H100): the README's "latest run" paragraph
+# and table, and the install report's decode-step sentence.
+LATEST = "h100-2026-11-27"
+README = RESULTS.parent.parent / "README.md"
+KVTIER_STEP = "kvtier: the step's swap-ins (CUDA graph)"
+SGLANG_STEP = "SGLang 0.5.23's kernel: the step's swap-ins (CUDA graph)"
+FLOOR_STEP = "link floor: each call's misses in one contiguous copy"
+
+
+def times(values) -> str:
+    """A range of speeds as the README writes it: 0.98-1.08×, or 1.07× where both ends round alike."""
+    low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+    return f"{low}×" if low == high else f"{low}-{high}×"
+
+
+def latest_paragraph() -> str:
+    text = README.read_text()
+    start = text.index("**The latest run**")
+    return text[start:text.index("![The H200 run", start)]
+
+
+def decode_steps(trace: str) -> dict:
+    """{method: median µs} of a trace's three measured steps in all."""
+    return {r["method"]: r["median_us"] for r in lines(LATEST, f"6-decode-step/decode-step-{trace}.jsonl")
+            if r["params"]["step"] == "all"}
+
+
+def single_calls(method: str) -> list:
+    """[(point, SGLang's time over the method's, apart)] over the latest run's swap-in points;
+    apart: -1 slower, 1 faster, 0 within the quartile ranges."""
+    out = []
+    for name in ("sglang-grid", "production", "realistic-h4096", "realistic-h8192"):
+        pts: dict = defaultdict(dict)
+        for r in lines(LATEST, f"3-bench/swap-in-{name}.jsonl"):
+            pts[tuple(r["params"][k] for k in ("entry", "hot", "batch", "misses"))][r["method"]] = r
+        for p, m in pts.items():
+            ours, theirs = m[method], m[SGLANG]
+            apart = 1 if ours["q3_us"] < theirs["q1_us"] else -1 if ours["q1_us"] > theirs["q3_us"] else 0
+            out.append((p, theirs["median_us"] / ours["median_us"], apart))
+    return out
+
+
+def test_the_latest_run_is_one_commit_on_an_h100():
+    commits = {(RESULTS / LATEST / stage / "COMMIT").read_text().strip()
+               for stage in ("1-tests", "2-sanitizer", "3-bench", "3-bench-part2", "6-decode-step", "profile-planners")}
+    commits |= {r["commit"] for r in lines(LATEST, "3-bench/swap-in-production.jsonl")}
+    assert len(commits) == 1 and next(iter(commits)).startswith("7a799b8"), commits
+    assert {r["device"] for r in lines(LATEST, "6-decode-step/decode-step-dsv32-128k-b64.jsonl")} == {
+        "NVIDIA H100 80GB HBM3 (sm_90)"}
+    for stage in ("1-tests", "2-sanitizer", "3-bench", "6-decode-step"):
+        codes = (RESULTS / LATEST / stage / "exit-codes.txt").read_text().split("\n")
+        assert all(line.split()[1] == "0" for line in codes if line.strip() and "racecheck" not in line), codes
+
+
+def test_the_readme_decode_step_table_is_the_measured_one():
+    text = latest_paragraph()
+    for trace in ("dsv32-128k-b8", "dsv32-128k-b64"):
+        m = decode_steps(trace)
+        row = (f"| {m[KVTIER_STEP] / 1000:.2f} | {m[SGLANG_STEP] / 1000:.2f} | "
+               f"{m[SGLANG_STEP] / m[KVTIER_STEP]:.2f}× | {m[FLOOR_STEP] / 1000:.2f} |")
+        assert f"(`{trace}`) {row}" in text, (trace, row)
+    b8, b64 = (decode_steps(t) for t in ("dsv32-128k-b8", "dsv32-128k-b64"))
+    speeds = [f"{m[SGLANG_STEP] / m[KVTIER_STEP]:.2f}x at batch {b}" for b, m in ((8, b8), (64, b64))]
+    assert ", ".join(speeds) in compat.MEASURED["load_cache_to_device_buffer_mla"], speeds
+
+
+def test_the_readme_single_call_figures_are_the_measured_ones():
+    text = " ".join(latest_paragraph().split())
+    calls = single_calls(FEW_MISS)
+    realistic = [(p, v) for p, v, _ in calls if p[3] in (274, 137)]
+    at = lambda batches: [v for p, v in realistic if p[2] in batches]  # noqa: E731
+    assert f"`few_miss` is {times(at((1,)))} SGLang's speed at batch 1, {times(at((8,)))} at batch 8 and " \
+           f"{times(at((64, 256)))} at batch 64-256" in text, text
+    speeds = sorted(v for _, v, _ in calls)
+    median = (speeds[17] + speeds[18]) / 2
+    faster, slower = sum(a == 1 for *_, a in calls), sum(a == -1 for *_, a in calls)
+    assert len(calls) == 36
+    assert f"median {median:.2f}× SGLang's kernel (faster at {faster}, slower at {slower}" in text
+    # the link's share at batch 64 and 256 at the published miss rates, both kernels
+    shares = []
+    for name in ("realistic-h4096", "realistic-h8192"):
+        pts: dict = defaultdict(dict)
+        for r in lines(LATEST, f"3-bench/swap-in-{name}.jsonl"):
+            pts[r["params"]["batch"]][r["method"]] = r["median_us"]
+        for batch, m in pts.items():
+            if batch >= 64:
+                limit = m["contiguous H2D copy of the misses (limit)"]
+                shares += [limit / m[FEW_MISS], limit / m[SGLANG]]
+    assert f"({min(shares):.2f}-{max(shares):.2f} of one contiguous copy" in text
+
+
+def test_the_readme_kernel_findings_are_the_measured_ones():
+    text = " ".join(latest_paragraph().split())
+    compact = {p: v for p, v, _ in single_calls("kvtier swap-in, compact planner")}
+    few = {p: v for p, v, _ in single_calls(FEW_MISS)}
+    # SGLang's time over each: few_miss's speed over the compact planner's at batch 1, 2 misses, 656 B, HOT 4096
+    p = (656, 4096, 1, 2)
+    assert f"{few[p] / compact[p]:.1f}× slower than `few_miss`" in text
+    gather: dict = defaultdict(dict)
+    for r in lines(LATEST, "3-bench/gather.jsonl"):
+        gather[json.dumps(r["params"], sort_keys=True)][r["method"]] = r
+    ahead = [m for k, m in gather.items() if json.loads(k)["entry"] == 656 and
+             m["kvtier gather, passes aligned to 128-byte host lines"]["q3_us"] < m["kvtier gather"]["q1_us"]]
+    total = sum(json.loads(k)["entry"] == 656 for k in gather)
+    assert f"ahead of the default at {len(ahead)} of {total} points of 656-byte entries" in text
+    pages = {r["params"]["host_pages"]: r["ratio_to_limit"] for r in lines(LATEST, "3-bench-part2/gather-host-pages.jsonl")
+             if r["method"] == "kvtier gather"}
+    assert f"({pages['base']:.2f} to {pages['transparent']:.2f} of the link)" in text

@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 from conftest import REPOSITORY, needs_repository
 
 README = REPOSITORY / "README.md"
@@ -48,3 +50,49 @@ def test_every_link_within_the_readme_has_its_heading():
     anchors = set(re.findall(r"\]\(#([^)]+)\)", text))
     assert len(anchors) > 10, anchors
     assert not anchors - slugs, f"links to no heading: {sorted(anchors - slugs)}"
+
+
+# The pages under docs/ are held to the same rules: every repository path a
+# page names exists, every relative link (resolved from the page's folder)
+# reaches a file, and every anchor lands on a heading of the page it names.
+DOCS = sorted((REPOSITORY / "docs").glob("*.md"))
+
+
+def slugs_of(page) -> set:
+    """GitHub's heading slugs of a Markdown page: lower case, punctuation dropped, spaces to hyphens."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#{1,6} (.+)$", page.read_text(), re.M)}
+
+
+def test_there_are_docs_pages():
+    assert len(DOCS) >= 6, DOCS
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_every_path_and_link_of_a_docs_page_resolves(page):
+    text = page.read_text()
+    tops = ("src/", "tests/", "kernels/", "bindings/", "scripts/", "benches/", "docs/", "bench/", ".ci/", "cli/")
+    missing = []
+    for tok in re.findall(r"`([^`\s]+)`", text):
+        tok = tok.rstrip(".,:;)").split("::")[0]
+        # a path in a folder this repository does not have is another
+        # project's (the pages cite NVIDIA's, UCX's and vLLM's sources)
+        ours = (REPOSITORY / tok.rstrip("/")).parent.is_dir()
+        if tok.startswith(tops) and ours and not any(c in tok for c in "*{<") and not (REPOSITORY / tok).exists():
+            missing.append(tok)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            missing.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in slugs_of(file):
+            missing.append(target)
+    assert not missing, f"{page.name} names what does not exist: {missing}"
+
+
+def test_the_readme_links_every_docs_page():
+    text = README.read_text()
+    unlinked = [p.name for p in DOCS if f"docs/{p.name}" not in text]
+    assert not unlinked, f"docs pages the README does not name: {unlinked}"
