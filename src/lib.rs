@@ -63,7 +63,13 @@ pub use swap_in::{
 pub use tier::{KvLayers, Tier};
 pub use writeback::WritebackItems;
 
-/// The README's Rust example, compiled as a doctest so that it stays true.
+/// The README's Rust example, compiled and run as a doctest so that it
+/// stays true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The Rust API page's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/rust-api.md")]
+pub struct RustApiDoctests;

@@ -490,17 +490,17 @@ fn pool_commands_create_inspect_check_and_destroy() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// The README's pool commands, as written (their files moved to a scratch
+/// The pool page's commands, as written (their files moved to a scratch
 /// directory): they fit a laptop (at most 4 GiB in all), and they run,
 /// leaving no file behind.
 #[test]
-fn the_readmes_pool_commands_fit_a_laptop_and_run() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let block = readme
+fn the_pool_pages_commands_fit_a_laptop_and_run() {
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/pool.md")).unwrap();
+    let block = page
         .split("```bash\n")
         .find(|b| b.starts_with("kvtier pool create"))
-        .expect("the README's pool example")
+        .expect("docs/pool.md's pool example")
         .split("```")
         .next()
         .unwrap();

@@ -206,3 +206,9 @@ def test_the_readme_kernel_findings_are_the_measured_ones():
     pages = {r["params"]["host_pages"]: r["ratio_to_limit"] for r in lines(LATEST, "3-bench-part2/gather-host-pages.jsonl")
              if r["method"] == "kvtier gather"}
     assert f"({pages['base']:.2f} to {pages['transparent']:.2f} of the link)" in text
+
+
+def test_the_first_screens_decode_step_range_is_the_measured_one():
+    glance = " ".join(README.read_text().split("**At a glance.**", 1)[1].split("**Contents:**", 1)[0].split())
+    speeds = [m[SGLANG_STEP] / m[KVTIER_STEP] for m in (decode_steps(t) for t in ("dsv32-128k-b8", "dsv32-128k-b64"))]
+    assert f"is {times(speeds)} SGLang's (H100, 2026-11-27)" in glance, glance

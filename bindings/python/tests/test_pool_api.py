@@ -1,5 +1,6 @@
 """The pool's Python API: layouts checked when made, publishing twice, the
-layer-first view of a region, and the README's pool example."""
+layer-first view of a region, and the pool example of docs/pool.md (the
+README's is its shorter form; both run as written in test_readme.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The README's Python example runs as written."""
+"""The README and the pages under docs/: their Python examples run as written,
+every path they name exists, every link lands."""
 
 import re
 
@@ -39,17 +40,18 @@ def test_every_path_the_readme_names_exists():
     assert not missing, f"the README names paths that do not exist: {missing}"
 
 
-def test_every_link_within_the_readme_has_its_heading():
-    """`[text](#anchor)` links land on a heading (GitHub's slugs: lower case,
-    punctuation dropped, spaces to hyphens)."""
+def test_every_link_of_the_readme_lands():
+    """`[text](#anchor)` and `[text](docs/page.md#anchor)` links land on a
+    heading of the page they name (GitHub's slugs: lower case, punctuation
+    dropped, spaces to hyphens), and every page they name exists."""
     text = README.read_text()
-    slugs = set()
-    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
-        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-        slugs.add(slug)
-    anchors = set(re.findall(r"\]\(#([^)]+)\)", text))
-    assert len(anchors) > 10, anchors
-    assert not anchors - slugs, f"links to no heading: {sorted(anchors - slugs)}"
+    links = re.findall(r"\]\(((?:docs/[\w.-]+\.md)?)(?:#([^)]+))?\)", text)
+    links = [(page, anchor) for page, anchor in links if page or anchor]
+    assert len(links) > 10, links
+    wrong = [(page, anchor) for page, anchor in links
+             if not (REPOSITORY / (page or "README.md")).exists()
+             or (anchor and anchor not in slugs_of(REPOSITORY / (page or "README.md")))]
+    assert not wrong, f"links to no page or heading: {wrong}"
 
 
 # The pages under docs/ are held to the same rules: every repository path a
@@ -66,6 +68,14 @@ def slugs_of(page) -> set:
 
 def test_there_are_docs_pages():
     assert len(DOCS) >= 6, DOCS
+
+
+@pytest.mark.parametrize("page", [p for p in DOCS if "```python" in p.read_text()], ids=lambda p: p.name)
+def test_a_docs_pages_python_examples_run(page):
+    """As the README's: each Python block of the page runs as written (on
+    numpy and the CPU executor)."""
+    for code in re.findall(r"```python\n(.*?)```", page.read_text(), re.S):
+        exec(compile(code, str(page), "exec"), {})
 
 
 @pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
