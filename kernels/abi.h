@@ -162,6 +162,8 @@ typedef struct kvt_writeback_params {
                                        (kvt_swap_in_few_miss_plan or kvt_swap_in_compact_plan copied them) */
 #define KVT_SWAP_COMPACT_PLAN 128u  /* the launcher's choice of kvt_swap_in_compact_plan as the planner (no kernel
                                        reads it: the parameters alone say what to launch) */
+#define KVT_SWAP_FEW_MISS_512 256u  /* the launcher's choice of kvt_swap_in_few_miss_512_plan as the planner (with
+                                       KVT_SWAP_SKIP_INLINE; no kernel reads it) */
 
 /* Largest number of resolved top-k entries per row (top_k * block_tokens) and
  * largest hot buffer a swap-in accepts. */
@@ -173,6 +175,10 @@ typedef struct kvt_writeback_params {
  * block copies itself (one per warp: one pass of its warps). */
 #define KVT_SWAP_FEW_MISS_THREADS 1024
 #define KVT_SWAP_FEW_MISS_INLINE 32
+/* Threads per kvt_swap_in_few_miss_512_plan block (two blocks an SM where its
+ * shared memory allows), and the most entries a row of it resolves. */
+#define KVT_SWAP_FEW_MISS_512_THREADS 512
+#define KVT_SWAP_FEW_MISS_512_MAX_ENTRIES 2048
 /* Threads per kvt_swap_in_compact_plan block (two blocks an SM where its
  * shared memory allows), and the most entries a row of it resolves. */
 #define KVT_SWAP_COMPACT_THREADS 1024
@@ -233,7 +239,9 @@ typedef struct kvt_item_layout {
  * block of KVT_SWAP_FEW_MISS_THREADS per row, warp votes instead of block
  * scans): a row of at most KVT_SWAP_FEW_MISS_INLINE misses is copied by its
  * own block, and the copy kernel that follows, with KVT_SWAP_SKIP_INLINE,
- * moves only the other rows' misses. kvt_swap_in_compact_plan is a third
+ * moves only the other rows' misses (kvt_swap_in_few_miss_512_plan, with
+ * KVT_SWAP_FEW_MISS_512, is the same planner in blocks of
+ * KVT_SWAP_FEW_MISS_512_THREADS). kvt_swap_in_compact_plan is a third
  * (KVT_SWAP_COMPACT_PLAN; the same contract and block size, state small enough
  * for two blocks an SM): it copies a row's misses itself when they are at
  * most KVT_SWAP_FEW_MISS_INLINE (the copy kernel follows with

@@ -300,14 +300,15 @@ struct WarpChunks {
     }
 };
 
-// Exclusive prefix (this warp's offset) and total over a block of 32 warps
-// of one per-warp count in shared memory (`stride` words between warps).
+// Exclusive prefix (this warp's offset) and total over a block of `warps`
+// (at most 32) warps of one per-warp count in shared memory (`stride` words
+// between warps).
 struct WarpOffset {
     uint32_t before, total;
 };
 __device__ __forceinline__ WarpOffset warp_offset(const uint32_t* totals, uint32_t stride, uint32_t warp,
-                                                  uint32_t lane) {
-    const uint32_t mine = totals[lane * stride];
+                                                  uint32_t lane, uint32_t warps = KVT_WARP) {
+    const uint32_t mine = lane < warps ? totals[lane * stride] : 0;
     const uint32_t incl = warp_inclusive_sum(mine, lane);
     return {warp_read(incl - mine, warp), warp_read(incl, KVT_WARP - 1)};
 }

@@ -19,25 +19,38 @@ namespace kvt {
 namespace swap {
 namespace few {
 
-constexpr uint32_t kWarps = KVT_SWAP_FEW_MISS_THREADS / KVT_WARP;
-static_assert(kWarps == KVT_WARP, "a warp scans one total per warp of the block");
-// The hash table is at most a quarter full: every slot of the hot buffer is
-// looked up, most of them in vain, and a warp waits for its longest probe.
-constexpr uint32_t kHashSpread = 4;
-// Chunks of 32 entries a warp owns at most (entries <= KVT_SWAP_MAX_TOP_K):
-// a lane keeps its entries' miss state in registers across the phases.
-constexpr uint32_t kMaxEntryChunks = (KVT_SWAP_MAX_TOP_K / KVT_WARP + kWarps - 1) / kWarps;
+// Two builds of one planner (the kernels below): blocks of
+// KVT_SWAP_FEW_MISS_THREADS with the hash table at most a quarter full (every
+// slot of the hot buffer is looked up, most of them in vain, and a warp waits
+// for its longest probe), and blocks of KVT_SWAP_FEW_MISS_512_THREADS with it
+// at most half full, whose state lets two blocks share an SM (see
+// kvt_swap_in_few_miss_512_plan).
+//
+// kWarps: warps a block; kSpread: hash cells per entry, at least; kChunks:
+// chunks of 32 entries a warp owns at most (a lane keeps its entries' miss
+// state in registers across the phases).
+template <uint32_t Threads, uint32_t Spread, uint32_t MaxEntries>
+struct Build {
+    static constexpr uint32_t kWarps = Threads / KVT_WARP;
+    static_assert(kWarps <= KVT_WARP, "a warp scans one total per warp of the block");
+    static constexpr uint32_t kSpread = Spread;
+    static constexpr uint32_t kChunks = (MaxEntries / KVT_WARP + kWarps - 1) / kWarps;
+};
+using Wide = Build<KVT_SWAP_FEW_MISS_THREADS, 4, KVT_SWAP_MAX_TOP_K>;
+using Narrow = Build<KVT_SWAP_FEW_MISS_512_THREADS, 2, KVT_SWAP_FEW_MISS_512_MAX_ENTRIES>;
 
 // The block's shared memory, carved from kvt_dynamic_smem; the host computes
 // the same size (few_miss_smem_bytes in src/swap_in/cuda.rs). 8-byte arrays
 // first, then 4-byte, then 2-byte. Each array's address is computed where it
 // is used, from the two sizes: a struct of thirteen pointers would hold
 // thirteen registers through the whole kernel.
+template <class B>
 struct Smem {
+    static constexpr uint32_t kWarps = B::kWarps;
     uint32_t E, H, hs;
 
     __device__ __forceinline__ Smem(uint32_t entries, uint32_t hot)
-        : E(entries), H(hot), hs(hash_size(entries, kHashSpread)) {}
+        : E(entries), H(hot), hs(hash_size(entries, B::kSpread)) {}
     __device__ __forceinline__ int32_t* words() const {
         return reinterpret_cast<int32_t*>(kvt_dynamic_smem) + 2 * KVT_SWAP_FEW_MISS_INLINE;
     }
@@ -76,9 +89,6 @@ struct Smem {
     __device__ __forceinline__ uint16_t* usable_slot() const { return lru_old() + H; }
 };
 
-// A warp's run of 32-item chunks, over this block's warps.
-using Chunks = WarpChunks<kWarps>;
-
 }  // namespace few
 }  // namespace swap
 }  // namespace kvt
@@ -116,11 +126,15 @@ using Chunks = WarpChunks<kWarps>;
 // row). Read from the build of commit a31fdd3, before `report` moved out of
 // line (which moved no load). Unmeasured: which of these a GPU overlaps with
 // other blocks' work.
-extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
-    kvt_swap_in_few_miss_plan(const kvt_swap_in_params p) {
-    using namespace kvt;
-    using namespace kvt::swap;
-    using namespace kvt::swap::few;
+namespace kvt {
+namespace swap {
+namespace few {
+template <class B>
+__device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
+    constexpr uint32_t kWarps = B::kWarps;
+    constexpr uint32_t kMaxEntryChunks = B::kChunks;
+    // A warp's run of 32-item chunks, over this block's warps.
+    using Chunks = WarpChunks<kWarps>;
     const uint32_t b = blockIdx.x;
     const uint32_t tid = threadIdx.x;
     const uint32_t nthreads = blockDim.x;
@@ -144,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
         return;
     }
 
-    const Smem s(E, H);
+    const Smem<B> s(E, H);
     const TokenHash hash{s.hash_keys(), s.hash_vals(), s.hs - 1};
     const bool long_row = seq > (int64_t)H && seq <= (int64_t)p.max_tokens;
     // A request an earlier row names is that row's to change: this row is
@@ -267,9 +281,9 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
         }
     }
     __syncthreads();
-    const WarpOffset hits = warp_offset(s.slot_totals() + 0, 3, warp, lane);
-    const WarpOffset evictables = warp_offset(s.slot_totals() + 1, 3, warp, lane);
-    const WarpOffset usables = warp_offset(s.slot_totals() + 2, 3, warp, lane);
+    const WarpOffset hits = warp_offset(s.slot_totals() + 0, 3, warp, lane, kWarps);
+    const WarpOffset evictables = warp_offset(s.slot_totals() + 1, 3, warp, lane, kWarps);
+    const WarpOffset usables = warp_offset(s.slot_totals() + 2, 3, warp, lane, kWarps);
     {  // The first E usable evictables, in LRU order: the m-th miss takes the m-th.
         uint32_t u = usables.before;
         for (uint32_t c = pc.first; c < pc.end; ++c) {
@@ -337,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     }
     if (lane == 0) s.miss_totals()[warp] = n_miss;
     __syncthreads();
-    const WarpOffset misses = warp_offset(s.miss_totals(), 1, warp, lane);
+    const WarpOffset misses = warp_offset(s.miss_totals(), 1, warp, lane, kWarps);
     const uint32_t n_load = min(misses.total, usables.total);
     const bool copy_here = n_load <= KVT_SWAP_FEW_MISS_INLINE && !(p.flags & KVT_SWAP_SKIP_IO);
 
@@ -422,4 +436,34 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     if (copy_here)
         for (uint32_t m = warp; m < n_load; m += kWarps)
             copy_row<2>(p, err, s.copy_src()[m], s.copy_dst()[m], row_pos | m, lane);
+}
+}  // namespace few
+}  // namespace swap
+}  // namespace kvt
+
+extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
+    kvt_swap_in_few_miss_plan(const kvt_swap_in_params p) {
+    kvt::swap::few::plan<kvt::swap::few::Wide>(p);
+}
+
+// kvt_swap_in_few_miss_512_plan — the same planner in blocks of
+// KVT_SWAP_FEW_MISS_512_THREADS with its hash table at most half full, for
+// rows of at most KVT_SWAP_FEW_MISS_512_MAX_ENTRIES entries; the same
+// contract, reads, writes and reports as kvt_swap_in_few_miss_plan.
+// Why: at batch 256 kvt_swap_in_few_miss_plan's blocks (1024 threads of 64
+// registers, 125 KiB of shared memory at K 2048 / HOT 4096) fit one an SM,
+// so 256 rows take two waves of an H100's or H200's 132 SMs, and SGLang's
+// kernel (two blocks an SM) was 1.45x faster there on an H100
+// (bench/results/h100-2026-11-27). Blocks of 512 threads at 64 registers
+// with ~93 KiB of state (K 2048 / HOT 4096) fit two an sm_90 SM: one wave,
+// each thread doing twice the slots' and entries' work. At HOT 8192
+// (~133 KiB), or on sm_80 (164 KiB an SM), one block an SM: slower than
+// kvt_swap_in_few_miss_plan, so it is a strategy of its own
+// (SwapInStrategy::FewMiss512) until a GPU run says where it wins.
+// Assumes: blockDim.x == KVT_SWAP_FEW_MISS_512_THREADS, gridDim.x == batch,
+//          dynamic shared memory of few_miss_512_smem_bytes, entries <=
+//          KVT_SWAP_FEW_MISS_512_MAX_ENTRIES, and as kvt_swap_in_few_miss_plan.
+extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_512_THREADS, 2)
+    kvt_swap_in_few_miss_512_plan(const kvt_swap_in_params p) {
+    kvt::swap::few::plan<kvt::swap::few::Narrow>(p);
 }

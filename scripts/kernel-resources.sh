@@ -23,6 +23,7 @@ threads_of() {  # the kernel's block size (src/cuda/kernels.rs)
     kvt_swap_in_compact_plan) grep -oP 'KVT_SWAP_COMPACT_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_swap_in_plan) grep -oP 'KVT_SWAP_PLAN_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_swap_in_few_miss_plan) grep -oP 'KVT_SWAP_FEW_MISS_THREADS \K[0-9]+' kernels/abi.h ;;
+    kvt_swap_in_few_miss_512_plan) grep -oP 'KVT_SWAP_FEW_MISS_512_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_spec_swap_in) grep -oP 'KVT_SPEC_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_error_take) echo 32 ;;
     *) echo 256 ;;
@@ -39,7 +40,7 @@ for line in sys.stdin:
         break
 ' "$1"
 }
-printf '%-26s %-6s %5s %7s %8s %9s %14s %7s\n' kernel arch regs spills smem_B barriers blocks_per_SM instrs
+printf '%-29s %-6s %5s %7s %8s %9s %14s %7s\n' kernel arch regs spills smem_B barriers blocks_per_SM instrs
 for arch in 80 90; do
   cubin="$out_dir/kvtier.sm_$arch.cubin"
   python3 -c '
@@ -68,8 +69,8 @@ for line in open(sys.argv[2]):
     blocks=$(( blocks < 32 ? blocks : 32 ))
     instrs=-
     [ -f "$cubin" ] && instrs=$(instructions "$name" "$cubin")
-    printf '%-26s sm_%-3s %5s %7s %8s %9s %8s (x%s) %7s\n' "$name" "$arch" "$regs" "$spill" "$smem" "$barriers" \
+    printf '%-29s sm_%-3s %5s %7s %8s %9s %8s (x%s) %7s\n' "$name" "$arch" "$regs" "$spill" "$smem" "$barriers" \
       "$blocks" "$threads" "$instrs"
   done
 done
-echo "smem_B is static shared memory; kvt_swap_in_plan, kvt_swap_in_few_miss_plan, kvt_swap_in_compact_plan and kvt_swap_in_copy also take dynamic shared memory sized per call (src/swap_in/cuda.rs), kvt_spec_swap_in KVT_SPEC_SMEM_BYTES (kernels/abi.h)."
+echo "smem_B is static shared memory; kvt_swap_in_plan, kvt_swap_in_few_miss_plan, kvt_swap_in_few_miss_512_plan, kvt_swap_in_compact_plan and kvt_swap_in_copy also take dynamic shared memory sized per call (src/swap_in/cuda.rs), kvt_spec_swap_in KVT_SPEC_SMEM_BYTES (kernels/abi.h)."

@@ -70,6 +70,27 @@ fn writeback_agrees(case: &WritebackCase, gpu: &Executor) {
 /// The compact planner's reason to exist: two of its blocks share an SM at
 /// top-k 2048 over a hot buffer of 8192 on sm_80 and sm_90 (one where an SM
 /// holds at most 1536 threads: sm_86, sm_89, sm_120).
+/// The 512-thread few-miss planner's reason to exist: two of its blocks
+/// share an SM at top-k 2048 over a hot buffer of 4096 on sm_90 (the H100
+/// and H200; one on sm_80, whose SM has 164 KiB of shared memory).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_512_thread_few_miss_planner_holds_two_blocks_an_sm() {
+    let Executor::Cuda(dev) = cuda() else {
+        unreachable!()
+    };
+    let blocks = kvtier::swap_in::few_miss_512_blocks_per_sm(&dev, 2048, 4096).unwrap();
+    let want = match dev.compute_capability() {
+        (9, 0) => 2,
+        _ => 1,
+    };
+    assert!(
+        blocks >= want,
+        "{blocks} blocks an SM on sm_{:?}",
+        dev.compute_capability()
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_compact_planner_holds_two_blocks_an_sm() {
@@ -292,6 +313,7 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor) {
             SwapInStrategy::FewMiss,
             SwapInStrategy::Compact,
             SwapInStrategy::CompactOneLaunch,
+            SwapInStrategy::FewMiss512,
         ] {
             let got = case.run_with(gpu, strategy, opts);
             assert!(
@@ -1022,6 +1044,7 @@ fn two_streams_share_the_error_word_and_counters() {
         SwapInStrategy::FewMiss,
         SwapInStrategy::Compact,
         SwapInStrategy::CompactOneLaunch,
+        SwapInStrategy::FewMiss512,
     ] {
         let mut engine = SwapInEngine::new(cuda()).unwrap();
         let batch = a.batch().max(b.batch()).max(1) as u32;

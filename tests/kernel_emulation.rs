@@ -889,7 +889,13 @@ fn emulate_swap(
     if batch > 0 {
         // The kernel the launch picks: the compact or few-miss planner
         // where the argument checks asked for it.
-        let (plan, threads, smem) = if p.flags & kvtier::abi::KVT_SWAP_COMPACT_PLAN != 0 {
+        let (plan, threads, smem) = if p.flags & kvtier::abi::KVT_SWAP_FEW_MISS_512 != 0 {
+            (
+                &b"kvt_emu_swap_in_few_miss_512_plan"[..],
+                kvtier::abi::KVT_SWAP_FEW_MISS_512_THREADS,
+                kvtier::swap_in::few_miss_512_smem_bytes(e as u32, case.hot as u32),
+            )
+        } else if p.flags & kvtier::abi::KVT_SWAP_COMPACT_PLAN != 0 {
             (
                 &b"kvt_emu_swap_in_compact_plan"[..],
                 kvtier::abi::KVT_SWAP_COMPACT_THREADS,
@@ -1017,12 +1023,16 @@ fn swap_agrees(case: &SwapCase) {
         (SwapInStrategy::Compact, 0, probe),
         (SwapInStrategy::CompactOneLaunch, 0, plain),
         (SwapInStrategy::CompactOneLaunch, 0, record),
+        (SwapInStrategy::FewMiss512, 1, plain),
+        (SwapInStrategy::FewMiss512, grids(rows)[2], record),
+        (SwapInStrategy::FewMiss512, 0, probe),
     ];
     // under the race detector, each kernel once: the plan and copy kernels
     // recording, one block per request probing, the few-miss and compact
-    // planners both ways, the compact one copying every miss
+    // planners both ways, the compact one copying every miss, the 512-thread
+    // few-miss planner both ways
     let runs: Vec<_> = if race_detector() {
-        [4, 5, 7, 9, 10, 12, 13].map(|i| runs[i]).to_vec()
+        [4, 5, 7, 9, 10, 12, 13, 16, 17].map(|i| runs[i]).to_vec()
     } else {
         runs.to_vec()
     };
@@ -1670,6 +1680,7 @@ fn planners_barriers_per_block() {
             SwapInStrategy::FewMiss,
             SwapInStrategy::Compact,
             SwapInStrategy::CompactOneLaunch,
+            SwapInStrategy::FewMiss512,
         ] {
             let (got, reports) = emulate_swap(&case, strategy, 4, SwapOptions::default());
             assert!(got == want, "{strategy:?}, {misses} misses");
@@ -1679,7 +1690,10 @@ fn planners_barriers_per_block() {
                 "{strategy:?}, {misses} misses: {} barriers per block, {} warp operations",
                 plan.barriers, plan.warp_ops
             );
-            if strategy == SwapInStrategy::FewMiss {
+            if matches!(
+                strategy,
+                SwapInStrategy::FewMiss | SwapInStrategy::FewMiss512
+            ) {
                 assert_eq!(plan.barriers, 5, "{misses} misses");
             }
             // The compact planner: one more (its slot test runs in slot
@@ -1729,6 +1743,8 @@ fn plan_kernels_let_a_successor_start_only_when_the_copy_kernel_follows() {
         (SwapInStrategy::FewMiss, probe, false),
         (SwapInStrategy::Compact, SwapOptions::default(), true),
         (SwapInStrategy::Compact, probe, false),
+        (SwapInStrategy::FewMiss512, SwapOptions::default(), true),
+        (SwapInStrategy::FewMiss512, probe, false),
         // every miss copied by its planning block: no copy kernel follows
         (
             SwapInStrategy::CompactOneLaunch,

@@ -217,9 +217,10 @@ pub enum Kernel {
     SwapInCompactPlan = 8,
     GatherLineAligned = 9,
     WritebackLineAligned = 10,
+    SwapInFewMiss512Plan = 11,
 }
 
-const KERNELS: usize = 11;
+const KERNELS: usize = 12;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -234,6 +235,7 @@ impl Kernel {
         Kernel::SwapInCompactPlan,
         Kernel::GatherLineAligned,
         Kernel::WritebackLineAligned,
+        Kernel::SwapInFewMiss512Plan,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -250,6 +252,7 @@ impl Kernel {
             Kernel::SwapInCompactPlan => "kvt_swap_in_compact_plan",
             Kernel::GatherLineAligned => "kvt_gather_line_aligned",
             Kernel::WritebackLineAligned => "kvt_writeback_line_aligned",
+            Kernel::SwapInFewMiss512Plan => "kvt_swap_in_few_miss_512_plan",
         }
     }
 
@@ -260,6 +263,7 @@ impl Kernel {
             Kernel::SpecSwapIn => crate::abi::KVT_SPEC_THREADS,
             Kernel::SwapInFewMissPlan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
             Kernel::SwapInCompactPlan => crate::abi::KVT_SWAP_COMPACT_THREADS,
+            Kernel::SwapInFewMiss512Plan => crate::abi::KVT_SWAP_FEW_MISS_512_THREADS,
             Kernel::ErrorTake => 32,
             _ => BLOCK_THREADS,
         }
@@ -273,6 +277,7 @@ impl Kernel {
                 | Kernel::SwapInCopy
                 | Kernel::SwapInFewMissPlan
                 | Kernel::SwapInCompactPlan
+                | Kernel::SwapInFewMiss512Plan
         )
     }
 }

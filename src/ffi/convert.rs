@@ -398,9 +398,10 @@ pub(super) fn strategy(s: u32) -> Result<SwapInStrategy> {
         KVT_SWAP_IN_FEW_MISS => Ok(SwapInStrategy::FewMiss),
         KVT_SWAP_IN_COMPACT => Ok(SwapInStrategy::Compact),
         KVT_SWAP_IN_COMPACT_ONE_LAUNCH => Ok(SwapInStrategy::CompactOneLaunch),
+        KVT_SWAP_IN_FEW_MISS_512 => Ok(SwapInStrategy::FewMiss512),
         other => Err(invalid(
             "strategy",
-            format!("{other} is not a KVT_SWAP_IN_* strategy (0 to 4)"),
+            format!("{other} is not a KVT_SWAP_IN_* strategy (0 to 5)"),
         )),
     }
 }

@@ -28,6 +28,7 @@ pub const KVT_SWAP_IN_ONE_BLOCK_PER_REQUEST: u32 = 1;
 pub const KVT_SWAP_IN_FEW_MISS: u32 = 2;
 pub const KVT_SWAP_IN_COMPACT: u32 = 3;
 pub const KVT_SWAP_IN_COMPACT_ONE_LAUNCH: u32 = 4;
+pub const KVT_SWAP_IN_FEW_MISS_512: u32 = 5;
 
 /// `kvt_buf`: an address and a length in elements.
 #[repr(C)]

@@ -6,8 +6,9 @@ use super::items::{self, KvBuffers};
 use super::{MAX_BATCH, MAX_HOT, MAX_TOP_K, SwapInStrategy, SwapInTarget, span};
 use crate::abi::{
     KVT_SWAP_COMPACT_MAX_ENTRIES, KVT_SWAP_COMPACT_PLAN, KVT_SWAP_COPY_IN_PLAN,
-    KVT_SWAP_QUERY_BLOCKS, KVT_SWAP_REQ_INDICES_I64, KVT_SWAP_SEQ_LENS_I64, KVT_SWAP_SKIP_INLINE,
-    KVT_SWAP_SKIP_IO, kvt_swap_in_params,
+    KVT_SWAP_FEW_MISS_512, KVT_SWAP_FEW_MISS_512_MAX_ENTRIES, KVT_SWAP_QUERY_BLOCKS,
+    KVT_SWAP_REQ_INDICES_I64, KVT_SWAP_SEQ_LENS_I64, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO,
+    kvt_swap_in_params,
 };
 use crate::error::{Result, invalid};
 use crate::mem::{Buf, BufMut, Location};
@@ -515,6 +516,18 @@ pub(crate) fn check(
                 } else {
                     KVT_SWAP_COPY_IN_PLAN
                 };
+            } else if super::few_miss_smem_bytes(entries, hot) <= t.max_smem {
+                flags |= KVT_SWAP_SKIP_INLINE
+            }
+        }
+        // Where its limit or this GPU's shared memory rules it out, the
+        // 1024-thread few-miss planner (or the block-scan one) runs the same
+        // parameters.
+        SwapInStrategy::FewMiss512 => {
+            if entries <= KVT_SWAP_FEW_MISS_512_MAX_ENTRIES
+                && super::few_miss_512_smem_bytes(entries, hot) <= t.max_smem
+            {
+                flags |= KVT_SWAP_FEW_MISS_512 | KVT_SWAP_SKIP_INLINE;
             } else if super::few_miss_smem_bytes(entries, hot) <= t.max_smem {
                 flags |= KVT_SWAP_SKIP_INLINE
             }

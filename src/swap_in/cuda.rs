@@ -1,5 +1,6 @@
 //! The CUDA executor's launches: `kvt_swap_in_plan` (or
-//! `kvt_swap_in_few_miss_plan` or `kvt_swap_in_compact_plan`) then
+//! `kvt_swap_in_few_miss_plan`, `kvt_swap_in_few_miss_512_plan` or
+//! `kvt_swap_in_compact_plan`) then
 //! `kvt_swap_in_copy` for a swap-in,
 //! `kvt_swap_in_copy` alone for a plan replay,
 //! `kvt_spec_swap_in` for a speculative swap-in, on the caller's stream; and
@@ -7,9 +8,9 @@
 
 use crate::abi::{
     KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_COMPACT_PLAN, KVT_SWAP_COMPACT_THREADS,
-    KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_FEW_MISS_INLINE, KVT_SWAP_FEW_MISS_THREADS,
-    KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO, kvt_spec_swap_in_params,
-    kvt_swap_in_params,
+    KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_FEW_MISS_512, KVT_SWAP_FEW_MISS_512_THREADS,
+    KVT_SWAP_FEW_MISS_INLINE, KVT_SWAP_FEW_MISS_THREADS, KVT_SWAP_PLAN_THREADS,
+    KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO, kvt_spec_swap_in_params, kvt_swap_in_params,
 };
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
@@ -30,9 +31,20 @@ pub fn plan_smem_bytes(entries: u32, hot: u32) -> usize {
 /// of `entries` entries over `hot` slots (the carve-up of `Smem` in
 /// kernels/swap_in_few_miss.cu).
 pub fn few_miss_smem_bytes(entries: u32, hot: u32) -> usize {
+    few_miss_smem_of(entries, hot, KVT_SWAP_FEW_MISS_THREADS, 4)
+}
+
+/// Bytes of dynamic shared memory `kvt_swap_in_few_miss_512_plan` uses: the
+/// few-miss planner's carve-up with 16 warps' totals and a hash table of two
+/// cells per entry (93 KiB at top-k 2048 over 4096 slots, against 125 KiB).
+pub fn few_miss_512_smem_bytes(entries: u32, hot: u32) -> usize {
+    few_miss_smem_of(entries, hot, KVT_SWAP_FEW_MISS_512_THREADS, 2)
+}
+
+fn few_miss_smem_of(entries: u32, hot: u32, threads: u32, spread: usize) -> usize {
     let (e, h) = (entries as usize, hot as usize);
-    let hash = (4 * e).next_power_of_two();
-    let warps = (KVT_SWAP_FEW_MISS_THREADS / 32) as usize;
+    let hash = (spread * e).next_power_of_two();
+    let warps = (threads / 32) as usize;
     let inline = KVT_SWAP_FEW_MISS_INLINE as usize;
     let words = inline + 4 * warps + 4 + 2 * hash + h + (h + 1) + 2 * e + h.div_ceil(32);
     8 * inline + 4 * words + 2 * (h + e)
@@ -62,6 +74,18 @@ pub fn compact_smem_bytes(entries: u32, hot: u32) -> usize {
 #[doc(hidden)]
 pub fn compact_planner_blocks_per_sm(dev: &CudaDevice, entries: u32, hot: u32) -> Result<u32> {
     dev.resident_blocks(Kernel::SwapInCompactPlan, compact_smem_bytes(entries, hot))
+}
+
+/// Blocks of the 512-thread few-miss planner (`SwapInStrategy::FewMiss512`)
+/// an SM of `dev` holds at once for rows of `entries` entries over `hot`
+/// slots, as the driver reports it: two at top-k 2048 over 4096 slots on
+/// sm_90, checked by the GPU tests.
+#[doc(hidden)]
+pub fn few_miss_512_blocks_per_sm(dev: &CudaDevice, entries: u32, hot: u32) -> Result<u32> {
+    dev.resident_blocks(
+        Kernel::SwapInFewMiss512Plan,
+        few_miss_512_smem_bytes(entries, hot),
+    )
 }
 
 /// Bytes of dynamic shared memory `kvt_swap_in_copy` uses.
@@ -104,7 +128,13 @@ pub(super) unsafe fn launch(
     }
     // The argument checks asked for the few-miss planner only where its
     // state fits this GPU's shared memory.
-    let (kernel, threads, smem) = if p.flags & KVT_SWAP_COMPACT_PLAN != 0 {
+    let (kernel, threads, smem) = if p.flags & KVT_SWAP_FEW_MISS_512 != 0 {
+        (
+            Kernel::SwapInFewMiss512Plan,
+            KVT_SWAP_FEW_MISS_512_THREADS,
+            few_miss_512_smem_bytes(p.entries, p.hot),
+        )
+    } else if p.flags & KVT_SWAP_COMPACT_PLAN != 0 {
         (
             Kernel::SwapInCompactPlan,
             KVT_SWAP_COMPACT_THREADS,
@@ -210,6 +240,24 @@ pub(super) unsafe fn launch_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 512-thread few-miss planner's state at top-k 2048 over 4096 slots
+    /// fits two blocks in an sm_90 SM (228 KiB of shared memory, 1 KiB
+    /// reserved per block), not in an sm_80 one (164 KiB); over 8192 slots
+    /// two fit neither; the figures the docs quote (93 and 133 KiB).
+    #[test]
+    fn the_512_thread_few_miss_planners_state_fits_two_blocks_at_hot_4096() {
+        let (h4096, h8192) = (
+            few_miss_512_smem_bytes(2048, 4096),
+            few_miss_512_smem_bytes(2048, 8192),
+        );
+        assert!(2 * (h4096 + 1024) <= 228 * 1024, "{h4096} B");
+        assert!(2 * (h4096 + 1024) > 164 * 1024, "{h4096} B");
+        assert!(2 * (h8192 + 1024) > 228 * 1024, "{h8192} B");
+        assert_eq!([h4096 / 1024, h8192 / 1024], [93, 133]);
+        // 64 registers a thread: two blocks of 512 fill the 64K-register file
+        assert_eq!(2 * KVT_SWAP_FEW_MISS_512_THREADS * 64, 65_536);
+    }
 
     /// The compact planner's state at top-k 2048 over 8192 slots fits two
     /// blocks in an sm_80 SM (164 KiB of shared memory, 1 KiB of it reserved

@@ -116,8 +116,8 @@ mod speculative;
 pub use args::{IndexBuf, MissPlan, QueryKind, SwapInArgs};
 pub use counters::{MAX_COUNTED_LAYERS, SwapInCounters};
 pub use cuda::{
-    compact_planner_blocks_per_sm, compact_smem_bytes, copy_smem_bytes, few_miss_smem_bytes,
-    plan_smem_bytes,
+    compact_planner_blocks_per_sm, compact_smem_bytes, copy_smem_bytes, few_miss_512_blocks_per_sm,
+    few_miss_512_smem_bytes, few_miss_smem_bytes, plan_smem_bytes,
 };
 pub use items::{KvBuffers, KvPlane};
 pub use replay::PlannedCopyArgs;
@@ -189,6 +189,18 @@ pub enum SwapInStrategy {
     /// `Compact`'s wide copy kernel. Timed on a GPU only before `Compact`'s
     /// fix (slower than `FewMiss` everywhere then, for the same cause).
     CompactOneLaunch,
+    /// `FewMiss` in blocks of 512 threads instead of 1024, its hash table at
+    /// most half full instead of a quarter: at top-k 2048 over a hot buffer
+    /// of 4096 a block takes 93 KiB of shared memory and 64 registers a
+    /// thread, so two share an sm_90 SM, and batch 256 takes one wave of an
+    /// H100 or H200 where `FewMiss` takes two (the point where SGLang's
+    /// kernel, two blocks an SM, was 1.45× `FewMiss`'s speed on the H100 run
+    /// of 2026-11-27); each thread does twice the slots' and entries' work.
+    /// Over 8192 slots (133 KiB), or on sm_80, one block an SM. Rows of more than
+    /// 2048 entries, and shapes whose state does not fit the GPU's shared
+    /// memory, run `FewMiss` instead. Exact on the CPU (the kernel
+    /// emulator); not yet timed on a GPU.
+    FewMiss512,
 }
 
 impl SwapInStrategy {

@@ -37,6 +37,7 @@ ONE_BLOCK_PER_REQUEST = 1
 FEW_MISS = 2
 COMPACT = 3
 COMPACT_ONE_LAUNCH = 4
+FEW_MISS_512 = 5
 
 
 class KvtierError(Exception):

@@ -24,6 +24,7 @@ STRATEGIES = {
     "few_miss": _lib.FEW_MISS,
     "compact": _lib.COMPACT,
     "compact_one_launch": _lib.COMPACT_ONE_LAUNCH,
+    "few_miss_512": _lib.FEW_MISS_512,
 }
 
 # The library functions the native module calls (by address: one library in

@@ -4,8 +4,8 @@
 //! call:
 //!
 //! 1. kvtier's swap-in (plan per request, one copy over every miss); on a
-//!    GPU also the few-miss planner (SwapInStrategy::FewMiss) and the
-//!    compact planner, with the copy kernel after it and alone
+//!    GPU also the few-miss planner (SwapInStrategy::FewMiss), in blocks of
+//!    512 threads too (FewMiss512), and the compact planner, with the copy kernel after it and alone
 //!    (SwapInStrategy::Compact, CompactOneLaunch); on sm_90
 //!    also the same two kernels with the copy launched the
 //!    ordinary way, after the plan kernel, instead of as its programmatic
@@ -653,14 +653,18 @@ impl State {
         };
         // The CPU executor has one way; on a GPU, SGLang's design and the
         // few-miss and compact planners next to the first planner.
-        let (one_block, few_miss, compact) = match exec {
-            Executor::Cpu => (None, None, None),
+        let (one_block, few_miss, few_miss_512, compact) = match exec {
+            Executor::Cpu => (None, None, None, None),
             Executor::Cuda(_) => (
                 Some(other(
                     SwapInStrategy::OneBlockPerRequest,
                     "one block per request",
                 )?),
                 Some(other(SwapInStrategy::FewMiss, "few-miss planner")?),
+                Some(other(
+                    SwapInStrategy::FewMiss512,
+                    "few-miss planner, 512 threads",
+                )?),
                 Some((
                     other(SwapInStrategy::Compact, "compact planner")?,
                     other(
@@ -774,6 +778,14 @@ impl State {
         )];
         if let Some(t) = few_miss {
             rows.push(row("", "kvtier swap-in, few-miss planner", t, false));
+        }
+        if let Some(t) = few_miss_512 {
+            rows.push(row(
+                "",
+                "kvtier swap-in, few-miss planner, blocks of 512 threads",
+                t,
+                false,
+            ));
         }
         if let Some((two, one)) = compact {
             rows.push(row("", "kvtier swap-in, compact planner", two, false));

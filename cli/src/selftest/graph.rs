@@ -38,6 +38,7 @@ pub(super) fn check(dut: &Executor, seed: u64) -> Row {
             (SwapInStrategy::Compact, false),
             (SwapInStrategy::Compact, true),
             (SwapInStrategy::CompactOneLaunch, false),
+            (SwapInStrategy::FewMiss512, false),
         ] {
             checks.push(("swap-in", swap_in(dut, clean, strategy, plan)?));
         }

@@ -581,6 +581,7 @@ fn agree(dut: &Executor, c: &SwapCase) -> kvtier::Result<Verdict> {
             SwapInStrategy::FewMiss,
             SwapInStrategy::Compact,
             SwapInStrategy::CompactOneLaunch,
+            SwapInStrategy::FewMiss512,
         ],
         Executor::Cuda(_) => &[
             SwapInStrategy::PlanThenCopy,
@@ -588,6 +589,7 @@ fn agree(dut: &Executor, c: &SwapCase) -> kvtier::Result<Verdict> {
             SwapInStrategy::FewMiss,
             SwapInStrategy::Compact,
             SwapInStrategy::CompactOneLaunch,
+            SwapInStrategy::FewMiss512,
         ],
     };
     let mut note = None;

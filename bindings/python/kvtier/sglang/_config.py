@@ -13,7 +13,7 @@ from .._lib import KvtierError
 # processes SGLang spawns, where the plugin or the launcher installs it.
 ENV = "KVTIER_SGLANG_CONFIG"
 
-STRATEGIES = ("plan_then_copy", "one_block_per_request", "few_miss", "compact", "compact_one_launch")
+STRATEGIES = ("plan_then_copy", "one_block_per_request", "few_miss", "compact", "compact_one_launch", "few_miss_512")
 BAD_INDICES = ("warn", "raise", "off")
 PLACEMENTS = ("round_robin", "nearest")
 
