@@ -453,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
 // Why: at batch 256 kvt_swap_in_few_miss_plan's blocks (1024 threads of 64
 // registers, 125 KiB of shared memory at K 2048 / HOT 4096) fit one an SM,
 // so 256 rows take two waves of an H100's or H200's 132 SMs, and SGLang's
-// kernel (two blocks an SM) was 1.45x faster there on an H100
+// kernel (two blocks an SM) was 1.44x faster there on an H100
 // (bench/results/h100-2026-11-27). Blocks of 512 threads at 64 registers
 // with ~93 KiB of state (K 2048 / HOT 4096) fit two an sm_90 SM: one wave,
 // each thread doing twice the slots' and entries' work. At HOT 8192

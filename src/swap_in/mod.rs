@@ -194,7 +194,7 @@ pub enum SwapInStrategy {
     /// of 4096 a block takes 93 KiB of shared memory and 64 registers a
     /// thread, so two share an sm_90 SM, and batch 256 takes one wave of an
     /// H100 or H200 where `FewMiss` takes two (the point where SGLang's
-    /// kernel, two blocks an SM, was 1.45× `FewMiss`'s speed on the H100 run
+    /// kernel, two blocks an SM, was 1.44× `FewMiss`'s speed on the H100 run
     /// of 2026-11-27); each thread does twice the slots' and entries' work.
     /// Over 8192 slots (133 KiB), or on sm_80, one block an SM. Rows of more than
     /// 2048 entries, and shapes whose state does not fit the GPU's shared
