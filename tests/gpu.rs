@@ -307,14 +307,7 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor) {
     };
     for opts in [SwapOptions::default(), record, probe] {
         let cpu = case.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
-        for strategy in [
-            SwapInStrategy::PlanThenCopy,
-            SwapInStrategy::OneBlockPerRequest,
-            SwapInStrategy::FewMiss,
-            SwapInStrategy::Compact,
-            SwapInStrategy::CompactOneLaunch,
-            SwapInStrategy::FewMiss512,
-        ] {
+        for strategy in SwapInStrategy::ALL {
             let got = case.run_with(gpu, strategy, opts);
             assert!(
                 got == cpu,

@@ -26,24 +26,21 @@ if [ "$dry" = 1 ]; then
     --hot 4096 --steps 2 --warmup-steps 1 --miss-rate published --index-topk-freq 4 \
     --recipe "$logs/dsv32-shared4-8k-b5.json"
   bench decode-step-quick-shared4 120 --quick --scenario decode-step --trace "$logs/dsv32-shared4-8k-b5.json"
-elif [ "$quick" = 1 ]; then
-  # The quick pass: one batch of each model, DeepSeek-V3.2 at batch 8 too,
-  # then the shared-index trace
-  for t in dsv32-128k-b64 dsv4flash-128k-b64 m3-128k-b64 dsv32-128k-b8; do
-    bench "decode-step-$t" 100 --scenario decode-step --trace "$t" --max-seconds 0.5 --pool-memory 8GiB
-  done
-  run synth-shared 60 "$bundle/bin/kvtier" trace synth --model deepseek-v3.2 --requests 64 --context 131072 \
-    --hot 4096 --steps 3 --warmup-steps 2 --miss-rate published --index-topk-freq 4 \
-    --recipe "$logs/dsv32-shared4-128k-b64.json"
-  bench decode-step-shared4 100 --scenario decode-step --trace "$logs/dsv32-shared4-128k-b64.json" \
-    --max-seconds 0.5 --pool-memory 8GiB --compute-us 100
 else
-  for t in dsv32-128k-b64 dsv32-128k-b8 dsv32-128k-b32 dsv32-128k-b128 dsv4flash-128k-b64 m3-128k-b64; do
-    bench "decode-step-$t" 150 --scenario decode-step --trace "$t" --max-seconds 1 --pool-memory 12GiB
+  # The full set, or the quick pass's: one batch of each model, DeepSeek-V3.2
+  # at batch 8 too; then the shared-index trace
+  if [ "$quick" = 1 ]; then
+    traces="dsv32-128k-b64 dsv4flash-128k-b64 m3-128k-b64 dsv32-128k-b8" secs=100 max=0.5 pool=8GiB
+  else
+    traces="dsv32-128k-b64 dsv32-128k-b8 dsv32-128k-b32 dsv32-128k-b128 dsv4flash-128k-b64 m3-128k-b64"
+    secs=150 max=1 pool=12GiB
+  fi
+  for t in $traces; do
+    bench "decode-step-$t" "$secs" --scenario decode-step --trace "$t" --max-seconds "$max" --pool-memory "$pool"
   done
   run synth-shared 120 "$bundle/bin/kvtier" trace synth --model deepseek-v3.2 --requests 64 --context 131072 \
     --hot 4096 --steps 3 --warmup-steps 2 --miss-rate published --index-topk-freq 4 \
     --recipe "$logs/dsv32-shared4-128k-b64.json"
-  bench decode-step-shared4 150 --scenario decode-step --trace "$logs/dsv32-shared4-128k-b64.json" \
-    --max-seconds 1 --pool-memory 12GiB --compute-us 100
+  bench decode-step-shared4 "$secs" --scenario decode-step --trace "$logs/dsv32-shared4-128k-b64.json" \
+    --max-seconds "$max" --pool-memory "$pool" --compute-us 100
 fi

@@ -209,6 +209,18 @@ impl SwapInStrategy {
     /// H100 (2026-11-25) 1.9-2.6x as fast with 2 misses per request, 1.0-2.2x
     /// with 410 (one point 1.3 % slower, at batch 256).
     pub const DEFAULT: SwapInStrategy = SwapInStrategy::FewMiss;
+
+    /// Every strategy, for the selftest, the tests and the benchmark: one
+    /// list, so that a new strategy is checked everywhere once it is here.
+    pub const ALL: [SwapInStrategy; 7] = [
+        SwapInStrategy::PlanThenCopy,
+        SwapInStrategy::OneBlockPerRequest,
+        SwapInStrategy::PlanThenCopyInOrder,
+        SwapInStrategy::FewMiss,
+        SwapInStrategy::Compact,
+        SwapInStrategy::CompactOneLaunch,
+        SwapInStrategy::FewMiss512,
+    ];
 }
 
 /// The most misses a [`SwapInStrategy::FewMiss`] planning block copies

@@ -568,32 +568,21 @@ fn run_once(exec: &Executor, c: &SwapCase, strategy: SwapInStrategy) -> kvtier::
 }
 
 /// The CPU executor's result, then the executor under test's with each of
-/// its strategies (the CUDA executor has five, and on sm_90 the copy kernel
-/// launched in order as well as a dependent).
+/// its strategies (the CUDA executor every one of `SwapInStrategy::ALL`, the
+/// copy kernel launched in order only where it is otherwise a dependent).
 fn agree(dut: &Executor, c: &SwapCase) -> kvtier::Result<Verdict> {
     let want = run_once(&Executor::cpu(), c, SwapInStrategy::PlanThenCopy)?;
-    let strategies: &[SwapInStrategy] = match dut {
-        Executor::Cpu => &[SwapInStrategy::PlanThenCopy],
-        Executor::Cuda(dev) if dev.dependent_launch() => &[
-            SwapInStrategy::PlanThenCopy,
-            SwapInStrategy::OneBlockPerRequest,
-            SwapInStrategy::PlanThenCopyInOrder,
-            SwapInStrategy::FewMiss,
-            SwapInStrategy::Compact,
-            SwapInStrategy::CompactOneLaunch,
-            SwapInStrategy::FewMiss512,
-        ],
-        Executor::Cuda(_) => &[
-            SwapInStrategy::PlanThenCopy,
-            SwapInStrategy::OneBlockPerRequest,
-            SwapInStrategy::FewMiss,
-            SwapInStrategy::Compact,
-            SwapInStrategy::CompactOneLaunch,
-            SwapInStrategy::FewMiss512,
-        ],
+    // Where the copy kernel is never a dependent launch, the in-order
+    // strategy is PlanThenCopy itself.
+    let strategies: Vec<SwapInStrategy> = match dut {
+        Executor::Cpu => vec![SwapInStrategy::PlanThenCopy],
+        Executor::Cuda(dev) => SwapInStrategy::ALL
+            .into_iter()
+            .filter(|&s| dev.dependent_launch() || s != SwapInStrategy::PlanThenCopyInOrder)
+            .collect(),
     };
     let mut note = None;
-    for &strategy in strategies {
+    for strategy in strategies {
         match Snapshot::compare(&want, &run_once(dut, c, strategy)?) {
             Verdict::Same { note: n } => note = note.or(n),
             Verdict::Differ(what) => return Ok(Verdict::Differ(format!("{strategy:?}: {what}"))),
