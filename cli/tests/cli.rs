@@ -493,6 +493,11 @@ fn pool_commands_create_inspect_check_and_destroy() {
 /// The pool page's commands, as written (their files moved to a scratch
 /// directory): they fit a laptop (at most 4 GiB in all), and they run,
 /// leaving no file behind.
+///
+/// The pool reserves every byte of its files when it creates them, so the
+/// scratch directory is on a filesystem with room for them: `/dev/shm`, where
+/// the page puts them, when it has the room (a CI machine's disk may not: one
+/// had 992 MiB free in `/tmp`), else the temporary directory.
 #[test]
 fn the_pool_pages_commands_fit_a_laptop_and_run() {
     let page =
@@ -504,29 +509,61 @@ fn the_pool_pages_commands_fit_a_laptop_and_run() {
         .split("```")
         .next()
         .unwrap();
-    let dir = std::env::temp_dir().join(format!("kvtier-cli-readme-pool-{}", std::process::id()));
+    let commands: Vec<&str> = block
+        .lines()
+        .map(|line| line.split('#').next().unwrap().trim())
+        .filter(|c| !c.is_empty())
+        .collect();
+    let total: u64 = commands
+        .iter()
+        .flat_map(|c| c.split_whitespace())
+        .filter_map(|w| w.strip_prefix("file:").and_then(|f| f.rsplit_once(':')))
+        .map(|(_, size)| kvtier::pool::parse_size(size).unwrap())
+        .sum();
+    assert!(
+        total > 0 && total <= 4 << 30,
+        "the example's devices take {total} B"
+    );
+    let free = |dir: &std::path::Path| -> u64 {
+        let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+            return 0;
+        };
+        // SAFETY: statvfs is plain data, filled by statvfs on a valid C string.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+            return 0;
+        }
+        (st.f_bavail as u64).saturating_mul(st.f_frsize as u64)
+    };
+    let candidates = [std::path::PathBuf::from("/dev/shm"), std::env::temp_dir()];
+    let base = candidates
+        .iter()
+        .find(|d| free(d) >= total + (64 << 20))
+        .unwrap_or_else(|| {
+            panic!(
+                "no filesystem here has room for the pool page's example ({total} B): {}",
+                candidates
+                    .iter()
+                    .map(|d| format!("{} has {} B free", d.display(), free(d)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        });
+    let dir = base.join(format!("kvtier-cli-docs-pool-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut total = 0u64;
-    for line in block.lines() {
-        let command = line.split('#').next().unwrap().trim();
+    for command in commands {
         let words: Vec<String> = command
             .split_whitespace()
             .skip(1) // "kvtier"
             .map(|w| w.replace("/dev/shm/", &format!("{}/", dir.display())))
             .collect();
-        for w in &words {
-            if let Some(size) = w.strip_prefix("file:").and_then(|f| f.rsplit_once(':')) {
-                total += kvtier::pool::parse_size(size.1).unwrap();
-            }
-        }
         let args: Vec<&str> = words.iter().map(String::as_str).collect();
         let (ok, _, err) = kvtier(&args);
+        if !ok {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
         assert!(ok, "{command}: {err}");
     }
-    assert!(
-        total > 0 && total <= 4 << 30,
-        "the example's devices take {total} B"
-    );
     assert_eq!(
         std::fs::read_dir(&dir).unwrap().count(),
         0,

@@ -710,7 +710,7 @@ mod tests {
         assert_eq!(other.reclaim_dead().unwrap().regions, 1);
         assert_eq!(owner.region_state(index).unwrap(), RegionState::Free);
         drop((owner, other, joiner));
-        let _ = std::fs::remove_file(path);
+        drop(path);
     }
 
     /// The owner frees its region in the instant a join holds it but has not
@@ -756,20 +756,31 @@ mod tests {
         }
         assert_eq!(owner.region_state(index).unwrap(), RegionState::Free);
         drop((owner, joiner));
-        let _ = std::fs::remove_file(path);
+        drop(path);
+    }
+
+    /// The device file of [`handles`], removed when the test ends, a failed
+    /// one included.
+    struct ScratchFile(std::path::PathBuf);
+
+    impl Drop for ScratchFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 
     /// Three handles on one file device: an owner, a second process's
     /// handle, a joiner (each its own open file, as separate processes).
-    fn handles(name: &str) -> (std::path::PathBuf, [Arc<Pool>; 3]) {
+    fn handles(name: &str) -> (ScratchFile, [Arc<Pool>; 3]) {
         let path = std::path::Path::new("/dev/shm")
             .join(format!("kvtier-join-{name}-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let spec = DeviceSpec::file(&path, 8 << 20);
         let layout = LayerFirstLayout::new(64, 2, 16).unwrap();
         let open = || Pool::open(vec![spec.clone()], PoolOptions::default()).unwrap();
+        let file = ScratchFile(path);
         let first = Pool::create_on(layout, vec![spec.clone()], PoolOptions::default()).unwrap();
-        (path, [first, open(), open()])
+        (file, [first, open(), open()])
     }
 
     #[test]
@@ -819,6 +830,6 @@ mod tests {
         );
         joiner.free_region(j).unwrap();
         owner.free_region(r2).unwrap();
-        let _ = std::fs::remove_file(path);
+        drop(path);
     }
 }
