@@ -1,5 +1,5 @@
 /*
- * kvtier.h — the C ABI of libkvtier (src/ffi.rs implements it).
+ * kvtier.h — the C ABI of libkvtier (src/ffi/ implements it).
  *
  * Conventions
  * - Every function that can fail returns a kvt_status; KVT_OK is 0. On any
@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes. */
-#define KVT_ABI_VERSION 7
+#define KVT_ABI_VERSION 8
 
 typedef int32_t kvt_status;
 #define KVT_OK 0
@@ -190,6 +190,48 @@ kvt_status kvt_table_store_path(const char *dir, const char *key, char *out, siz
                                 size_t *needed);
 /* Removes the table file at `path`: refused while a reader or loader holds it. */
 kvt_status kvt_table_destroy(const char *path);
+
+/* ---- Prefix store --------------------------------------------------------
+ * Pages of `page_bytes` under string keys (SGLang's HiCache page hashes) in
+ * one file on tmpfs that every process of the host opens: a page
+ * one process set is found by every other, and after a restart. The key index
+ * is in the file; a killed writer leaves nothing visible; a page being copied
+ * out is never evicted; the least recently used page makes room (CLOCK).
+ * One host only: hosts sharing a CXL device have no common lock. */
+typedef struct kvt_prefix_store kvt_prefix_store;
+#define KVT_PREFIX_STORED 0  /* published under its key */
+#define KVT_PREFIX_PRESENT 1 /* the key was there (or being written): nothing written */
+#define KVT_PREFIX_FULL 2    /* every slot pinned or being written: nothing written */
+/* Opens the store at `path`, making it with `slots` slots of `page_bytes` when
+ * the file is missing or empty (waiting at most `wait_ms` for another maker).
+ * An existing store must have been made for the same namespace `ns` (what its
+ * pages hold: model, layout, dtype) and `page_bytes`; its slot count is its
+ * own. A file that is not a prefix store is refused, never written. */
+kvt_status kvt_prefix_open(const char *path, const char *ns, uint64_t page_bytes, uint64_t slots,
+                           uint32_t wait_ms, kvt_prefix_store **out);
+kvt_status kvt_prefix_info(const kvt_prefix_store *store, uint64_t *page_bytes, uint64_t *slots,
+                           uint64_t *file_bytes);
+/* Keys are passed packed: `n` keys of 1 to 200 bytes, each followed by a NUL,
+ * back to back in the `keys_len` bytes at `keys`.
+ * *hits = how many of the keys, from the first, the store holds. */
+kvt_status kvt_prefix_hits(const kvt_prefix_store *store, const char *keys, size_t keys_len, size_t n,
+                           size_t *hits);
+/* Page i's bytes are laid end to end over parts i*parts_per_page ..
+ * (i+1)*parts_per_page - 1 of `ptrs` (addresses) and `lens` (bytes), which must
+ * add up to the store's page_bytes. get copies each found page out and sets
+ * found[i] to 1 (0: not held; its parts then hold anything); set copies each
+ * page in and sets outcome[i] to a KVT_PREFIX_* value. The addresses are the
+ * caller's promise: memory of that length, not the store's. */
+kvt_status kvt_prefix_get(const kvt_prefix_store *store, const char *keys, size_t keys_len, size_t n,
+                          const uint64_t *ptrs, const uint64_t *lens, size_t parts_per_page, uint8_t *found);
+kvt_status kvt_prefix_set(const kvt_prefix_store *store, const char *keys, size_t keys_len, size_t n,
+                          const uint64_t *ptrs, const uint64_t *lens, size_t parts_per_page, uint8_t *outcome);
+/* The first `n` of: pages set, hits, misses, evictions, slots a killed process
+ * left and taken back, sets refused as full, pages held now (all processes). */
+kvt_status kvt_prefix_counters(const kvt_prefix_store *store, uint64_t *out, size_t n);
+/* Evicts every page no reader holds now; *evicted (may be NULL) says how many. */
+kvt_status kvt_prefix_clear(const kvt_prefix_store *store, uint64_t *evicted);
+void kvt_prefix_close(kvt_prefix_store *store);
 
 /* ---- Engram gather ------------------------------------------------------
  * Rows of fp8 e4m3 values with e8m0 block scales (DeepSeek-V4.1's Engram

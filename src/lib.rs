@@ -39,6 +39,7 @@ pub mod layout;
 pub mod mem;
 pub mod plan;
 pub mod pool;
+pub mod prefix_store;
 pub mod shared_fs;
 mod slots;
 pub mod swap_in;

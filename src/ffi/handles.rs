@@ -73,6 +73,13 @@ pub struct KvtTable {
     pub(super) table: crate::table::Table,
 }
 
+/// `kvt_prefix_store`.
+#[repr(C)]
+pub struct KvtPrefixStore {
+    pub(super) tag: u64,
+    pub(super) store: crate::prefix_store::PrefixStore,
+}
+
 /// Each handle's tag (8 bytes spelling it) and its C name.
 macro_rules! tagged {
     ($($t:ty => $tag:literal, $name:literal;)*) => {
@@ -91,6 +98,7 @@ tagged! {
     KvtTier => b"kvt:tier", "kvt_tier";
     KvtEngram => b"kvt:engr", "kvt_engram";
     KvtSwapIn => b"kvt:swap", "kvt_swap_in";
+    KvtPrefixStore => b"kvt:pfxs", "kvt_prefix_store";
 }
 
 /// The handle behind `p`, after checking it is non-null and of type `T`.

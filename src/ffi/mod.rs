@@ -12,13 +12,14 @@
 //!
 //! One file per area: `types` (the argument structs), `handles` (handles,
 //! status, the last error), `convert` (argument structs into the library's
-//! types), then the entry points of `pool`, `swap_in`, `tier`, `table` and
-//! `engram`.
+//! types), then the entry points of `pool`, `prefix` (the prefix store),
+//! `swap_in`, `tier`, `table` and `engram`.
 
 mod convert;
 mod engram;
 mod handles;
 mod pool;
+mod prefix;
 mod swap_in;
 mod table;
 mod tier;
@@ -27,6 +28,7 @@ mod types;
 pub use engram::*;
 pub use handles::*;
 pub use pool::*;
+pub use prefix::*;
 pub use swap_in::*;
 pub use table::*;
 pub use tier::*;

@@ -7,10 +7,15 @@ use std::ffi::c_void;
 use crate::swap_in::SwapInCounters;
 
 /// `KVT_ABI_VERSION` in the header.
-pub const KVT_ABI_VERSION: u32 = 7;
+pub const KVT_ABI_VERSION: u32 = 8;
 
 pub type KvtStatus = i32;
 pub const KVT_OK: KvtStatus = 0;
+
+/// `kvt_prefix_set`'s outcomes (`KVT_PREFIX_*` in the header).
+pub const KVT_PREFIX_STORED: u8 = 0;
+pub const KVT_PREFIX_PRESENT: u8 = 1;
+pub const KVT_PREFIX_FULL: u8 = 2;
 pub const KVT_INVALID_ARGUMENT: KvtStatus = 1;
 pub const KVT_KERNELS_NOT_BUILT: KvtStatus = 2;
 pub const KVT_NO_DRIVER: KvtStatus = 3;

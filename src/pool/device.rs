@@ -1063,7 +1063,12 @@ fn map_file(
 /// map, and then kill with SIGBUS the first process to touch a page the
 /// filesystem has no room for. Says so instead when the filesystem lacks the
 /// room. A filesystem that cannot allocate ahead (ramfs) only grows the file.
-fn reserve(file: &std::fs::File, path: &Path, meta: &std::fs::Metadata, bytes: u64) -> Result<()> {
+pub(crate) fn reserve(
+    file: &std::fs::File,
+    path: &Path,
+    meta: &std::fs::Metadata,
+    bytes: u64,
+) -> Result<()> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::MetadataExt;
     let no_room = |free: Option<u64>| {

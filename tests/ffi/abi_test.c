@@ -553,6 +553,69 @@ static void tables(void) {
     rmdir(dir);
 }
 
+/* Pages set and found through the C ABI (keys packed, a page over two parts);
+ * bad arguments refused. */
+static void prefix_store(void) {
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/kvtier-abi-prefix-%d", (int)getpid());
+    unlink(path);
+    enum { PAGE = 8192 };
+    kvt_prefix_store *s = NULL;
+    CHECK(kvt_prefix_open(path, "ns", PAGE, 4, 0, &s) == KVT_OK && s != NULL, "a new prefix store");
+    uint64_t page = 0, slots = 0, size = 0;
+    CHECK(kvt_prefix_info(s, &page, &slots, &size) == KVT_OK && page == PAGE && slots == 4 && size > 4 * PAGE,
+          "info %" PRIu64 " x %" PRIu64, slots, page);
+    static uint8_t a[PAGE], b[PAGE], out[PAGE];
+    for (int i = 0; i < PAGE; ++i) a[i] = (uint8_t)i, b[i] = (uint8_t)(i * 3);
+    const char keys[] = "k0\0k1\0";
+    uint64_t ptrs[4] = {(uint64_t)(uintptr_t)a, (uint64_t)(uintptr_t)(a + 100), (uint64_t)(uintptr_t)b,
+                        (uint64_t)(uintptr_t)(b + 100)};
+    uint64_t lens[4] = {100, PAGE - 100, 100, PAGE - 100};
+    uint8_t outcome[2] = {9, 9}, found[2] = {9, 9};
+    CHECK(kvt_prefix_set(s, keys, sizeof keys - 1, 2, ptrs, lens, 2, outcome) == KVT_OK &&
+              outcome[0] == KVT_PREFIX_STORED && outcome[1] == KVT_PREFIX_STORED,
+          "two pages stored (%u %u)", outcome[0], outcome[1]);
+    size_t hits = 9;
+    const char probe[] = "k0\0k9\0k1\0";
+    CHECK(kvt_prefix_hits(s, probe, sizeof probe - 1, 3, &hits) == KVT_OK && hits == 1, "the prefix held: %zu", hits);
+    uint64_t optr[2] = {(uint64_t)(uintptr_t)out, (uint64_t)(uintptr_t)(out + 4096)};
+    uint64_t olen[2] = {4096, PAGE - 4096};
+    CHECK(kvt_prefix_get(s, "k1\0k9\0", 6, 2, (uint64_t[]){optr[0], optr[1], optr[0], optr[1]},
+                         (uint64_t[]){olen[0], olen[1], olen[0], olen[1]}, 2, found) == KVT_OK &&
+              found[0] == 1 && found[1] == 0,
+          "k1 found, k9 not");
+    CHECK(kvt_prefix_get(s, "k1\0", 3, 1, optr, olen, 2, found) == KVT_OK && memcmp(out, b, PAGE) == 0,
+          "k1's bytes");
+    CHECK(kvt_prefix_set(s, "k1\0", 3, 1, ptrs, lens, 2, outcome) == KVT_OK && outcome[0] == KVT_PREFIX_PRESENT,
+          "a key held already is present");
+    CHECK(kvt_prefix_hits(s, "k0k1", 4, 2, &hits) == KVT_INVALID_ARGUMENT, "keys without their NULs");
+    CHECK(kvt_prefix_hits(s, "k0\0", 3, 2, &hits) == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "not 2"),
+          "fewer keys than said");
+    CHECK(kvt_prefix_hits(s, "\0", 1, 1, &hits) == KVT_INVALID_ARGUMENT, "an empty key");
+    CHECK(kvt_prefix_hits(s, NULL, 3, 1, &hits) == KVT_INVALID_ARGUMENT, "null keys");
+    CHECK(kvt_prefix_get(s, "k1\0", 3, 1, optr, (uint64_t[]){4096, 4095}, 2, found) == KVT_INVALID_ARGUMENT &&
+              strstr(kvt_last_error(), "add up to"),
+          "parts one byte short of a page");
+    CHECK(kvt_prefix_get(s, "k1\0", 3, 1, (uint64_t[]){0, optr[1]}, olen, 2, found) == KVT_INVALID_ARGUMENT,
+          "a null part");
+    CHECK(kvt_prefix_get(s, "k1\0", 3, 1, optr, olen, 0, found) == KVT_INVALID_ARGUMENT, "zero parts a page");
+    CHECK(kvt_prefix_set(s, "k1\0", 3, 1, ptrs, lens, 2, NULL) == KVT_INVALID_ARGUMENT, "a null outcome");
+    uint64_t counters[7] = {0};
+    CHECK(kvt_prefix_counters(s, counters, 7) == KVT_OK && counters[0] == 2 && counters[6] == 2,
+          "counters: %" PRIu64 " sets, %" PRIu64 " pages", counters[0], counters[6]);
+    kvt_prefix_store *t = NULL;
+    CHECK(kvt_prefix_open(path, "other", PAGE, 4, 0, &t) == KVT_POOL_ERROR && t == NULL &&
+              strstr(kvt_last_error(), "holds pages of `ns`"),
+          "another namespace is refused");
+    CHECK(kvt_prefix_hits((const kvt_prefix_store *)&page, "k0\0", 3, 1, &hits) == KVT_INVALID_ARGUMENT,
+          "a foreign handle is refused");
+    uint64_t evicted = 0;
+    CHECK(kvt_prefix_clear(s, &evicted) == KVT_OK && evicted == 2, "cleared %" PRIu64, evicted);
+    kvt_prefix_close(s);
+    kvt_prefix_close(NULL);
+    unlink(path);
+}
+
 /* Two rows of a table (dim 32, one scale byte a row) gathered on the CPU
  * executor: values by hand, an id past the table reported, bad shapes refused. */
 static void engram(void) {
@@ -620,6 +683,7 @@ int main(int argc, char **argv) {
     tier();
     shared_region();
     tables();
+    prefix_store();
     engram();
     printf("failures %d\n", failures);
     return failures == 0 ? 0 : 1;

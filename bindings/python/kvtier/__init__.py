@@ -11,12 +11,16 @@ library's message.
 - :class:`Pool`, :class:`Region`, :class:`Layout`: the pool on CXL devices.
 - :func:`load_table`, :class:`Table`: tables in shared memory, loaded once
   per host and attached by every process.
+- :class:`PrefixStore`: pages under string keys in shared memory, found by
+  every process of the host (SGLang's HiCache prefixes:
+  :mod:`kvtier.sglang.hicache`).
 - :mod:`kvtier.sglang`: the drop-in for SGLang.
 """
 
 from ._lib import KvtierError, library
 from ._pool import DeviceCapacity, Layout, Pool, Region, device_bytes_for, device_capacity
 from ._swap_in import SwapInCounters, SwapInEngine, engine_for, spec_swap_in, swap_in
+from ._prefix import PrefixStore
 from ._table import Table, TableLoader, destroy_table, load_table, table_path
 
 __all__ = [
@@ -24,6 +28,7 @@ __all__ = [
     "KvtierError",
     "Layout",
     "Pool",
+    "PrefixStore",
     "Region",
     "SwapInCounters",
     "SwapInEngine",

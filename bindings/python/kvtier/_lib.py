@@ -13,7 +13,7 @@ import os
 import threading
 from pathlib import Path
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 LIB_NAME = "libkvtier.so"
 
 # Status codes (bindings/kvtier.h).
@@ -237,6 +237,14 @@ _PROTOTYPES = {
     "kvt_engram_gather": (_S, [_P, _P, _P]),
     "kvt_engram_check": (_S, [_P]),
     "kvt_engram_destroy": (None, [_P]),
+    "kvt_prefix_open": (_S, [ctypes.c_char_p, ctypes.c_char_p, _U64, _U64, _U32, ctypes.POINTER(_P)]),
+    "kvt_prefix_info": (_S, [_P, ctypes.POINTER(_U64), ctypes.POINTER(_U64), ctypes.POINTER(_U64)]),
+    "kvt_prefix_hits": (_S, [_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "kvt_prefix_get": (_S, [_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, _P, _P, ctypes.c_size_t, _P]),
+    "kvt_prefix_set": (_S, [_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, _P, _P, ctypes.c_size_t, _P]),
+    "kvt_prefix_counters": (_S, [_P, ctypes.POINTER(_U64), ctypes.c_size_t]),
+    "kvt_prefix_clear": (_S, [_P, ctypes.POINTER(_U64)]),
+    "kvt_prefix_close": (None, [_P]),
 }
 
 _lock = threading.Lock()

@@ -212,3 +212,57 @@ def test_the_first_screens_decode_step_range_is_the_measured_one():
     glance = " ".join(README.read_text().split("**At a glance.**", 1)[1].split("**Contents:**", 1)[0].split())
     speeds = [m[SGLANG_STEP] / m[KVTIER_STEP] for m in (decode_steps(t) for t in ("dsv32-128k-b8", "dsv32-128k-b64"))]
     assert f"is {times(speeds)} SGLang's (H100, 2026-11-27)" in glance, glance
+
+
+# The HiCache backend beside SGLang's file backend (CPU, 2026-11-27):
+# docs/hicache.md quotes the table and the sentence below, recomputed here
+# from the committed JSON.
+HICACHE_RUN = RESULTS / "cpu-hicache-2026-11-27" / "hicache.json"
+HICACHE_BACKENDS = (("kvtier", "kvtier"), ("file-metadata-cache", "file, metadata cache on"),
+                    ("file", "file, metadata cache off"))
+
+
+def hicache_table(data: dict) -> str:
+    rows = [
+        "| pages | backend | set, fresh store | set, full store | get a page | of memcpy | get, 8 processes "
+        "| `batch_exists`, 64 hits | 512 hits | restart to first hit |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in data["results"]:
+        pages = f"{r['dtype']}, {r['page_bytes'] / 2**20:.2f} MiB"
+        mem = r["memcpy"]["gb_per_s"]
+        rows.append(f"| {pages} | memcpy (the limit) | | | {mem:.2f} GB/s | 1.00 "
+                    f"| {r['memcpy_8_processes']['gb_per_s']:.2f} GB/s | | | |")
+        for kind, name in HICACHE_BACKENDS:
+            x = r[kind]
+            rows.append(
+                f"| {pages} | {name} | {x['set_page_first_fill']['gb_per_s']:.2f} GB/s "
+                f"| {x['set_page']['gb_per_s']:.2f} GB/s | {x['get_page']['gb_per_s']:.2f} GB/s "
+                f"| {x['get_page']['gb_per_s'] / mem:.2f} | {x['get_8_processes']['gb_per_s']:.2f} GB/s "
+                f"| {x['exists']['hit_64']['calls_per_s']:,.0f}/s | {x['exists']['hit_512']['calls_per_s']:,.0f}/s "
+                f"| {x['restart_to_first_hit_ms']:.2f} ms |")
+    return "\n".join(rows)
+
+
+def hicache_ratios(data: dict) -> str:
+    """kvtier's lookup rate over the file backend's, at 64 and 512 keys a
+    batch, with the file backend's metadata cache off and on (both page
+    sizes: the range)."""
+    def ratio(n, kind):
+        return [r["kvtier"]["exists"][f"hit_{n}"]["calls_per_s"] / r[kind]["exists"][f"hit_{n}"]["calls_per_s"]
+                for r in data["results"]]
+    def rng(v):
+        lo, hi = min(v), max(v)
+        return f"{lo:.1f}x" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}x"
+    gets = [r["kvtier"]["get_page"]["gb_per_s"] / r["memcpy"]["gb_per_s"] for r in data["results"]]
+    return (f"lookups at {rng(ratio(64, 'file'))} (64 keys a batch) and {rng(ratio(512, 'file'))} (512) the file "
+            f"backend's rate with its metadata cache off, {rng(ratio(64, 'file-metadata-cache'))} and "
+            f"{rng(ratio(512, 'file-metadata-cache'))} with it on; a get at {min(gets):.2f}-{max(gets):.2f} of memcpy")
+
+
+@pytest.mark.skipif(not HICACHE_RUN.exists(), reason="no committed HiCache run here")
+def test_the_hicache_page_quotes_the_measured_run():
+    data = json.loads(HICACHE_RUN.read_text())
+    text = (RESULTS.parents[1] / "docs" / "hicache.md").read_text()
+    assert hicache_table(data) in text, hicache_table(data)
+    assert hicache_ratios(data) in " ".join(text.split()), hicache_ratios(data)

@@ -29,6 +29,10 @@
 - :func:`swap_in_counters`: each layer's swap-in hits, misses, bytes and bad
   indices, counted on the GPU while serving (:mod:`kvtier.sglang.counters`;
   exported to SGLang's Prometheus metrics where it serves them).
+- :mod:`kvtier.sglang.hicache`: HiCache's storage tier (``--hicache-storage-
+  backend dynamic``) on a kvtier prefix store, shared by every SGLang instance
+  of the host; not imported here (it imports torch and SGLang: SGLang's
+  backend factory imports it by name).
 """
 
 from __future__ import annotations
