@@ -392,31 +392,36 @@ impl PrefixStore {
         // Made by one process under the exclusive lock; every attached
         // process holds the shared lock for as long as it is attached. A
         // store found ready under the shared lock is used as it is.
-        let header = match Self::ready_header(&file, path, namespace, page_bytes, Some(&locking))? {
-            Some(h) => h,
-            None => {
-                locking(libc::LOCK_EX)?;
-                match Self::ready_header(&file, path, namespace, page_bytes, None)? {
-                    Some(h) => h,
-                    None => {
-                        // empty, or a maker died before READY: made (again)
-                        crate::pool::device::reserve(&file, path, &meta, wanted.file_bytes)?;
-                        let map = Self::map(&file, path, wanted.file_bytes)?;
-                        // SAFETY: the mapping holds the whole file; nobody
-                        // else maps it without the shared lock this
-                        // process's exclusive one keeps out.
-                        unsafe {
-                            std::ptr::write_bytes(map.as_mut_ptr(), 0, wanted.data_offset as usize);
-                            std::ptr::write_unaligned(map.as_mut_ptr() as *mut Header, wanted);
-                            (*(map.as_ptr().add(STATE_WORD) as *const AtomicU64))
-                                .store(READY, Ordering::Release);
+        let header =
+            match Self::ready_header(&file, path, Some((namespace, page_bytes)), Some(&locking))? {
+                Some(h) => h,
+                None => {
+                    locking(libc::LOCK_EX)?;
+                    match Self::ready_header(&file, path, Some((namespace, page_bytes)), None)? {
+                        Some(h) => h,
+                        None => {
+                            // empty, or a maker died before READY: made (again)
+                            crate::pool::device::reserve(&file, path, &meta, wanted.file_bytes)?;
+                            let map = Self::map(&file, path, wanted.file_bytes)?;
+                            // SAFETY: the mapping holds the whole file; nobody
+                            // else maps it without the shared lock this
+                            // process's exclusive one keeps out.
+                            unsafe {
+                                std::ptr::write_bytes(
+                                    map.as_mut_ptr(),
+                                    0,
+                                    wanted.data_offset as usize,
+                                );
+                                std::ptr::write_unaligned(map.as_mut_ptr() as *mut Header, wanted);
+                                (*(map.as_ptr().add(STATE_WORD) as *const AtomicU64))
+                                    .store(READY, Ordering::Release);
+                            }
+                            map.flush().ok();
+                            wanted
                         }
-                        map.flush().ok();
-                        wanted
                     }
                 }
-            }
-        };
+            };
         locking(libc::LOCK_SH)?;
         let map = Self::map(&file, path, header.file_bytes)?;
         Ok(PrefixStore {
@@ -439,8 +444,7 @@ impl PrefixStore {
     fn ready_header(
         file: &std::fs::File,
         path: &Path,
-        namespace: &str,
-        page_bytes: u64,
+        expect: Option<(&str, u64)>,
         lock: Option<&dyn Fn(i32) -> Result<()>>,
     ) -> Result<Option<Header>> {
         if let Some(lock) = lock {
@@ -478,7 +482,9 @@ impl PrefixStore {
                 path.display()
             ))
         })?;
-        if h.namespace() != namespace.as_bytes() || h.page_bytes != page_bytes {
+        if let Some((namespace, page_bytes)) = expect
+            && (h.namespace() != namespace.as_bytes() || h.page_bytes != page_bytes)
+        {
             return Err(Error::Pool(format!(
                 "{} holds pages of `{}` ({} B a page), not of `{namespace}` ({page_bytes} B \
                  a page): name another file",
@@ -488,6 +494,44 @@ impl PrefixStore {
             )));
         }
         Ok(Some(h))
+    }
+
+    /// Opens the ready store at `path`, whatever it holds (an operator's
+    /// look: `kvtier prefix status`); never makes one.
+    pub fn open_existing(path: &Path, wait: Duration) -> Result<PrefixStore> {
+        let (file, _) =
+            shared_fs::open_file(path, shared_fs::Access::ReadWrite, &STORE_FILE, "path")?;
+        let deadline = Instant::now() + wait;
+        let locking = |how| -> Result<()> {
+            match crate::pool::device::flock_until(&file, how, deadline) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(Error::Pool(format!(
+                    "{} is being made by another process",
+                    path.display()
+                ))),
+                Err(source) => Err(Error::Io {
+                    context: format!("locking {}", path.display()),
+                    source,
+                }),
+            }
+        };
+        let header = Self::ready_header(&file, path, None, Some(&locking))?.ok_or_else(|| {
+            Error::Pool(format!(
+                "{} is not a ready kvtier prefix store (empty, or its maker died before it was ready)",
+                path.display()
+            ))
+        })?;
+        let map = Self::map(&file, path, header.file_bytes)?;
+        Ok(PrefixStore {
+            path: path.to_path_buf(),
+            file,
+            map,
+            header,
+            lockers: Mutex::new(Vec::new()),
+            warmed: (0..header.slots.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        })
     }
 
     fn map(file: &std::fs::File, path: &Path, len: u64) -> Result<MmapRaw> {
@@ -1031,6 +1075,52 @@ impl std::fmt::Debug for PrefixStore {
 }
 
 const _: () = assert!(COUNTER_NAMES * 8 + COUNTERS <= HEADER_BYTES as usize);
+
+/// Removes the prefix store file at `path`: refused while any process has it
+/// open (they hold its shared lock), and for a file that is not a prefix
+/// store (its bytes are someone else's).
+pub fn destroy(path: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let (file, meta) =
+        shared_fs::open_file(path, shared_fs::Access::ReadWrite, &STORE_FILE, "path")?;
+    let mut magic = [0u8; 8];
+    let n = std::os::unix::fs::FileExt::read_at(&file, &mut magic, 0).unwrap_or(0);
+    if n < 8 || magic != PREFIX_MAGIC {
+        return Err(Error::Pool(format!(
+            "{} is not a kvtier prefix store: not removed",
+            path.display()
+        )));
+    }
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let pids: Vec<String> = crate::table::holders(path)?
+            .iter()
+            .map(|h| h.pid.to_string())
+            .collect();
+        return Err(Error::Pool(format!(
+            "{} is open in {}: not removed",
+            path.display(),
+            if pids.is_empty() {
+                "another process".to_string()
+            } else {
+                format!("pid {}", pids.join(", pid "))
+            }
+        )));
+    }
+    // The path must still name the file locked.
+    let same = std::fs::symlink_metadata(path)
+        .is_ok_and(|now| now.dev() == meta.dev() && now.ino() == meta.ino());
+    if !same {
+        return Err(Error::Pool(format!(
+            "{} changed while it was being destroyed; look again",
+            path.display()
+        )));
+    }
+    std::fs::remove_file(path).map_err(|source| Error::Io {
+        context: format!("removing {}", path.display()),
+        source,
+    })
+}
 
 #[cfg(test)]
 mod tests {

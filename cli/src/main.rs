@@ -4,6 +4,7 @@ mod bench;
 mod info;
 mod plan;
 mod pool;
+mod prefix;
 mod selftest;
 mod table;
 mod trace;
@@ -39,6 +40,10 @@ enum Command {
     /// instance (DeepSeek-V4.1's Engram tables and the like).
     #[command(subcommand)]
     Table(table::TableCommand),
+    /// Prefix stores (SGLang HiCache's storage tier in shared memory): what
+    /// they hold, and removing one no process has open.
+    #[command(subcommand)]
+    Prefix(prefix::PrefixCommand),
     /// Top-k selection traces: generate a synthetic one (`kvtier plan
     /// --trace` replays any).
     #[command(subcommand)]
@@ -59,6 +64,7 @@ pub fn run(cli: Cli) -> kvtier::Result<ExitCode> {
         Command::Plan(args) => done(plan::run(*args)),
         Command::Pool(cmd) => done(pool::run(cmd)),
         Command::Table(cmd) => done(table::run(cmd)),
+        Command::Prefix(cmd) => done(prefix::run(cmd)),
         Command::Trace(cmd) => done(trace::run(cmd)),
         Command::Selftest(args) => selftest::run(args),
     }

@@ -2164,3 +2164,57 @@ fn plan_places_deepseek_v4_1s_engram_tables() {
         "{err}"
     );
 }
+
+/// `kvtier prefix status` says what a store holds and who has it open;
+/// `destroy` refuses while a process has it open and for a file that is not
+/// a store, then removes it.
+#[test]
+fn prefix_status_and_destroy() {
+    let dir = if std::path::Path::new("/dev/shm").is_dir() {
+        std::path::PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    }
+    .join(format!("kvtier-cli-prefix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("store");
+    let store = kvtier::prefix_store::PrefixStore::open_or_create(
+        &path,
+        "model|page_first|bf16",
+        4096,
+        8,
+        std::time::Duration::from_secs(5),
+    )
+    .unwrap();
+    let page = vec![7u8; 4096];
+    // SAFETY: the part is `page`'s bytes.
+    unsafe { store.set_from(b"k0", &[(page.as_ptr(), page.len())]) }.unwrap();
+    let p = path.to_str().unwrap();
+    let (ok, out, err) = kvtier(&["prefix", "status", p]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("model|page_first|bf16")
+            && out.contains("1 pages held of 8 slots")
+            && out.contains(&format!("pid {}", std::process::id())),
+        "{out}"
+    );
+    let (ok, out, err) = kvtier(&["prefix", "status", "--json", p]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["pages"], 1);
+    assert_eq!(v[0]["sets"], 1);
+    let (ok, _, err) = kvtier(&["prefix", "destroy", p]);
+    assert!(!ok && err.contains("is open in pid"), "{err}");
+    drop(store);
+    let other = dir.join("other");
+    std::fs::write(&other, b"another program's bytes").unwrap();
+    let (ok, _, err) = kvtier(&["prefix", "destroy", other.to_str().unwrap()]);
+    assert!(!ok && err.contains("not a kvtier prefix store"), "{err}");
+    let (ok, _, err) = kvtier(&["prefix", "status", other.to_str().unwrap()]);
+    assert!(!ok && err.contains("not a kvtier prefix store"), "{err}");
+    assert_eq!(std::fs::read(&other).unwrap(), b"another program's bytes");
+    let (ok, out, err) = kvtier(&["prefix", "destroy", p]);
+    assert!(ok && out.contains("removed"), "{err}");
+    assert!(!path.exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -142,6 +142,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
     # -- setup ---------------------------------------------------------------
 
     def register_mem_pool_host(self, mem_pool_host) -> None:
+        if self.store is not None:  # registered again (a re-attach): the new pool's store
+            self.store.close()
+            self.store = None
         super().register_mem_pool_host(mem_pool_host)
         pool = mem_pool_host
         page = int(pool.page_size)
