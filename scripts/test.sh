@@ -24,6 +24,7 @@ SGLANG_TESTS=(
   bindings/python/tests/test_sglang_coordinator.py
   bindings/python/tests/test_install.py
   bindings/python/tests/test_engram_sglang.py
+  bindings/python/tests/test_hicache_sglang.py
 )
 
 scripts/install-tools.sh

@@ -8,7 +8,10 @@ without interface_v1) round-trips too, in a store of its own; MHA tensor-paralle
 theirs; under SGLang's failure injector nothing wrong is ever reported;
 another layout, geometry, dtype or model is another store; hostile keys are
 stored and found; a store smaller than what is set evicts, and never serves
-a wrong page. Skipped where SGLang's modules do not import."""
+a wrong page; SGLang's controller code backs a prefix up and another
+instance's finds and prefetches it; a process finds another process's pages
+while it runs and after it is gone (a restart). Skipped where SGLang's
+modules do not import."""
 
 from __future__ import annotations
 
@@ -50,16 +53,12 @@ ALL_POOLS = [("mha", layout) for layout in MHA_LAYOUTS] + [("mla", layout) for l
 POOL_IDS = [f"{kind}-{layout}" for kind, layout in ALL_POOLS]
 
 
-@pytest.fixture(scope="module")
-def sg():
-    """SGLang's classes, imported fresh, and the backend module bound to them
-    (a backend module imported against an earlier import of SGLang would
-    subclass a HiCacheStorage the factory no longer knows)."""
-    forget()
-    sys.modules.pop(BACKEND_MODULE, None)
+def sglang_classes():
+    """SGLang's classes this file uses, and the backend class (imported after
+    them, so that it subclasses the HiCacheStorage the factory knows)."""
     memory_pool = import_quietly("sglang.srt.mem_cache.memory_pool")
     storage = import_quietly("sglang.srt.mem_cache.hicache_storage")
-    ns = types.SimpleNamespace(
+    return types.SimpleNamespace(
         MHADevice=memory_pool.MHATokenToKVPool,
         MLADevice=memory_pool.MLATokenToKVPool,
         MHAHost=import_quietly("sglang.srt.mem_cache.pool_host.mha").MHATokenToKVPoolHost,
@@ -69,7 +68,16 @@ def sg():
         Factory=import_quietly("sglang.srt.mem_cache.storage.backend_factory").StorageBackendFactory,
         Backend=import_quietly(BACKEND_MODULE).KvtierHiCacheStorage,
     )
-    yield ns
+
+
+@pytest.fixture(scope="module")
+def sg():
+    """SGLang's classes, imported fresh, and the backend module bound to them
+    (a backend module imported against an earlier import of SGLang would
+    subclass a HiCacheStorage the factory no longer knows)."""
+    forget()
+    sys.modules.pop(BACKEND_MODULE, None)
+    yield sglang_classes()
     sys.modules.pop(BACKEND_MODULE, None)
     forget()
 
@@ -661,3 +669,60 @@ def test_sglangs_controller_backs_up_a_prefix_that_another_instance_finds_and_lo
     # another request's tokens: no hit
     other = cc.PrefetchOperation("req-2", [t + 1 for t in tokens])
     assert reader._storage_hit_query(other)[1] == 0
+
+
+# -- two processes, and a restart --------------------------------------------------
+
+WRITER = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import torch
+import test_hicache_sglang as t
+sg = t.sglang_classes()
+pool = t.build_host_pool(sg, {kind!r}, {layout!r})
+t.fill(pool, torch.Generator().manual_seed({seed}))
+h = t.HiCache(sg, {directory!r})
+b = h.open(pool, mla={mla})
+keys = t.page_keys("two-processes", {n})
+assert b.batch_set_v1(keys, t.indices(pool, {src})) == [True] * {n}
+print("stored", flush=True)
+sys.stdin.readline()  # held open until the reader has looked
+b.close()
+"""
+
+
+@pytest.mark.parametrize("kind,layout", [("mha", "page_first"), ("mla", "layer_first")])
+def test_another_process_finds_a_process_pages_while_it_runs_and_after_it_is_gone(sg, hicache, kind, layout):
+    """A writer process stores a prefix; this process (another SGLang
+    instance) finds and loads it while the writer runs; once the writer is
+    gone, a new backend (a restart) finds and loads it again."""
+    import subprocess
+
+    seed, src = 31, [4, 9, 2, 17, 11]
+    code = WRITER.format(tests=os.path.dirname(__file__), kind=kind, layout=layout, seed=seed,
+                         directory=hicache.directory, mla=kind == "mla", n=len(src), src=src)
+    writer = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        line = writer.stdout.readline()
+        assert line.strip() == "stored", writer.stderr.read()
+        # the writer's bytes, made again from its seed
+        source = build_host_pool(sg, kind, layout)
+        fill(source, torch.Generator().manual_seed(seed))
+        keys = page_keys("two-processes", len(src))
+        for attempt, dst in (("while the writer runs", [20, 1, 30, 7, 12]), ("after a restart", [3, 22, 8, 27, 15])):
+            pool = build_host_pool(sg, kind, layout)
+            fill(pool, torch.Generator().manual_seed(99))
+            reader = hicache.open(pool, mla=kind == "mla")
+            assert reader.batch_exists(keys + page_keys("never-stored", 1)) == len(keys), attempt
+            before = all_pages(pool)
+            assert reader.batch_get_v1(keys, indices(pool, dst)) == [True] * len(keys), attempt
+            assert_pages(pool, before, dict(zip(dst, src)), source, f"loaded from another process {attempt}")
+            reader.close()
+            if attempt == "while the writer runs":
+                writer.stdin.write("done\n")
+                writer.stdin.flush()
+                assert writer.wait(60) == 0, writer.stderr.read()
+    finally:
+        if writer.poll() is None:
+            writer.kill()
