@@ -10,10 +10,10 @@ Launch with::
         "module_path": "kvtier.sglang.hicache", "class_name": "KvtierHiCacheStorage",
         "interface_v1": 1, "capacity": "64GiB"}'
 
-Extra config keys of its own: ``directory`` (where the store's file goes,
-default ``/dev/shm``; tmpfs), ``capacity`` (the store's size when
-it is made: bytes, or a string such as ``"64GiB"``; default 4 GiB) and
-``wait`` (seconds to wait for another process making the store, default 30).
+Extra config keys of its own: ``directory`` (where the store's file goes, on
+tmpfs; default ``/dev/shm``), ``capacity`` (the store's size when it is made:
+bytes, or a string such as ``"64GiB"``; default 4 GiB) and ``wait`` (seconds
+to wait for another process making the store, default 30).
 With ``interface_v1`` SGLang calls the zero-copy methods: a page moves in
 one copy between the store and the host-pool pages SGLang chose.
 
@@ -22,9 +22,9 @@ class, layout, dtype, page geometry, and the byte order of a page (the host
 pool's zero-copy parts with ``interface_v1``, SGLang's flat pages without:
 they differ in some layouts). Instances that differ in any of them use
 different files (named by a hash of the namespace), so pages are only ever
-read back in the order they were written in: launch every instance alike. Tensor-parallel ranks of
-an MHA model keep their own pages (their shards differ); MLA ranks share
-one. The store is one host's: hosts sharing a CXL device have no common
+read back in the order they were written in: launch every instance alike.
+Tensor-parallel ranks of an MHA model keep their own pages (their shards
+differ); MLA ranks share one. The store is one host's: hosts sharing a CXL device have no common
 lock, so do not point two hosts at one file.
 
 It serves the KV pool, through SGLang's v1 interface and its older
@@ -122,7 +122,6 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self.wait = float(wait)
         self.interface_v1 = bool(extra.get("interface_v1", 0))
         c = storage_config
-        model = (c.model_name or "").replace("/", "-")
         # Which pages this rank may share: MLA's are the same on every TP
         # rank; MHA's are each rank's own heads. Pipeline stages and context
         # parallel ranks hold different layers or slices.
@@ -134,7 +133,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if getattr(c, "dcp_size", 1) > 1:
             shard += f"@dcp{c.dcp_rank}/{c.dcp_size}@page{c.logical_page_size}"
         self.suffix = shard if c.is_mla_model else f"@tp{c.tp_rank}/{c.tp_size}{shard}"
-        self.model = model
+        self.model = c.model_name or ""
         self.store: Optional[PrefixStore] = None
         self.mem_pool_host = None
         self._parts = 0  # a page's parts in get_page_buffer_meta; 0: the copying path
