@@ -391,37 +391,48 @@ impl PrefixStore {
         };
         // Made by one process under the exclusive lock; every attached
         // process holds the shared lock for as long as it is attached. A
-        // store found ready under the shared lock is used as it is.
-        let header =
-            match Self::ready_header(&file, path, Some((namespace, page_bytes)), Some(&locking))? {
-                Some(h) => h,
-                None => {
-                    locking(libc::LOCK_EX)?;
-                    match Self::ready_header(&file, path, Some((namespace, page_bytes)), None)? {
-                        Some(h) => h,
-                        None => {
-                            // empty, or a maker died before READY: made (again)
-                            crate::pool::device::reserve(&file, path, &meta, wanted.file_bytes)?;
-                            let map = Self::map(&file, path, wanted.file_bytes)?;
-                            // SAFETY: the mapping holds the whole file; nobody
-                            // else maps it without the shared lock this
-                            // process's exclusive one keeps out.
-                            unsafe {
-                                std::ptr::write_bytes(
-                                    map.as_mut_ptr(),
-                                    0,
-                                    wanted.data_offset as usize,
-                                );
-                                std::ptr::write_unaligned(map.as_mut_ptr() as *mut Header, wanted);
-                                (*(map.as_ptr().add(STATE_WORD) as *const AtomicU64))
-                                    .store(READY, Ordering::Release);
-                            }
-                            map.flush().ok();
-                            wanted
-                        }
-                    }
+        // store found ready under the shared lock is used as it is; else this
+        // process makes it if it can have the exclusive lock now, or looks
+        // again (several ranks start at once: one makes it, and the others
+        // find it ready, holding their shared locks, which a waiting
+        // exclusive lock would never get past).
+        let expect = Some((namespace, page_bytes));
+        let header = loop {
+            if let Some(h) = Self::ready_header(&file, path, expect, Some(&locking))? {
+                break h;
+            }
+            // SAFETY: flock on a descriptor this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                if let Some(h) = Self::ready_header(&file, path, expect, None)? {
+                    break h;
                 }
-            };
+                // empty, or a maker died before READY: made (again)
+                crate::pool::device::reserve(&file, path, &meta, wanted.file_bytes)?;
+                let map = Self::map(&file, path, wanted.file_bytes)?;
+                // SAFETY: the mapping holds the whole file; nobody else maps
+                // it without the shared lock this process's exclusive one
+                // keeps out.
+                unsafe {
+                    std::ptr::write_bytes(map.as_mut_ptr(), 0, wanted.data_offset as usize);
+                    std::ptr::write_unaligned(map.as_mut_ptr() as *mut Header, wanted);
+                    (*(map.as_ptr().add(STATE_WORD) as *const AtomicU64))
+                        .store(READY, Ordering::Release);
+                }
+                map.flush().ok();
+                break wanted;
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Pool(format!(
+                    "{} is being made by another process ({} s waited)",
+                    path.display(),
+                    wait.as_secs()
+                )));
+            }
+            // apart, so that two openers looking at once do not keep meeting
+            std::thread::sleep(Duration::from_micros(
+                500 + 700 * (std::process::id() % 7) as u64,
+            ));
+        };
         locking(libc::LOCK_SH)?;
         let map = Self::map(&file, path, header.file_bytes)?;
         Ok(PrefixStore {
@@ -1223,6 +1234,33 @@ mod tests {
         assert_eq!(set(&s, "m", &page(3, 4096)), SetOutcome::Stored);
         assert_eq!(get(&s, "m", 4096), Some(page(3, 4096)));
         assert_eq!(get(&s, &k, 4096), None);
+    }
+
+    #[test]
+    fn many_openers_of_a_new_store_at_once_all_get_it_and_it_is_made_once() {
+        let p = scratch("race");
+        for round in 0..20 {
+            let _ = std::fs::remove_file(&p.0);
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(6));
+            let threads: Vec<_> = (0..6)
+                .map(|_| {
+                    let (path, barrier) = (p.0.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        PrefixStore::open_or_create(&path, "ns", 4096, 8, WAIT)
+                    })
+                })
+                .collect();
+            let opened: Result<Vec<PrefixStore>> =
+                threads.into_iter().map(|t| t.join().unwrap()).collect();
+            let opened = opened.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(set(&opened[0], "k", &page(1, 4096)), SetOutcome::Stored);
+            assert!(
+                opened
+                    .iter()
+                    .all(|s| get(s, "k", 4096) == Some(page(1, 4096)))
+            );
+        }
     }
 
     #[test]
