@@ -215,8 +215,8 @@ def test_the_first_screens_decode_step_range_is_the_measured_one():
 
 
 # The HiCache backend beside SGLang's file backend (CPU, 2026-11-27):
-# docs/hicache.md quotes the table and the sentence below, recomputed here
-# from the committed JSON.
+# docs/hicache.md quotes the table and the sentence below, and the README the
+# sentence, recomputed here from the committed JSON.
 HICACHE_RUN = RESULTS / "cpu-hicache-2026-11-27" / "hicache.json"
 HICACHE_BACKENDS = (("kvtier", "kvtier"), ("file-metadata-cache", "file, metadata cache on"),
                     ("file", "file, metadata cache off"))
@@ -272,3 +272,5 @@ def test_the_hicache_page_quotes_the_measured_run():
     text = (RESULTS.parents[1] / "docs" / "hicache.md").read_text()
     assert hicache_table(data) in text, hicache_table(data)
     assert hicache_ratios(data) in " ".join(text.split()), hicache_ratios(data)
+    readme = (RESULTS.parents[1] / "README.md").read_text()
+    assert hicache_ratios(data) in " ".join(readme.split()), "the README's HiCache figures"
