@@ -334,6 +334,33 @@ fn lock_byte(file: &std::fs::File, at: i64, kind: libc::c_int) -> bool {
     unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) == 0 }
 }
 
+/// Takes the `flock` `how` on a store's `file`, waiting until `deadline`
+/// (`wait` after the open began) for the process making it.
+fn flock_by(
+    file: &std::fs::File,
+    path: &Path,
+    how: i32,
+    deadline: Instant,
+    wait: Duration,
+) -> Result<()> {
+    match crate::pool::device::flock_until(file, how, deadline) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(being_made(path, wait)),
+        Err(source) => Err(Error::Io {
+            context: format!("locking {}", path.display()),
+            source,
+        }),
+    }
+}
+
+fn being_made(path: &Path, wait: Duration) -> Error {
+    Error::Pool(format!(
+        "{} is being made by another process ({} s waited)",
+        path.display(),
+        wait.as_secs()
+    ))
+}
+
 fn unlock_byte(file: &std::fs::File, at: i64) {
     lock_byte(file, at, libc::F_UNLCK);
 }
@@ -375,20 +402,7 @@ impl PrefixStore {
         let wanted = Header::new(namespace, page_bytes, slots)?;
         let (file, meta, _) = shared_fs::open_or_create(path, 0o600, &STORE_FILE, "path")?;
         let deadline = Instant::now() + wait;
-        let locking = |how| -> Result<()> {
-            match crate::pool::device::flock_until(&file, how, deadline) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(Error::Pool(format!(
-                    "{} is being made by another process ({} s waited)",
-                    path.display(),
-                    wait.as_secs()
-                ))),
-                Err(source) => Err(Error::Io {
-                    context: format!("locking {}", path.display()),
-                    source,
-                }),
-            }
-        };
+        let locking = |how| flock_by(&file, path, how, deadline, wait);
         // Made by one process under the exclusive lock; every attached
         // process holds the shared lock for as long as it is attached. A
         // store found ready under the shared lock is used as it is; else this
@@ -422,11 +436,7 @@ impl PrefixStore {
                 break wanted;
             }
             if Instant::now() >= deadline {
-                return Err(Error::Pool(format!(
-                    "{} is being made by another process ({} s waited)",
-                    path.display(),
-                    wait.as_secs()
-                )));
+                return Err(being_made(path, wait));
             }
             // apart, so that two openers looking at once do not keep meeting
             std::thread::sleep(Duration::from_micros(
@@ -434,6 +444,11 @@ impl PrefixStore {
             ));
         };
         locking(libc::LOCK_SH)?;
+        Self::attach(path, file, header)
+    }
+
+    /// The handle on `file` (its shared lock held), whose header is `header`.
+    fn attach(path: &Path, file: std::fs::File, header: Header) -> Result<PrefixStore> {
         let map = Self::map(&file, path, header.file_bytes)?;
         Ok(PrefixStore {
             path: path.to_path_buf(),
@@ -513,36 +528,14 @@ impl PrefixStore {
         let (file, _) =
             shared_fs::open_file(path, shared_fs::Access::ReadWrite, &STORE_FILE, "path")?;
         let deadline = Instant::now() + wait;
-        let locking = |how| -> Result<()> {
-            match crate::pool::device::flock_until(&file, how, deadline) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(Error::Pool(format!(
-                    "{} is being made by another process",
-                    path.display()
-                ))),
-                Err(source) => Err(Error::Io {
-                    context: format!("locking {}", path.display()),
-                    source,
-                }),
-            }
-        };
+        let locking = |how| flock_by(&file, path, how, deadline, wait);
         let header = Self::ready_header(&file, path, None, Some(&locking))?.ok_or_else(|| {
             Error::Pool(format!(
                 "{} is not a ready kvtier prefix store (empty, or its maker died before it was ready)",
                 path.display()
             ))
         })?;
-        let map = Self::map(&file, path, header.file_bytes)?;
-        Ok(PrefixStore {
-            path: path.to_path_buf(),
-            file,
-            map,
-            header,
-            lockers: Mutex::new(Vec::new()),
-            warmed: (0..header.slots.div_ceil(64))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-        })
+        Self::attach(path, file, header)
     }
 
     fn map(file: &std::fs::File, path: &Path, len: u64) -> Result<MmapRaw> {
@@ -866,15 +859,13 @@ impl PrefixStore {
                     Ordering::Release,
                 );
                 self.bump(0);
+                unlock_byte(locker, WRITER_LOCKS + slot as i64);
             } else {
-                let state = self.state(slot).load(Ordering::Acquire);
-                self.state(slot)
-                    .store(state & !STATE_MASK & !REFERENCED, Ordering::Release);
+                self.release_free(locker, slot);
                 if outcome == SetOutcome::Full {
                     self.bump(5);
                 }
             }
-            unlock_byte(locker, WRITER_LOCKS + slot as i64);
             outcome
         })
     }
@@ -945,10 +936,7 @@ impl PrefixStore {
                     && (referenced_too || state & REFERENCED == 0)
                     && self.try_take(locker, t, true)
                 {
-                    let state = self.state(t).load(Ordering::Acquire);
-                    self.state(t)
-                        .store(state & !STATE_MASK & !REFERENCED, Ordering::Release);
-                    unlock_byte(locker, WRITER_LOCKS + t as i64);
+                    self.release_free(locker, t);
                     return true;
                 }
             }
@@ -1043,6 +1031,15 @@ impl PrefixStore {
         taken
     }
 
+    /// Leaves `slot` (taken by [`try_take`](Self::try_take) on `locker`)
+    /// FREE under its generation, and gives its writer lock back.
+    fn release_free(&self, locker: &std::fs::File, slot: u64) {
+        let state = self.state(slot).load(Ordering::Acquire);
+        self.state(slot)
+            .store(state & !STATE_MASK & !REFERENCED, Ordering::Release);
+        unlock_byte(locker, WRITER_LOCKS + slot as i64);
+    }
+
     /// Evicts every page no reader holds now; the number evicted.
     pub fn clear(&self) -> Result<u64> {
         self.with_locker(|locker| {
@@ -1053,10 +1050,7 @@ impl PrefixStore {
                     continue;
                 }
                 if self.try_take(locker, slot, true) {
-                    let state = self.state(slot).load(Ordering::Acquire);
-                    self.state(slot)
-                        .store(state & !STATE_MASK & !REFERENCED, Ordering::Release);
-                    unlock_byte(locker, WRITER_LOCKS + slot as i64);
+                    self.release_free(locker, slot);
                     n += (was == PUBLISHED) as u64;
                 }
             }
@@ -1091,7 +1085,6 @@ const _: () = assert!(COUNTER_NAMES * 8 + COUNTERS <= HEADER_BYTES as usize);
 /// open (they hold its shared lock), and for a file that is not a prefix
 /// store (its bytes are someone else's).
 pub fn destroy(path: &Path) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
     let (file, meta) =
         shared_fs::open_file(path, shared_fs::Access::ReadWrite, &STORE_FILE, "path")?;
     let mut magic = [0u8; 8];
@@ -1119,9 +1112,7 @@ pub fn destroy(path: &Path) -> Result<()> {
         )));
     }
     // The path must still name the file locked.
-    let same = std::fs::symlink_metadata(path)
-        .is_ok_and(|now| now.dev() == meta.dev() && now.ino() == meta.ino());
-    if !same {
+    if !crate::table::still_named(path, &meta) {
         return Err(Error::Pool(format!(
             "{} changed while it was being destroyed; look again",
             path.display()

@@ -400,7 +400,7 @@ fn changing(path: &Path) -> Error {
 /// Whether `path` still names the file `meta` describes (a destroy may have
 /// removed it, and a loader made another, while this process waited for
 /// its lock).
-fn still_named(path: &Path, meta: &std::fs::Metadata) -> bool {
+pub(crate) fn still_named(path: &Path, meta: &std::fs::Metadata) -> bool {
     std::fs::symlink_metadata(path)
         .is_ok_and(|now| now.dev() == meta.dev() && now.ino() == meta.ino())
 }

@@ -152,6 +152,54 @@ pub unsafe extern "C" fn kvt_prefix_hits(
     })
 }
 
+/// What `kvt_prefix_get` and `kvt_prefix_set` share: their arguments
+/// checked, then `page(key, parts)` for each key (each part's address made
+/// a pointer by `ptr`), its byte written to `out[i]` (`out` named `out_name`
+/// in errors).
+///
+/// # Safety
+/// Pointers as `kvt_prefix_get` in `bindings/kvtier.h` describes them.
+#[allow(clippy::too_many_arguments)]
+unsafe fn each_page<P>(
+    store: *const KvtPrefixStore,
+    keys: *const c_char,
+    keys_len: usize,
+    n: usize,
+    ptrs: *const u64,
+    lens: *const u64,
+    parts_per_page: usize,
+    out: *mut u8,
+    out_name: &'static str,
+    ptr: fn(u64) -> P,
+    page: impl Fn(&PrefixStore, &[u8], &[(P, usize)]) -> Result<u8>,
+) -> KvtStatus {
+    guard(|| {
+        // SAFETY: the header's contract.
+        let (s, keys, (ptrs, lens)) = unsafe {
+            (
+                handle(store, "store")?,
+                keys_arg(keys, keys_len, n)?,
+                parts_arg(ptrs, lens, n, parts_per_page)?,
+            )
+        };
+        if n > 0 && out.is_null() {
+            return Err(invalid(out_name, "is a null pointer"));
+        }
+        let mut parts = Vec::with_capacity(parts_per_page);
+        for (i, key) in keys.iter().enumerate() {
+            parts.clear();
+            let at = i * parts_per_page;
+            for j in at..at + parts_per_page {
+                parts.push((ptr(ptrs[j]), size(lens[j], "lens")?));
+            }
+            let byte = page(&s.store, key, &parts)?;
+            // SAFETY: the header's contract: `out` holds `n` bytes.
+            unsafe { out.add(i).write(byte) };
+        }
+        Ok(())
+    })
+}
+
 /// # Safety
 /// Pointers as `kvt_prefix_get` in `bindings/kvtier.h` describes them.
 #[unsafe(no_mangle)]
@@ -165,34 +213,24 @@ pub unsafe extern "C" fn kvt_prefix_get(
     parts_per_page: usize,
     found: *mut u8,
 ) -> KvtStatus {
-    guard(|| {
-        // SAFETY: the header's contract.
-        let (s, keys, (ptrs, lens)) = unsafe {
-            (
-                handle(store, "store")?,
-                keys_arg(keys, keys_len, n)?,
-                parts_arg(ptrs, lens, n, parts_per_page)?,
-            )
-        };
-        if n > 0 && found.is_null() {
-            return Err(invalid("found", "is a null pointer"));
-        }
-        let mut parts = Vec::with_capacity(parts_per_page);
-        for (i, key) in keys.iter().enumerate() {
-            parts.clear();
-            let at = i * parts_per_page;
-            for j in at..at + parts_per_page {
-                parts.push((ptrs[j] as *mut u8, size(lens[j], "lens")?));
-            }
-            // SAFETY: the header's contract: each part is writable memory of
-            // its length; `found` holds `n` bytes.
-            unsafe {
-                let ok = s.store.get_into(key, &parts)?;
-                found.add(i).write(ok as u8);
-            }
-        }
-        Ok(())
-    })
+    // SAFETY: the header's contract, which each_page's is.
+    unsafe {
+        each_page(
+            store,
+            keys,
+            keys_len,
+            n,
+            ptrs,
+            lens,
+            parts_per_page,
+            found,
+            "found",
+            |p| p as *mut u8,
+            // SAFETY: the header's contract: each part is writable memory
+            // of its length.
+            |s, key, parts| Ok(s.get_into(key, parts)? as u8),
+        )
+    }
 }
 
 /// # Safety
@@ -208,38 +246,30 @@ pub unsafe extern "C" fn kvt_prefix_set(
     parts_per_page: usize,
     outcome: *mut u8,
 ) -> KvtStatus {
-    guard(|| {
-        // SAFETY: the header's contract.
-        let (s, keys, (ptrs, lens)) = unsafe {
-            (
-                handle(store, "store")?,
-                keys_arg(keys, keys_len, n)?,
-                parts_arg(ptrs, lens, n, parts_per_page)?,
-            )
-        };
-        if n > 0 && outcome.is_null() {
-            return Err(invalid("outcome", "is a null pointer"));
-        }
-        let mut parts = Vec::with_capacity(parts_per_page);
-        for (i, key) in keys.iter().enumerate() {
-            parts.clear();
-            let at = i * parts_per_page;
-            for j in at..at + parts_per_page {
-                parts.push((ptrs[j] as *const u8, size(lens[j], "lens")?));
-            }
-            // SAFETY: the header's contract: each part is readable memory of
-            // its length; `outcome` holds `n` bytes.
-            unsafe {
-                let o = match s.store.set_from(key, &parts)? {
+    // SAFETY: the header's contract, which each_page's is.
+    unsafe {
+        each_page(
+            store,
+            keys,
+            keys_len,
+            n,
+            ptrs,
+            lens,
+            parts_per_page,
+            outcome,
+            "outcome",
+            |p| p as *const u8,
+            |s, key, parts| {
+                // SAFETY: the header's contract: each part is readable
+                // memory of its length.
+                Ok(match s.set_from(key, parts)? {
                     SetOutcome::Stored => KVT_PREFIX_STORED,
                     SetOutcome::Present => KVT_PREFIX_PRESENT,
                     SetOutcome::Full => KVT_PREFIX_FULL,
-                };
-                outcome.add(i).write(o);
-            }
-        }
-        Ok(())
-    })
+                })
+            },
+        )
+    }
 }
 
 /// # Safety

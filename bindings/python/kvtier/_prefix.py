@@ -120,8 +120,8 @@ class PrefixStore(_Closable):
         self._call(library().kvt_prefix_hits, packed, len(packed), as_int(n, "n", 0, 2**40), ctypes.byref(out))
         return out.value
 
-    def _pages(self, fn, keys, ptrs, lens, parts_per_page: int, suffix: str = "") -> list:
-        packed, n = pack_keys(keys, suffix)
+    def _pages(self, fn, packed: bytes, n: int, ptrs, lens, parts_per_page: int) -> list:
+        n = as_int(n, "n", 0, 2**40)
         parts = as_int(parts_per_page, "parts_per_page", 1, 2**20)
         p, keep_p = _u64s(ptrs, "ptrs", n * parts)
         l, keep_l = _u64s(lens, "lens", n * parts)
@@ -135,13 +135,21 @@ class PrefixStore(_Closable):
         ``i*parts_per_page`` onward of `ptrs` and `lens`, addresses and
         bytes adding up to :attr:`page_bytes`); True for each page found.
         The addresses are the caller's promise: writable memory of that size."""
-        return [bool(f) for f in self._pages(library().kvt_prefix_get, keys, ptrs, lens, parts_per_page, suffix)]
+        return self.get_packed(*pack_keys(keys, suffix), ptrs, lens, parts_per_page)
+
+    def get_packed(self, packed: bytes, n: int, ptrs, lens, parts_per_page: int = 1) -> list:
+        """:meth:`get` for keys packed already (see :func:`pack_keys`)."""
+        return [bool(f) for f in self._pages(library().kvt_prefix_get, packed, n, ptrs, lens, parts_per_page)]
 
     def set(self, keys, ptrs, lens, parts_per_page: int = 1, suffix: str = "") -> list:
         """Copies each page in and publishes it under its key (laid out as for
         :meth:`get`); per page "stored", "present" (held already, or being
         written by another) or "full" (every slot pinned or being written)."""
-        return [OUTCOMES[o] for o in self._pages(library().kvt_prefix_set, keys, ptrs, lens, parts_per_page, suffix)]
+        return self.set_packed(*pack_keys(keys, suffix), ptrs, lens, parts_per_page)
+
+    def set_packed(self, packed: bytes, n: int, ptrs, lens, parts_per_page: int = 1) -> list:
+        """:meth:`set` for keys packed already (see :func:`pack_keys`)."""
+        return [OUTCOMES[o] for o in self._pages(library().kvt_prefix_set, packed, n, ptrs, lens, parts_per_page)]
 
     def get_bytes(self, key):
         """The page under `key` as bytes, or None."""

@@ -45,7 +45,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from .._lib import KvtierError
-from .._prefix import MAX_KEY_BYTES, PrefixStore
+from .._prefix import MAX_KEY_BYTES, PrefixStore, pack_keys
 
 logger = logging.getLogger(__name__)
 
@@ -221,13 +221,14 @@ class KvtierHiCacheStorage(HiCacheStorage):
             raise KvtierError("kvtier's HiCache backend has no host pool registered yet")
         return self.store
 
-    def _addressed(self, keys: List[str]):
-        """`keys` and the suffix to hand the store: the keys as they are where
-        they are plain (see :func:`packed_plain_keys`), else each one's store
-        key."""
-        if packed_plain_keys(keys, self.suffix) is not None:
-            return keys, self.suffix
-        return [store_key(k, self.suffix) for k in keys], ""
+    def _packed(self, keys: List[str]):
+        """The store keys of `keys`, packed as the store takes them, and their
+        number: one join where every key is plain (see
+        :func:`packed_plain_keys`), else each one's :func:`store_key`."""
+        packed = packed_plain_keys(keys, self.suffix)
+        if packed is None:
+            packed, _ = pack_keys([store_key(k, self.suffix) for k in keys])
+        return packed, len(keys)
 
     def _flat_only(self, what: str) -> None:
         if self._parts:
@@ -242,25 +243,27 @@ class KvtierHiCacheStorage(HiCacheStorage):
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         if not keys:
             return 0
-        packed = packed_plain_keys(keys, self.suffix)
-        if packed is not None:  # one join, one call: the prefix query's hot path
-            return self._store().hits_packed(packed, len(keys))
-        return self._store().hits([store_key(k, self.suffix) for k in keys])
+        return self._store().hits_packed(*self._packed(keys))
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
 
     # -- the zero-copy interface (interface_v1) ---------------------------------
 
-    def _page_parts(self, n: int, host_indices: torch.Tensor):
-        pool = self.mem_pool_host
-        page = int(pool.page_size)
+    def _page_size_for(self, n: int, host_indices: torch.Tensor) -> int:
+        """The host pool's page size, once `host_indices` is found to hold
+        `n` pages of it."""
+        page = int(self.mem_pool_host.page_size)
         if host_indices is None or host_indices.numel() != n * page:
             raise KvtierError(
                 f"{n} keys need {n * page} host indices (pages of {page}), not "
                 f"{None if host_indices is None else host_indices.numel()}"
             )
-        ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+        return page
+
+    def _page_parts(self, n: int, host_indices: torch.Tensor):
+        self._page_size_for(n, host_indices)
+        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         if len(ptrs) != n * self._parts:
             raise KvtierError(f"the host pool gave {len(ptrs)} parts for {n} pages; {self._parts} a page expected")
         return ptrs, sizes
@@ -271,8 +274,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if not self._parts:
             return self._flat_get(keys, host_indices)
         ptrs, sizes = self._page_parts(len(keys), host_indices)
-        keys, suffix = self._addressed(keys)
-        return self._store().get(keys, ptrs, sizes, self._parts, suffix)
+        return self._store().get_packed(*self._packed(keys), ptrs, sizes, self._parts)
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info: Any = None) -> List[bool]:
         if not keys:
@@ -280,16 +282,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if not self._parts:
             return self._flat_set(keys, host_indices)
         ptrs, sizes = self._page_parts(len(keys), host_indices)
-        keys, suffix = self._addressed(keys)
-        outcomes = self._store().set(keys, ptrs, sizes, self._parts, suffix)
+        outcomes = self._store().set_packed(*self._packed(keys), ptrs, sizes, self._parts)
         return [o != "full" for o in outcomes]
 
     def _flat_get(self, keys, host_indices) -> List[bool]:
         pool = self.mem_pool_host
-        page = int(pool.page_size)
-        if host_indices is None or host_indices.numel() != len(keys) * page:
-            raise KvtierError(f"{len(keys)} keys need {len(keys) * page} host indices (pages of {page})")
-        page = int(pool.page_size)
+        page = self._page_size_for(len(keys), host_indices)
         out = []
         for i, key in enumerate(keys):
             got = self.get(key, pool.get_dummy_flat_data_page())
@@ -300,9 +298,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     def _flat_set(self, keys, host_indices) -> List[bool]:
         pool = self.mem_pool_host
-        page = int(pool.page_size)
-        if host_indices is None or host_indices.numel() != len(keys) * page:
-            raise KvtierError(f"{len(keys)} keys need {len(keys) * page} host indices (pages of {page})")
+        page = self._page_size_for(len(keys), host_indices)
         return [self.set(key, pool.get_data_page(int(host_indices[i * page]), flat=True)) for i, key in enumerate(keys)]
 
     # -- the older interface: whole flat pages as tensors ------------------------
@@ -315,8 +311,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         t = target_location
         if not t.is_contiguous() or t.device.type != "cpu" or t.numel() * t.element_size() != store.page_bytes:
             raise KvtierError(f"the target must be a contiguous CPU tensor of {store.page_bytes} B")
-        keys, suffix = self._addressed([key])
-        found = store.get(keys, [t.data_ptr()], [store.page_bytes], 1, suffix)
+        found = store.get_packed(*self._packed([key]), [t.data_ptr()], [store.page_bytes])
         return t if found[0] else None
 
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None, target_sizes: Optional[Any] = None):
@@ -330,8 +325,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         v = value.contiguous()
         if v.device.type != "cpu" or v.numel() * v.element_size() != store.page_bytes:
             raise KvtierError(f"the value must be a CPU tensor of {store.page_bytes} B")
-        keys, suffix = self._addressed([key])
-        return store.set(keys, [v.data_ptr()], [store.page_bytes], 1, suffix)[0] != "full"
+        return store.set_packed(*self._packed([key]), [v.data_ptr()], [store.page_bytes])[0] != "full"
 
     def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> bool:
