@@ -76,6 +76,69 @@ fn module_dependencies_have_no_cycle() {
     }
 }
 
+/// The dependency list of `docs/architecture.md` (section 2: a line
+/// `MODULE -> DEP, DEP` a module, `-> nothing` for none) is the graph
+/// [`deps`] computes, both ways: a module or an edge added, or removed, in
+/// the code without its line fails here, with the line to write.
+#[test]
+fn the_documented_dependency_list_is_the_code_s() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let section = &doc[doc.find("## 2. Dependencies").unwrap()..doc.find("## 3.").unwrap()];
+    let block = section
+        .split("```text\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a ```text block in section 2");
+    let mut documented: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        let (module, edges) = line
+            .split_once("->")
+            .unwrap_or_else(|| panic!("not `MODULE -> DEP, DEP`: {line:?}"));
+        let edges = edges.trim();
+        let set = if edges == "nothing" {
+            BTreeSet::new()
+        } else {
+            edges.split(',').map(|d| d.trim().to_string()).collect()
+        };
+        let old = documented.insert(module.trim().to_string(), set);
+        assert!(old.is_none(), "two lines for {}", module.trim());
+    }
+    let expected_line = |module: &str, set: &BTreeSet<String>| {
+        let edges = set.iter().cloned().collect::<Vec<_>>().join(", ");
+        let edges = if edges.is_empty() {
+            "nothing".into()
+        } else {
+            edges
+        };
+        format!("{module} -> {edges}")
+    };
+    let actual = deps();
+    let mut fixes = Vec::new();
+    for (module, set) in &actual {
+        match documented.get(module) {
+            None => fixes.push(format!("add the line `{}`", expected_line(module, set))),
+            Some(doc_set) if doc_set != set => {
+                let add: Vec<_> = set.difference(doc_set).collect();
+                let remove: Vec<_> = doc_set.difference(set).collect();
+                fixes.push(format!(
+                    "`{module}`: add {add:?}, remove {remove:?}; the line reads `{}`",
+                    expected_line(module, set)
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for module in documented.keys().filter(|m| !actual.contains_key(*m)) {
+        fixes.push(format!("remove the line of `{module}` (no such module)"));
+    }
+    assert!(
+        fixes.is_empty(),
+        "docs/architecture.md section 2 is not the code's dependency graph:\n{}",
+        fixes.join("\n")
+    );
+}
+
 /// Within each folder module, the sibling files depend on one another one
 /// way too (`super::NAME` or `crate::MODULE::NAME` of a sibling), so that
 /// each can be read after the ones it uses.
@@ -222,7 +285,7 @@ fn the_library_depends_on_no_command_line_crate() {
 
 /// The file map in one place: every source file of the tree (the library,
 /// the kernels, the command line, the Python package and extension module,
-/// the scripts) is named in the module table of `docs/architecture.md`,
+/// the scripts, CI's entry point, the tests and the benchmarks) is named in the module table of `docs/architecture.md`,
 /// either by a row of its own or, under a row for its folder, by its file
 /// name; and every path a row names exists. A file added, moved or removed
 /// without its row fails here.
@@ -253,7 +316,7 @@ fn the_file_map_names_every_source_file_and_nothing_else() {
             }
             if p.is_dir() {
                 walk(&p, out);
-            } else if [".rs", ".cu", ".cuh", ".h", ".py", ".sh"]
+            } else if [".rs", ".cu", ".cuh", ".h", ".c", ".cpp", ".py", ".sh"]
                 .iter()
                 .any(|x| name.ends_with(x))
             {
@@ -268,7 +331,13 @@ fn the_file_map_names_every_source_file_and_nothing_else() {
         "cli/src",
         "bindings/python/kvtier",
         "bindings/python/native/src",
+        "bindings/python/tests",
+        "bindings/python/benchmarks",
         "scripts",
+        "tests",
+        "cli/tests",
+        "benches",
+        "bench/sglang-kernels",
     ] {
         walk(&root.join(dir), &mut files);
     }
@@ -277,6 +346,8 @@ fn the_file_map_names_every_source_file_and_nothing_else() {
         "cli/build.rs",
         "bindings/abi.rs",
         "bindings/kvtier.h",
+        "bindings/python/setup.py",
+        ".ci/run",
     ] {
         files.push(root.join(f));
     }
@@ -313,5 +384,34 @@ fn the_file_map_names_every_source_file_and_nothing_else() {
     assert!(
         unnamed.is_empty(),
         "source files docs/architecture.md does not name: {unnamed:#?}"
+    );
+
+    // and each file a folder row names by its extension exists, somewhere
+    // under the folder (`main.rs` in the `cli/` row) or from the root
+    // (`tests/architecture.rs` in the same row)
+    let rels: Vec<String> = files
+        .iter()
+        .map(|f| f.strip_prefix(root).unwrap().to_string_lossy().into_owned())
+        .collect();
+    let mut gone = Vec::new();
+    for (path, text) in rows.iter().filter(|(p, _)| p.ends_with('/')) {
+        for name in text.split('`').skip(1).step_by(2) {
+            let is_file = [".rs", ".cu", ".cuh", ".h", ".c", ".cpp", ".py", ".sh"]
+                .iter()
+                .any(|x| name.ends_with(x));
+            if is_file
+                && !name.contains(' ')
+                && !root.join(name).exists()
+                && !rels
+                    .iter()
+                    .any(|r| r.starts_with(path.as_str()) && r.ends_with(&format!("/{name}")))
+            {
+                gone.push(format!("{path}: {name}"));
+            }
+        }
+    }
+    assert!(
+        gone.is_empty(),
+        "folder rows of docs/architecture.md name files that do not exist: {gone:#?}"
     );
 }
