@@ -9,6 +9,7 @@ repository's ``target/release`` (running from a checkout). A path given in
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import threading
 from pathlib import Path
@@ -56,8 +57,6 @@ def as_int(value, name: str, lo: int = 0, hi: int = 2**32 - 1) -> int:
     (never a ValueError or TypeError: kvtier promises its own errors)."""
     if isinstance(value, bool) or not isinstance(value, int):
         try:
-            import operator
-
             value = operator.index(value)  # numpy integers, not floats or strings
         except TypeError:
             raise KvtierError(f"invalid argument `{name}`: {value!r} is not an int") from None

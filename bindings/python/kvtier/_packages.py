@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+from importlib.metadata import distributions
 from pathlib import Path
 
 
@@ -22,8 +23,6 @@ def package_version(root: Path, name: str) -> str | None:
     metadata there (not the first distribution of that name anywhere on
     the path, which may belong to another copy), else its ``_version.py``."""
     try:
-        from importlib.metadata import distributions
-
         for dist in distributions(name=name, path=[str(root)]):
             return dist.version
     except Exception:  # noqa: BLE001 - no metadata: the version file

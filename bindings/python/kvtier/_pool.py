@@ -9,6 +9,7 @@ import operator
 import os
 import sys
 import threading
+import warnings
 import weakref
 from typing import NamedTuple, Sequence
 
@@ -457,7 +458,7 @@ class Region(_Handle):
             kv = region.numpy(shaped=True)  # uint8, (layers, tokens, entry_bytes)
             kv[layer, token] = entry         # an entry_bytes-long uint8 array
         """
-        import numpy as np
+        import numpy as np  # optional: kvtier depends on neither numpy nor torch
 
         if shaped:
             if shape is not None:
@@ -486,11 +487,9 @@ class Region(_Handle):
         torch = sys.modules.get("torch")
         if torch is None:
             try:
-                import torch
+                import torch  # optional, as numpy
             except ImportError as e:
                 raise KvtierError(f"Region.torch needs torch, which is not installed ({e})") from None
-        import warnings
-
         with warnings.catch_warnings():
             # ctypes arrays are writable; torch warns for any buffer regardless
             warnings.simplefilter("ignore", UserWarning)

@@ -15,6 +15,7 @@ library's ``kvtier::table``, through its C ABI).
 from __future__ import annotations
 
 import ctypes
+import os
 
 
 from ._lib import KvtierError, as_c_text, as_int, check, library
@@ -28,8 +29,6 @@ def _text(value, name: str) -> bytes:
 
 
 def _path(value, name: str = "path") -> bytes:
-    import os
-
     if not isinstance(value, (str, bytes, os.PathLike)):
         raise KvtierError(f"invalid argument `{name}`: {value!r} is not a path")
     return _text(os.fsencode(value), name)
@@ -133,7 +132,7 @@ class Table(_Closable):
     def numpy(self, dtype="uint8", shape=None):
         """The table's bytes as a read-only numpy array of `dtype` (no copy),
         flat or in `shape`; valid while the Table is open."""
-        import numpy as np
+        import numpy as np  # optional: kvtier depends on neither numpy nor torch
 
         if not self._open:
             raise KvtierError(self._GONE, "INVALID_ARGUMENT")

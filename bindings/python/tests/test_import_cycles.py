@@ -6,6 +6,7 @@ together only by import order). A planted circle shows the check can fail."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import kvtier
@@ -89,3 +90,58 @@ def test_a_planted_circle_is_found(tmp_path):
     (pkg / "d.py").write_text("import planted.a\n")
     found = cycles(module_graph(pkg, "planted"))
     assert found == [["planted.a", "planted.b", "planted.sub.c"]]
+
+
+# Imports sit at the top of each file. Inside a function only: optional
+# third-party packages (torch, numpy, an engine's modules), and these, each
+# for the reason given: (file under kvtier/, module as written) -> why.
+DEFERRED = {
+    ("sglang/_config.py", ".trace"): "trace needs numpy, which loading a config does not",
+    ("sglang/plugin.py", "._patch"): "SGLang calls register() in every process; the shim loads only when configured",
+    ("vllm/__init__.py", "..sglang._config"): "kvtier.sglang loads the SGLang shim and numpy; vLLM loads the plugin "
+                                              "in every process",
+    ("vllm/__init__.py", "..sglang.capacity"): "as ..sglang._config",
+    ("vllm/__init__.py", ".host_pool"): "host_pool imports vllm/__init__ (a circle at the top)",
+    # not yet moved (the SGLang shim's files are being edited elsewhere):
+    # no reason to stay, move each to the top of its file
+    ("sglang/topology.py", ".._pool"): "to move: kvtier has imported _pool already",
+    ("sglang/trace.py", "os"): "to move",
+    ("sglang/engram.py", "sys"): "to move",
+}
+
+
+def imports_inside_functions(root: Path) -> list:
+    """[(file relative to root, module as written)] of each import inside a
+    function of a kvtier module or of the standard library."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom):
+                    modules = ["." * node.level + (node.module or "")]
+                elif isinstance(node, ast.Import):
+                    modules = [a.name for a in node.names]
+                else:
+                    continue
+                for m in modules:
+                    top = m.split(".")[0]
+                    if m.startswith(".") or top == root.name or top in sys.stdlib_module_names:
+                        found.append((path.relative_to(root).as_posix(), m))
+    return found
+
+
+def test_kvtier_and_stdlib_imports_are_at_the_top():
+    found = imports_inside_functions(Path(kvtier.__file__).parent)
+    unlisted = sorted({f for f in found if f not in DEFERRED})
+    assert not unlisted, f"move to the top of the file, or list in DEFERRED with the reason: {unlisted}"
+    stale = sorted(set(DEFERRED) - set(found))
+    assert not stale, f"DEFERRED lists imports that are not inside a function any more: {stale}"
+
+
+def test_a_planted_import_inside_a_function_is_found(tmp_path):
+    pkg = tmp_path / "planted"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("import numpy\n\ndef f():\n    import os\n    from . import b\n    import torch\n")
+    assert imports_inside_functions(pkg) == [("a.py", "os"), ("a.py", ".")]

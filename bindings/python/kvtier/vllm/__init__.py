@@ -44,9 +44,11 @@ says why.
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import logging
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +95,8 @@ class VllmConfig:
     def kvtier_config(self):
         """The SGLang shim's config for the same placement (its allocator
         places vLLM's pools)."""
+        # here, not at the top: kvtier.sglang loads the whole SGLang shim and numpy, which
+        # vLLM's plugin load (every process, kvtier configured or not) need not pay
         from ..sglang._config import KvtierConfig
 
         return KvtierConfig(devices=self.devices, rank=self.rank, ranks=self.ranks, placement=self.placement)
@@ -237,6 +241,7 @@ def report(config=None) -> Report:
     if problems:
         r.refusal = f"vLLM {r.vllm_version}'s HiSparse host pool differs from what kvtier knows: " + "; ".join(problems)
         return r
+    # here, not at the top: as in VllmConfig.kvtier_config
     from ..sglang._config import is_private
     from ..sglang.capacity import device_problem
 
@@ -287,10 +292,8 @@ def install(config=None, log=True) -> Report:
     if not rep.installs:
         return rep
     with _lock:
-        import importlib
-
         runtime = importlib.import_module(RUNTIME)
-        from .host_pool import patch, unpatch
+        from .host_pool import patch, unpatch  # here: host_pool imports this module
 
         if _installed is not None and (_installed.config, _installed.shared) != (rep.config, rep.shared):
             unpatch(runtime)
@@ -301,11 +304,9 @@ def install(config=None, log=True) -> Report:
 
 def uninstall() -> None:
     global _installed
-    import sys
-
     runtime = sys.modules.get(RUNTIME)
     if runtime is not None:
-        from .host_pool import unpatch
+        from .host_pool import unpatch  # here: host_pool imports this module
 
         unpatch(runtime)
     _installed = None

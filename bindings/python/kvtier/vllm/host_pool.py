@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 from .._lib import KvtierError
+from .._pool import Pool
+from ..sglang.host_pool import KvtierHostTensorAllocator, detect_rank
 from . import PAGE, VllmConfig
 
 logger = logging.getLogger("kvtier")
@@ -68,9 +71,7 @@ def unpatch(runtime) -> None:
 
 
 def _allocate_in_kvtier(pool, runtime, config: VllmConfig, size: int):
-    import torch
-
-    from ..sglang.host_pool import KvtierHostTensorAllocator
+    import torch  # optional: vLLM's environment has it, kvtier does not depend on it
 
     if size <= 0:
         raise KvtierError(f"HiSparse host pool of {size} B")
@@ -132,8 +133,6 @@ class KvtierSharedRegion:
         another rank still maps it, the last rank to leave does; another
         rank's handle leaves it. Idempotent."""
         if self.is_pinned:
-            import importlib
-
             unregister = importlib.import_module("vllm.v1.kv_offload.cpu.host_register").host_unregister
             for address in reversed(self.pinned_addresses):
                 unregister(address)
@@ -150,10 +149,7 @@ def _shared_pool_in_kvtier(runtime, config: VllmConfig, tensor_sizes: list, num_
     vLLM's TP group; each rank maps it, registers it in vLLM's chunks (its
     ``_hisparse_registration_ranges``, through its ``pin_tensor``) and returns
     vLLM's per-tensor views, its private pools (none) and the region."""
-    import torch
-
-    from .._pool import Pool
-    from ..sglang.host_pool import KvtierHostTensorAllocator, detect_rank
+    import torch  # optional: vLLM's environment has it, kvtier does not depend on it
 
     total = num_blocks * stride
     if total <= 0 or total % PAGE:
