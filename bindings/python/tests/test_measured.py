@@ -3,8 +3,10 @@ measurements: each range quoted in ``compat.MEASURED``, ``SPEC_LEFT`` and
 ``ENGRAM_GATHER_LEFT`` is recomputed here from the JSON lines of the runs
 under ``bench/results/`` that the text names (H200 and H100, 2026-11-26;
 H100, 2026-11-27), and so is every figure of the README's paragraph on the
-latest run, so that a new run, or an edited sentence, cannot leave the
-report or the README quoting figures no one measured."""
+latest run, of its first screen, and of docs/measurements.md (its table and
+ranges), docs/rust-api.md and docs/tables.md, so that a new run, or an
+edited sentence, cannot leave the report or a page quoting figures no one
+measured."""
 
 from __future__ import annotations
 
@@ -274,3 +276,191 @@ def test_the_hicache_page_quotes_the_measured_run():
     assert hicache_ratios(data) in " ".join(text.split()), hicache_ratios(data)
     readme = (RESULTS.parents[1] / "README.md").read_text()
     assert hicache_ratios(data) in " ".join(readme.split()), "the README's HiCache figures"
+
+
+# The runs of 2026-11-26 as the README's first screen, docs/measurements.md,
+# docs/rust-api.md and docs/tables.md quote them: each figure recomputed from
+# the runs' JSON lines, each page's text (whitespace folded) checked for it.
+DOCS = RESULTS.parents[1] / "docs"
+PLAN_THEN_COPY = "kvtier swap-in (plan + wide copy)"
+NO_PDL = "kvtier swap-in, copy launched after the plan (no PDL)"
+
+
+def page(name: str) -> str:
+    return " ".join((RESULTS.parents[1] / name).read_text().split())
+
+
+def rng(values, digits: int = 2, unit: str = "×") -> str:
+    """A range as the pages write it: 0.93-1.18×."""
+    return f"{min(values):.{digits}f}-{max(values):.{digits}f}{unit}"
+
+
+def swap_in_points(run: str) -> dict:
+    """{(entry, hot, batch, misses): {method: median µs}} of a run's swap-in grid."""
+    return medians(run, ("3-bench/swap-in-sglang-grid.jsonl", "3-bench/swap-in-production.jsonl"),
+                   lambda r: tuple(r["params"][k] for k in ("entry", "hot", "batch", "misses")))
+
+
+def test_the_readmes_first_screen_quotes_the_runs():
+    text = page("README.md")
+    every = [(p, v) for run in RUNS for p, v in swap_in_speeds(run).items()]
+    wide = [v for (_, _, b, m), v in every if b == 1 and m == 410]
+    other = [v for (_, _, b, m), v in every if b <= 100 and not (b == 1 and m == 410)]
+    two_waves = [v for (_, _, b, m), v in every if b == 256 and m == 2]
+    h200 = sorted(swap_in_speeds(RUNS[0]).values())
+    median = (h200[13] + h200[14]) / 2
+    quoted = (f"kvtier's is {rng(wide, 1)} as fast at batch 1 with 410 misses and {rng(other)} elsewhere at batch "
+              f"1-100, and **slower**, {rng(two_waves)}, at batch 256 with 2 misses (median {median:.2f}× over the "
+              f"{len(h200)} points)")
+    assert quoted in text, quoted
+    gather = [r["ratio_to_limit"] for r in lines(RUNS[0], "3-bench/gather.jsonl") if r["method"] == "kvtier gather"]
+    assert f"The top-k gather moves {rng(gather, unit='')} of what the link's contiguous copy moves" in text
+
+
+def test_the_measurements_pages_swap_in_table_is_the_measured_one():
+    h200, h100 = swap_in_points(RUNS[0]), swap_in_points(RUNS[1])
+    text = (DOCS / "measurements.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| 5") or line.startswith("| 6")]
+    expected = []
+    for p in sorted(h200):
+        m, sglang = h200[p], h200[p][SGLANG]
+        expected.append(
+            f"| {p[0]} B | {p[1]} | {p[2]} | {p[3]} | {sglang:.1f} | {m[FEW_MISS]:.1f} | **{sglang / m[FEW_MISS]:.2f}×** "
+            f"| {m[PLAN_THEN_COPY]:.1f} | {sglang / m[PLAN_THEN_COPY]:.2f}× | {h100[p][SGLANG] / h100[p][FEW_MISS]:.2f}× |")
+    assert rows == expected, "\n".join(expected)
+
+
+def test_the_measurements_pages_swap_in_findings_are_the_measured_ones():
+    text = page("docs/measurements.md")
+    h200, h100 = swap_in_points(RUNS[0]), swap_in_points(RUNS[1])
+    a, b = swap_in_speeds(RUNS[0]), swap_in_speeds(RUNS[1])
+    pick = lambda speeds, keep: [v for p, v in speeds.items() if keep(*p)]  # noqa: E731
+    wide = pick(a, lambda e, h, batch, m: batch == 1 and m == 410)
+    hot8192 = pick(a, lambda e, h, batch, m: m == 2 and h == 8192 and batch <= 100)
+    rest = pick(a, lambda e, h, batch, m: (m == 2 and h == 4096 and batch <= 100) or (m == 410 and batch >= 10))
+    assert (f"`few_miss` (kvtier's default) is {rng(wide, 1)} SGLang's speed at batch 1 with 410 misses" in text
+            and f"{rng(hot8192)} with 2 misses at HOT 8192, and {rng(rest)} with 2 misses at HOT 4096 and with 410 "
+                f"misses at batch 10-256" in text), (wide, hot8192, rest)
+    two = {(gpu, hot): s[(656, hot, 256, 2)] for gpu, s in (("h200", a), ("h100", b)) for hot in (4096, 8192)}
+    assert (f"{two['h200', 4096]:.2f}× (HOT 4096) and {two['h200', 8192]:.2f}× (HOT 8192) on the H200, "
+            f"{two['h100', 4096]:.2f}× and {two['h100', 8192]:.2f}× on the H100") in text, two
+    apart = max(abs(a[p] - b[p]) for p in a)
+    assert f"agree within {apart + 0.005:.2f} at every point" in text, apart
+    at_least = [sum(v >= 1 for v in s.values()) for s in (a, b)]
+    assert (f"at least as fast as SGLang's kernel at {at_least[0]} of the {len(a)} points on the H200" in text
+            and f"; {at_least[1]} on the H100)" in text), at_least
+    two_miss_ptc = [m[SGLANG] / m[PLAN_THEN_COPY] for p, m in h200.items() if p[3] == 2]
+    assert f"`plan_then_copy` (the first planner) is {rng(two_miss_ptc)} SGLang's speed with 2 misses" in text
+    # against the H100 run of 2026-11-25, at batch 1-100 or 2 misses
+    old = swap_in_points("h100-2026-11-25-few-miss")
+    points = [p for p in h100 if p[2] <= 100 or p[3] == 2]
+    grew = [h100[p][FEW_MISS] / old[p][FEW_MISS] - 1 for p in points]
+    by = [h100[p][FEW_MISS] - old[p][FEW_MISS] for p in points if h100[p][FEW_MISS] > old[p][FEW_MISS]]
+    sglang_moved = sorted(h100[p][SGLANG] / old[p][SGLANG] - 1 for p in points)
+    median = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:][:2]) / 2  # noqa: E731
+    quoted = (f"longer at {len(by)} of the {len(points)} points of batch 1-100 or 2 misses (by "
+              f"{100 * median(grew):.1f} % at the median of the {len(points)}, up to {100 * max(grew):.1f} %, "
+              f"{min(by):.2f}-{max(by):.1f} µs; from the two runs' JSON lines) while SGLang's kernel's moved by "
+              f"{100 * median(sglang_moved):.1f} % at the median")
+    assert quoted in text, quoted
+
+
+def test_the_pdl_figures_are_the_measured_ones():
+    text = page("docs/rust-api.md")
+    faster, slower = [], []
+    for run in RUNS:
+        for p, m in swap_in_points(run).items():
+            (faster if m[NO_PDL] > m[PLAN_THEN_COPY] else slower).append((run, p, m[NO_PDL] - m[PLAN_THEN_COPY], m))
+    per_gpu = {sum(run == r for r, *_ in faster) for run in RUNS}
+    assert f"at {per_gpu.pop()} of the 28 points of the swap-in grid on each GPU" in text and not per_gpu
+    gain = lambda misses: [d for _, p, d, _ in faster if p[3] == misses]  # noqa: E731
+    assert f"by {rng(gain(2), 1, ' µs')} with 2 misses, by {min(gain(410)):.1f}-{max(gain(410)):.0f} µs with 410" in text
+    loss2 = [-d for _, p, d, _ in slower if p[3] == 2]
+    loss410 = [(-d, m[PLAN_THEN_COPY], p) for _, p, d, m in slower if p[3] == 410]
+    assert len(loss2) == len(loss410) == len(RUNS) and max(loss2) < 0.3, slower
+    assert len({p for *_, p in loss410}) == len(RUNS), "a different point on each GPU"
+    assert f"at one 410-miss point (by {min(d for d, *_ in loss410):.0f}-{max(d for d, *_ in loss410):.0f} µs in a" \
+        in text, loss410
+
+
+@pytest.mark.xfail(strict=True, reason="docs/rust-api.md says a 600-1550 µs call; the data says 687-1597 µs "
+                                       "(the page is edited elsewhere: fix it there, then drop this mark)")
+def test_the_pdl_figures_call_lengths_are_the_measured_ones():
+    text = page("docs/rust-api.md")
+    loss410 = [(m[PLAN_THEN_COPY] - m[NO_PDL], m[PLAN_THEN_COPY]) for run in RUNS for p, m in swap_in_points(run).items()
+               if p[3] == 410 and m[NO_PDL] <= m[PLAN_THEN_COPY]]
+    assert (f"at one 410-miss point (by {min(d for d, _ in loss410):.0f}-{max(d for d, _ in loss410):.0f} µs in a "
+            f"{min(t for _, t in loss410):.0f}-{max(t for _, t in loss410):.0f} µs call") in text, loss410
+
+
+def test_the_speculative_figures_the_pages_quote_are_the_measured_ones():
+    pts = medians(RUNS[0], ("3-bench/spec-swap-in.jsonl",), lambda r: json.dumps(r["params"], sort_keys=True))
+    speeds = {k: m["SGLang 0.5.23's speculative kernels"] / m["kvtier speculative swap-in"] for k, m in pts.items()}
+    slower = [v for v in speeds.values() if round(v, 2) < 1.0]
+    (last,) = [json.loads(k) for k, v in speeds.items() if round(v, 2) >= 1.0]
+    assert f"at 15 of the 16 points on the H200 ({rng(slower)}, 1.00× at batch {last['batch']}, " \
+           f"{last['steps']} steps, {last['misses']} misses" in page("docs/measurements.md"), last
+    assert f"at {len(slower)} of {len(speeds)} points of the grid ({rng(slower)} on the H200, 1.00× at the 16th" \
+           in page("docs/rust-api.md")
+
+
+def test_the_measurements_pages_gather_writeback_and_engram_figures_are_the_measured_ones():
+    text = page("docs/measurements.md")
+    gather = [r for r in lines(RUNS[0], "3-bench/gather.jsonl") if r["method"] == "kvtier gather"]
+    of = lambda entry, batches: [r["ratio_to_limit"] for r in gather  # noqa: E731
+                                 if r["params"]["entry"] == entry and r["params"]["batch"] in batches]
+    small, wide = (1,), (8, 16, 32, 64)
+    assert (f"656-byte entries reach {rng(of(656, small), unit='')} of the link at batch 1 and "
+            f"{rng(of(656, wide), unit='')} at batch 8-64" in text
+            and f"1152-byte entries {rng(of(1152, small), unit='')} at batch 1 and {rng(of(1152, wide), unit='')} "
+                f"at batch 8-64" in text)
+    uniform64 = sorted((r["params"]["k"], r["ratio_to_limit"], r["bytes"]) for r in gather if r["params"]["entry"] == 656
+                       and r["params"]["batch"] == 64 and r["params"]["indices"] == "uniform" and r["params"]["k"] >= 1024)
+    assert (f"({uniform64[0][1]:.2f} and {uniform64[1][1]:.2f} with uniform indices at batch 64, k 1024-2048: "
+            f"{uniform64[0][2] / 1e6:.0f}-{uniform64[1][2] / 1e6:.0f} MB)") in text, uniform64
+    wb = {json.dumps(r["params"], sort_keys=True): r for r in lines(RUNS[0], "3-bench/writeback.jsonl")
+          if r["method"] == "kvtier writeback"}
+    wb = [r for r in wb.values()]
+    prefill = {r["params"]["entry"]: r["ratio_to_limit"] for r in wb if r["params"].get("tokens") == 8192}
+    decode = lambda batches: [r for r in wb if r["params"]["phase"] == "decode" and r["params"]["batch"] in batches]  # noqa: E731
+    assert (f"a prefill chunk of 8192 tokens reaches {prefill[656]:.2f} (656 B) and {prefill[1152]:.2f} (1152 B); "
+            f"the decode step's newest token for all 61 layers "
+            f"{rng([r['ratio_to_limit'] for r in decode((64,))], unit='')} at batch 64 and "
+            f"{rng([r['ratio_to_limit'] for r in decode((1, 8))], unit='')} at batch 1-8 "
+            f"({min(r['bytes'] for r in decode((1, 8))) / 1e3:.0f}-{max(r['bytes'] for r in decode((1, 8))) / 1e3:.0f} KB"
+            ) in text
+    engram = lines(RUNS[0], "3-bench/engram-gather.jsonl")
+    by = lambda method, tokens: [r for r in engram if r["method"] == method and r["params"]["tokens"] in tokens]  # noqa: E731
+    plain, sorted_reads = "kvtier Engram gather", "kvtier Engram gather, sorted reads (sort not timed)"
+    staging = "host index_select to pinned staging + one H2D copy (SGLang's staging)"
+    (big,), (big_sorted,) = by(plain, (8192,)), by(sorted_reads, (8192,))
+    assert (f"{rng([r['ratio_to_limit'] for r in by(plain, (1, 8, 64, 320))], unit='')} of the link at 1-320 tokens, "
+            f"{big['ratio_to_limit']:.2f} at 8192 tokens ({big['bytes'] / 1e6:.1f} MB; "
+            f"{big_sorted['ratio_to_limit']:.2f} with the ids sorted") in text
+    assert f"at {rng([r['ratio_to_limit'] for r in engram if r['method'] == staging], unit='')}." in text
+    # beside SGLang's Triton kernel, from Python (4-python): also docs/tables.md's
+    pts = medians(RUNS[0], ("4-python/engram-triton.jsonl",), lambda r: (r["table"], r["tokens"]))
+    ids = {t: [m["SGLang Triton"] / m["kvtier"] for (table, _), m in pts.items() if table == t]
+           for t in ("device", "pinned host")}
+    addr = {t: [m["SGLang Triton, sorted reads"] / m["kvtier, sorted reads"] for (table, _), m in pts.items()
+                if table == t] for t in ("device", "pinned host")}
+    slower = [v for v in addr["pinned host"] if v < 1.0]
+    faster = sorted((v for v in addr["pinned host"] if v >= 1.0), reverse=True)
+    assert (f"kvtier's is {rng(ids['device'], 1)} its speed on a table in GPU memory (SGLang reads device tables so) "
+            f"and {rng(ids['pinned host'], 1)} on a host table; read in address order it is "
+            f"{rng(addr['device'])} on a table in GPU memory and, on a host table, {rng(slower)} at "
+            f"{len(slower)} of {len(addr['pinned host'])} points "
+            f"({' and '.join(f'{v:.2f}×' for v in faster)} at the others)") in text
+    assert (f"kvtier's was {rng(ids['device'], 1)} the speed of SGLang's Triton kernel on a table in GPU memory" in
+            page("docs/tables.md") and f"but {rng(slower)} at {len(slower)} of {len(addr['pinned host'])} sizes "
+                                       f"reading a host table in address order" in page("docs/tables.md"))
+
+
+def test_the_measurements_pages_per_call_figures_are_the_measured_ones():
+    calls = {r["case"]: r["median_us"] for r in lines(RUNS[0], "4-python/per-call-cuda.jsonl")}
+    entry_points = [v for k, v in calls.items() if k.startswith("load_") and not k.endswith("+plan")]
+    assert (f"{rng(entry_points, 1, ' µs')} per swap-in entry point, "
+            f"{calls['load_cache_to_device_buffer_mla+plan']:.1f} µs with a caller's miss plan, "
+            f"{calls['copy_cache_planned_mla']:.1f} µs for a replay (`copy_cache_planned_mla`), against "
+            f"{calls['floor: an empty Python call, same arguments']:.1f} µs for an empty Python call") \
+        in page("docs/measurements.md"), calls
