@@ -2218,3 +2218,78 @@ fn prefix_status_and_destroy() {
     assert!(!path.exists());
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Runs, as written, the ```bash block of `docs/<page>` that starts with
+/// `first`: through bash, with the built `kvtier` first on the PATH, in a
+/// scratch folder that also stands for `/dev/hugepages/`, holding `files`
+/// (name, bytes) first. Fails on the first command that fails; returns
+/// what the block printed.
+fn run_page_block(page: &str, first: &str, files: &[(&str, usize)]) -> String {
+    let text =
+        std::fs::read_to_string(format!("{}/../docs/{page}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let block = text
+        .split("```bash\n")
+        .find(|b| b.starts_with(first))
+        .unwrap_or_else(|| panic!("docs/{page} has no bash block starting {first:?}"))
+        .split("```")
+        .next()
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!(
+        "kvtier-cli-docs-{}-{}",
+        page.trim_end_matches(".md"),
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, len) in files {
+        std::fs::write(
+            dir.join(name),
+            (0..*len).map(|i| i as u8).collect::<Vec<u8>>(),
+        )
+        .unwrap();
+    }
+    let script = block.replace("/dev/hugepages/", &format!("{}/", dir.display()));
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_kvtier"));
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(&dir)
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "docs/{page}'s block failed:\n{script}\n{stdout}\n{stderr}"
+    );
+    stdout.into_owned()
+}
+
+/// docs/planning.md's first commands run as written (on any machine: a
+/// plan is arithmetic), the plot included.
+#[test]
+fn the_planning_pages_commands_run_as_written() {
+    let out = run_page_block("planning.md", "kvtier plan", &[]);
+    assert!(out.contains("per token:"), "{out}");
+}
+
+/// docs/tables.md's commands (load, attach, status, destroy) run as
+/// written, in a scratch folder instead of `/dev/hugepages/`.
+#[test]
+fn the_tables_pages_commands_run_as_written() {
+    let out = run_page_block(
+        "tables.md",
+        "mkdir -p /dev/hugepages/kvtier",
+        &[("part0.bin", 8192), ("part1.bin", 8192)],
+    );
+    for step in ["loaded 16 KiB", "attached to", "destroyed"] {
+        assert!(out.contains(step), "no {step:?} in {out}");
+    }
+}
