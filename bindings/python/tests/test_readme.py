@@ -1,11 +1,15 @@
 """The README and the pages under docs/: their Python examples run as written,
-every path they name exists, every link lands."""
+every path they name exists, every link lands, every kvtier config they show
+loads."""
 
+import json
 import re
 
 import pytest
 
 from conftest import REPOSITORY, needs_repository
+from kvtier.sglang._config import load_config as sglang_config
+from kvtier.vllm import load_config as vllm_config
 
 README = REPOSITORY / "README.md"
 pytestmark = needs_repository
@@ -115,3 +119,18 @@ def test_the_readme_links_every_docs_page():
     text = README.read_text()
     unlinked = [p.name for p in DOCS if f"docs/{p.name}" not in text]
     assert not unlinked, f"docs pages the README does not name: {unlinked}"
+
+
+def test_the_configs_the_pages_show_load():
+    """The kvtier configs the README, docs/tables.md and docs/vllm.md show
+    are accepted by the loaders that read them (the SGLang shim's and the
+    vLLM plugin's): no unknown key, no value refused."""
+    readme, tables, vllm = README.read_text(), (REPOSITORY / "docs/tables.md").read_text(), \
+        (REPOSITORY / "docs/vllm.md").read_text()
+    sglang = re.findall(r"echo '(\{.*?\})' > kvtier\.json", readme) + re.findall(r"```json\n(.*?)```", tables, re.S)
+    vllm_texts = re.findall(r"KVTIER_VLLM_CONFIG='(\{.*?\})'", readme + vllm)
+    assert len(sglang) >= 2 and len(vllm_texts) >= 2, (sglang, vllm_texts)
+    for text in sglang:
+        sglang_config(json.loads(text))
+    for text in vllm_texts:
+        vllm_config(text)
