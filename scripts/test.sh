@@ -25,6 +25,7 @@ SGLANG_TESTS=(
   bindings/python/tests/test_install.py
   bindings/python/tests/test_engram_sglang.py
   bindings/python/tests/test_hicache_sglang.py
+  bindings/python/tests/test_hicache_host_pool.py
 )
 
 scripts/install-tools.sh

@@ -83,10 +83,14 @@ def sg():
 
 
 def build_host_pool(sg, kind, layout, *, page=PAGE, layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM,
-                    dtype=torch.bfloat16, host_cls=None):
+                    dtype=torch.bfloat16, host_cls=None, choose=None, ratio=2.0, allocator_type="default"):
     """SGLang's host pool over a CPU device pool, built as the release's
     assembler builds it: 0.5.23 takes the device pool's buffer info and its
-    capacity and layer range; 0.5.21 and 0.5.22 take the device pool."""
+    capacity and layer range; 0.5.21 and 0.5.22 take the device pool.
+    `choose` (instead of `host_cls`): a function of that first argument
+    giving the class, as the assembler's get_mha_host_pool_cls is; `ratio`
+    the host pool's size in device pools; `allocator_type` SGLang's (a
+    storage backend's allocator)."""
     if kind == "mha":
         device = sg.MHADevice(DEVICE_TOKENS, page, dtype, heads, head_dim, layers, "cpu", False)
         host_cls = host_cls or sg.MHAHost
@@ -104,7 +108,10 @@ def build_host_pool(sg, kind, layout, *, page=PAGE, layers=LAYERS, heads=HEADS, 
             kwargs["override_kv_cache_dim"] = device.kv_cache_dim
     else:
         first = device
-    return host_cls(first, 2.0, 0, page, layout, pin_memory=False, device="cpu", **kwargs)
+    if choose is not None:
+        host_cls = choose(first)
+    return host_cls(first, ratio, 0, page, layout, pin_memory=False, device="cpu", allocator_type=allocator_type,
+                    **kwargs)
 
 
 def host_pool(sg, kind, layout, **kw):

@@ -40,7 +40,8 @@ def test_install_before_the_coordinator_is_imported(fake_sglang):
     assert json.loads(os.environ[kvtier.sglang.ENV]) == json.loads(rep.config.to_json())
     assert [r.name for r in rep.routes if r.served_by == "kvtier"] == SERVED + POOLS
     assert [(r.name, r.served_by) for r in rep.routes if r.served_by != "kvtier"] == [
-        (compat.SPEC, "SGLang"), ("_HostTable", "absent"), ("engram_gather", "absent")]
+        (compat.SPEC, "SGLang"), *((route, "absent") for route in compat.HICACHE_POOLS), ("_HostTable", "absent"),
+        ("engram_gather", "absent")]
     coord = importlib.import_module(COORD)
     for name in SERVED:
         assert getattr(coord, name) is getattr(kvtier.sglang, name)

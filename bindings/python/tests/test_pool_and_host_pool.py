@@ -69,6 +69,41 @@ def test_the_host_allocator_places_sglangs_buffer_in_a_region():
     assert alloc.regions[1].nbytes == 2 * 8 * 1152
 
 
+# SGLang's HiCache host buffers per layout (pool_host/mha.py and mla.py,
+# 0.5.21-0.5.23): 3 layers, 40 tokens in 10 pages of 4, 2 heads of 8, an MLA
+# row of 24 (float16); the region's layers (K and V planes × layers) and rows.
+HICACHE_BUFFERS = [
+    ("layer_first", (2, 3, 40, 2, 8), np.float16, (6, 40)),
+    ("layer_first", (3, 40, 1, 24), np.float16, (3, 40)),
+    ("page_first", (2, 40, 3, 2, 8), np.float16, (6, 40)),
+    ("page_first", (40, 3, 1, 24), np.float16, (3, 40)),
+    ("page_first_direct", (2, 10, 3, 4, 2, 8), np.float16, (6, 10)),
+    ("page_first_direct", (10, 3, 4, 1, 24), np.float16, (3, 10)),
+    ("page_head", (2, 10, 2, 4, 3, 8), np.float16, (6, 10)),
+    # Ascend's MLA split, one buffer per part: K, the rope part, an
+    # indexer's float32 scales on 2 of the layers
+    ("page_first_kv_split", (10, 3, 4, 1, 16), np.float16, (3, 10)),
+    ("page_first_kv_split", (10, 3, 4, 1, 8), np.float16, (3, 10)),
+    ("page_first_kv_split", (10, 2, 4, 1, 1), np.float32, (2, 10)),
+    # a 12 B unit of a non-layer-first buffer takes 16 B of the region
+    ("page_first", (40, 3, 1, 6), np.float16, (3, 40)),
+]
+
+
+@pytest.mark.parametrize("layout,dims,dtype,region", HICACHE_BUFFERS,
+                         ids=[f"{b[0]}-{'x'.join(map(str, b[1]))}" for b in HICACHE_BUFFERS])
+def test_the_host_allocator_places_each_hicache_layouts_bytes_in_a_region(layout, dims, dtype, region):
+    alloc = KvtierHostTensorAllocator(KvtierConfig(rank=0, ranks=1), layout=layout)
+    buf = alloc.allocate(dims, dtype)
+    r = alloc.regions[0]
+    assert buf.shape == dims and buf.ctypes.data == r.host_addr
+    assert (r.layout.layers, r.layout.tokens_per_region) == region
+    unit = buf.nbytes // (region[0] * region[1])
+    assert r.layout.entry_bytes == -(-unit // 8) * 8 and r.nbytes == r.layout.region_bytes()
+    buf[...] = np.arange(buf.size).reshape(dims)
+    assert (r.numpy(dtype, dims) == buf).all(), "the buffer is the region's leading bytes, in SGLang's order"
+
+
 def test_the_host_allocator_refuses_what_it_cannot_place():
     alloc = KvtierHostTensorAllocator(KvtierConfig())
     with pytest.raises(KvtierError, match="layer-first"):

@@ -43,6 +43,9 @@ class KvtierConfig:
       ``load_cache_to_device_buffer_mla`` with kvtier's.
     - ``host_pool``: place the coordinator's host KV pool (layer-first) in the
       kvtier pool.
+    - ``hicache_host_pool``: place HiCache's host KV pool (its L2, under
+      ``--enable-hierarchical-cache``; every ``--hicache-mem-layout``) in the
+      kvtier pool.
     - ``strategy``: ``few_miss`` (the default: the warp-vote planner that
       copies a request's few misses itself; the fastest on an H100),
       ``plan_then_copy`` (the block-scan planner and a wide copy) or
@@ -80,6 +83,7 @@ class KvtierConfig:
     ranks: int | None = None
     swap_in: bool = True
     host_pool: bool = True
+    hicache_host_pool: bool = True
     strategy: str = "few_miss"
     placement: str = "round_robin"
     clients: int = 0
@@ -118,7 +122,7 @@ class KvtierConfig:
             raise KvtierError("kvtier config: `ranks` must be at least 1")
         if self.rank is not None and self.ranks is not None and self.rank >= self.ranks:
             raise KvtierError(f"kvtier config: rank {self.rank} is not below ranks {self.ranks}")
-        for name in ("swap_in", "host_pool", "counters"):
+        for name in ("swap_in", "host_pool", "hicache_host_pool", "counters"):
             if not isinstance(getattr(self, name), bool):
                 raise KvtierError(f"kvtier config: `{name}` must be true or false")
         if self.strategy not in STRATEGIES:

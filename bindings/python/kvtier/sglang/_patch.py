@@ -1,6 +1,7 @@
 """Installing the shim into SGLang: the HiSparse coordinator module's kernel
-entry points and host pool classes are replaced, either at once (module
-already imported) or the moment it is imported (an import hook), after
+entry points and host pool classes, and the host pool classes HiCache's
+assembler builds its L2 from, are replaced, either at once (module already
+imported) or the moment it is imported (an import hook), after
 :mod:`kvtier.sglang.compat` has checked that kvtier can stand in for them."""
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import threading
 from . import bad_indices, compat, counters, engram, trace
 from ._config import ENV, current_config, load_config, set_current_config
 from .entry_points import SERVED
-from .host_pool import host_pool_class
+from .host_pool import hicache_mha_chooser, host_pool_class
 
 COORDINATOR = compat.COORDINATOR
 ENGRAM = "sglang.srt.layers.engram"
+ASSEMBLER = compat.ASSEMBLER
+PATCHED = (COORDINATOR, ENGRAM, ASSEMBLER)
 
 logger = logging.getLogger("kvtier")
 
@@ -59,11 +62,11 @@ def install(config=None, hisparse_config=None, log=True) -> compat.Report:
         counters.configure_export(cfg.counters_export_s if cfg.swap_in and cfg.counters else None)
         trace.configure(cfg.trace if cfg.swap_in else None)
         os.environ[ENV] = cfg.to_json()
-        for name in (COORDINATOR, ENGRAM):
+        for name in PATCHED:
             module = sys.modules.get(name)
             if module is not None:
                 _patch(module)
-        if any(name not in sys.modules for name in (COORDINATOR, ENGRAM)):
+        if any(name not in sys.modules for name in PATCHED):
             _add_hook()
     return rep
 
@@ -85,12 +88,12 @@ def uninstall() -> None:
         engram_module = sys.modules.get(ENGRAM)
         if engram_module is not None:
             engram.unpatch(engram_module)
-        module = sys.modules.get(COORDINATOR)
-        originals = getattr(module, "_kvtier_originals", None) if module else None
-        if originals:
-            for name, value in originals.items():
-                setattr(module, name, value)
-            del module._kvtier_originals
+        for module in (sys.modules.get(COORDINATOR), sys.modules.get(ASSEMBLER)):
+            originals = getattr(module, "_kvtier_originals", None) if module else None
+            if originals:
+                for name, value in originals.items():
+                    setattr(module, name, value)
+                del module._kvtier_originals
 
 
 def is_installed(module) -> bool:
@@ -103,6 +106,9 @@ def _patch(module) -> None:
         return
     if module.__name__ == ENGRAM:
         engram.patch(module, table=_report.served("_HostTable"), gather=_report.served("engram_gather"))
+        return
+    if module.__name__ == ASSEMBLER:
+        _patch_assembler(module)
         return
     problem = compat.live_incompatibility(module)
     if problem:
@@ -122,6 +128,30 @@ def _patch(module) -> None:
             setattr(module, route.name, SERVED[route.name])
         else:
             setattr(module, route.name, host_pool_class(current, current_config()))
+    module._kvtier_originals = originals
+
+
+def _patch_assembler(module) -> None:
+    """HiCache's host pools in kvtier: the assembler's MLA pool class, and
+    the MHA class its chooser returns, become kvtier's subclasses."""
+    originals = {}
+    for route, (pool, name, _) in compat.HICACHE_POOLS.items():
+        current = getattr(module, name, None)
+        if not _report.served(route) or current is None:
+            continue
+        if name == pool:
+            replacement = host_pool_class(current, current_config(), hicache=True)
+        else:
+            # the chooser picks among MHA pools; the plain one (symmetric K
+            # and V, no MXFP8 scales) is the one kvtier serves
+            base = getattr(sys.modules.get(current.__module__), pool, None)
+            if not isinstance(base, type):
+                logger.warning("kvtier: %s is not beside %s in SGLang; HiCache's MHA host pool stays SGLang's",
+                               pool, name)
+                continue
+            replacement = hicache_mha_chooser(current, base, host_pool_class(base, current_config(), hicache=True))
+        originals[name] = current
+        setattr(module, name, replacement)
     module._kvtier_originals = originals
 
 
@@ -147,7 +177,7 @@ class _CoordinatorHook(importlib.abc.MetaPathFinder):
     """Finds the coordinator module with the other finders and wraps its loader."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname not in (COORDINATOR, ENGRAM):
+        if fullname not in PATCHED:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):

@@ -1,4 +1,4 @@
-"""Host-memory accounting for a kvtier-backed HiSparse host pool.
+"""Host-memory accounting for a host pool in kvtier (HiSparse's, HiCache's).
 
 SGLang checks every host pool against a DRAM budget before it allocates
 (``host_memory_budget_bytes`` in ``sglang/srt/mem_cache/pool_host/base.py``:
@@ -16,7 +16,9 @@ right one and stays.
 A rank's host pool is one region of the kvtier pool, on the device its
 per-rank round-robin gives it first (rank r on device r mod n). Its share is
 that device's capacity divided among the ranks that start on it, or for a
-device private to the rank (``numa:NODE:SIZE``) the device's size.
+device private to the rank (``numa:NODE:SIZE``) the device's size, less what
+the rank's other host pools (a hybrid model builds several) already hold
+there.
 """
 
 from __future__ import annotations
@@ -45,12 +47,18 @@ class RankBudget(NamedTuple):
     sharing_ranks: int  # ranks whose host pools share it
     rank: int
     ranks: int
+    held: int = 0  # of the share, what the rank's earlier host pools hold
+
+    def less(self, held: int) -> "RankBudget":
+        """The budget left once the rank's other host pools hold `held` bytes."""
+        return self._replace(bytes=max(self.bytes - held, 0), held=self.held + held) if held else self
 
     def describe(self) -> str:
         share = "" if self.sharing_ranks == 1 else f" shared by {self.sharing_ranks} ranks"
+        held = f", {_size(self.held)} of its share held by this rank's other host pools" if self.held else ""
         return (
             f"{_size(self.bytes)} for rank {self.rank} of {self.ranks}: {self.device} holds "
-            f"{_size(self.device_bytes)}{share}"
+            f"{_size(self.device_bytes)}{share}{held}"
         )
 
 
@@ -130,11 +138,12 @@ def device_warnings(devices: list) -> list:
 
 
 @contextlib.contextmanager
-def booked_against(budget: RankBudget | None, pool_name: str):
+def booked_against(budget: RankBudget | None, pool_name: str,
+                   advice: str = "lower host_to_device_ratio in --hisparse-config"):
     """Runs a host pool's construction with SGLang's host-memory check
     booking against `budget` instead of DRAM (nothing changes for None). A
     refusal by that check is raised as a :class:`KvtierError` that says what
-    the budget was."""
+    the budget was, and `advice`: what to change."""
     if budget is None:
         yield
         return
@@ -156,20 +165,21 @@ def booked_against(budget: RankBudget | None, pool_name: str):
             raise
         raise KvtierError(
             f"{pool_name} does not fit the kvtier pool: {e} (the budget was the kvtier pool's "
-            f"{budget.describe()}); give the pool more or larger devices, or lower host_to_device_ratio in "
-            f"--hisparse-config"
+            f"{budget.describe()}); give the pool more or larger devices, or {advice}"
         ) from e
 
 
-def log_use(pool, budget: RankBudget, used_bytes: int, pool_name: str) -> None:
+def log_use(pool, budget: RankBudget, used_bytes: int, pool_name: str,
+            ratio_setting: str = "host_to_device_ratio {} in --hisparse-config") -> None:
     """Logs how much of the rank's budget the host pool takes and, for a pool
-    sized by SGLang's host_to_device_ratio, the ratio that would fill it."""
+    sized by a ratio to the device pool, the setting of that ratio
+    (`ratio_setting`, formatted with it) that would fill it."""
     if used_bytes <= 0 or budget.bytes <= 0:
         return
     line = f"kvtier: {pool_name} takes {_size(used_bytes)} of {budget.describe()} ({100 * used_bytes / budget.bytes:.0f}%)"
     ratio = fill_ratio(pool, budget.bytes, used_bytes)
     if ratio is not None:
-        line += f"; host_to_device_ratio {ratio} in --hisparse-config would fill it"
+        line += f"; {ratio_setting.format(ratio)} would fill it"
     logger.info("%s", line)
 
 

@@ -63,6 +63,20 @@ MEASURED = {
     ),
 }
 HOST_POOLS = ("MLATokenToKVPoolHost", "DeepSeekV4PagedHostPool", "HiSparseMHATokenToKVPoolHost")
+# HiCache builds its KV host pools (L2) in this module, from two of its
+# globals: the MLA pool class, and the function that picks the MHA one.
+ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
+ASSEMBLER_FILE = "sglang/srt/mem_cache/hybrid_cache/hybrid_pool_assembler.py"
+# {route: (SGLang's pool class, the assembler's global that gives it, the
+# --hicache-mem-layout values the class builds)}
+HICACHE_POOLS = {
+    "HiCache MHATokenToKVPoolHost": (
+        "MHATokenToKVPoolHost", "get_mha_host_pool_cls", ("layer_first", "page_first", "page_first_direct",
+                                                          "page_head")),
+    "HiCache MLATokenToKVPoolHost": (
+        "MLATokenToKVPoolHost", "MLATokenToKVPoolHost", ("layer_first", "page_first", "page_first_direct",
+                                                         "page_first_kv_split")),
+}
 ENTRY_POINTS = (
     "load_cache_to_device_buffer_mla",
     "load_cache_to_device_buffer_dsv4_mla",
@@ -78,6 +92,8 @@ USED_FOR = {
     "MLATokenToKVPoolHost": "DSA host KV",
     "DeepSeekV4PagedHostPool": "DeepSeek-V4 host KV",
     "HiSparseMHATokenToKVPoolHost": "MiniMax-M3 host KV",
+    "HiCache MHATokenToKVPoolHost": "HiCache's L2, MHA",
+    "HiCache MLATokenToKVPoolHost": "HiCache's L2, MLA",
     "_HostTable": "DeepSeek-V4.1 Engram host tables",
     "engram_gather": "DeepSeek-V4.1 Engram lookups",
 }
@@ -416,6 +432,27 @@ def host_pool_routes(names: set, config) -> list:
     return routes
 
 
+def hicache_pool_routes(root: Path, config) -> list:
+    """Who serves HiCache's host KV pools, from the assembler's source."""
+    path = root / ASSEMBLER_FILE
+    names = module_names(path.read_text()) if path.exists() else set()
+    problem = device_problem(config.devices) if config is not None and config.hicache_host_pool else None
+    routes = []
+    for route, (_, name, layouts) in HICACHE_POOLS.items():
+        if name not in names:
+            routes.append(Route(route, "absent", f"no {name} in SGLang's host-pool assembler"))
+        elif config is not None and not config.hicache_host_pool:
+            routes.append(Route(route, "SGLang", "hicache_host_pool is off in the kvtier config"))
+        elif problem:
+            routes.append(Route(route, "SGLang", problem))
+        else:
+            where = ", ".join(config.devices) if config is not None else "anon"
+            routes.append(Route(route, "kvtier", f"under --enable-hierarchical-cache, in a kvtier pool on {where}, "
+                                f"--hicache-mem-layout {', '.join(layouts[:-1])} or {layouts[-1]} (not under a "
+                                "storage backend that brings its own allocator)"))
+    return routes
+
+
 def engram_routes(root: Path, config) -> list:
     """Who serves SGLang's Engram host table and gather, from its source."""
     path = root / ENGRAM_FILE
@@ -554,8 +591,9 @@ def report(config=None, hisparse_config=None) -> Report:
                     "reinstall the package with `pip install ./bindings/python`, whose build brings one, "
                     "to serve the swap-in"
                 )
-    r.routes = routes + host_pool_routes(names, config) + engram_routes(root, config)
-    if any(route.served_by == "kvtier" and route.name in HOST_POOLS for route in r.routes):
+    r.routes = routes + host_pool_routes(names, config) + hicache_pool_routes(root, config) + engram_routes(root, config)
+    if any(route.served_by == "kvtier" and (route.name in HOST_POOLS or route.name in HICACHE_POOLS)
+           for route in r.routes):
         r.warnings = device_warnings(config.devices if config is not None else [])
     r.installs = True
     return r
@@ -580,4 +618,4 @@ def live_incompatibility(module) -> str | None:
     return check_entry_points(theirs, source)[1]
 
 
-__all__ = ["Report", "Route", "report", "CHECKED_VERSIONS", "ENTRY_POINTS", "HOST_POOLS", "SPEC"]
+__all__ = ["Report", "Route", "report", "CHECKED_VERSIONS", "ENTRY_POINTS", "HICACHE_POOLS", "HOST_POOLS", "SPEC"]

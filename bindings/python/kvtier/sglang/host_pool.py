@@ -1,11 +1,11 @@
-"""SGLang's HiSparse host KV pools in a kvtier pool.
+"""SGLang's host KV pools in a kvtier pool: HiSparse's, and HiCache's L2.
 
 SGLang's host pools allocate their buffers through an allocator object with
 ``allocate(dims, dtype, device)`` (``HostTensorAllocator``), then register
 them with the GPU themselves. :class:`KvtierHostTensorAllocator` is such an
-allocator; each layer-first buffer becomes one kvtier region, on the device
-the per-rank round-robin picks for this rank. A region is layer-first
-``[layers][rows][entry bytes]``, and each HiSparse pool is one of those:
+allocator; each buffer becomes one kvtier region, on the device the per-rank
+round-robin picks for this rank. A region is layer-first ``[layers][rows]
+[entry bytes]``, and each HiSparse pool is one of those:
 
 - ``MLATokenToKVPoolHost`` (DSA): one ``[layers, rows, 1, kv_dim]`` buffer;
   an entry is a token's latent.
@@ -15,6 +15,13 @@ the per-rank round-robin picks for this rank. A region is layer-first
   allocated one after the other; the region has the pool's layers, an entry
   being one padded page of 64 C4 tokens, and each call returns the next
   layer of it.
+
+HiCache's host pools (``MHATokenToKVPoolHost``, ``MLATokenToKVPoolHost``)
+come in five layouts (:data:`LAYOUT_AXES`); a buffer of any of them is one
+region holding its bytes in SGLang's order, the region's layers being the
+buffer's (times two for MHA's K and V) and its rows the buffer's tokens or
+pages, so that its size, and the slack of ``region_layers``, count as for a
+layer-first buffer. Only ``layer_first`` is the region's own layout.
 
 SGLang's own host-memory check, which these pools run before they allocate,
 is booked against the kvtier pool's capacity when that is not DRAM (see
@@ -26,8 +33,10 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import re
 import sys
+import weakref
 
 from .._lib import KvtierError
 from .._pool import Layout, Pool, device_bytes_for
@@ -39,6 +48,51 @@ from ._config import KvtierConfig, is_private
 logger = logging.getLogger("kvtier")
 
 _SIZELESS = re.compile(r"^(anon|numa:\d+(\+\d+)*)$")
+
+# SGLang's host-pool layouts (--hicache-mem-layout, 0.5.21 to 0.5.23;
+# init_kv_buffer of pool_host/mha.py and pool_host/mla.py): the rank of a
+# buffer without MHA's leading K/V axis of 2, and the axes of its layers and
+# of its rows (tokens, or pages of page_size tokens) there.
+LAYOUT_AXES = {
+    "layer_first": (4, 0, 1),  # [layers, tokens, 1, dim]; MHA [2, layers, tokens, heads, dim]
+    "page_first": (4, 1, 0),  # [tokens, layers, 1, dim]; MHA [2, tokens, layers, heads, dim]
+    "page_first_direct": (5, 1, 0),  # [pages, layers, page, 1, dim]; MHA [2, pages, layers, page, heads, dim]
+    "page_head": (5, 3, 0),  # MHA [2, pages, heads, page, layers, dim]
+    "page_first_kv_split": (5, 1, 0),  # MLA [pages, layers, page, 1, width], one buffer per part
+}
+HICACHE_LAYOUTS = tuple(LAYOUT_AXES)
+
+# What to change when a pool does not fit, by the pool's kind.
+HISPARSE_ADVICE = "lower host_to_device_ratio in --hisparse-config"
+HICACHE_ADVICE = "lower --hicache-ratio or --hicache-size"
+
+# Every allocator of this process, for what their regions already hold of a
+# rank's budget when another host pool is built (hybrid models build several).
+_allocators: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def held_bytes(device: str) -> int:
+    """Bytes this process's host pools hold in kvtier regions on `device`."""
+    return sum(r.nbytes for a in list(_allocators) for r, d in zip(a.regions, a.region_devices) if d == device)
+
+
+def placement(layout: str, dims: tuple, itemsize: int) -> tuple:
+    """(layers, rows, entry bytes, planes) of the region for a host-pool
+    buffer of `dims` in SGLang's `layout`; a KvtierError for dims that are
+    not that layout's."""
+    if layout not in LAYOUT_AXES:
+        raise KvtierError(f"KvtierHostTensorAllocator: SGLang's host layout {layout!r} is not one of "
+                          f"{', '.join(LAYOUT_AXES)}")
+    rank, layer_axis, row_axis = LAYOUT_AXES[layout]
+    planes = 2 if len(dims) == rank + 1 and dims[0] == 2 else 1
+    if len(dims) != rank + (planes == 2):
+        what = "layer-first buffers ([layers, rows, 1, kv_dim], [2, layers, rows, heads, head_dim], or one [rows, " \
+               "bytes] per layer of a pool of known layers)" if layout == "layer_first" else f"{layout} buffers"
+        raise KvtierError(f"KvtierHostTensorAllocator places {what}; got dims {dims}")
+    axes = dims[1:] if planes == 2 else dims
+    layers, rows = axes[layer_axis], axes[row_axis]
+    entry = math.prod(d for i, d in enumerate(axes) if i not in (layer_axis, row_axis)) * itemsize
+    return layers, rows, entry, planes
 
 
 def sized_devices(devices: list, layout: Layout) -> list:
@@ -66,18 +120,23 @@ def _itemsize(dtype) -> int:
 
 
 class KvtierHostTensorAllocator:
-    """An SGLang host-tensor allocator that places layer-first buffers in
-    kvtier regions (see the module docs for the three shapes). With a torch
-    dtype it returns a CPU torch tensor, with a numpy dtype a numpy array;
-    either is a view of the region (no copy) that keeps it alive.
+    """An SGLang host-tensor allocator that places a host pool's buffers in
+    kvtier regions (see the module docs for the shapes). With a torch dtype
+    it returns a CPU torch tensor, with a numpy dtype a numpy array; either
+    is a view of the region (no copy) that keeps it alive.
 
     `layers` is the layer count of a pool that allocates one ``[rows,
     entry_bytes]`` buffer per layer (DeepSeek-V4's): the first call makes the
-    region, each call returns the next layer."""
+    region, each call returns the next layer. `layout` is the pool's SGLang
+    host layout (one of :data:`LAYOUT_AXES`); `advice` what the refusal of a
+    pool too large for the budget tells the user to change."""
 
-    def __init__(self, config: KvtierConfig | None = None, layers: int | None = None, budget=None):
+    def __init__(self, config: KvtierConfig | None = None, layers: int | None = None, budget=None,
+                 layout: str = "layer_first", advice: str = HISPARSE_ADVICE):
         self.config = config or KvtierConfig()
         self.layers = layers
+        self.layout = layout
+        self.advice = advice
         # the rank's share of the kvtier devices (capacity.RankBudget), which
         # SGLang's own check booked the pool against without the region
         # slack that region_layers adds: checked again here with it
@@ -86,9 +145,11 @@ class KvtierHostTensorAllocator:
         self.dims = None
         self.pools = []
         self.regions = []
+        self.region_devices = []  # the configured device each region is on (its budget's device)
         self.placements = []  # (rank, ranks, region device index) per region
         self.choice = None  # with placement "nearest": the rank's topology.Choice
         self._per_layer = None  # (dims, dtype, region view, next layer) while handing out layers
+        _allocators.add(self)
 
     def allocate(self, dims, dtype, device="cpu"):
         if str(device) != "cpu":
@@ -99,16 +160,11 @@ class KvtierHostTensorAllocator:
         itemsize = _itemsize(dtype)
         if len(dims) == 2 and self.layers:
             return self._next_layer(dims, dtype, itemsize)
-        if len(dims) == 4 and dims[2] == 1:  # MLA [layers, rows, 1, kv_dim]
-            layers, rows, entry, planes = dims[0], dims[1], dims[3] * itemsize, 1
-        elif len(dims) == 5 and dims[0] == 2:  # MHA [K/V, layers, rows, heads, head_dim]
-            layers, rows, entry, planes = dims[1], dims[2], dims[3] * dims[4] * itemsize, 2
-        else:
-            raise KvtierError(
-                f"KvtierHostTensorAllocator places layer-first buffers ([layers, rows, 1, kv_dim], "
-                f"[2, layers, rows, heads, head_dim], or one [rows, bytes] per layer of a pool of known "
-                f"layers); got dims {dims} (use layout='layer_first' for the HiSparse host pool)"
-            )
+        layers, rows, entry, planes = placement(self.layout, dims, itemsize)
+        if self.layout != "layer_first":
+            # the region only holds these bytes, in SGLang's order: its entry
+            # is a unit of size, rounded up to the pool's 8 B
+            entry = -(-entry // 8) * 8
         region = self.region(layers, rows, entry, dims, planes)
         self.dtype, self.dims = dtype, dims
         return _view(region, dtype, dims)
@@ -150,11 +206,12 @@ class KvtierHostTensorAllocator:
         rank, ranks = detect_rank(self.config)
         if all(is_private(d) for d in self.config.devices):
             layout = Layout(entry, planes * layers, rows)
-            devices = sized_devices(self.rank_devices(), layout)
+            named = self.rank_devices()
+            devices = sized_devices(named, layout)
             pool = Pool.create(layout, devices, rank=rank, ranks=ranks)
         else:
             layout = Layout(entry, planes * max(layers, self.config.region_layers or 0), rows)
-            devices = self.config.devices
+            devices = named = self.config.devices
             used = sum(r.nbytes for r in self.regions)
             if self.budget is not None and used + layout.region_bytes() > self.budget.bytes:
                 slack = layout.region_bytes() - planes * layers * rows * entry
@@ -162,8 +219,8 @@ class KvtierHostTensorAllocator:
                     f"the host pool takes {layout.region_bytes() / 2**20:.1f} MiB in the kvtier pool "
                     f"({slack / 2**20:.1f} MiB of it the region_layers slack: regions of "
                     f"{layout.layers // planes} layers for this stage's {layers}), more than "
-                    f"{(self.budget.bytes - used) / 2**20:.1f} MiB left of {self.budget.describe()}: lower "
-                    f"host_to_device_ratio in --hisparse-config, or give the pool more devices"
+                    f"{(self.budget.bytes - used) / 2**20:.1f} MiB left of {self.budget.describe()}: "
+                    f"{self.advice}, or give the pool more devices"
                 )
             try:
                 pool = Pool.open_or_create(layout, devices, rank=rank, ranks=ranks, clients=self.config.clients)
@@ -178,6 +235,7 @@ class KvtierHostTensorAllocator:
         self.pools.append(pool)
         counters.publish_to(pool)
         self.regions.append(region)
+        self.region_devices.append(named[region.device])
         self.placements.append((rank, ranks, region.device))
         logger.info(
             "kvtier: host KV of %d layers × %d rows × %d B in region %d (%d B) on %s (rank %d of %d)",
@@ -192,22 +250,36 @@ def _view(region, dtype, dims):
     return region.numpy(dtype, dims)
 
 
-def host_pool_class(base: type, config: KvtierConfig) -> type:
-    """`base` (one of SGLang's HiSparse host pools) with its layer-first
-    buffers allocated by :class:`KvtierHostTensorAllocator`; other layouts
-    unchanged. SGLang's pools set ``self.allocator`` in their constructor and
-    allocate through it; here reading it gives kvtier's allocator for a
-    layer-first pool (SGLang's for any other layout)."""
+def host_pool_class(base: type, config: KvtierConfig, hicache: bool = False) -> type:
+    """`base` (one of SGLang's host pools) with its buffers allocated by
+    :class:`KvtierHostTensorAllocator`. SGLang's pools set ``self.allocator``
+    in their constructor and allocate through it; here reading it gives
+    kvtier's allocator for a pool kvtier serves, SGLang's for any other.
+
+    A HiSparse pool (`hicache` false) is served in layout ``layer_first``, the
+    one kvtier's swap-in reads. A HiCache pool is served in every layout of
+    :data:`LAYOUT_AXES` when SGLang's allocator is its plain host memory: the
+    allocators of storage backends (Mooncake, shm, ...) register or share
+    their memory themselves, so those pools stay theirs."""
+    layouts = HICACHE_LAYOUTS if hicache else ("layer_first",)
+    advice = HICACHE_ADVICE if hicache else HISPARSE_ADVICE
+
+    def served(pool) -> bool:
+        if getattr(pool, "layout", None) not in layouts:
+            return False
+        theirs = pool.__dict__.get("_sglang_allocator")
+        return not hicache or type(theirs).__name__ == "HostTensorAllocator"
 
     class KvtierHostPool(base):
         @property
         def allocator(self):
-            if getattr(self, "layout", None) != "layer_first":
+            if not served(self):
                 return self.__dict__.get("_sglang_allocator")
             mine = self.__dict__.get("_kvtier_allocator")
             if mine is None:
                 mine = KvtierHostTensorAllocator(config, layers=getattr(self, "layer_num", None),
-                                                 budget=self.__dict__.get("_kvtier_budget"))
+                                                 budget=self.__dict__.get("_kvtier_budget"), layout=self.layout,
+                                                 advice=advice)
                 self.__dict__["_kvtier_allocator"] = mine
             return mine
 
@@ -215,34 +287,67 @@ def host_pool_class(base: type, config: KvtierConfig) -> type:
         def allocator(self, value):
             self.__dict__["_sglang_allocator"] = value
 
+        # SGLang's signature, for code that inspects it (inspect.signature
+        # follows __wrapped__)
+        @functools.wraps(base.__init__)
         def __init__(self, *args, **kwargs):
             budget = None
-            if _layout_argument(base, args, kwargs) == "layer_first":
+            if _layout_argument(base, args, kwargs) in layouts:
                 budget = capacity.rank_budget(config, *detect_rank(config))
+                if budget is not None:
+                    budget = budget.less(held_bytes(budget.device))
             self.__dict__["_kvtier_budget"] = budget
-            with capacity.booked_against(budget, base.__qualname__):
+            with capacity.booked_against(budget, base.__qualname__, advice):
                 super().__init__(*args, **kwargs)
             mine = self.__dict__.get("_kvtier_allocator")
-            if getattr(self, "layout", None) == "layer_first" and (mine is None or not mine.regions):
+            layout = getattr(self, "layout", None)
+            if layout in layouts and (mine is None or not mine.regions):
+                theirs = type(self.__dict__.get("_sglang_allocator")).__name__
                 logger.warning(
-                    "kvtier: %s allocated its buffers without kvtier's allocator; they are in SGLang's host "
-                    "memory, not the kvtier pool", base.__qualname__,
+                    "kvtier: %s (layout %s) allocated its buffers without kvtier's allocator%s; they are in "
+                    "SGLang's host memory, not the kvtier pool", base.__qualname__, layout,
+                    "" if served(self) else f" (SGLang's allocator is its storage backend's {theirs})",
                 )
-            elif budget is not None and mine is not None:
-                capacity.log_use(self, budget, sum(r.nbytes for r in mine.regions), base.__qualname__)
+            elif mine is not None and mine.regions:
+                if budget is not None:
+                    capacity.log_use(self, budget, sum(r.nbytes for r in mine.regions), base.__qualname__,
+                                     "--hicache-ratio {}" if hicache else "host_to_device_ratio {} in --hisparse-config")
+                if hicache:
+                    logger.info("kvtier: HiCache's host KV pool %s (layout %s) is in the kvtier pool: %s",
+                                base.__qualname__, layout, ", ".join(
+                                    f"region {r.index} on {d} ({r.nbytes} B)"
+                                    for r, d in zip(mine.regions, mine.region_devices)))
 
-    # SGLang backs up each decode step's newest tokens through one of these,
-    # on the host, CUDA graphs or not: the per-step moment to poll for bad
-    # indices (kvtier.sglang.bad_indices).
-    for name in PER_STEP_METHODS:
-        original = getattr(base, name, None)
-        if callable(original):
-            setattr(KvtierHostPool, name, _polling(original))
+    if not hicache:
+        # SGLang backs up each decode step's newest tokens through one of
+        # these, on the host, CUDA graphs or not: the per-step moment to poll
+        # for bad indices (kvtier.sglang.bad_indices).
+        for name in PER_STEP_METHODS:
+            original = getattr(base, name, None)
+            if callable(original):
+                setattr(KvtierHostPool, name, _polling(original))
 
     KvtierHostPool.__name__ = base.__name__
     KvtierHostPool.__qualname__ = f"kvtier[{base.__qualname__}]"
     KvtierHostPool.__module__ = __name__
     return KvtierHostPool
+
+
+def hicache_mha_chooser(choose, base: type, served: type):
+    """SGLang's choice of an MHA host pool class (`choose`), giving `served`
+    where it gives `base` and SGLang's own choice otherwise (K and V of
+    different widths, MXFP8 scales: allocated otherwise, not in kvtier)."""
+
+    @functools.wraps(choose)
+    def chooser(*args, **kwargs):
+        chosen = choose(*args, **kwargs)
+        if chosen is base:
+            return served
+        logger.info("kvtier: HiCache's host KV pool %s stays in SGLang's host memory (kvtier places %s)",
+                    getattr(chosen, "__name__", chosen), base.__name__)
+        return chosen
+
+    return chooser
 
 
 PER_STEP_METHODS = ("backup_from_device_all_layer", "backup_tokens_from_device_all_layer")

@@ -2,7 +2,8 @@
 
 Installs the shim, then runs ``sglang.launch_server`` (or, when the first
 argument is ``serve``, SGLang's ``sglang serve`` command) with the remaining
-arguments unchanged (``--enable-hisparse --hisparse-config ...`` included).
+arguments unchanged (``--enable-hisparse --hisparse-config ...`` and
+``--enable-hierarchical-cache ...`` included).
 
 SGLang starts its schedulers with multiprocessing's *spawn*, which imports
 the parent's main module in each child: this module is that main module, so
@@ -58,6 +59,11 @@ def hisparse_config_of(args: list):
     return None
 
 
+def has_flag(args: list, flag: str) -> bool:
+    """Whether SGLang's boolean `flag` is among `args` (``--flag`` or ``--flag=...``)."""
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv in (["-h"], ["--help"]):
@@ -81,12 +87,18 @@ def main(argv=None) -> None:
     rep = install(cfg, hisparse_config_of(rest), log=False)
     for line in rep.lines():
         print(line, file=sys.stderr)
-    if rep.installs and not any(a == "--enable-hisparse" or a.startswith("--enable-hisparse=") for a in rest):
+    if rep.installs and not has_flag(rest, "--enable-hisparse"):
+        hicache = any(rep.served(route) for route in compat.HICACHE_POOLS)
         engram = rep.served("_HostTable") or rep.served("engram_gather")
-        print("  warning: --enable-hisparse is not among SGLang's arguments: unless a config file of SGLang's "
-              "sets it, SGLang runs without HiSparse and kvtier serves "
-              + ("only the Engram tables (DeepSeek-V4.1, which refuses HiSparse)" if engram else "nothing"),
-              file=sys.stderr)
+        if hicache and has_flag(rest, "--enable-hierarchical-cache"):
+            print("  kvtier serves HiCache's host KV pool (--enable-hierarchical-cache); HiSparse's paths wait "
+                  "for --enable-hisparse", file=sys.stderr)
+        else:
+            nor = " (nor is --enable-hierarchical-cache)" if hicache else ""
+            print(f"  warning: --enable-hisparse is not among SGLang's arguments{nor}: unless a config file of "
+                  "SGLang's sets it, SGLang runs without HiSparse and kvtier serves "
+                  + ("only the Engram tables (DeepSeek-V4.1, which refuses HiSparse)" if engram else "nothing"),
+                  file=sys.stderr)
     if rest[:1] == ["serve"]:
         # `sglang serve ...`, SGLang's command-line entry point
         sys.argv = ["sglang", *rest]
