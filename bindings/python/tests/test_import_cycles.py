@@ -102,11 +102,6 @@ DEFERRED = {
                                               "in every process",
     ("vllm/__init__.py", "..sglang.capacity"): "as ..sglang._config",
     ("vllm/__init__.py", ".host_pool"): "host_pool imports vllm/__init__ (a circle at the top)",
-    # not yet moved (the SGLang shim's files are being edited elsewhere):
-    # no reason to stay, move each to the top of its file
-    ("sglang/topology.py", ".._pool"): "to move: kvtier has imported _pool already",
-    ("sglang/trace.py", "os"): "to move",
-    ("sglang/engram.py", "sys"): "to move",
 }
 
 

@@ -41,6 +41,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import sys
 import threading
 import weakref
 from pathlib import Path
@@ -335,8 +336,6 @@ def _default_device_is_meta() -> bool:
 
 
 def _torch():
-    import sys
-
     return sys.modules.get("torch")
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .._lib import KvtierError, library
+from .._pool import device_capacity
 from ._config import KvtierConfig
 
 SYSFS = Path("/sys")
@@ -76,8 +77,6 @@ def nearest(devices: list, gpu_node: int | None, sysfs: Path = SYSFS) -> Choice:
     sizes = [size for _, size in parsed]
     spec = "numa:" + "+".join(map(str, nodes))
     if all(s is not None for s in sizes):
-        from .._pool import device_capacity
-
         # the library's size syntax, read through an anon: spec of that size
         spec += f":{sum(device_capacity(f'anon:{s}').bytes for s in sizes)}"
     return Choice(spec, nodes, gpu_node, best)

@@ -169,8 +169,6 @@ def per_process_path(path: str) -> str:
     """`path` with ``{pid}`` replaced by this process's id; without the
     placeholder, ``.<pid>`` is appended: every scheduler process of a
     tensor-parallel server records, each into a file of its own."""
-    import os
-
     pid = str(os.getpid())
     return path.replace("{pid}", pid) if "{pid}" in path else f"{path}.{pid}"
 
