@@ -276,8 +276,9 @@ __device__ __forceinline__ void warp_copy_entry_lines(const char* __restrict__ s
 // piece and an optional scale piece of at most 256 bytes; each lane loads its
 // 8-byte word of the scale before the value moves and stores it after, so the
 // two pieces cost one round trip over the link, not two. `part` of `parts`:
-// as warp_copy_entry (part 0 moves the scale).
-template <class P, uint32_t U = KVT_UNROLL>
+// as warp_copy_entry (part 0 moves the scale). `Lines`: the value piece
+// moves as warp_copy_entry_lines (whole passes only: parts must be 1).
+template <class P, uint32_t U = KVT_UNROLL, bool Lines = false>
 __device__ __forceinline__ void warp_copy_item(const kvt_item_layout& L, kvt_addr src_base, kvt_addr dst_base,
                                                uint64_t src_row, uint64_t dst_row, uint32_t lane,
                                                uint32_t part = 0, uint32_t parts = 1) {
@@ -289,8 +290,12 @@ __device__ __forceinline__ void warp_copy_item(const kvt_item_layout& L, kvt_add
     const bool has_scale_word = lane < (L.scale_bytes >> 3) && part == 0;
     uint2 scale = make_uint2(0, 0);
     if (has_scale_word) scale = P::load8(src + scale_run + src_in_page * L.scale_bytes + 8 * lane);
-    warp_copy_entry<P, U>(src + src_in_page * L.value_bytes, dst + dst_in_page * L.value_bytes, L.value_bytes, lane,
-                          part, parts);
+    if (Lines)
+        warp_copy_entry_lines<P, U>(src + src_in_page * L.value_bytes, dst + dst_in_page * L.value_bytes,
+                                    L.value_bytes, lane);
+    else
+        warp_copy_entry<P, U>(src + src_in_page * L.value_bytes, dst + dst_in_page * L.value_bytes, L.value_bytes,
+                              lane, part, parts);
     if (has_scale_word) P::store8(dst + scale_run + dst_in_page * L.scale_bytes + 8 * lane, scale);
 }
 

@@ -375,8 +375,14 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
 // Mapping: each block computes the prefix sums of the counts (deterministic,
 //          no atomics, nothing to reset between launches), then its warps take
 //          miss g, g + grid_warps, ... and find the row by binary search.
-extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_swap_in_copy(const kvt_swap_in_params p) {
-    using namespace kvt;
+// kvt_swap_in_copy_line_aligned is the same with each row's passes aligned
+// to 128-byte lines of its host address (the copy method
+// KVT_COPY_LINE_ALIGNED, warp_copy_entry_lines): a kernel of its own so that
+// the default keeps its registers, as the gather's and writeback's methods.
+namespace kvt {
+namespace swap {
+template <bool Lines>
+__device__ __forceinline__ void copy_planned(const kvt_swap_in_params& p) {
     // Launched as a dependent of the plan kernel on sm_90: nothing is read
     // before the plan kernel has completed.
     grid_dependency_wait();
@@ -426,7 +432,17 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_swap_in_copy
         }
         const uint32_t m = g - prefix[lo_r];
         const uint64_t at = (uint64_t)lo_r * p.plan_stride + m;
-        swap::copy_row(p, err, ld(reinterpret_cast<const int64_t*>(p.plan_src) + at),
-                       ld(reinterpret_cast<const int32_t*>(p.plan_dst) + at), (lo_r << 16) | m, lane);
+        copy_row<KVT_UNROLL, Lines>(p, err, ld(reinterpret_cast<const int64_t*>(p.plan_src) + at),
+                                    ld(reinterpret_cast<const int32_t*>(p.plan_dst) + at), (lo_r << 16) | m, lane);
     }
+}
+}  // namespace swap
+}  // namespace kvt
+
+extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_swap_in_copy(const kvt_swap_in_params p) {
+    kvt::swap::copy_planned<false>(p);
+}
+extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS)
+    kvt_swap_in_copy_line_aligned(const kvt_swap_in_params p) {
+    kvt::swap::copy_planned<true>(p);
 }

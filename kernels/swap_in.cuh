@@ -317,8 +317,9 @@ __device__ __forceinline__ WarpOffset warp_offset(const uint32_t* totals, uint32
 // warp, after checking both rows (the plan already did; a replayed plan is the
 // caller's, so the copy stays safe on its own). U: vectors per lane a pass
 // keeps in flight; `part` of `parts`: this warp's share of the passes
-// (warp_copy_entry; part 0 reports a bad row).
-template <uint32_t U = KVT_UNROLL>
+// (warp_copy_entry; part 0 reports a bad row). `Lines`: the copy method
+// KVT_COPY_LINE_ALIGNED (warp_copy_item's; whole passes only).
+template <uint32_t U = KVT_UNROLL, bool Lines = false>
 __device__ __forceinline__ void copy_row(const kvt_swap_in_params& p, const Reporter& err, int64_t src, int64_t dst,
                                          uint32_t position, uint32_t lane, uint32_t part = 0, uint32_t parts = 1) {
     if (!in_rows(src, p.host_rows) || !in_rows(dst, p.device_rows)) {
@@ -327,11 +328,11 @@ __device__ __forceinline__ void copy_row(const kvt_swap_in_params& p, const Repo
                    in_rows(src, p.host_rows) ? dst : src);
         return;
     }
-    warp_copy_item<PoolToDevice, U>(p.items, p.host_cache[0], p.device_buffer[0], (uint64_t)src, (uint64_t)dst, lane,
-                                    part, parts);
+    warp_copy_item<PoolToDevice, U, Lines>(p.items, p.host_cache[0], p.device_buffer[0], (uint64_t)src,
+                                           (uint64_t)dst, lane, part, parts);
     if (p.host_cache[1] != 0)
-        warp_copy_item<PoolToDevice, U>(p.items, p.host_cache[1], p.device_buffer[1], (uint64_t)src, (uint64_t)dst,
-                                        lane, part, parts);
+        warp_copy_item<PoolToDevice, U, Lines>(p.items, p.host_cache[1], p.device_buffer[1], (uint64_t)src,
+                                               (uint64_t)dst, lane, part, parts);
 }
 
 }  // namespace swap

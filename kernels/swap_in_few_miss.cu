@@ -101,7 +101,8 @@ struct Smem {
 // Writes:  as kvt_swap_in_plan; and unless KVT_SWAP_SKIP_IO, the device rows
 //          of a row's misses when it has at most KVT_SWAP_FEW_MISS_INLINE
 //          (the copy kernel launched after it with KVT_SWAP_SKIP_INLINE moves
-//          the others).
+//          the others), or with KVT_SWAP_COPY_IN_PLAN of every miss (no copy
+//          kernel follows: one launch a swap-in).
 // Assumes: blockDim.x == KVT_SWAP_FEW_MISS_THREADS, gridDim.x == batch,
 //          dynamic shared memory of few_miss_smem_bytes (src/swap_in/cuda.rs),
 //          the host-checked shapes (entries <= hot <= KVT_SWAP_MAX_HOT,
@@ -427,15 +428,24 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
         const uint32_t i = (ec.first + k) * KVT_WARP + lane;
         st(row.out + i, s.e_val()[hash.find(s.e_tok()[i])]);
     }
-    // The copy kernel follows unless no bytes move; it waits for this grid
-    // to complete before it reads the plan.
-    if (!(p.flags & KVT_SWAP_SKIP_IO)) allow_dependents();
+    // The copy kernel follows unless no bytes move or this block copies
+    // every miss; it waits for this grid to complete before it reads the plan.
+    if (!(p.flags & (KVT_SWAP_SKIP_IO | KVT_SWAP_COPY_IN_PLAN))) allow_dependents();
     // Two 16-byte vectors a lane in flight: a row of up to 1 KiB (656-byte DSA
     // items, DeepSeek-V4's 576 + 8) in one pass over the link; three or four
-    // would spill at 64 registers.
-    if (copy_here)
-        for (uint32_t m = warp; m < n_load; m += kWarps)
-            copy_row<2>(p, err, s.copy_src()[m], s.copy_dst()[m], row_pos | m, lane);
+    // would spill at 64 registers. With KVT_SWAP_COPY_IN_PLAN (one launch) a
+    // row of more misses than the shared copy list holds is copied from its
+    // plan row, which this block wrote before the barrier above: its copy
+    // starts as soon as its own plan is done, while other rows still plan.
+    const bool copy_all = (p.flags & KVT_SWAP_COPY_IN_PLAN) && !(p.flags & KVT_SWAP_SKIP_IO);
+    // (One copy loop for both lists: a second inlined copy_row made the
+    // kernel 600 instructions longer.)
+    if (copy_here || copy_all)
+        for (uint32_t m = warp; m < n_load; m += kWarps) {
+            const int64_t src = copy_here ? s.copy_src()[m] : ld(row.plan_src + m);
+            const int32_t dst = copy_here ? s.copy_dst()[m] : ld(row.plan_dst + m);
+            copy_row<2>(p, err, src, dst, row_pos | m, lane);
+        }
 }
 }  // namespace few
 }  // namespace swap

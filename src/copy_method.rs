@@ -1,9 +1,10 @@
-//! How a kernel's warp moves one entry between the host-mapped pool and HBM.
+//! How a kernel's warp moves one entry between the host-mapped pool and HBM:
+//! the gather's, the writeback's and the swap-in's miss copy.
 //! Every method moves the same bytes; they differ in how the loads over the
 //! host link are shaped, which only a GPU can time (`kvtier bench` times each
 //! beside the link's contiguous copy). The CPU executor has one way.
 
-use crate::abi::KVT_COPY_LINE_ALIGNED;
+use crate::abi::{KVT_COPY_LINE_ALIGNED, KVT_SWAP_COPY_LINES};
 
 /// A warp's way of moving an entry (the `KVT_COPY_*` flags of the kernels).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -49,6 +50,15 @@ impl CopyMethod {
         match self {
             CopyMethod::WarpVectors => 0,
             CopyMethod::LineAligned => KVT_COPY_LINE_ALIGNED,
+        }
+    }
+
+    /// The swap-in parameters' flag for the method (`kvt_swap_in_params`
+    /// keeps its own flag set; the launcher picks the copy kernel by it).
+    pub(crate) fn swap_in_flags(self) -> u32 {
+        match self {
+            CopyMethod::WarpVectors => 0,
+            CopyMethod::LineAligned => KVT_SWAP_COPY_LINES,
         }
     }
 }

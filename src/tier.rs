@@ -420,13 +420,25 @@ impl Tier {
         strategy: SwapInStrategy,
         stream: Stream,
     ) -> Result<()> {
+        self.swap_in_with_copy(args, strategy, CopyMethod::WarpVectors, stream)
+    }
+
+    /// [`Tier::swap_in_with`] with the misses moved by `copy`'s method
+    /// ([`crate::SwapInEngine::run_with_copy`]).
+    pub fn swap_in_with_copy(
+        &self,
+        args: &SwapInArgs<'_>,
+        strategy: SwapInStrategy,
+        copy: CopyMethod,
+        stream: Stream,
+    ) -> Result<()> {
         let engine = self.swap_in.as_ref().ok_or_else(|| {
             invalid(
                 "swap_in",
                 "call Tier::enable_swap_in(max_batch, max_top_k) once before swap_in",
             )
         })?;
-        engine.run_with(args, strategy, stream)
+        engine.run_with_copy(args, strategy, copy, stream)
     }
 
     /// The sync point: waits for the device, then reports (and clears) the

@@ -300,19 +300,24 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor) {
     let record = SwapOptions {
         skip_io: false,
         record_plan: true,
+        copy: kvtier::CopyMethod::WarpVectors,
     };
     let probe = SwapOptions {
         skip_io: true,
         record_plan: true,
+        copy: kvtier::CopyMethod::WarpVectors,
     };
     for opts in [SwapOptions::default(), record, probe] {
         let cpu = case.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
         for strategy in SwapInStrategy::ALL {
-            let got = case.run_with(gpu, strategy, opts);
-            assert!(
-                got == cpu,
-                "CUDA ({strategy:?}, {opts:?}) and CPU differ for {case:?}"
-            );
+            for copy in kvtier::CopyMethod::ALL {
+                let opts = SwapOptions { copy, ..opts };
+                let got = case.run_with(gpu, strategy, opts);
+                assert!(
+                    got == cpu,
+                    "CUDA ({strategy:?}, {opts:?}) and CPU differ for {case:?}"
+                );
+            }
         }
     }
 }
@@ -999,6 +1004,7 @@ fn two_streams_share_the_error_word_and_counters() {
     let record = SwapOptions {
         record_plan: true,
         skip_io: false,
+        copy: kvtier::CopyMethod::WarpVectors,
     };
     let (want_a, want_b) = (a.expected_with(record), b.expected_with(record));
     let sum = |x: SwapInCounters, y: SwapInCounters| SwapInCounters {

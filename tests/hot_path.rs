@@ -91,6 +91,7 @@ fn a_swap_in_check_allocates_nothing() {
             SwapOptions {
                 skip_io: false,
                 record_plan,
+                copy: kvtier::CopyMethod::WarpVectors,
             },
         );
         for strategy in [

@@ -22,7 +22,7 @@ use common::*;
 use kvtier::abi::{
     kvt_engram_gather_params, kvt_gather_params, kvt_swap_in_params, kvt_writeback_params,
 };
-use kvtier::swap_in::{EmulationScratch, emulation_params, emulation_replay_params};
+use kvtier::swap_in::{EmulationScratch, emulation_params_with_copy, emulation_replay_params};
 use kvtier::{ErrorWord, Executor, LayerFirstLayout, SwapInStrategy};
 
 #[repr(C)]
@@ -861,7 +861,14 @@ fn emulate_swap(
     let p = {
         let mut args = case.host_args(&mut s, opts);
         args.layer = Some(0);
-        emulation_params(&args, strategy, scratch, &mut err as *mut ErrorWord as u64).unwrap()
+        emulation_params_with_copy(
+            &args,
+            strategy,
+            opts.copy,
+            scratch,
+            &mut err as *mut ErrorWord as u64,
+        )
+        .unwrap()
     };
     let index_bytes = |wide: bool| if wide { 8 } else { 4 } * batch;
     let mut loads = vec![
@@ -1001,10 +1008,20 @@ fn swap_agrees(case: &SwapCase) {
     let record = SwapOptions {
         record_plan: true,
         skip_io: false,
+        copy: kvtier::CopyMethod::WarpVectors,
     };
     let probe = SwapOptions {
         record_plan: true,
         skip_io: true,
+        copy: kvtier::CopyMethod::WarpVectors,
+    };
+    let lines = SwapOptions {
+        copy: kvtier::CopyMethod::LineAligned,
+        ..plain
+    };
+    let lines_recording = SwapOptions {
+        copy: kvtier::CopyMethod::LineAligned,
+        ..record
     };
     let rows = case.batch() as u64 * case.entries() as u64;
     let runs = [
@@ -1026,13 +1043,28 @@ fn swap_agrees(case: &SwapCase) {
         (SwapInStrategy::FewMiss512, 1, plain),
         (SwapInStrategy::FewMiss512, grids(rows)[2], record),
         (SwapInStrategy::FewMiss512, 0, probe),
+        // the line-aligned copy kernel after each kind of plan
+        (SwapInStrategy::PlanThenCopy, grids(rows)[2], lines),
+        (SwapInStrategy::FewMiss, 1, lines),
+        (SwapInStrategy::Compact, grids(rows)[2], lines_recording),
+        (SwapInStrategy::FewMiss512, 3, lines),
+        // the few-miss planners copying every miss themselves
+        (SwapInStrategy::FewMissOneLaunch, 0, plain),
+        (SwapInStrategy::FewMissOneLaunch, 0, record),
+        (SwapInStrategy::FewMissOneLaunch, 0, probe),
+        (SwapInStrategy::FewMiss512OneLaunch, 0, plain),
+        (SwapInStrategy::FewMiss512OneLaunch, 0, record),
     ];
     // under the race detector, each kernel once: the plan and copy kernels
     // recording, one block per request probing, the few-miss and compact
     // planners both ways, the compact one copying every miss, the 512-thread
-    // few-miss planner both ways
+    // few-miss planner both ways, the line-aligned copy kernel after the
+    // first planner and after the compact one, and each few-miss planner
+    // copying every miss itself (recording)
     let runs: Vec<_> = if race_detector() {
-        [4, 5, 7, 9, 10, 12, 13, 16, 17].map(|i| runs[i]).to_vec()
+        [4, 5, 7, 9, 10, 12, 13, 16, 17, 18, 20, 23, 26]
+            .map(|i| runs[i])
+            .to_vec()
     } else {
         runs.to_vec()
     };
@@ -1681,6 +1713,8 @@ fn planners_barriers_per_block() {
             SwapInStrategy::Compact,
             SwapInStrategy::CompactOneLaunch,
             SwapInStrategy::FewMiss512,
+            SwapInStrategy::FewMissOneLaunch,
+            SwapInStrategy::FewMiss512OneLaunch,
         ] {
             let (got, reports) = emulate_swap(&case, strategy, 4, SwapOptions::default());
             assert!(got == want, "{strategy:?}, {misses} misses");
@@ -1692,9 +1726,19 @@ fn planners_barriers_per_block() {
             );
             if matches!(
                 strategy,
-                SwapInStrategy::FewMiss | SwapInStrategy::FewMiss512
+                SwapInStrategy::FewMiss
+                    | SwapInStrategy::FewMiss512
+                    | SwapInStrategy::FewMissOneLaunch
+                    | SwapInStrategy::FewMiss512OneLaunch
             ) {
                 assert_eq!(plan.barriers, 5, "{misses} misses");
+            }
+            // One launch: the planning block copied every miss itself.
+            if matches!(
+                strategy,
+                SwapInStrategy::FewMissOneLaunch | SwapInStrategy::FewMiss512OneLaunch
+            ) {
+                assert_eq!(reports.len(), 1, "{strategy:?}: no copy kernel");
             }
             // The compact planner: one more (its slot test runs in slot
             // order, its counts in LRU order after it).
@@ -1729,6 +1773,7 @@ fn plan_kernels_let_a_successor_start_only_when_the_copy_kernel_follows() {
     let probe = SwapOptions {
         record_plan: true,
         skip_io: true,
+        copy: kvtier::CopyMethod::WarpVectors,
     };
     set_schedule(0);
     for (strategy, opts, follows) in [
@@ -1748,6 +1793,16 @@ fn plan_kernels_let_a_successor_start_only_when_the_copy_kernel_follows() {
         // every miss copied by its planning block: no copy kernel follows
         (
             SwapInStrategy::CompactOneLaunch,
+            SwapOptions::default(),
+            false,
+        ),
+        (
+            SwapInStrategy::FewMissOneLaunch,
+            SwapOptions::default(),
+            false,
+        ),
+        (
+            SwapInStrategy::FewMiss512OneLaunch,
             SwapOptions::default(),
             false,
         ),

@@ -218,9 +218,10 @@ pub enum Kernel {
     GatherLineAligned = 9,
     WritebackLineAligned = 10,
     SwapInFewMiss512Plan = 11,
+    SwapInCopyLineAligned = 12,
 }
 
-const KERNELS: usize = 12;
+const KERNELS: usize = 13;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -236,6 +237,7 @@ impl Kernel {
         Kernel::GatherLineAligned,
         Kernel::WritebackLineAligned,
         Kernel::SwapInFewMiss512Plan,
+        Kernel::SwapInCopyLineAligned,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -253,6 +255,7 @@ impl Kernel {
             Kernel::GatherLineAligned => "kvt_gather_line_aligned",
             Kernel::WritebackLineAligned => "kvt_writeback_line_aligned",
             Kernel::SwapInFewMiss512Plan => "kvt_swap_in_few_miss_512_plan",
+            Kernel::SwapInCopyLineAligned => "kvt_swap_in_copy_line_aligned",
         }
     }
 
@@ -275,6 +278,7 @@ impl Kernel {
             self,
             Kernel::SwapInPlan
                 | Kernel::SwapInCopy
+                | Kernel::SwapInCopyLineAligned
                 | Kernel::SwapInFewMissPlan
                 | Kernel::SwapInCompactPlan
                 | Kernel::SwapInFewMiss512Plan

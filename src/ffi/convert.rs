@@ -399,9 +399,11 @@ pub(super) fn strategy(s: u32) -> Result<SwapInStrategy> {
         KVT_SWAP_IN_COMPACT => Ok(SwapInStrategy::Compact),
         KVT_SWAP_IN_COMPACT_ONE_LAUNCH => Ok(SwapInStrategy::CompactOneLaunch),
         KVT_SWAP_IN_FEW_MISS_512 => Ok(SwapInStrategy::FewMiss512),
+        KVT_SWAP_IN_FEW_MISS_ONE_LAUNCH => Ok(SwapInStrategy::FewMissOneLaunch),
+        KVT_SWAP_IN_FEW_MISS_512_ONE_LAUNCH => Ok(SwapInStrategy::FewMiss512OneLaunch),
         other => Err(invalid(
             "strategy",
-            format!("{other} is not a KVT_SWAP_IN_* strategy (0 to 5)"),
+            format!("{other} is not a KVT_SWAP_IN_* strategy (0 to 7)"),
         )),
     }
 }

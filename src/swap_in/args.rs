@@ -532,6 +532,20 @@ pub(crate) fn check(
                 flags |= KVT_SWAP_SKIP_INLINE
             }
         }
+        // One launch: the planning blocks copy every miss. Where the
+        // few-miss planners are ruled out, the block-scan planner copies its
+        // own (OneBlockPerRequest's parameters), still one launch.
+        SwapInStrategy::FewMissOneLaunch | SwapInStrategy::FewMiss512OneLaunch => {
+            flags |= KVT_SWAP_COPY_IN_PLAN;
+            if strategy == SwapInStrategy::FewMiss512OneLaunch
+                && entries <= KVT_SWAP_FEW_MISS_512_MAX_ENTRIES
+                && super::few_miss_512_smem_bytes(entries, hot) <= t.max_smem
+            {
+                flags |= KVT_SWAP_FEW_MISS_512 | KVT_SWAP_SKIP_INLINE;
+            } else if super::few_miss_smem_bytes(entries, hot) <= t.max_smem {
+                flags |= KVT_SWAP_SKIP_INLINE
+            }
+        }
         SwapInStrategy::PlanThenCopy | SwapInStrategy::PlanThenCopyInOrder => {}
     }
     Ok(kvt_swap_in_params {

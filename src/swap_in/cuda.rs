@@ -1,16 +1,17 @@
 //! The CUDA executor's launches: `kvt_swap_in_plan` (or
 //! `kvt_swap_in_few_miss_plan`, `kvt_swap_in_few_miss_512_plan` or
 //! `kvt_swap_in_compact_plan`) then
-//! `kvt_swap_in_copy` for a swap-in,
-//! `kvt_swap_in_copy` alone for a plan replay,
+//! `kvt_swap_in_copy` (or `kvt_swap_in_copy_line_aligned`, the copy method
+//! `LineAligned`) for a swap-in, the same copy kernel alone for a plan replay,
 //! `kvt_spec_swap_in` for a speculative swap-in, on the caller's stream; and
 //! the shared memory each needs.
 
 use crate::abi::{
     KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_COMPACT_PLAN, KVT_SWAP_COMPACT_THREADS,
-    KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_FEW_MISS_512, KVT_SWAP_FEW_MISS_512_THREADS,
-    KVT_SWAP_FEW_MISS_INLINE, KVT_SWAP_FEW_MISS_THREADS, KVT_SWAP_PLAN_THREADS,
-    KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO, kvt_spec_swap_in_params, kvt_swap_in_params,
+    KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_COPY_LINES, KVT_SWAP_FEW_MISS_512,
+    KVT_SWAP_FEW_MISS_512_THREADS, KVT_SWAP_FEW_MISS_INLINE, KVT_SWAP_FEW_MISS_THREADS,
+    KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO, kvt_spec_swap_in_params,
+    kvt_swap_in_params,
 };
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
@@ -88,7 +89,17 @@ pub fn few_miss_512_blocks_per_sm(dev: &CudaDevice, entries: u32, hot: u32) -> R
     )
 }
 
-/// Bytes of dynamic shared memory `kvt_swap_in_copy` uses.
+/// The copy kernel of `p`'s copy method (`KVT_SWAP_COPY_LINES`: the
+/// line-aligned one).
+fn copy_kernel(p: &kvt_swap_in_params) -> Kernel {
+    if p.flags & KVT_SWAP_COPY_LINES != 0 {
+        Kernel::SwapInCopyLineAligned
+    } else {
+        Kernel::SwapInCopy
+    }
+}
+
+/// Bytes of dynamic shared memory `kvt_swap_in_copy` (either method) uses.
 pub fn copy_smem_bytes(batch: u32) -> usize {
     4 * (batch as usize + 1 + (BLOCK_THREADS / 32) as usize)
 }
@@ -159,16 +170,17 @@ pub(super) unsafe fn launch(
     // SAFETY: per this function's contract; grid = one block per row.
     unsafe { dev.launch(kernel, p.batch, threads, smem as u32, p, stream)? };
     if p.flags & (KVT_SWAP_COPY_IN_PLAN | KVT_SWAP_SKIP_IO) == 0 {
-        let grid = dev.grid_for_rows(Kernel::SwapInCopy, p.batch as u64 * p.entries as u64);
+        let copy = copy_kernel(p);
+        let grid = dev.grid_for_rows(copy, p.batch as u64 * p.entries as u64);
         let smem = copy_smem_bytes(p.batch) as u32;
         // SAFETY: the plan kernel was enqueued just before on the same
         // stream; the copy kernel waits for it (grid_dependency_wait), a
         // no-op after an ordinary launch.
         unsafe {
             if dependent {
-                dev.launch_dependent(Kernel::SwapInCopy, grid, BLOCK_THREADS, smem, p, stream)?
+                dev.launch_dependent(copy, grid, BLOCK_THREADS, smem, p, stream)?
             } else {
-                dev.launch(Kernel::SwapInCopy, grid, BLOCK_THREADS, smem, p, stream)?
+                dev.launch(copy, grid, BLOCK_THREADS, smem, p, stream)?
             }
         };
     }
@@ -193,21 +205,13 @@ pub(super) unsafe fn launch_replay(
     }
     let smem = copy_smem_bytes(p.batch);
     fits(dev, smem, || format!("a plan of {} rows", p.batch))?;
-    let mut grid = dev.grid_for_rows(Kernel::SwapInCopy, p.batch as u64 * p.plan_capacity as u64);
+    let copy = copy_kernel(p);
+    let mut grid = dev.grid_for_rows(copy, p.batch as u64 * p.plan_capacity as u64);
     if let Some(w) = warps {
         grid = grid.min(w.div_ceil(BLOCK_THREADS / 32).max(1));
     }
     // SAFETY: per this function's contract.
-    unsafe {
-        dev.launch(
-            Kernel::SwapInCopy,
-            grid,
-            BLOCK_THREADS,
-            smem as u32,
-            p,
-            stream,
-        )
-    }
+    unsafe { dev.launch(copy, grid, BLOCK_THREADS, smem as u32, p, stream) }
 }
 
 /// Enqueues a speculative swap-in on `stream`: one block per batch row.

@@ -128,6 +128,7 @@ pub use speculative::{
 };
 
 use crate::abi::{KVT_SWAP_MAX_HOT, KVT_SWAP_MAX_TOP_K};
+use crate::copy_method::CopyMethod;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::cuda::{DeviceBuffer, DeviceErrorWord, DeviceSnapshot, Stream};
@@ -201,6 +202,25 @@ pub enum SwapInStrategy {
     /// memory, run `FewMiss` instead. Exact on the CPU (the kernel
     /// emulator); not yet timed on a GPU.
     FewMiss512,
+    /// `FewMiss` with every miss copied by its request's planning block, no
+    /// copy kernel: one launch a swap-in. A row's copy starts as soon as its
+    /// own plan is done, while other rows still plan, instead of after the
+    /// whole batch's plan (where `FewMiss` hands rows of more than
+    /// [`FEW_MISS_INLINE`] misses to the copy kernel, which waits for the
+    /// plan kernel to complete): for batches wide enough that the planning
+    /// blocks alone keep the link busy (on the H100 run of 2026-11-27 the
+    /// plan was ~20 µs of `FewMiss`'s 273.5 µs at batch 64 with 274 misses a
+    /// request). Where the few-miss planner's state does not fit the GPU's
+    /// shared memory, the block-scan planner copies its own misses
+    /// (`OneBlockPerRequest`). Exact on the CPU (the kernel emulator); not
+    /// yet timed on a GPU.
+    FewMissOneLaunch,
+    /// `FewMiss512` with every miss copied by its request's planning block
+    /// (as `FewMissOneLaunch`): at batch 256 one wave of two blocks an SM
+    /// whose rows copy as they finish planning. Where the 512-thread
+    /// planner is ruled out, `FewMissOneLaunch`. Exact on the CPU (the
+    /// kernel emulator); not yet timed on a GPU.
+    FewMiss512OneLaunch,
 }
 
 impl SwapInStrategy {
@@ -212,7 +232,7 @@ impl SwapInStrategy {
 
     /// Every strategy, for the selftest, the tests and the benchmark: one
     /// list, so that a new strategy is checked everywhere once it is here.
-    pub const ALL: [SwapInStrategy; 7] = [
+    pub const ALL: [SwapInStrategy; 9] = [
         SwapInStrategy::PlanThenCopy,
         SwapInStrategy::OneBlockPerRequest,
         SwapInStrategy::PlanThenCopyInOrder,
@@ -220,6 +240,8 @@ impl SwapInStrategy {
         SwapInStrategy::Compact,
         SwapInStrategy::CompactOneLaunch,
         SwapInStrategy::FewMiss512,
+        SwapInStrategy::FewMissOneLaunch,
+        SwapInStrategy::FewMiss512OneLaunch,
     ];
 }
 
@@ -465,7 +487,24 @@ impl SwapInEngine {
         strategy: SwapInStrategy,
         stream: Stream,
     ) -> Result<()> {
-        let p = args::check(&self.target(), args, strategy)?;
+        self.run_with_copy(args, strategy, CopyMethod::WarpVectors, stream)
+    }
+
+    /// [`SwapInEngine::run_with`] with the misses moved by the copy kernel of
+    /// `copy`'s method ([`CopyMethod`]; `run` and `run_with` use
+    /// `WarpVectors`, the only method a GPU has timed for the swap-in). The
+    /// rows a planning block copies itself (at most [`FEW_MISS_INLINE`]
+    /// misses) move as `WarpVectors` under every method: the latency regime,
+    /// a pass or two of a warp. The CPU executor has one way.
+    pub fn run_with_copy(
+        &self,
+        args: &SwapInArgs<'_>,
+        strategy: SwapInStrategy,
+        copy: CopyMethod,
+        stream: Stream,
+    ) -> Result<()> {
+        let mut p = args::check(&self.target(), args, strategy)?;
+        p.flags |= copy.swap_in_flags();
         match &self.exec {
             // SAFETY: `check` checked every host buffer against its shape.
             Executor::Cpu => unsafe { cpu::run(&p) }.into_result(),
@@ -659,6 +698,19 @@ pub fn emulation_params(
     scratch: EmulationScratch,
     error: u64,
 ) -> Result<crate::abi::kvt_swap_in_params> {
+    emulation_params_with_copy(args, strategy, CopyMethod::WarpVectors, scratch, error)
+}
+
+/// As [`emulation_params`], with the copy method of
+/// [`SwapInEngine::run_with_copy`].
+#[doc(hidden)]
+pub fn emulation_params_with_copy(
+    args: &SwapInArgs<'_>,
+    strategy: SwapInStrategy,
+    copy: CopyMethod,
+    scratch: EmulationScratch,
+    error: u64,
+) -> Result<crate::abi::kvt_swap_in_params> {
     let target = SwapInTarget {
         location: crate::mem::Location::Host,
         max_batch: scratch.max_batch,
@@ -671,7 +723,9 @@ pub fn emulation_params(
         counter_layers: scratch.counter_layers,
         max_smem: usize::MAX,
     };
-    args::check(&target, args, strategy)
+    let mut p = args::check(&target, args, strategy)?;
+    p.flags |= copy.swap_in_flags();
+    Ok(p)
 }
 
 /// As [`emulation_params`], for a plan replay.

@@ -200,6 +200,8 @@ impl PartialEq for SwapOutcome {
 pub struct SwapOptions {
     pub skip_io: bool,
     pub record_plan: bool,
+    /// How the copy kernel moves the misses (`SwapInEngine::run_with_copy`).
+    pub copy: kvtier::CopyMethod,
 }
 
 /// Value the miss-plan buffers hold before a run.
@@ -793,7 +795,7 @@ impl SwapCase {
                 let res = {
                     let mut args = self.host_args(&mut s, opts);
                     args.layer = Some(0);
-                    engine.run_with(&args, strategy, Stream::null())
+                    engine.run_with_copy(&args, strategy, opts.copy, Stream::null())
                 };
                 let counters = engine.counters().unwrap().map(|c| c[0]);
                 self.outcome(&s, reported(&res), opts, counters)
@@ -896,7 +898,7 @@ impl SwapCase {
                     count: d_plan_count.as_buf_mut(),
                 }),
             };
-            engine.run_with(&args, strategy, stream.stream())
+            engine.run_with_copy(&args, strategy, opts.copy, stream.stream())
         };
         let res = res.and_then(|_| finish(engine));
         s.out = d_out.to_vec().unwrap();

@@ -563,9 +563,14 @@ extern "C" uint32_t kvt_emu_hash_size(uint32_t entries, uint32_t spread) {
     return kvt::swap::hash_size(entries, spread);
 }
 
+// The copy kernel of the call's copy method, as the launcher picks it
+// (src/swap_in/cuda.rs).
 extern "C" kvt_emu_report kvt_emu_swap_in_copy(const kvt_swap_in_params* p, unsigned grid, unsigned block,
                                                size_t smem_bytes, const kvt_emu_range* loads, size_t n_loads,
                                                const kvt_emu_range* stores, size_t n_stores) {
+    if (p->flags & KVT_SWAP_COPY_LINES)
+        return run<kvt_swap_in_params, kvt_swap_in_copy_line_aligned>(p, grid, block, smem_bytes, loads, n_loads,
+                                                                      stores, n_stores);
     return run<kvt_swap_in_params, kvt_swap_in_copy>(p, grid, block, smem_bytes, loads, n_loads, stores,
                                                      n_stores);
 }

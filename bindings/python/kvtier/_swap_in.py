@@ -25,6 +25,8 @@ STRATEGIES = {
     "compact": _lib.COMPACT,
     "compact_one_launch": _lib.COMPACT_ONE_LAUNCH,
     "few_miss_512": _lib.FEW_MISS_512,
+    "few_miss_one_launch": _lib.FEW_MISS_ONE_LAUNCH,
+    "few_miss_512_one_launch": _lib.FEW_MISS_512_ONE_LAUNCH,
 }
 
 # The library functions the native module calls (by address: one library in

@@ -6,7 +6,11 @@
 //! 1. kvtier's swap-in (plan per request, one copy over every miss); on a
 //!    GPU also the few-miss planner (SwapInStrategy::FewMiss), in blocks of
 //!    512 threads too (FewMiss512), and the compact planner, with the copy kernel after it and alone
-//!    (SwapInStrategy::Compact, CompactOneLaunch); on sm_90
+//!    (SwapInStrategy::Compact, CompactOneLaunch), both few-miss planners
+//!    copying every miss themselves (FewMissOneLaunch, FewMiss512OneLaunch),
+//!    and where rows miss more
+//!    than the few-miss planner copies itself, its copy kernel with the
+//!    line-aligned copy method (CopyMethod::LineAligned); on sm_90
 //!    also the same two kernels with the copy launched the
 //!    ordinary way, after the plan kernel, instead of as its programmatic
 //!    dependent (what the dependent launch gains);
@@ -36,10 +40,11 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde_json::json;
 
+use kvtier::swap_in::FEW_MISS_INLINE;
 use kvtier::trace::{RowState, Trace, TraceCall};
 use kvtier::{
-    Buf, BufMut, Executor, IndexBuf, KvBuffers, LayerFirstLayout, MissPlan, Pool, QueryKind,
-    Region, Stream, SwapInArgs, SwapInStrategy, Tier,
+    Buf, BufMut, CopyMethod, Executor, IndexBuf, KvBuffers, LayerFirstLayout, MissPlan, Pool,
+    QueryKind, Region, Stream, SwapInArgs, SwapInStrategy, Tier,
 };
 
 use super::sglang::SglangKernels;
@@ -626,23 +631,28 @@ impl State {
             Ok(())
         };
         let loc = exec.location();
-        let time_strategy = |strategy: SwapInStrategy| -> kvtier::Result<(Stats, Vec<i32>)> {
-            spoil()?;
-            let t = b.time(&clock, Timing::Device, reset, |s| {
-                // SAFETY: the buffers above live until after the timing.
-                let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
-                self.tier.swap_in_with(&a, strategy, s)
-            })?;
-            self.tier.check(clock.stream())?;
-            Ok((t, out.to_vec()?))
-        };
+        let time_strategy =
+            |strategy: SwapInStrategy, copy: CopyMethod| -> kvtier::Result<(Stats, Vec<i32>)> {
+                spoil()?;
+                let t = b.time(&clock, Timing::Device, reset, |s| {
+                    // SAFETY: the buffers above live until after the timing.
+                    let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
+                    self.tier.swap_in_with_copy(&a, strategy, copy, s)
+                })?;
+                self.tier.check(clock.stream())?;
+                Ok((t, out.to_vec()?))
+            };
         let row_of = |r: usize| device_buffer.read(r * item, item);
-        let (kv, out_kvtier) = time_strategy(SwapInStrategy::PlanThenCopy)?;
+        let (kv, out_kvtier) =
+            time_strategy(SwapInStrategy::PlanThenCopy, CopyMethod::WarpVectors)?;
         self.verify("the kvtier swap-in", &misses, row_of)?;
-        // Another strategy on the same state: its bytes checked and its page
-        // table the same as the first's.
-        let other = |strategy: SwapInStrategy, what: &str| -> kvtier::Result<Stats> {
-            let (t, out_other) = time_strategy(strategy)?;
+        // Another strategy or copy method on the same state: its bytes
+        // checked and its page table the same as the first's.
+        let other_with = |strategy: SwapInStrategy,
+                          copy: CopyMethod,
+                          what: &str|
+         -> kvtier::Result<Stats> {
+            let (t, out_other) = time_strategy(strategy, copy)?;
             self.verify(&format!("the kvtier swap-in, {what}"), &misses, row_of)?;
             if out_other != out_kvtier {
                 return Err(kvtier::Error::Pool(format!(
@@ -650,6 +660,9 @@ impl State {
                 )));
             }
             Ok(t)
+        };
+        let other = |strategy: SwapInStrategy, what: &str| {
+            other_with(strategy, CopyMethod::WarpVectors, what)
         };
         // The CPU executor has one way; on a GPU, SGLang's design and the
         // few-miss and compact planners next to the first planner.
@@ -673,6 +686,34 @@ impl State {
                     )?,
                 )),
             ),
+        };
+        // The few-miss planners copying every miss themselves (one launch,
+        // no copy kernel).
+        let one_launch = match exec {
+            Executor::Cpu => None,
+            Executor::Cuda(_) => Some((
+                other(
+                    SwapInStrategy::FewMissOneLaunch,
+                    "few-miss planner, one launch",
+                )?,
+                other(
+                    SwapInStrategy::FewMiss512OneLaunch,
+                    "few-miss planner, 512 threads, one launch",
+                )?,
+            )),
+        };
+        // The few-miss planner's copy kernel with its rows' passes aligned to
+        // 128-byte host lines, where it moves anything: a point whose rows
+        // miss more than the planner copies itself.
+        let few_miss_lines = match exec {
+            Executor::Cuda(_) if misses.len() > FEW_MISS_INLINE as usize * q.batch as usize => {
+                Some(other_with(
+                    SwapInStrategy::FewMiss,
+                    CopyMethod::LineAligned,
+                    "few-miss planner, line-aligned copy",
+                )?)
+            }
+            _ => None,
         };
         // Where the copy kernel is a programmatic dependent of the plan
         // kernel (sm_90), the same two kernels launched one after the other:
@@ -778,6 +819,28 @@ impl State {
         )];
         if let Some(t) = few_miss {
             rows.push(row("", "kvtier swap-in, few-miss planner", t, false));
+        }
+        if let Some(t) = few_miss_lines {
+            rows.push(row(
+                "",
+                "kvtier swap-in, few-miss planner, line-aligned copy",
+                t,
+                false,
+            ));
+        }
+        if let Some((one, one_512)) = one_launch {
+            rows.push(row(
+                "",
+                "kvtier swap-in, few-miss planner, one launch",
+                one,
+                false,
+            ));
+            rows.push(row(
+                "",
+                "kvtier swap-in, few-miss planner, blocks of 512 threads, one launch",
+                one_512,
+                false,
+            ));
         }
         if let Some(t) = few_miss_512 {
             rows.push(row(

@@ -16,8 +16,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
 
 use kvtier::{
-    Buf, Executor, IndexBuf, ItemLayout, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, QueryKind,
-    Stream, SwapInArgs, SwapInEngine, SwapInStrategy,
+    Buf, CopyMethod, Executor, IndexBuf, ItemLayout, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs,
+    QueryKind, Stream, SwapInArgs, SwapInEngine, SwapInStrategy,
 };
 
 use super::snapshot::{Snapshot, Verdict, settle};
@@ -548,8 +548,14 @@ fn narrow(v: &[i64]) -> Vec<i32> {
         .collect()
 }
 
-/// One swap-in of `c` on `exec` with `strategy`, from the case's state.
-fn run_once(exec: &Executor, c: &SwapCase, strategy: SwapInStrategy) -> kvtier::Result<Snapshot> {
+/// One swap-in of `c` on `exec` with `strategy` and `copy`, from the case's
+/// state.
+fn run_once(
+    exec: &Executor,
+    c: &SwapCase,
+    strategy: SwapInStrategy,
+    copy: CopyMethod,
+) -> kvtier::Result<Snapshot> {
     let mut engine = SwapInEngine::new(exec.clone())?;
     engine.reserve(c.batch() as u32, c.entries() as u32)?;
     let m = Loaded::new(exec, c)?;
@@ -560,7 +566,7 @@ fn run_once(exec: &Executor, c: &SwapCase, strategy: SwapInStrategy) -> kvtier::
         Executor::Cpu => None,
     };
     let s = stream.as_ref().map_or(Stream::null(), |o| o.stream());
-    let call = engine.run_with(&m.args(c), strategy, s);
+    let call = engine.run_with_copy(&m.args(c), strategy, copy, s);
     if let Some(o) = &stream {
         o.synchronize()?;
     }
@@ -569,23 +575,33 @@ fn run_once(exec: &Executor, c: &SwapCase, strategy: SwapInStrategy) -> kvtier::
 
 /// The CPU executor's result, then the executor under test's with each of
 /// its strategies (the CUDA executor every one of `SwapInStrategy::ALL`, the
-/// copy kernel launched in order only where it is otherwise a dependent).
+/// copy kernel launched in order only where it is otherwise a dependent,
+/// and the line-aligned copy kernel after the first and the few-miss
+/// planners).
 fn agree(dut: &Executor, c: &SwapCase) -> kvtier::Result<Verdict> {
-    let want = run_once(&Executor::cpu(), c, SwapInStrategy::PlanThenCopy)?;
+    let vectors = CopyMethod::WarpVectors;
+    let want = run_once(&Executor::cpu(), c, SwapInStrategy::PlanThenCopy, vectors)?;
     // Where the copy kernel is never a dependent launch, the in-order
     // strategy is PlanThenCopy itself.
-    let strategies: Vec<SwapInStrategy> = match dut {
-        Executor::Cpu => vec![SwapInStrategy::PlanThenCopy],
+    let runs: Vec<(SwapInStrategy, CopyMethod)> = match dut {
+        Executor::Cpu => vec![(SwapInStrategy::PlanThenCopy, vectors)],
         Executor::Cuda(dev) => SwapInStrategy::ALL
             .into_iter()
             .filter(|&s| dev.dependent_launch() || s != SwapInStrategy::PlanThenCopyInOrder)
+            .map(|s| (s, vectors))
+            .chain(
+                [SwapInStrategy::PlanThenCopy, SwapInStrategy::FewMiss]
+                    .map(|s| (s, CopyMethod::LineAligned)),
+            )
             .collect(),
     };
     let mut note = None;
-    for strategy in strategies {
-        match Snapshot::compare(&want, &run_once(dut, c, strategy)?) {
+    for (strategy, copy) in runs {
+        match Snapshot::compare(&want, &run_once(dut, c, strategy, copy)?) {
             Verdict::Same { note: n } => note = note.or(n),
-            Verdict::Differ(what) => return Ok(Verdict::Differ(format!("{strategy:?}: {what}"))),
+            Verdict::Differ(what) => {
+                return Ok(Verdict::Differ(format!("{strategy:?}, {copy:?}: {what}")));
+            }
         }
     }
     Ok(Verdict::Same { note })

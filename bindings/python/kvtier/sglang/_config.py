@@ -13,7 +13,8 @@ from .._lib import KvtierError
 # processes SGLang spawns, where the plugin or the launcher installs it.
 ENV = "KVTIER_SGLANG_CONFIG"
 
-STRATEGIES = ("plan_then_copy", "one_block_per_request", "few_miss", "compact", "compact_one_launch", "few_miss_512")
+STRATEGIES = ("plan_then_copy", "one_block_per_request", "few_miss", "compact", "compact_one_launch", "few_miss_512",
+              "few_miss_one_launch", "few_miss_512_one_launch")
 BAD_INDICES = ("warn", "raise", "off")
 PLACEMENTS = ("round_robin", "nearest")
 
