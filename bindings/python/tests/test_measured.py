@@ -383,8 +383,6 @@ def test_the_pdl_figures_are_the_measured_ones():
         in text, loss410
 
 
-@pytest.mark.xfail(strict=True, reason="docs/rust-api.md says a 600-1550 µs call; the data says 687-1597 µs "
-                                       "(the page is edited elsewhere: fix it there, then drop this mark)")
 def test_the_pdl_figures_call_lengths_are_the_measured_ones():
     text = page("docs/rust-api.md")
     loss410 = [(m[PLAN_THEN_COPY] - m[NO_PDL], m[PLAN_THEN_COPY]) for run in RUNS for p, m in swap_in_points(run).items()
