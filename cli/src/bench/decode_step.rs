@@ -8,7 +8,8 @@
 //! graph runner fills them). Per measured step, from the same state
 //! restored untimed before every replay:
 //!
-//! 1. kvtier's swap-ins of the step ([`DECODE_STEP_KVTIER_METHOD`]);
+//! 1. kvtier's swap-ins of the step ([`DECODE_STEP_KVTIER_METHOD`]), and on
+//!    a GPU the same with `SwapInStrategy::FewMissOneLaunch`;
 //! 2. SGLang 0.5.23's own kernel on identical inputs (CUDA executor, with
 //!    `KVTIER_SGLANG_KERNELS`; top-k 2048 token queries at HOT 4096 or 8192,
 //!    the shapes its harness is built for), its page tables compared with
@@ -49,6 +50,10 @@ pub(super) const SCENARIO: &str = "decode-step";
 pub(crate) const DECODE_STEP_KVTIER_METHOD: &str = "kvtier: the step's swap-ins";
 const KVTIER_GRAPH: &str = "kvtier: the step's swap-ins (CUDA graph)";
 const KVTIER_CPU: &str = "kvtier: the step's swap-ins (CPU executor)";
+/// The candidate the swap-in grid cannot judge alone: the few-miss planner
+/// copying every miss itself (one launch a layer; each request's copy starts
+/// when its own plan is done), in a graph of its own beside the default's.
+const KVTIER_ONE_LAUNCH: &str = "kvtier few_miss_one_launch: the step's swap-ins (CUDA graph)";
 const SGLANG_METHOD: &str = "SGLang 0.5.23's kernel: the step's swap-ins (CUDA graph)";
 const SGLANG_LAUNCHES: &str =
     "SGLang 0.5.23's kernel: the step's swap-ins (launched one by one, no graph)";
@@ -918,13 +923,13 @@ impl<'b> Replay<'b> {
         };
         // each call's swap-in, and the replays of its plan by the
         // shared-index layers after it, one after the other
-        let kvtier_calls = |st: Stream| -> kvtier::Result<()> {
+        let calls_with = |strategy: SwapInStrategy, st: Stream| -> kvtier::Result<()> {
             for c in calls {
                 let l = c.layer as usize;
                 let shared = this.shared_after(l);
                 // SAFETY: the replay's buffers, alive until after the timing.
                 let a = unsafe { this.args(l, host_cache, !shared.is_empty()) };
-                this.tier.swap_in_with(&a, SwapInStrategy::DEFAULT, st)?;
+                this.tier.swap_in_with(&a, strategy, st)?;
                 for sh in shared {
                     // SAFETY: as above.
                     let a = unsafe { this.planned_args(sh, l, host_cache) };
@@ -933,6 +938,7 @@ impl<'b> Replay<'b> {
             }
             Ok(())
         };
+        let kvtier_calls = |st: Stream| calls_with(SwapInStrategy::DEFAULT, st);
         let same_tables = |what: &str| -> kvtier::Result<()> {
             if this.out.to_vec()? != outcome.out {
                 return Err(kvtier::Error::Pool(format!(
@@ -957,6 +963,18 @@ impl<'b> Replay<'b> {
         };
         this.tier.check(clock.stream())?;
         same_tables("kvtier's graph")?;
+        let one_launch = match exec {
+            Executor::Cuda(dev) => {
+                let graph = kvtier::cuda::CudaGraph::capture(dev, graph_stream(&clock), |st| {
+                    calls_with(SwapInStrategy::FewMissOneLaunch, st)
+                })?;
+                let t = b.time(&clock, Timing::Device, reset, |st| graph.launch(st))?;
+                this.tier.check(clock.stream())?;
+                same_tables("kvtier's one-launch graph")?;
+                Some(t)
+            }
+            Executor::Cpu => None,
+        };
         // SGLang's kernel, where its harness takes the shape
         let theirs = match (sglang, exec) {
             // (a shared-index trace's replays have no SGLang harness here)
@@ -1070,6 +1088,9 @@ impl<'b> Replay<'b> {
         let bytes = moved as usize * self.item;
         let row = |method, t, limit| Measurement::new(SCENARIO, method, &params, bytes, t, limit);
         let mut out = vec![row(kv_method, kv, false)];
+        if let Some(t) = one_launch {
+            out.push(row(KVTIER_ONE_LAUNCH, t, false));
+        }
         if let Some((t, method)) = theirs {
             out.push(row(method, t, false));
         }
