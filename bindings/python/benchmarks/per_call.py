@@ -1,13 +1,15 @@
 """Per-call cost of kvtier's SGLang entry points, in eager mode.
 
-    python bindings/python/benchmarks/per_call.py [--device cpu|cuda] [--json FILE]
+    python bindings/python/benchmarks/per_call.py [--device cpu|torch-cpu|cuda] [--json FILE]
 
 Each case is one layer's call as SGLang's coordinator makes it: one request,
 top-k 4, a hot buffer of 4 slots (the issue's setting; SGLang builds fresh
 tensor views for every call, so the arguments are fresh views here too).
 `cpu` uses numpy arrays (the CPU executor, whose work for 4 entries is a few
-hundred nanoseconds); `cuda` uses torch CUDA tensors (needs torch and a GPU;
-the time is the host's: checks and the kernel launch, not the kernel). Each
+hundred nanoseconds); `torch-cpu` torch CPU tensors (the cost of reading
+torch tensors, which SGLang passes, on a machine without a GPU); `cuda`
+uses torch CUDA tensors (needs torch and a GPU; the time is the host's:
+checks and the kernel launch, not the kernel). Each
 case is timed as the median of 7 runs of N calls; `floor` is an empty Python
 function call with the same arguments, for scale.
 """
@@ -118,7 +120,7 @@ def cases(s):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--device", choices=["cpu", "torch-cpu", "cuda"], default="cpu")
     ap.add_argument("--calls", type=int, default=2000, help="calls per run (7 runs per case)")
     ap.add_argument("--json", help="also write one JSON line per case to this file")
     a = ap.parse_args()
@@ -127,6 +129,10 @@ def main() -> None:
 
         xp, dev = torch, "cuda"
         sync = torch.cuda.synchronize
+    elif a.device == "torch-cpu":
+        import torch
+
+        xp, dev, sync = torch, "cpu", (lambda: None)
     else:
         xp, dev, sync = None, "cpu", (lambda: None)
     s = arrays(xp, dev)
@@ -146,6 +152,8 @@ def main() -> None:
                    median_us=round(statistics.median(runs), 3), min_us=round(min(runs), 3),
                    max_us=round(max(runs), 3), kvtier=kvtier.version(), python=platform.python_version(),
                    numpy=np.__version__, machine=platform.machine(), cpu=platform.processor() or "")
+        if xp is not None:
+            row["torch"] = xp.__version__
         rows.append(row)
         print(f"{name:46s} median {row['median_us']:7.2f} us  (min {row['min_us']:.2f}, max {row['max_us']:.2f})")
     if a.json:

@@ -11,6 +11,7 @@ measured."""
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -462,3 +463,22 @@ def test_the_measurements_pages_per_call_figures_are_the_measured_ones():
             f"{calls['copy_cache_planned_mla']:.1f} µs for a replay (`copy_cache_planned_mla`), against "
             f"{calls['floor: an empty Python call, same arguments']:.1f} µs for an empty Python call") \
         in page("docs/measurements.md"), calls
+
+
+def test_the_sglang_pages_torch_per_call_figures_are_the_measured_ones():
+    """Medians of each case's three runs; the range over the four swap-in
+    entry points."""
+    def cases(build):
+        runs = defaultdict(list)
+        for r in lines(".", f"python-per-call-torch-cpu-{build}.jsonl"):
+            runs[r["case"]].append(r["median_us"])
+        return {k: statistics.median(v) for k, v in runs.items()}
+
+    methods, dlpack = cases("methods"), cases("dlpack")
+    swap = {b: [v for k, v in c.items() if k.startswith("load_")] for b, c in (("m", methods), ("d", dlpack))}
+    floor = "floor: an empty Python call, same arguments"
+    text = " ".join(page("docs/sglang.md").split())
+    assert (f"a swap-in call took {rng(swap['m'], 1, ' µs')} reading each tensor through its methods and "
+            f"{rng(swap['d'], 1, ' µs')} through DLPack, a replay {methods['copy_cache_planned_mla']:.1f} and "
+            f"{dlpack['copy_cache_planned_mla']:.1f} µs, against {methods[floor]:.1f} and {dlpack[floor]:.1f} µs for "
+            f"the empty call") in text

@@ -122,6 +122,46 @@ class ClaimsGpu(torch.Tensor):
         return self.ordinal
 
 
+class ByMethods(torch.Tensor):
+    """A subclass that changes nothing: kvtier reads subclasses through
+    their methods, plain tensors through DLPack."""
+
+
+# (argument, its tensor made from a fresh worked example): layouts, dtypes and
+# shapes that each read must see alike, valid and not
+READS = {
+    "a valid call": (None, None),
+    "int32 LRU": ("lru_slots", lambda c: c.lru.to(torch.int32)),
+    "bool LRU": ("lru_slots", lambda c: c.lru.to(torch.bool)),
+    "strided host cache": ("host_cache", lambda c: torch.zeros((8, 2 * ITEM), dtype=torch.uint8)[:, ::2]),
+    "transposed host cache": ("host_cache", lambda c: c.host_cache.reshape(ITEM, -1).t()),
+    "empty host cache": ("host_cache", lambda c: c.host_cache[:0]),
+    "bf16 device buffer": ("device_buffer", lambda c: c.device_buffer.view(torch.bfloat16)),
+    "top-k broadcast to two rows": ("top_k_tokens", lambda c: c.topk.expand(2, -1)),
+    "0-d request index": ("req_pool_indices", lambda c: c.req.reshape(())),
+    "every other column of the output": ("top_k_device_locs",
+                                         lambda c: torch.full((1, 6), -7, dtype=torch.int32)[:, ::2]),
+    "a column of the query": ("top_k_tokens", lambda c: c.topk.t()),
+}
+
+
+@pytest.mark.parametrize("read", READS)
+def test_a_tensor_read_through_dlpack_is_read_as_through_its_methods(read):
+    arg, make = READS[read]
+    seen = []
+    for wrap in (lambda t: t, lambda t: t.as_subclass(ByMethods)):
+        c = to_torch(worked_example([4, 2, 7]))
+        kw = c.kwargs(**({arg: make(c)} if arg else {}))
+        kw = {k: wrap(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        try:
+            swap(**kw)
+            got = "ran"
+        except KvtierError as e:
+            got = str(e)
+        seen.append((got, kw["top_k_device_locs"].tolist(), c.lru.tolist(), c.tokens.tolist()))
+    assert seen[0] == seen[1]
+
+
 def test_cpu_tensors_with_a_wrong_dtype_or_layout_are_refused():
     c = to_torch(worked_example([4, 2, 7]))
     with pytest.raises(KvtierError, match="`lru_slots`: is int32; it must be int16"):

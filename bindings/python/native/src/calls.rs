@@ -283,15 +283,22 @@ fn raw_stream(py: Python<'_>, gpu: i32, stream: Arg<'_, '_>) -> PyResult<usize> 
 
 /// torch's current raw stream on `gpu`.
 fn current_stream(py: Python<'_>, gpu: i32) -> PyResult<usize> {
-    let torch = py.import("torch")?;
-    // torch._C._cuda_getCurrentRawStream: an int, no Stream object made.
-    if let Ok(f) = torch
-        .getattr("_C")
-        .and_then(|c| c.getattr("_cuda_getCurrentRawStream"))
-    {
-        return f.call1((gpu,))?.extract();
+    // torch._C._cuda_getCurrentRawStream: an int, no Stream object made;
+    // looked up once (an import and two attribute reads cost about a
+    // microsecond a call). None where this torch has no such function.
+    static RAW: pyo3::sync::PyOnceLock<Option<Py<PyAny>>> = pyo3::sync::PyOnceLock::new();
+    let raw = RAW.get_or_try_init(py, || -> PyResult<_> {
+        Ok(py
+            .import("torch")?
+            .getattr("_C")
+            .and_then(|c| c.getattr("_cuda_getCurrentRawStream"))
+            .ok()
+            .map(|f| f.unbind()))
+    })?;
+    if let Some(f) = raw {
+        return f.bind(py).call1((gpu,))?.extract();
     }
-    torch
+    py.import("torch")?
         .getattr("cuda")?
         .call_method1("current_stream", (gpu,))?
         .getattr("cuda_stream")?
