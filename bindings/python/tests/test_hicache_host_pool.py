@@ -241,7 +241,9 @@ def test_sglangs_host_memory_check_is_booked_against_the_kvtier_pool(sg, install
 
     # a second pool of the rank (a hybrid model builds several) books what is left
     second = l2_pool(sg, asm, "mha", "page_first", **BIG)
-    assert second.allocator.budget.held == used
+    # whole regions: the pool's stride, its alignment included
+    stride = first.allocator.regions[0].pool.info()["region_stride"]
+    assert second.allocator.budget.held == stride and used <= stride < used + MiB
     with pytest.raises(kvtier.KvtierError) as e:
         l2_pool(sg, asm, "mha", "page_first", **BIG)
     msg = str(e.value)
@@ -253,6 +255,15 @@ def test_dram_devices_keep_sglangs_check(sg, install, small_dram):
     asm = install(devices=["anon"])
     with pytest.raises(ValueError, match="Not enough host memory") as e:
         l2_pool(sg, asm, "mla", "layer_first", **BIG)
+    assert not isinstance(e.value, kvtier.KvtierError)
+
+
+def test_a_pool_left_to_a_storage_backend_keeps_sglangs_dram_check(sg, install, small_dram):
+    """Its buffers stay in SGLang's memory (the shm backend's), so the kvtier
+    pool's budget must not stand in for DRAM in SGLang's check."""
+    asm = install(devices=["numa:0:32MiB"])
+    with pytest.raises(ValueError, match="Not enough host memory") as e:
+        build_host_pool(sg, "mha", "page_first", choose=chooser(asm, "mha"), allocator_type="shm", **BIG)
     assert not isinstance(e.value, kvtier.KvtierError)
 
 

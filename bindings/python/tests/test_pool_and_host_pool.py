@@ -8,6 +8,7 @@ import pytest
 import kvtier
 from kvtier import KvtierError, Layout, Pool, device_bytes_for
 from kvtier.sglang import KvtierConfig, KvtierHostTensorAllocator
+from kvtier.sglang.host_pool import held_bytes
 
 
 def test_a_pool_a_region_and_its_layer_first_bytes():
@@ -102,6 +103,24 @@ def test_the_host_allocator_places_each_hicache_layouts_bytes_in_a_region(layout
     assert r.layout.entry_bytes == -(-unit // 8) * 8 and r.nbytes == r.layout.region_bytes()
     buf[...] = np.arange(buf.size).reshape(dims)
     assert (r.numpy(dtype, dims) == buf).all(), "the buffer is the region's leading bytes, in SGLang's order"
+
+
+def test_host_pools_of_one_rank_on_a_shared_device_hold_whole_regions(tmp_path):
+    """A rank's host pools on a shared (file:) device share one kvtier pool,
+    whose regions the first buffer sized: a smaller buffer takes a whole
+    region, and counts so; a larger one is refused saying why."""
+    device = f"file:{tmp_path / 'dev0'}:16MiB"
+    cfg = KvtierConfig(devices=[device], rank=0, ranks=1)
+    first = KvtierHostTensorAllocator(cfg, layout="page_first")
+    first.allocate((2, 400, 3, 2, 8), np.float16)
+    stride = first.pools[0].info()["region_stride"]
+    smaller = KvtierHostTensorAllocator(cfg, layout="page_first")
+    smaller.allocate((2, 400, 1, 2, 8), np.float16)
+    assert smaller.regions[0].nbytes < stride
+    assert held_bytes(device) == 2 * stride
+    larger = KvtierHostTensorAllocator(cfg, layout="page_first")
+    with pytest.raises(KvtierError, match="sized by the first host buffer placed in it.*private devices"):
+        larger.allocate((2, 400, 6, 2, 8), np.float16)
 
 
 def test_the_host_allocator_refuses_what_it_cannot_place():

@@ -72,8 +72,15 @@ _allocators: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def held_bytes(device: str) -> int:
-    """Bytes this process's host pools hold in kvtier regions on `device`."""
-    return sum(r.nbytes for a in list(_allocators) for r, d in zip(a.regions, a.region_devices) if d == device)
+    """Bytes this process's host pools hold in kvtier regions on `device`:
+    whole regions (a buffer smaller than its pool's regions holds one all
+    the same)."""
+    return sum(region_bytes(r) for a in list(_allocators) for r, d in zip(a.regions, a.region_devices) if d == device)
+
+
+def region_bytes(region) -> int:
+    """The bytes a region takes of its pool: the pool's region stride."""
+    return max(region.nbytes, region.pool.info()["region_stride"])
 
 
 def placement(layout: str, dims: tuple, itemsize: int) -> tuple:
@@ -212,25 +219,34 @@ class KvtierHostTensorAllocator:
         else:
             layout = Layout(entry, planes * max(layers, self.config.region_layers or 0), rows)
             devices = named = self.config.devices
-            used = sum(r.nbytes for r in self.regions)
-            if self.budget is not None and used + layout.region_bytes() > self.budget.bytes:
-                slack = layout.region_bytes() - planes * layers * rows * entry
+            used = sum(region_bytes(r) for r in self.regions)
+
+            def check_budget(takes: int):
+                if self.budget is None or used + takes <= self.budget.bytes:
+                    return
+                slack = takes - planes * layers * rows * entry
                 raise KvtierError(
-                    f"the host pool takes {layout.region_bytes() / 2**20:.1f} MiB in the kvtier pool "
-                    f"({slack / 2**20:.1f} MiB of it the region_layers slack: regions of "
-                    f"{layout.layers // planes} layers for this stage's {layers}), more than "
-                    f"{(self.budget.bytes - used) / 2**20:.1f} MiB left of {self.budget.describe()}: "
-                    f"{self.advice}, or give the pool more devices"
+                    f"the host pool takes {takes / 2**20:.1f} MiB in the kvtier pool "
+                    f"({slack / 2**20:.1f} MiB of it slack: the region_layers slack of regions of "
+                    f"{layout.layers // planes} layers for this stage's {layers}, or a region the pool sized for a "
+                    f"larger buffer), more than {(self.budget.bytes - used) / 2**20:.1f} MiB left of "
+                    f"{self.budget.describe()}: {self.advice}, or give the pool more devices"
                 )
+
+            check_budget(layout.region_bytes())
             try:
                 pool = Pool.open_or_create(layout, devices, rank=rank, ranks=ranks, clients=self.config.clients)
             except KvtierError as e:
                 if "regions hold" not in e.message:
                     raise
                 raise KvtierError(
-                    f"{e.message}: set region_layers in the kvtier config to the most layers any stage holds (this "
-                    f"stage holds {layers})", e.status,
+                    f"{e.message}: the pool's regions were sized by the first host buffer placed in it; set "
+                    f"region_layers in the kvtier config to the most layers any stage holds (this stage holds "
+                    f"{layers}), or, where a rank places host pools of different sizes (hybrid models' pools, "
+                    f"HiSparse and HiCache together), give it private devices (numa:, anon)", e.status,
                 ) from e
+            # a buffer smaller than the pool's regions takes a whole one
+            check_budget(max(layout.region_bytes(), pool.info()["region_stride"]))
         region = pool.alloc_region(request=rank)
         self.pools.append(pool)
         counters.publish_to(pool)
@@ -292,7 +308,10 @@ def host_pool_class(base: type, config: KvtierConfig, hicache: bool = False) -> 
         @functools.wraps(base.__init__)
         def __init__(self, *args, **kwargs):
             budget = None
-            if _layout_argument(base, args, kwargs) in layouts:
+            # (a pool left to a storage backend's allocator stays in DRAM:
+            # SGLang's check books it against DRAM, as without kvtier)
+            if _layout_argument(base, args, kwargs) in layouts and not (
+                    hicache and _allocator_argument(base, args, kwargs) in STORAGE_ALLOCATORS):
                 budget = capacity.rank_budget(config, *detect_rank(config))
                 if budget is not None:
                     budget = budget.less(held_bytes(budget.device))
@@ -360,6 +379,24 @@ def _polling(method):
         return method(self, *args, **kwargs)
 
     return per_step
+
+
+# The `allocator_type`s for which SGLang's get_allocator_from_storage
+# (pool_host/common.py, 0.5.21-0.5.23) gives a storage backend's allocator
+# where the backend is installed; every other gives its plain host memory.
+STORAGE_ALLOCATORS = ("mooncake", "mori", "shm", "tensorcast")
+
+
+def _allocator_argument(base: type, args: tuple, kwargs: dict):
+    """The `allocator_type` a host pool is being built with (SGLang's
+    "default" where it has none or the arguments do not bind)."""
+    try:
+        sig = inspect.signature(base.__init__)
+        bound = sig.bind(None, *args, **kwargs)
+    except (TypeError, ValueError):
+        return "default"
+    bound.apply_defaults()
+    return bound.arguments.get("allocator_type", "default")
 
 
 def _layout_argument(base: type, args: tuple, kwargs: dict):
