@@ -1044,6 +1044,8 @@ fn two_streams_share_the_error_word_and_counters() {
         SwapInStrategy::Compact,
         SwapInStrategy::CompactOneLaunch,
         SwapInStrategy::FewMiss512,
+        SwapInStrategy::FewMissOneLaunch,
+        SwapInStrategy::FewMiss512OneLaunch,
     ] {
         let mut engine = SwapInEngine::new(cuda()).unwrap();
         let batch = a.batch().max(b.batch()).max(1) as u32;

@@ -208,9 +208,11 @@ pub enum SwapInStrategy {
     /// whole batch's plan (where `FewMiss` hands rows of more than
     /// [`FEW_MISS_INLINE`] misses to the copy kernel, which waits for the
     /// plan kernel to complete): for batches wide enough that the planning
-    /// blocks alone keep the link busy (on the H100 run of 2026-11-27 the
-    /// plan was ~20 µs of `FewMiss`'s 273.5 µs at batch 64 with 274 misses a
-    /// request). Where the few-miss planner's state does not fit the GPU's
+    /// blocks alone keep the link busy (on the H100 run of 2026-11-27
+    /// `FewMiss` took 273.5 µs at batch 64 with 274 misses a request, the
+    /// link's contiguous copy 213.8 µs; one planning block of a 2-miss row
+    /// took 19.5 µs under Nsight Compute, the plan's share at batch 64 is
+    /// not measured). Where the few-miss planner's state does not fit the GPU's
     /// shared memory, the block-scan planner copies its own misses
     /// (`OneBlockPerRequest`). Exact on the CPU (the kernel emulator); not
     /// yet timed on a GPU.
@@ -495,7 +497,10 @@ impl SwapInEngine {
     /// `WarpVectors`, the only method a GPU has timed for the swap-in). The
     /// rows a planning block copies itself (at most [`FEW_MISS_INLINE`]
     /// misses) move as `WarpVectors` under every method: the latency regime,
-    /// a pass or two of a warp. The CPU executor has one way.
+    /// a pass or two of a warp. So do all rows of the strategies with no
+    /// copy kernel (`OneBlockPerRequest`, `CompactOneLaunch`,
+    /// `FewMissOneLaunch`, `FewMiss512OneLaunch`): the method changes nothing
+    /// there. The CPU executor has one way.
     pub fn run_with_copy(
         &self,
         args: &SwapInArgs<'_>,

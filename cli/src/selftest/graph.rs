@@ -39,6 +39,8 @@ pub(super) fn check(dut: &Executor, seed: u64) -> Row {
             (SwapInStrategy::Compact, true),
             (SwapInStrategy::CompactOneLaunch, false),
             (SwapInStrategy::FewMiss512, false),
+            (SwapInStrategy::FewMissOneLaunch, false),
+            (SwapInStrategy::FewMiss512OneLaunch, false),
         ] {
             checks.push(("swap-in", swap_in(dut, clean, strategy, plan)?));
         }
