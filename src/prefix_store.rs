@@ -311,13 +311,15 @@ fn hash_key(key: &[u8]) -> u64 {
 }
 
 fn check_key(key: &[u8]) -> Result<()> {
-    if key.is_empty() || key.len() > MAX_PAGE_KEY_BYTES {
+    check_bytes("key", "a page key", key.len(), MAX_PAGE_KEY_BYTES)
+}
+
+/// Argument `arg` (`what`) of `len` bytes must hold 1 to `max`.
+fn check_bytes(arg: &'static str, what: &str, len: usize, max: usize) -> Result<()> {
+    if len == 0 || len > max {
         return Err(invalid(
-            "key",
-            format!(
-                "a page key is 1 to {MAX_PAGE_KEY_BYTES} bytes, not {}",
-                key.len()
-            ),
+            arg,
+            format!("{what} is 1 to {max} bytes, not {len}"),
         ));
     }
     Ok(())
@@ -378,15 +380,12 @@ impl PrefixStore {
         slots: u64,
         wait: Duration,
     ) -> Result<PrefixStore> {
-        if namespace.is_empty() || namespace.len() > MAX_NAMESPACE_BYTES {
-            return Err(invalid(
-                "namespace",
-                format!(
-                    "a namespace is 1 to {MAX_NAMESPACE_BYTES} bytes, not {}",
-                    namespace.len()
-                ),
-            ));
-        }
+        check_bytes(
+            "namespace",
+            "a namespace",
+            namespace.len(),
+            MAX_NAMESPACE_BYTES,
+        )?;
         if page_bytes == 0 || page_bytes > 1 << 40 {
             return Err(invalid(
                 "page_bytes",
@@ -1112,16 +1111,7 @@ pub fn destroy(path: &Path) -> Result<()> {
         )));
     }
     // The path must still name the file locked.
-    if !crate::table::still_named(path, &meta) {
-        return Err(Error::Pool(format!(
-            "{} changed while it was being destroyed; look again",
-            path.display()
-        )));
-    }
-    std::fs::remove_file(path).map_err(|source| Error::Io {
-        context: format!("removing {}", path.display()),
-        source,
-    })
+    crate::table::remove_still_named(path, &meta)
 }
 
 #[cfg(test)]

@@ -405,6 +405,22 @@ pub(crate) fn still_named(path: &Path, meta: &std::fs::Metadata) -> bool {
         .is_ok_and(|now| now.dev() == meta.dev() && now.ino() == meta.ino())
 }
 
+/// Removes `path` when it still names the file `meta` describes (the
+/// destroyer holds that file's lock); an error saying to look again when it
+/// names another.
+pub(crate) fn remove_still_named(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    if !still_named(path, meta) {
+        return Err(Error::Pool(format!(
+            "{} changed while it was being destroyed; look again",
+            path.display()
+        )));
+    }
+    std::fs::remove_file(path).map_err(|source| Error::Io {
+        context: format!("removing {}", path.display()),
+        source,
+    })
+}
+
 /// Takes `how` on `file` (waiting until `deadline`); false when the path
 /// no longer names the file by then.
 fn lock_named(
@@ -1010,16 +1026,7 @@ pub fn destroy(path: &Path) -> Result<()> {
     // magic, through a mapping (hugetlbfs files take no write()): a process
     // that opened the table and waits for its lock finds no table in it.
     if backing != Backing::DevDax {
-        if !still_named(path, &meta) {
-            return Err(Error::Pool(format!(
-                "{} changed while it was being destroyed; look again",
-                path.display()
-            )));
-        }
-        std::fs::remove_file(path).map_err(|source| Error::Io {
-            context: format!("removing {}", path.display()),
-            source,
-        })?;
+        remove_still_named(path, &meta)?;
     }
     let m = map(
         &file,

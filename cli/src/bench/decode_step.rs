@@ -29,6 +29,7 @@
 //! nothing a step measures: each layer's swap-in writes its own rows).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde_json::json;
 
@@ -938,7 +939,6 @@ impl<'b> Replay<'b> {
             }
             Ok(())
         };
-        let kvtier_calls = |st: Stream| calls_with(SwapInStrategy::DEFAULT, st);
         let same_tables = |what: &str| -> kvtier::Result<()> {
             if this.out.to_vec()? != outcome.out {
                 return Err(kvtier::Error::Pool(format!(
@@ -949,31 +949,36 @@ impl<'b> Replay<'b> {
             }
             Ok(())
         };
-        let (kv, kv_method) = match exec {
-            Executor::Cuda(dev) => {
-                let graph =
-                    kvtier::cuda::CudaGraph::capture(dev, graph_stream(&clock), kvtier_calls)?;
-                let t = b.time(&clock, Timing::Device, reset, |st| graph.launch(st))?;
-                (t, KVTIER_GRAPH)
-            }
-            Executor::Cpu => (
-                b.time(&clock, Timing::Device, reset, kvtier_calls)?,
-                KVTIER_CPU,
-            ),
+        // a strategy's swap-ins of the step, captured once and replayed
+        let time_graph = |dev: &Arc<kvtier::CudaDevice>,
+                          strategy: SwapInStrategy,
+                          what: &str|
+         -> kvtier::Result<Stats> {
+            let graph = kvtier::cuda::CudaGraph::capture(dev, graph_stream(&clock), |st| {
+                calls_with(strategy, st)
+            })?;
+            let t = b.time(&clock, Timing::Device, reset, |st| graph.launch(st))?;
+            this.tier.check(clock.stream())?;
+            same_tables(what)?;
+            Ok(t)
         };
-        this.tier.check(clock.stream())?;
-        same_tables("kvtier's graph")?;
-        let one_launch = match exec {
-            Executor::Cuda(dev) => {
-                let graph = kvtier::cuda::CudaGraph::capture(dev, graph_stream(&clock), |st| {
-                    calls_with(SwapInStrategy::FewMissOneLaunch, st)
-                })?;
-                let t = b.time(&clock, Timing::Device, reset, |st| graph.launch(st))?;
+        let (kv, kv_method, one_launch) = match exec {
+            Executor::Cuda(dev) => (
+                time_graph(dev, SwapInStrategy::DEFAULT, "kvtier's graph")?,
+                KVTIER_GRAPH,
+                Some(time_graph(
+                    dev,
+                    SwapInStrategy::FewMissOneLaunch,
+                    "kvtier's one-launch graph",
+                )?),
+            ),
+            Executor::Cpu => {
+                let calls = |st| calls_with(SwapInStrategy::DEFAULT, st);
+                let t = b.time(&clock, Timing::Device, reset, calls)?;
                 this.tier.check(clock.stream())?;
-                same_tables("kvtier's one-launch graph")?;
-                Some(t)
+                same_tables("kvtier's graph")?;
+                (t, KVTIER_CPU, None)
             }
-            Executor::Cpu => None,
         };
         // SGLang's kernel, where its harness takes the shape
         let theirs = match (sglang, exec) {

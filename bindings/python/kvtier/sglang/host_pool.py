@@ -310,8 +310,8 @@ def host_pool_class(base: type, config: KvtierConfig, hicache: bool = False) -> 
             budget = None
             # (a pool left to a storage backend's allocator stays in DRAM:
             # SGLang's check books it against DRAM, as without kvtier)
-            if _layout_argument(base, args, kwargs) in layouts and not (
-                    hicache and _allocator_argument(base, args, kwargs) in STORAGE_ALLOCATORS):
+            layout, allocator_type = _pool_arguments(base, args, kwargs)
+            if layout in layouts and not (hicache and allocator_type in STORAGE_ALLOCATORS):
                 budget = capacity.rank_budget(config, *detect_rank(config))
                 if budget is not None:
                     budget = budget.less(held_bytes(budget.device))
@@ -387,31 +387,20 @@ def _polling(method):
 STORAGE_ALLOCATORS = ("mooncake", "mori", "shm", "tensorcast")
 
 
-def _allocator_argument(base: type, args: tuple, kwargs: dict):
-    """The `allocator_type` a host pool is being built with (SGLang's
-    "default" where it has none or the arguments do not bind)."""
+def _pool_arguments(base: type, args: tuple, kwargs: dict) -> tuple:
+    """(`layout`, `allocator_type`) a host pool is being built with, read from
+    its constructor's arguments before it runs: a pool without a layout
+    parameter is layer-first (SGLang's MHA HiSparse pool), one without an
+    allocator type SGLang's "default"; (None, "default") if they do not
+    bind."""
     try:
         sig = inspect.signature(base.__init__)
         bound = sig.bind(None, *args, **kwargs)
     except (TypeError, ValueError):
-        return "default"
+        return None, "default"
     bound.apply_defaults()
-    return bound.arguments.get("allocator_type", "default")
-
-
-def _layout_argument(base: type, args: tuple, kwargs: dict):
-    """The `layout` a host pool is being built with, read from its
-    constructor's arguments before it runs (a pool without the parameter is
-    layer-first: SGLang's MHA HiSparse pool); None if they do not bind."""
-    try:
-        sig = inspect.signature(base.__init__)
-        bound = sig.bind(None, *args, **kwargs)
-    except (TypeError, ValueError):
-        return None
-    if "layout" not in sig.parameters:
-        return "layer_first"
-    bound.apply_defaults()
-    return bound.arguments.get("layout")
+    layout = bound.arguments.get("layout") if "layout" in sig.parameters else "layer_first"
+    return layout, bound.arguments.get("allocator_type", "default")
 
 
 def _torch_dtype(dtype):
