@@ -308,16 +308,19 @@ template <class P, uint32_t U = 1>
 __device__ __forceinline__ void warp_copy_item_piece(const kvt_item_layout& L, kvt_addr src_base, kvt_addr dst_base,
                                                      uint64_t src_row, uint64_t dst_row, uint32_t lane,
                                                      uint32_t piece, uint32_t parts) {
-    const uint64_t mask = (1ull << L.page_shift) - 1;
+    // A row's place in its page fits 32 bits (page_shift <= 16), and so does
+    // its scale's offset in the page's scale run (scale_bytes <= 256).
+    const uint32_t mask = (1u << L.page_shift) - 1;
+    const uint32_t src_in = (uint32_t)src_row & mask, dst_in = (uint32_t)dst_row & mask;
     const char* src = reinterpret_cast<const char*>(src_base) + (src_row >> L.page_shift) * L.page_bytes;
     char* dst = reinterpret_cast<char*>(dst_base) + (dst_row >> L.page_shift) * L.page_bytes;
     if (piece < parts) {
-        warp_copy_entry<P, U>(src + (src_row & mask) * L.value_bytes, dst + (dst_row & mask) * L.value_bytes,
+        warp_copy_entry<P, U>(src + (uint64_t)src_in * L.value_bytes, dst + (uint64_t)dst_in * L.value_bytes,
                               L.value_bytes, lane, piece, parts);
     } else if (lane < (L.scale_bytes >> 3)) {
         const uint64_t scale_run = (uint64_t)L.value_bytes << L.page_shift;
-        P::store8(dst + scale_run + (dst_row & mask) * L.scale_bytes + 8 * lane,
-                  P::load8(src + scale_run + (src_row & mask) * L.scale_bytes + 8 * lane));
+        P::store8(dst + scale_run + dst_in * L.scale_bytes + 8 * lane,
+                  P::load8(src + scale_run + src_in * L.scale_bytes + 8 * lane));
     }
 }
 
@@ -393,6 +396,20 @@ __device__ __forceinline__ void atomic_min16(uint16_t* a, uint16_t v) {
         old = found;
     }
 }
+
+// This thread's index in its block, read from its special register where
+// called. Not `threadIdx.x`, which ptxas reads once and then holds: in a
+// kernel at its register cap it spills that value (and reloads it from local
+// memory) rather than read the register again.
+#ifndef KVT_HOST_EMULATION
+__device__ __forceinline__ uint32_t thread_index() {
+    uint32_t v;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+    return v;
+}
+#else
+__device__ __forceinline__ uint32_t thread_index() { return threadIdx.x; }
+#endif
 
 // Index of this thread's warp in the grid, and the number of warps in the grid.
 __device__ __forceinline__ uint32_t global_warp() {

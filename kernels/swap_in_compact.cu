@@ -21,11 +21,13 @@
 // - 16-bit LRU positions per entry (e_pos), updated with a 32-bit CAS; the
 //   device rows of hits and of the slots misses take are loaded from global
 //   memory (L2) when needed instead of kept;
-// - 32 registers a thread: the request's pointers recomputed from a shared
-//   copy of its index, error reports made after the loops that find them
-//   (a call inside a loop holds the loop's registers across it), and the
-//   copy split into work items of one 512-byte pass or one scale piece of
-//   one plane of one row, each a warp's.
+// - 32 registers a thread, and no spill (scripts/kernel-resources.sh): the
+//   request's pointers recomputed from a shared copy of its index, the
+//   thread index read again where used, error reports made after the loops
+//   that find them (a call inside a loop holds the loop's registers across
+//   it), and the copy split into work items of one 512-byte pass or one
+//   scale piece of one plane of one row, each a warp's, its counts read
+//   from shared memory.
 // Its misses are copied by the block itself when they are at most
 // KVT_SWAP_FEW_MISS_INLINE (the copy kernel follows with
 // KVT_SWAP_SKIP_INLINE and moves the other rows'), or all of them with
@@ -100,10 +102,15 @@ struct Smem {
         return reinterpret_cast<uint32_t*>(words() + KVT_SWAP_FEW_MISS_INLINE);
     }
     __device__ __forceinline__ uint32_t* miss_totals() const { return slot_totals() + 3 * kWarps; }
-    // [4]: [0] set when the query names a token twice
+    // [4]: [0] set when the query names a token twice; [1..3] the copy's
+    // work (CopyWork)
     __device__ __forceinline__ int32_t* duplicates() const {
         return reinterpret_cast<int32_t*>(miss_totals() + kWarps);
     }
+    // The row's copy work, written by thread 0 with the plan count, read by
+    // every warp in the copy loop: from shared memory at each iteration, where
+    // values held in registers across the loop would spill.
+    __device__ __forceinline__ volatile int32_t* copy_work() const { return duplicates() + 1; }
     // [hs] the hash table's keys (8-byte aligned); once the slots are tested
     // and duplicates marked, [E] the row each entry's output or copy needs
     // (hs >= 2E)
@@ -193,9 +200,13 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     using namespace kvt;
     using namespace kvt::swap;
     using namespace kvt::swap::compact;
-    const uint32_t tid = threadIdx.x;
+    // The thread's index is read again at each use: ptxas keeps a special
+    // register's value in a register (or spills it) rather than reading it
+    // again, and 32 registers leave none to hold it through the kernel.
+    auto tid = [] { return thread_index(); };
+    auto warp = [] { return thread_index() / KVT_WARP; };
+    auto lane = [] { return thread_index() % KVT_WARP; };
     const uint32_t nthreads = blockDim.x;
-    const uint32_t warp = tid / KVT_WARP, lane = tid % KVT_WARP;
     const Smem s{p};
     const Request rq{p, s};
     const PlanRow row(p, blockIdx.x);
@@ -219,15 +230,15 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
         // which also orders the clears before the inserts.
         bool named = false;
         const bool wide = p.flags & KVT_SWAP_REQ_INDICES_I64;
-        for (uint32_t e = tid; e < blockIdx.x; e += nthreads) named |= load_index(p.req_pool_indices, e, wide) == rid;
+        for (uint32_t e = tid(); e < blockIdx.x; e += nthreads) named |= load_index(p.req_pool_indices, e, wide) == rid;
         if (long_row) {
-            s.hash().clear(tid, nthreads);
+            s.hash().clear(tid(), nthreads);
             unsigned* pos_words = reinterpret_cast<unsigned*>(s.e_pos());
-            for (uint32_t w = tid; w < (p.entries + 1) / 2; w += nthreads) pos_words[w] = 0xffffffffu;
-            for (uint32_t w = tid; w < (p.hot + 31) / 32; w += nthreads) s.bitmap()[w] = 0;
-            if (tid == 0) s.duplicates()[0] = 0;
+            for (uint32_t w = tid(); w < (p.entries + 1) / 2; w += nthreads) pos_words[w] = 0xffffffffu;
+            for (uint32_t w = tid(); w < (p.hot + 31) / 32; w += nthreads) s.bitmap()[w] = 0;
+            if (tid() == 0) s.duplicates()[0] = 0;
         }
-        if (tid == 0) *s.request() = rid;
+        if (tid() == 0) *s.request() = rid;
         if (__syncthreads_or(named)) {
             row.refuse(KVT_ERR_SWAP_DUP_REQ, rid);
             return;
@@ -246,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     // inverted; the query's tokens of the LRU part go into the hash table.
     bool lru_bad = false;
     batched<2>(
-        tid, p.hot, nthreads, [&](uint32_t pos) { return ld(rq.lru() + pos); },
+        tid(), p.hot, nthreads, [&](uint32_t pos) { return ld(rq.lru() + pos); },
         [&](uint32_t pos, int16_t slot) {
             bool ok = slot >= 0 && (uint32_t)slot < p.hot;
             if (ok) {
@@ -267,10 +278,10 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
         // One loop per query kind: in a shared one the compiler computes a
         // block query's division for every entry of a token query too.
         if (p.flags & KVT_SWAP_QUERY_BLOCKS)
-            batched<2>(tid, p.entries, nthreads, [&](uint32_t i) { return query_entry(p, rq.topk(), i); }, insert);
+            batched<2>(tid(), p.entries, nthreads, [&](uint32_t i) { return query_entry(p, rq.topk(), i); }, insert);
         else
             batched<2>(
-                tid, p.entries, nthreads, [&](uint32_t i) { return ld(rq.topk() + i); },
+                tid(), p.entries, nthreads, [&](uint32_t i) { return ld(rq.topk() + i); },
                 [&](uint32_t i, int32_t t) { insert(i, QueryEntry{t, t < -1}); });
     }
     if (__syncthreads_or(lru_bad)) {  // lru_slots is not a permutation of [0, hot)
@@ -283,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     // others are evictable, usable when their device row is in range. Each
     // slot's flags go to its LRU position.
     batched<2>(
-        tid, p.hot, nthreads, [&](uint32_t slot) { return SlotRow{ld(rq.btok() + slot), ld(rq.bloc() + slot)}; },
+        tid(), p.hot, nthreads, [&](uint32_t slot) { return SlotRow{ld(rq.btok() + slot), ld(rq.bloc() + slot)}; },
         [&](uint32_t slot, const SlotRow& r) {
             const uint16_t pos = s.pos_of()[slot];
             const int32_t e = r.token >= 0 ? s.hash().find(r.token) : -1;
@@ -303,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     // A duplicate entry is marked with its canonical one (after this the hash
     // table is done with: its space holds the entries' rows below).
     if (s.duplicates()[0] != 0) {
-        for (uint32_t i = tid; i < p.entries; i += nthreads) {
+        for (uint32_t i = tid(); i < p.entries; i += nthreads) {
             const int32_t tok = s.e_tok()[i];
             if (tok < 0) continue;
             const int32_t c = s.hash().find(tok);
@@ -312,33 +323,33 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     }
     // Per warp, in LRU order: hits, evictables, usable evictables.
     {
-        const Chunks pc(p.hot, warp);
+        const Chunks pc(p.hot, warp());
         uint32_t n_hit = 0, n_usable = 0, n_valid = 0;
         for (uint32_t c = pc.first; c < pc.end; ++c) {
-            const uint32_t pos = c * KVT_WARP + lane;
+            const uint32_t pos = c * KVT_WARP + lane();
             const uint16_t f = pos < p.hot ? s.lru_old()[pos] : 0;
             n_valid += __popc(warp_ballot(pos < p.hot));
             n_hit += __popc(warp_ballot(pos < p.hot && (f & kHit)));
             n_usable += __popc(warp_ballot(pos < p.hot && (f & kUsable)));
         }
-        if (lane == 0) {
-            s.slot_totals()[warp * 3 + 0] = n_hit;
-            s.slot_totals()[warp * 3 + 1] = n_valid - n_hit;
-            s.slot_totals()[warp * 3 + 2] = n_usable;
+        if (lane() == 0) {
+            s.slot_totals()[warp() * 3 + 0] = n_hit;
+            s.slot_totals()[warp() * 3 + 1] = n_valid - n_hit;
+            s.slot_totals()[warp() * 3 + 2] = n_usable;
         }
     }
     __syncthreads();
 
     // The first E usable evictables, in LRU order: the m-th miss takes the m-th.
     {
-        const Chunks pc(p.hot, warp);
-        uint32_t u = warp_offset(s.slot_totals() + 2, 3, warp, lane).before;
+        const Chunks pc(p.hot, warp());
+        uint32_t u = warp_offset(s.slot_totals() + 2, 3, warp(), lane()).before;
         for (uint32_t c = pc.first; c < pc.end; ++c) {
-            const uint32_t pos = c * KVT_WARP + lane;
+            const uint32_t pos = c * KVT_WARP + lane();
             const uint16_t f = pos < p.hot ? s.lru_old()[pos] : 0;
             const bool usable = pos < p.hot && (f & kUsable);
             const uint32_t votes = warp_ballot(usable);
-            const uint32_t r = u + __popc(votes & lanes_below(lane));
+            const uint32_t r = u + __popc(votes & lanes_below(lane()));
             if (usable && r < p.entries) s.usable_slot()[r] = f & kSlotMask;
             u += __popc(votes);
         }
@@ -351,13 +362,13 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     // keeps its entries' misses in `miss_bits` (bit k for chunk first + k),
     // their host rows in entry_row; duplicates, marked in e_tok, take their
     // canonical entry's output at the end.
-    const Chunks ec(p.entries, warp);
+    const Chunks ec(p.entries, warp());
     int64_t row_of[kMaxEntryChunks];
     uint32_t hit_bits = 0, cand_bits = 0;
 #pragma unroll
     for (uint32_t k = 0; k < kMaxEntryChunks; ++k) {
         row_of[k] = -1;
-        const uint32_t i = (ec.first + k) * KVT_WARP + lane;
+        const uint32_t i = (ec.first + k) * KVT_WARP + lane();
         if (ec.first + k >= ec.end || i >= p.entries) continue;
         const int32_t tok = s.e_tok()[i];
         if (tok == kNewest || (tok >= 0 && s.e_pos()[i] != kNone16)) {
@@ -378,7 +389,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
 #pragma unroll
         for (uint32_t k = 0; k < kMaxEntryChunks; ++k) {
             if (ec.first + k >= ec.end) break;  // warp-uniform
-            const uint32_t i = (ec.first + k) * KVT_WARP + lane;
+            const uint32_t i = (ec.first + k) * KVT_WARP + lane();
             bool miss = false;
             if (i < p.entries && s.e_tok()[i] > kDupOf) {
                 int32_t o = -1;
@@ -400,12 +411,12 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
             miss_bits |= (uint32_t)miss << k;
             n_miss += __popc(warp_ballot(miss));
         }
-        if (lane == 0) s.miss_totals()[warp] = n_miss;
+        if (lane() == 0) s.miss_totals()[warp()] = n_miss;
     }
 #pragma unroll 1
     for (uint32_t k = 0; bad_bits >> k; ++k) {
         if (!((bad_bits >> k) & 1u)) continue;
-        const uint32_t i = (ec.first + k) * KVT_WARP + lane;
+        const uint32_t i = (ec.first + k) * KVT_WARP + lane();
         report(Reporter(p), (hit_bits >> k) & 1u ? KVT_ERR_SWAP_DEVICE_LOC : KVT_ERR_SWAP_HOST_LOC,
                (blockIdx.x << 16) | i, s.entry_row()[i]);
     }
@@ -413,8 +424,8 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     // Recomputed where used (from the per-warp totals; every lane votes)
     // rather than held through the phases below.
     auto loads = [&] {
-        return min(warp_offset(s.miss_totals(), 1, warp, lane).total,
-                   warp_offset(s.slot_totals() + 2, 3, warp, lane).total);
+        return min(warp_offset(s.miss_totals(), 1, warp(), lane()).total,
+                   warp_offset(s.slot_totals() + 2, 3, warp(), lane()).total);
     };
     auto copies_few = [&](uint32_t n_load) {
         return !(p.flags & (KVT_SWAP_COPY_IN_PLAN | KVT_SWAP_SKIP_IO)) && n_load <= KVT_SWAP_FEW_MISS_INLINE;
@@ -425,14 +436,14 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     {
         const uint32_t n_load = loads();
         const bool copy_few = copies_few(n_load);
-        uint32_t r = warp_offset(s.miss_totals(), 1, warp, lane).before;
+        uint32_t r = warp_offset(s.miss_totals(), 1, warp(), lane()).before;
 #pragma unroll
         for (uint32_t k = 0; k < kMaxEntryChunks; ++k) {
             if (ec.first + k >= ec.end) break;  // warp-uniform
-            const uint32_t i = (ec.first + k) * KVT_WARP + lane;
+            const uint32_t i = (ec.first + k) * KVT_WARP + lane();
             const bool miss = (miss_bits >> k) & 1u;
             const uint32_t votes = warp_ballot(miss);
-            const uint32_t m = r + __popc(votes & lanes_below(lane));
+            const uint32_t m = r + __popc(votes & lanes_below(lane()));
             r += __popc(votes);
             if (!miss) continue;
             int32_t o = -1;
@@ -455,10 +466,16 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
         }
     }
     {
-        const uint32_t n_hits = warp_offset(s.slot_totals(), 3, warp, lane).total;  // every lane votes
+        const uint32_t n_hits = warp_offset(s.slot_totals(), 3, warp(), lane()).total;  // every lane votes
         const uint32_t n_load = loads();
-        if (tid == 0) {
+        if (tid() == 0) {
             st(row.plan_count + blockIdx.x, (int32_t)n_load);
+            // Misses to copy; work items of one row (pieces of each plane:
+            // the value's 512-byte passes, then the scale, if any); pieces.
+            const uint32_t pieces = row_passes(p.items) + (p.items.scale_bytes != 0 ? 1 : 0);
+            s.copy_work()[0] = (int32_t)n_load;
+            s.copy_work()[1] = (int32_t)(pieces * (p.host_cache[1] != 0 ? 2 : 1));
+            s.copy_work()[2] = (int32_t)pieces;
             count_row(p, n_hits, n_load);
         }
     }
@@ -467,14 +484,14 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     // (miss order), the hits (old order).
     {
         const uint32_t n_load = loads();
-        const Chunks pc(p.hot, warp);
-        const WarpOffset hits = warp_offset(s.slot_totals() + 0, 3, warp, lane);
-        const WarpOffset evictables = warp_offset(s.slot_totals() + 1, 3, warp, lane);
+        const Chunks pc(p.hot, warp());
+        const WarpOffset hits = warp_offset(s.slot_totals() + 0, 3, warp(), lane());
+        const WarpOffset evictables = warp_offset(s.slot_totals() + 1, 3, warp(), lane());
         uint32_t hit_r = hits.before, evict_r = evictables.before;
-        uint32_t usable_r = warp_offset(s.slot_totals() + 2, 3, warp, lane).before;
-        const uint32_t below = lanes_below(lane);
+        uint32_t usable_r = warp_offset(s.slot_totals() + 2, 3, warp(), lane()).before;
+        const uint32_t below = lanes_below(lane());
         for (uint32_t c = pc.first; c < pc.end; ++c) {
-            const uint32_t pos = c * KVT_WARP + lane;
+            const uint32_t pos = c * KVT_WARP + lane();
             const bool valid = pos < p.hot;
             const uint16_t f = valid ? s.lru_old()[pos] : 0;
             const bool hit = valid && (f & kHit), evict = valid && !hit, usable = valid && (f & kUsable);
@@ -498,7 +515,7 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
 
     __syncthreads();  // canonical outputs, the plan and the copy list, for other threads
     if (s.duplicates()[0] != 0) {
-        for (uint32_t i = tid; i < p.entries; i += nthreads) {
+        for (uint32_t i = tid(); i < p.entries; i += nthreads) {
             const int32_t tok = s.e_tok()[i];
             if (tok <= kDupOf) st(rq.out() + i, s.e_tok()[kDupOf - tok]);
         }
@@ -522,13 +539,18 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
     // caller's memory (a recorded miss plan), which another stream could
     // change. A bad one is skipped, and reported after the loop (a call
     // inside it would hold the loop's registers across the call).
-    const uint32_t parts = row_passes(p.items);
-    const uint32_t pieces = parts + (p.items.scale_bytes != 0 ? 1 : 0);
-    const uint32_t per_row = pieces * (p.host_cache[1] != 0 ? 2 : 1);
-    auto row_at = [&](uint32_t m) -> int64_t { return copy_all ? ld(rq.plan_src() + m) : s.copy_src()[m]; };
-    auto loc_at = [&](uint32_t m) -> int32_t { return copy_all ? ld(rq.plan_dst() + m) : s.copy_dst()[m]; };
+    // The flag, and every count of the work (copy_work), are read again
+    // where used rather than held through the loop.
+    auto row_at = [&](uint32_t m) -> int64_t {
+        return (p.flags & KVT_SWAP_COPY_IN_PLAN) ? ld(rq.plan_src() + m) : s.copy_src()[m];
+    };
+    auto loc_at = [&](uint32_t m) -> int32_t {
+        return (p.flags & KVT_SWAP_COPY_IN_PLAN) ? ld(rq.plan_dst() + m) : s.copy_dst()[m];
+    };
+    auto work_items = [&] { return (uint32_t)s.copy_work()[0] * (uint32_t)s.copy_work()[1]; };
     bool skipped = false;
-    for (uint32_t g = warp; g < n_load * per_row; g += kWarps) {
+    for (uint32_t g = warp(); g < work_items(); g += kWarps) {
+        const uint32_t per_row = s.copy_work()[1], pieces = s.copy_work()[2];
         const uint32_t m = g / per_row, item = g - m * per_row, plane = item / pieces;
         const int64_t src = row_at(m);
         const int32_t dst = loc_at(m);
@@ -538,10 +560,11 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_COMPACT_THREADS, 2)
         }
         warp_copy_item_piece<PoolToDevice>(p.items, plane ? p.host_cache[1] : p.host_cache[0],
                                            plane ? p.device_buffer[1] : p.device_buffer[0], (uint64_t)src,
-                                           (uint64_t)dst, lane, item - plane * pieces, parts);
+                                           (uint64_t)dst, lane(), item - plane * pieces, row_passes(p.items));
     }
-    if (skipped && lane == 0) {
-        for (uint32_t g = warp; g < n_load * per_row; g += kWarps) {
+    if (skipped && lane() == 0) {
+        for (uint32_t g = warp(); g < work_items(); g += kWarps) {
+            const uint32_t per_row = s.copy_work()[1];
             const uint32_t m = g / per_row;
             const int64_t src = row_at(m);
             const int32_t dst = loc_at(m);
