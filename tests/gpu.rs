@@ -339,7 +339,8 @@ fn swap_in_matches_cpu_on_random_cases() {
 
 /// Miss-plan replays (SGLang's copy_cache_planned_mla): linear, C4-paged and
 /// two-plane rows, valid and hostile plans, on a grid of SGLang's
-/// shared-index prefetch size (4 blocks of 1024 threads worth of warps).
+/// shared-index prefetch size (4 blocks of 1024 threads worth of warps),
+/// with the copy kernel of each copy method.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn replays_match_cpu_on_random_cases() {
@@ -347,7 +348,10 @@ fn replays_match_cpu_on_random_cases() {
     let gpu = cuda();
     for seed in 0..200 {
         let case = ReplayCase::random(seed, seed % 2 == 1);
-        assert_eq!(case.run(&gpu), case.run_cpu(), "{case:?}");
+        let cpu = case.run_cpu();
+        for copy in kvtier::CopyMethod::ALL {
+            assert_eq!(case.run(&gpu, copy), cpu, "{copy:?}: {case:?}");
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use common::spec::*;
 use common::swap::*;
 use common::*;
 use kvtier::swap_in::{EmulationScratch, emulation_params, emulation_replay_params};
-use kvtier::{ErrorWord, Executor, Stream, SwapInEngine, SwapInStrategy};
+use kvtier::{CopyMethod, ErrorWord, Executor, Stream, SwapInEngine, SwapInStrategy};
 
 /// Counts the allocations of the thread that asked (tests run side by side).
 struct Counting;
@@ -120,7 +120,7 @@ fn a_replay_check_allocates_nothing() {
         let mut err = ErrorWord::clear();
         let error = &mut err as *mut ErrorWord as u64;
         let args = case.host_args(&host, &mut device, &num_real);
-        let (p, n) = allocations(|| emulation_replay_params(&args, error));
+        let (p, n) = allocations(|| emulation_replay_params(&args, CopyMethod::WarpVectors, error));
         p.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         assert_eq!(n, 0, "seed {seed}: the check of a valid replay allocated");
         if case.host.len() == 2 && !num_real.is_empty() {

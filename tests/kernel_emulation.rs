@@ -23,7 +23,7 @@ use kvtier::abi::{
     kvt_engram_gather_params, kvt_gather_params, kvt_swap_in_params, kvt_writeback_params,
 };
 use kvtier::swap_in::{EmulationScratch, emulation_params_with_copy, emulation_replay_params};
-use kvtier::{ErrorWord, Executor, LayerFirstLayout, SwapInStrategy};
+use kvtier::{CopyMethod, ErrorWord, Executor, LayerFirstLayout, SwapInStrategy};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -958,14 +958,14 @@ fn emulate_swap(
 }
 
 /// Runs a plan replay through the emulated copy kernel with `grid` blocks.
-fn emulate_replay(case: &ReplayCase, grid: u32) -> (ReplayOutcome, Report) {
+fn emulate_replay(case: &ReplayCase, grid: u32, copy: CopyMethod) -> (ReplayOutcome, Report) {
     let host: Vec<Vec<u64>> = case.host.iter().map(|h| words(h)).collect();
     let mut device: Vec<Vec<u64>> = case.device.iter().map(|d| words(d)).collect();
     let num_real: Vec<i32> = case.num_real.into_iter().collect();
     let mut err = ErrorWord::clear();
     let p = {
         let args = case.host_args(&host, &mut device, &num_real);
-        emulation_replay_params(&args, &mut err as *mut ErrorWord as u64).unwrap()
+        emulation_replay_params(&args, copy, &mut err as *mut ErrorWord as u64).unwrap()
     };
     let cells = case.src.len();
     let mut loads = vec![
@@ -1137,16 +1137,18 @@ fn replay_kernel_matches_the_cpu_executor() {
             );
             let cells = case.count.len() as u64 * case.capacity as u64;
             for (grid, schedule) in grid_schedules(cells) {
-                set_schedule(schedule);
-                let (got, report) = emulate_replay(&case, grid);
-                assert!(
-                    report.clean(),
-                    "bad accesses {report:?} (grid {grid}) for {case:?}"
-                );
-                assert_eq!(
-                    got, cpu,
-                    "kernel differs from the CPU executor (grid {grid}) for {case:?}"
-                );
+                for copy in CopyMethod::ALL {
+                    set_schedule(schedule);
+                    let (got, report) = emulate_replay(&case, grid, copy);
+                    assert!(
+                        report.clean(),
+                        "bad accesses {report:?} (grid {grid}, {copy:?}) for {case:?}"
+                    );
+                    assert_eq!(
+                        got, cpu,
+                        "kernel differs from the CPU executor (grid {grid}, {copy:?}) for {case:?}"
+                    );
+                }
             }
         }
     }

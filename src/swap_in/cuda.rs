@@ -2,7 +2,7 @@
 //! `kvt_swap_in_few_miss_plan`, `kvt_swap_in_few_miss_512_plan` or
 //! `kvt_swap_in_compact_plan`) then
 //! `kvt_swap_in_copy` (or `kvt_swap_in_copy_line_aligned`, the copy method
-//! `LineAligned`) for a swap-in, `kvt_swap_in_copy` alone for a plan replay,
+//! `LineAligned`) for a swap-in, either copy kernel alone for a plan replay,
 //! `kvt_spec_swap_in` for a speculative swap-in, on the caller's stream; and
 //! the shared memory each needs.
 

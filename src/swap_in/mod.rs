@@ -577,7 +577,20 @@ impl SwapInEngine {
         warps: Option<u32>,
         stream: Stream,
     ) -> Result<()> {
-        let p = replay::check(&self.target(), args)?;
+        self.copy_planned_with_copy(args, warps, CopyMethod::WarpVectors, stream)
+    }
+
+    /// [`SwapInEngine::copy_planned`] with the copy kernel of `copy`'s method
+    /// (`copy_planned` uses `WarpVectors`, the method every GPU run so far
+    /// timed); the same bytes move. The CPU executor has one way.
+    pub fn copy_planned_with_copy(
+        &self,
+        args: &PlannedCopyArgs<'_>,
+        warps: Option<u32>,
+        copy: CopyMethod,
+        stream: Stream,
+    ) -> Result<()> {
+        let p = replay::check(&self.target(), args, copy)?;
         match &self.exec {
             // SAFETY: `check` checked every host buffer against its shape.
             Executor::Cpu => unsafe { cpu::replay(&p) }.into_result(),
@@ -733,10 +746,12 @@ pub fn emulation_params_with_copy(
     Ok(p)
 }
 
-/// As [`emulation_params`], for a plan replay.
+/// As [`emulation_params`], for a plan replay with the copy kernel of
+/// `copy`'s method.
 #[doc(hidden)]
 pub fn emulation_replay_params(
     args: &PlannedCopyArgs<'_>,
+    copy: CopyMethod,
     error: u64,
 ) -> Result<crate::abi::kvt_swap_in_params> {
     let target = SwapInTarget {
@@ -751,5 +766,5 @@ pub fn emulation_replay_params(
         counter_layers: 0,
         max_smem: usize::MAX,
     };
-    replay::check(&target, args)
+    replay::check(&target, args, copy)
 }

@@ -7,6 +7,7 @@ use super::args::{ByteRanges, check_stride};
 use super::items::{self, KvBuffers};
 use super::{MAX_BATCH, SwapInTarget, span};
 use crate::abi::{KVT_SWAP_REPLAY, KVT_SWAP_SKIP_IO, kvt_swap_in_params};
+use crate::copy_method::CopyMethod;
 use crate::error::{Result, invalid};
 use crate::mem::Buf;
 
@@ -34,8 +35,13 @@ pub struct PlannedCopyArgs<'a> {
     pub skip_io: bool,
 }
 
-/// Checks every argument and builds the copy kernel's parameters.
-pub(super) fn check(t: &SwapInTarget, a: &PlannedCopyArgs<'_>) -> Result<kvt_swap_in_params> {
+/// Checks every argument and builds the parameters of the copy kernel of
+/// `copy`'s method.
+pub(super) fn check(
+    t: &SwapInTarget,
+    a: &PlannedCopyArgs<'_>,
+    copy: CopyMethod,
+) -> Result<kvt_swap_in_params> {
     let rows = a.count.len();
     if rows > MAX_BATCH as usize {
         return Err(invalid(
@@ -66,7 +72,7 @@ pub(super) fn check(t: &SwapInTarget, a: &PlannedCopyArgs<'_>) -> Result<kvt_swa
     let kv = items::check(&a.kv, want)?;
     ranges.push_kv(&a.kv, a.num_real_reqs.as_ref());
     ranges.check_disjoint()?;
-    let mut flags = KVT_SWAP_REPLAY;
+    let mut flags = KVT_SWAP_REPLAY | copy.swap_in_flags();
     if a.skip_io {
         flags |= KVT_SWAP_SKIP_IO;
     }

@@ -1502,9 +1502,10 @@ impl ReplayCase {
         }
     }
 
-    /// Runs the replay on `exec` (for the CUDA executor the host planes live
-    /// in a registered pool region, every other buffer in device memory).
-    pub fn run(&self, exec: &Executor) -> ReplayOutcome {
+    /// Runs the replay on `exec` with the copy kernel of `copy`'s method (for
+    /// the CUDA executor the host planes live in a registered pool region,
+    /// every other buffer in device memory).
+    pub fn run(&self, exec: &Executor, copy: kvtier::CopyMethod) -> ReplayOutcome {
         let Executor::Cuda(dev) = exec else {
             return self.run_cpu();
         };
@@ -1544,7 +1545,7 @@ impl ReplayCase {
                 skip_io: self.skip_io,
             };
             engine
-                .copy_planned(&args, Some(4 * 1024 / 32), Stream::null())
+                .copy_planned_with_copy(&args, Some(4 * 1024 / 32), copy, Stream::null())
                 .and_then(|_| engine.check())
         };
         ReplayOutcome {

@@ -19,7 +19,10 @@
 //!    own kernel (CUDA executor, when `KVTIER_SGLANG_KERNELS` names the
 //!    library scripts/sglang-kernels.sh builds; its page table is compared
 //!    with kvtier's);
-//! 3. the limit: the missed bytes in one contiguous copy;
+//! 3. the limit: the missed bytes in one contiguous copy; on a GPU also the
+//!    copy kernel alone replaying the swap-in's recorded plan, with each
+//!    copy method (`SwapInEngine::copy_planned_with_copy`): the miss copy
+//!    without the planning;
 //! 4. one `cudaMemcpyAsync` per missed row (host row → its device row);
 //! 5. a host gather of the missed rows into pinned staging, then one copy to
 //!    a contiguous device area.
@@ -52,6 +55,10 @@ use super::{Bench, Clock, Measurement, Stats, Timing, count, invalid, named, row
 use crate::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "swap-in";
+
+/// Every miss of a call in row order (host row, device row), and each row's
+/// count of them.
+type RecordedMisses = (Vec<(i64, i32)>, Vec<i32>);
 
 fn grid(b: &Bench) -> kvtier::Result<(Vec<u32>, Vec<u32>)> {
     let k = b.args.swap_k;
@@ -538,9 +545,10 @@ impl State {
         }
     }
 
-    /// The (host row, device row) of every miss of `q`, from a swap-in on the
-    /// CPU executor from the pristine state, recording its miss plan.
-    fn misses_of(&self, q: &Queries) -> kvtier::Result<Vec<(i64, i32)>> {
+    /// The (host row, device row) of every miss of `q`, and each row's count
+    /// of them, from a swap-in on the CPU executor from the pristine state,
+    /// recording its miss plan.
+    fn misses_of(&self, q: &Queries) -> kvtier::Result<RecordedMisses> {
         let k = self.k as usize;
         let engine = kvtier::SwapInEngine::new(Executor::cpu())?;
         let m = Buffers::new(&Executor::cpu(), self, q)?;
@@ -560,10 +568,11 @@ impl State {
         // SAFETY: host vectors of the state's shapes, alive for the call.
         let a = unsafe { self.args(q, kvtier::Location::Host, m.addrs(), host_cache, Some(plan)) };
         engine.run(&a, Stream::null())?;
-        Ok((0..q.batch as usize)
+        let misses = (0..q.batch as usize)
             .flat_map(|b| (0..count[b] as usize).map(move |i| (b, i)))
             .map(|(b, i)| (src[b * k + i], dst[b * k + i]))
-            .collect())
+            .collect();
+        Ok((misses, count))
     }
 
     fn measure(
@@ -573,7 +582,7 @@ impl State {
         sglang: Option<&SglangKernels>,
     ) -> kvtier::Result<Vec<Measurement>> {
         let item = self.item as usize;
-        let misses = self.misses_of(q)?;
+        let (misses, per_row) = self.misses_of(q)?;
         if let Some(drawn) = q.misses
             && misses.len() != (q.batch * drawn) as usize
         {
@@ -804,6 +813,64 @@ impl State {
             }
             Executor::Cpu => None,
         };
+        // On a GPU, the copy kernel alone over the swap-in's recorded plan
+        // (a plan replay, as SGLang's shared-index layers make), with each
+        // copy method: the miss copy's own time, without the planning.
+        let replays = match exec {
+            Executor::Cuda(_) if !misses.is_empty() => {
+                let width = per_row.iter().copied().max().unwrap_or(1).max(1) as usize;
+                let (mut src, mut dst) = (
+                    vec![0i64; per_row.len() * width],
+                    vec![0i32; per_row.len() * width],
+                );
+                let mut next = misses.iter();
+                for (r, &n) in per_row.iter().enumerate() {
+                    for i in 0..n as usize {
+                        (src[r * width + i], dst[r * width + i]) =
+                            *next.next().expect("a miss per count");
+                    }
+                }
+                let (src, dst, count) = (
+                    ExecVec::from_host(exec, &src)?,
+                    ExecVec::from_host(exec, &dst)?,
+                    ExecVec::from_host(exec, &per_row)?,
+                );
+                let engine = kvtier::SwapInEngine::new(exec.clone())?;
+                let mut times = Vec::new();
+                for (copy, what) in [
+                    (
+                        CopyMethod::WarpVectors,
+                        "kvtier plan replay (the copy kernel alone)",
+                    ),
+                    (
+                        CopyMethod::LineAligned,
+                        "kvtier plan replay (the copy kernel alone), line-aligned copy",
+                    ),
+                ] {
+                    // SAFETY: the state's buffers, alive until after the timing.
+                    let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
+                    let planned = kvtier::PlannedCopyArgs {
+                        src: src.buf(),
+                        dst: dst.buf(),
+                        count: count.buf(),
+                        stride: width,
+                        capacity: width,
+                        num_real_reqs: None,
+                        kv: a.kv,
+                        skip_io: false,
+                    };
+                    spoil()?;
+                    let t = b.time(&clock, Timing::Device, none, |s| {
+                        engine.copy_planned_with_copy(&planned, None, copy, s)
+                    })?;
+                    engine.check()?;
+                    self.verify(&format!("a plan replay ({copy:?})"), &misses, row_of)?;
+                    times.push((what, t));
+                }
+                times
+            }
+            _ => Vec::new(),
+        };
         self.verify("a copy per miss", &misses, row_of)?;
         let staged = b.time(&clock, Timing::HostDriven, none, |s| unsafe {
             transfer::staged_gather(exec, &sources, &mut staging, dev_base, item, s)
@@ -894,6 +961,9 @@ impl State {
                 n * item,
                 two,
             ));
+        }
+        for (what, t) in replays {
+            rows.push(row("", what, t, false));
         }
         rows.extend([row(
             "host gather of the misses + one memcpy",

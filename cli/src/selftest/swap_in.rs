@@ -664,6 +664,9 @@ pub(super) fn replay(dut: &Executor, seed: u64, n: u64) -> Row {
             }
         }
         let warps = rng.random_bool(0.5).then(|| rng.random_range(1..=64u32));
+        // The device under test replays with a copy kernel drawn per case
+        // (the CPU executor has one way).
+        let copy = CopyMethod::ALL[rng.random_range(0..CopyMethod::ALL.len())];
         let run = |exec: &Executor| -> kvtier::Result<Snapshot> {
             let engine = SwapInEngine::new(exec.clone())?;
             // Fresh device bytes: the replay writes into another layer's buffer.
@@ -685,7 +688,7 @@ pub(super) fn replay(dut: &Executor, seed: u64, n: u64) -> Row {
                 kv: m.kv(&fresh),
                 skip_io: false,
             };
-            let call = engine.copy_planned(&args, warps, Stream::null());
+            let call = engine.copy_planned_with_copy(&args, warps, copy, Stream::null());
             let mut snap = Snapshot::with_report(settle(call, || engine.check())?);
             for (i, d) in m.device.iter().enumerate() {
                 snap.add(format!("device buffer plane {i}"), &d.to_vec()?);
