@@ -27,6 +27,7 @@
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 pub mod abi;
+pub mod copy_choice;
 pub mod copy_method;
 pub mod cuda;
 pub mod engram;
@@ -48,6 +49,7 @@ pub mod tier;
 pub mod trace;
 pub mod writeback;
 
+pub use copy_choice::{CopyMethodTable, CopyPath};
 pub use copy_method::CopyMethod;
 pub use cuda::{CudaDevice, DeviceBuffer, Stream};
 pub use error::{Error, Result};

@@ -13,6 +13,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::copy_choice::{CopyChoices, CopyMethodTable, CopyPath};
 use crate::copy_method::CopyMethod;
 use crate::cuda::{CudaDevice, DeviceBuffer, Stream, copy_to_device_async};
 use crate::error::{Result, invalid};
@@ -42,6 +43,10 @@ pub struct Tier {
     backend: Backend,
     /// The swap-in engine, once enabled.
     swap_in: Option<SwapInEngine>,
+    /// The copy methods the gather and the writeback take by call size, for
+    /// this pool's entries on this GPU ([`CopyMethodTable::measured`]).
+    gather_copy: CopyChoices,
+    writeback_copy: CopyChoices,
 }
 
 enum Backend {
@@ -111,6 +116,15 @@ impl Tier {
                 error: crate::cuda::DeviceErrorWord::new(dev)?,
             },
         };
+        let arch = match &exec {
+            Executor::Cpu => None,
+            Executor::Cuda(dev) => {
+                let (major, minor) = dev.compute_capability();
+                Some((major * 10 + minor) as u32)
+            }
+        };
+        let entry = pool.layout().entry_bytes();
+        let table = CopyMethodTable::measured();
         Ok(Tier {
             id: NEXT_TIER_ID.fetch_add(1, Ordering::Relaxed),
             pool,
@@ -118,6 +132,8 @@ impl Tier {
             slots: vec![0; num_slots as usize],
             backend,
             swap_in: None,
+            gather_copy: CopyChoices::new(table, CopyPath::Gather, arch, entry),
+            writeback_copy: CopyChoices::new(table, CopyPath::Writeback, arch, entry),
         })
     }
 
@@ -175,7 +191,9 @@ impl Tier {
 
     /// Top-k sparse gather of `layer` for a whole batch into `out`
     /// (`[batch][k][entry_bytes]`, 8-byte aligned), one launch, with the copy
-    /// method measured best for its entry size ([`CopyMethod::for_gather`]). Padding (-1)
+    /// method measured best for its entry size and call size on this GPU
+    /// ([`CopyMethodTable::measured`]; where nothing was measured,
+    /// [`CopyMethod::for_gather`]). Padding (-1)
     /// rows and indices are zero-filled; bad indices are zero-filled and
     /// reported (CPU: now; CUDA: at the next [`Tier::check`]).
     pub fn gather(
@@ -185,7 +203,8 @@ impl Tier {
         out: BufMut<'_, u8>,
         stream: Stream,
     ) -> Result<()> {
-        let method = CopyMethod::for_gather(self.layout().entry_bytes());
+        let rows = batch.req_slots.len() as u64 * batch.k as u64;
+        let method = self.gather_copy.method(rows);
         self.gather_with(layer, batch, out, method, stream)
     }
 
@@ -213,7 +232,10 @@ impl Tier {
 
     /// Writes back one layer: item `i` copies row `src_rows[i]` of `src` (the
     /// layer's device KV buffer, rows of `entry_bytes`) to token `tokens[i]`
-    /// of `layer` in the region bound to `slots[i]`. One launch.
+    /// of `layer` in the region bound to `slots[i]`. One launch, with the
+    /// copy method measured best for the entry size and item count on this
+    /// GPU ([`CopyMethodTable::measured`]; where nothing was measured,
+    /// `WarpVectors`).
     pub fn writeback_layer(
         &self,
         layer: u32,
@@ -221,7 +243,8 @@ impl Tier {
         src: Buf<'_, u8>,
         stream: Stream,
     ) -> Result<()> {
-        self.writeback_layer_with(layer, items, src, CopyMethod::default(), stream)
+        let method = self.writeback_copy.method(items.len() as u64);
+        self.writeback_layer_with(layer, items, src, method, stream)
     }
 
     /// [`Tier::writeback_layer`] with an explicit copy method for the CUDA
@@ -305,14 +328,18 @@ impl Tier {
     /// Writes back every layer at once (decode: the newest token of each
     /// request): item `i` copies row `src_rows[i]` of every layer's buffer to
     /// token `tokens[i]` of that layer in the region bound to `slots[i]`. One
-    /// launch.
+    /// launch, the copy method chosen as [`Tier::writeback_layer`]'s (the
+    /// call moves items × layers rows).
     pub fn writeback_all_layers(
         &self,
         items: &WritebackItems<'_>,
         kv: &KvLayers<'_>,
         stream: Stream,
     ) -> Result<()> {
-        self.writeback_all_layers_with(items, kv, CopyMethod::default(), stream)
+        let method = self
+            .writeback_copy
+            .method(items.len() as u64 * kv.layers as u64);
+        self.writeback_all_layers_with(items, kv, method, stream)
     }
 
     /// [`Tier::writeback_all_layers`] with an explicit copy method for the

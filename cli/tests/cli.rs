@@ -2293,3 +2293,67 @@ fn the_tables_pages_commands_run_as_written() {
         assert!(out.contains(step), "no {step:?} in {out}");
     }
 }
+
+/// The committed gather and writeback results under `bench/results/`, in
+/// path order: what the library's copy method table is decided by.
+fn committed_copy_results(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if p.is_dir() {
+            committed_copy_results(&p, out);
+        } else if (name.starts_with("gather") || name.starts_with("writeback"))
+            && name.ends_with(".jsonl")
+        {
+            out.push(p);
+        }
+    }
+}
+
+/// The table the library ships (`src/copy_choice.json`, read by
+/// `kvtier::CopyMethodTable::measured`) is the one `kvtier bench
+/// --copy-choice` writes from every committed gather and writeback result:
+/// a new run committed without the table written again fails here.
+#[test]
+fn the_shipped_copy_method_table_is_the_committed_runs_decision() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
+    let mut files = Vec::new();
+    committed_copy_results(&root.join("bench/results"), &mut files);
+    assert!(files.len() >= 5, "{files:?}");
+    let list: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let out = std::env::temp_dir().join(format!("kvtier-copy-choice-{}.json", std::process::id()));
+    let (ok, stdout, err) = kvtier(&[
+        "bench",
+        "--from-json",
+        &list.join(","),
+        "--copy-choice",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stdout}{err}");
+    let written = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let shipped = std::fs::read_to_string(root.join("src/copy_choice.json")).unwrap();
+    assert_eq!(
+        written,
+        shipped,
+        "src/copy_choice.json is not what the committed results decide; write it again with \
+         kvtier bench --from-json {} --copy-choice src/copy_choice.json",
+        list.join(",")
+    );
+    let table = kvtier::CopyMethodTable::from_json(&shipped).unwrap();
+    assert_eq!(&table, kvtier::CopyMethodTable::measured());
+    // the measured runs' sm_90 656-byte gather takes the line-aligned copy
+    let gather = table.choices_for(kvtier::CopyPath::Gather, 90, 656);
+    assert!(
+        !gather.is_empty()
+            && gather
+                .iter()
+                .all(|&(_, m)| m == kvtier::CopyMethod::LineAligned)
+    );
+}

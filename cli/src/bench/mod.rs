@@ -22,6 +22,7 @@
 //! copy-engine transfer. Without one the CPU executor runs, the limit is a
 //! host memcpy, and every line of the output says so.
 
+mod copy_choice;
 mod decode_step;
 mod engram;
 mod figures;
@@ -183,11 +184,19 @@ pub struct BenchArgs {
     /// font found under /usr/share/fonts).
     #[arg(long)]
     plot_font: Option<PathBuf>,
-    /// Measure nothing: draw the figures (--plot DIR) from these files of
-    /// earlier runs' --json output (a COMMIT file beside one names the
-    /// commit its lines do not).
-    #[arg(long, value_delimiter = ',', value_name = "FILE", requires = "plot")]
+    /// Measure nothing: draw the figures (--plot DIR) or write the copy
+    /// method table (--copy-choice FILE) from these files of earlier runs'
+    /// --json output (a COMMIT file beside one names the commit its lines do
+    /// not).
+    #[arg(long, value_delimiter = ',', value_name = "FILE")]
     from_json: Vec<PathBuf>,
+    /// Write the copy method table the gather and writeback rows decide (the
+    /// run's, or --from-json's) to FILE: per copy path, GPU architecture,
+    /// entry size and call size, the method that was clearly faster than
+    /// the default's somewhere and clearly slower nowhere (the library embeds
+    /// the committed runs' table, `kvtier::CopyMethodTable::measured`).
+    #[arg(long, value_name = "FILE")]
+    copy_choice: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -765,7 +774,14 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
     // A typo in an output path or a missing font must not cost the run.
     check_outputs(&args)?;
     if !args.from_json.is_empty() {
+        if args.plot.is_none() && args.copy_choice.is_none() {
+            return Err(invalid(
+                "--from-json",
+                "measures nothing: give --plot DIR, --copy-choice FILE or both",
+            ));
+        }
         let records = figures::read(&args.from_json)?;
+        write_copy_choice(&args, &records)?;
         return draw_figures(&args, &records);
     }
     pool_budget(&args)?;
@@ -879,8 +895,9 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
             path.display()
         );
     }
-    if args.plot.is_some() {
-        // The figures come from the JSON lines, as --from-json's do.
+    if args.plot.is_some() || args.copy_choice.is_some() {
+        // The figures and the table come from the JSON lines, as
+        // --from-json's do.
         let records = lines
             .iter()
             .map(|l| figures::Record::parse(l, None))
@@ -891,14 +908,39 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
                     format!("a measurement the figures cannot read: {e}"),
                 )
             })?;
+        write_copy_choice(&args, &records)?;
         draw_figures(&args, &records)?;
     }
     Ok(())
 }
 
+/// --copy-choice FILE: the copy method table `records` decide.
+fn write_copy_choice(args: &BenchArgs, records: &[figures::Record]) -> kvtier::Result<()> {
+    let Some(path) = &args.copy_choice else {
+        return Ok(());
+    };
+    let table = copy_choice::derive(records)?;
+    std::fs::write(path, table.to_json()).map_err(|e| {
+        invalid(
+            "--copy-choice",
+            format!("cannot write {}: {e}", path.display()),
+        )
+    })?;
+    println!(
+        "wrote {} to {}",
+        count(
+            table.choices.len() as u64,
+            "copy method choice",
+            "copy method choices"
+        ),
+        path.display()
+    );
+    Ok(())
+}
+
 fn draw_figures(args: &BenchArgs, records: &[figures::Record]) -> kvtier::Result<()> {
     let Some(dir) = &args.plot else {
-        return Err(invalid("--from-json", "needs --plot DIR to draw into"));
+        return Ok(()); // --copy-choice alone
     };
     register_font(args.plot_font.as_deref())?;
     let files = figures::draw_all(dir, records)?;
@@ -957,7 +999,7 @@ fn check_outputs(args: &BenchArgs) -> kvtier::Result<()> {
                 )
             })?;
     }
-    for (flag, path) in [("--json", &args.json)] {
+    for (flag, path) in [("--json", &args.json), ("--copy-choice", &args.copy_choice)] {
         let Some(path) = path else { continue };
         let existed = path.exists();
         std::fs::OpenOptions::new()
