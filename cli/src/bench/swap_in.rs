@@ -537,6 +537,16 @@ impl State {
         pages * self.layout.page_bytes() as usize
     }
 
+    /// The byte ranges (offset, length) of device row `row` on a plane:
+    /// its value, and its scale where the layout has one.
+    fn pieces(&self, row: i32) -> impl Iterator<Item = (usize, usize)> {
+        let pieces = self.layout.pieces(row as u64);
+        pieces
+            .into_iter()
+            .filter(|&(_, len)| len > 0)
+            .map(|(at, len)| (at as usize, len))
+    }
+
     /// Entries a row's query resolves (and output columns).
     fn entries(&self) -> usize {
         self.k as usize * self.path.query().block_tokens() as usize
@@ -875,10 +885,10 @@ impl State {
             unsafe { out.write(&unwritten)? };
             for &(src, dst) in [misses.first(), misses.last()].into_iter().flatten() {
                 for (plane, buf) in device_buffer.iter().enumerate() {
-                    for (at, len) in self.layout.pieces(dst as u64) {
+                    for (at, len) in self.pieces(dst) {
                         let other = vec![!host_pattern(plane, src as usize); len];
                         // SAFETY: as above; `dst` is a row of the device planes.
-                        unsafe { buf.write_at(at as usize, &other)? };
+                        unsafe { buf.write_at(at, &other)? };
                     }
                 }
             }
@@ -1198,8 +1208,8 @@ impl State {
         for &(src, dst) in [misses.first(), misses.last()].into_iter().flatten() {
             for (plane, buf) in device.iter().enumerate() {
                 let want = host_pattern(plane, src as usize);
-                for (at, len) in self.layout.pieces(dst as u64) {
-                    if buf.read(at as usize, len)?.iter().any(|&b| b != want) {
+                for (at, len) in self.pieces(dst) {
+                    if buf.read(at, len)?.iter().any(|&b| b != want) {
                         let which = match device.len() {
                             1 => String::new(),
                             _ => format!(" of plane {}", ["K", "V"][plane]),
