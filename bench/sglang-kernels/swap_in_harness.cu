@@ -77,10 +77,14 @@ bool sglang_layout(const kvt_swap_in_params& p) {
 
 bool linear_items(const kvt_swap_in_params& p) { return p.items.page_shift == 0 && p.items.scale_bytes == 0; }
 
-// `launch` with nothing unwinding into the caller: SGLang's launcher throws on
-// a launch error.
+// What every entry point below does around its launch: -2 where the path's
+// kernel cannot take the layout (`takes` false, or SGLang's common
+// assumptions unmet), nothing for an empty batch, and nothing unwinding into
+// the caller (SGLang's launcher throws on a launch error).
 template <typename F>
-int guarded(F launch) {
+int entry(const kvt_swap_in_params& p, bool takes, F launch) {
+    if (!takes || !sglang_layout(p)) return -2;
+    if (p.batch == 0) return 0;
     try {
         return launch();
     } catch (...) {
@@ -103,12 +107,10 @@ int guarded(F launch) {
 // load_cache_to_device_buffer_mla: one plane of linear items, token queries;
 // top-k 2048 at hot 4096 or 8192.
 extern "C" int kvt_sglang_swap_in(const kvt_swap_in_params* p, uint32_t block_size, void* stream) {
-    if (!sglang_layout(*p) || (p->flags & KVT_SWAP_QUERY_BLOCKS) || p->host_cache[1] != 0 || !linear_items(*p))
-        return -2;
-    if (p->batch == 0) return 0;
-    if (p->entries != 2048) return -1;
+    const bool takes = !(p->flags & KVT_SWAP_QUERY_BLOCKS) && p->host_cache[1] == 0 && linear_items(*p);
     auto s = static_cast<cudaStream_t>(stream);
-    return guarded([&] {
+    return entry(*p, takes, [&] {
+        if (p->entries != 2048) return -1;
         switch (p->hot) {
             case 4096: return run<2048, 4096, true, false, 1, false>(*p, block_size, s);
             case 8192: return run<2048, 8192, true, false, 1, false>(*p, block_size, s);
@@ -124,14 +126,12 @@ extern "C" int kvt_sglang_swap_in(const kvt_swap_in_params* p, uint32_t block_si
 // index_topk) at hot 4096.
 extern "C" int kvt_sglang_swap_in_dsv4(const kvt_swap_in_params* p, uint32_t block_size, void* stream) {
     namespace c4 = sglang::device::hisparse;
-    if (!sglang_layout(*p) || (p->flags & KVT_SWAP_QUERY_BLOCKS) || p->host_cache[1] != 0 ||
-        (int64_t)p->items.page_bytes != c4::kPageBytes || p->items.page_shift != c4::kPageBits ||
-        p->items.value_bytes != c4::kValueBytes || p->items.scale_bytes != c4::kScaleBytes)
-        return -2;
-    if (p->batch == 0) return 0;
-    if (p->hot != 4096) return -1;
+    const bool takes = !(p->flags & KVT_SWAP_QUERY_BLOCKS) && p->host_cache[1] == 0 &&
+                       (int64_t)p->items.page_bytes == c4::kPageBytes && p->items.page_shift == c4::kPageBits &&
+                       p->items.value_bytes == c4::kValueBytes && p->items.scale_bytes == c4::kScaleBytes;
     auto s = static_cast<cudaStream_t>(stream);
-    return guarded([&] {
+    return entry(*p, takes, [&] {
+        if (p->hot != 4096) return -1;
         switch (p->entries) {
             case 512: return run<512, 4096, true, true, 1, false>(*p, block_size, s);
             case 1024: return run<1024, 4096, true, true, 1, false>(*p, block_size, s);
@@ -144,11 +144,11 @@ extern "C" int kvt_sglang_swap_in_dsv4(const kvt_swap_in_params* p, uint32_t blo
 // queries; MiniMax-M3's 16 blocks of 128 tokens (its topk_blocks and
 // sparse_block_size) at hot 4096.
 extern "C" int kvt_sglang_swap_in_m3(const kvt_swap_in_params* p, uint32_t block_size, void* stream) {
-    if (!sglang_layout(*p) || !(p->flags & KVT_SWAP_QUERY_BLOCKS) || p->host_cache[1] == 0 ||
-        p->device_buffer[1] == 0 || !linear_items(*p))
-        return -2;
-    if (p->batch == 0) return 0;
-    if (p->top_k != 16 || p->block_tokens != 128 || p->hot != 4096) return -1;
+    const bool takes = (p->flags & KVT_SWAP_QUERY_BLOCKS) && p->host_cache[1] != 0 && p->device_buffer[1] != 0 &&
+                       linear_items(*p);
     auto s = static_cast<cudaStream_t>(stream);
-    return guarded([&] { return run<16, 4096, false, false, 128, true>(*p, block_size, s); });
+    return entry(*p, takes, [&] {
+        if (p->top_k != 16 || p->block_tokens != 128 || p->hot != 4096) return -1;
+        return run<16, 4096, false, false, 128, true>(*p, block_size, s);
+    });
 }
