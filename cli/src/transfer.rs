@@ -278,22 +278,36 @@ pub(crate) unsafe fn staged_gather(
     entry: usize,
     stream: Stream,
 ) -> kvtier::Result<()> {
+    // SAFETY: per this function's contract.
+    unsafe { staged_gather_runs(exec, &[(sources, entry)], staging, dst, stream) }
+}
+
+/// [`staged_gather`] of runs of sources, the sources of a run `len` bytes
+/// each (the pieces of rows whose parts lie apart): gathered one run after
+/// the other, then one copy.
+///
+/// # Safety
+/// Every source is host memory holding its run's bytes, the staging holds
+/// all of them, and `dst` is valid for as many as the executor addresses
+/// it, until the copy completes.
+pub(crate) unsafe fn staged_gather_runs(
+    exec: &Executor,
+    runs: &[(&[u64], usize)],
+    staging: &mut Staging,
+    dst: u64,
+    stream: Stream,
+) -> kvtier::Result<()> {
     let base = staging.ptr();
-    for (i, &src) in sources.iter().enumerate() {
-        // SAFETY: per this function's contract.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, base.add(i * entry), entry) };
+    let mut at = 0usize;
+    for &(sources, len) in runs {
+        for &src in sources {
+            // SAFETY: per this function's contract.
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, base.add(at), len) };
+            at += len;
+        }
     }
     // SAFETY: per this function's contract.
-    unsafe {
-        contiguous(
-            exec,
-            Dir::HostToDevice,
-            base as u64,
-            dst,
-            sources.len() * entry,
-            stream,
-        )
-    }
+    unsafe { contiguous(exec, Dir::HostToDevice, base as u64, dst, at, stream) }
 }
 
 /// One copy takes `src` into staging (device to host on the CUDA executor,

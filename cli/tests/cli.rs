@@ -300,6 +300,105 @@ fn swap_in_arguments_are_checked() {
     assert!(err.contains("--swap-k"), "{err}");
 }
 
+/// The swap-in's DeepSeek-V4 C4 and MiniMax-M3 K/V paths with the flags of
+/// the GPU suite's quick grid (scripts/gpu-suite/3-bench.sh), on the CPU
+/// executor: every point's rows are there, labelled with their path, and
+/// move every piece of every miss.
+#[test]
+fn the_swap_in_times_deepseek_v4s_c4_path_and_minimax_m3s_kv_path() {
+    let script = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/gpu-suite/3-bench.sh"
+    ))
+    .unwrap();
+    // the flags the suite gives each path, and the quick grid's use of them
+    let flags_of = |name: &str| -> Vec<String> {
+        let line = script
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=(")))
+            .unwrap_or_else(|| panic!("3-bench.sh defines no {name}"));
+        line.trim_end_matches(')')
+            .split_whitespace()
+            .map(String::from)
+            .collect()
+    };
+    let quick = script
+        .split("elif [ \"$quick\" = 1 ]")
+        .nth(1)
+        .and_then(|rest| rest.split("elif").next())
+        .expect("3-bench.sh has a quick grid");
+    // (path, k, entry, misses, block tokens, planes)
+    for (name, path, k, entry, misses, block, planes) in [
+        ("dsv4_c4", "dsv4-c4", 512, 584, 34, None, 1),
+        ("m3_kv", "m3-kv", 16, 256, 274, Some(128), 2),
+    ] {
+        assert!(
+            quick.contains(&format!("\"${{{name}[@]}}\"")),
+            "the quick grid has no {name} rows"
+        );
+        let mut args: Vec<String> = flags_of(name);
+        assert!(args.contains(&path.to_string()), "{name}: {args:?}");
+        args.extend(
+            ["--batch", "1,3", "--iters", "2", "--warmup", "1"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (out, _, lines) = cpu_bench(name, &args);
+        let methods = [
+            "kvtier swap-in (CPU executor)",
+            "contiguous memcpy of the misses (limit)",
+            "per-miss memcpy",
+            "host gather of the misses + one memcpy",
+        ];
+        // 2 batches, 1 HOT size, 1 miss count: every method at each
+        assert_eq!(lines.len(), 2 * methods.len(), "{out}");
+        for l in &lines {
+            let p = &l["params"];
+            assert_eq!(l["scenario"], "swap-in", "{l}");
+            assert!(methods.contains(&l["method"].as_str().unwrap()), "{l}");
+            assert_eq!(p["path"], path, "{l}");
+            assert_eq!(p["k"], k, "{l}");
+            assert_eq!(p["entry"], entry, "{l}");
+            assert_eq!(p["misses"], misses, "{l}");
+            assert_eq!(p["hot"], 4096, "{l}");
+            assert_eq!(p.get("block_tokens").and_then(|b| b.as_u64()), block, "{l}");
+            // every piece of every plane of each request's misses
+            let batch = p["batch"].as_u64().unwrap();
+            assert_eq!(l["bytes"], batch * misses * entry * planes, "{l}");
+            assert!(l["median_us"].as_f64().unwrap() > 0.0, "{l}");
+        }
+        for batch in [1, 3] {
+            let at = lines.iter().filter(|l| l["params"]["batch"] == batch);
+            assert_eq!(at.count(), methods.len(), "batch {batch}: {out}");
+        }
+    }
+
+    // refused: the C4 layout's fixed rows resized, a path outside the
+    // swap-in grid, a query wider than the HOT buffer, more misses than
+    // entries
+    let swap_in = ["bench", "--scenario", "swap-in", "--swap-path"];
+    for (args, said) in [
+        (&["dsv4-c4", "--entry", "656"][..], &["--entry", "C4"][..]),
+        (
+            &["m3-kv", "--hot", "4096", "--swap-k", "40"],
+            &["--swap-k", "40 blocks of 128 tokens"],
+        ),
+        (&["dsv4-c4", "--misses", "600"], &["--misses", "512"]),
+    ] {
+        let (ok, _, err) = kvtier(&[&swap_in[..], args].concat());
+        assert!(
+            !ok && said.iter().all(|s| err.contains(s)),
+            "{args:?}: {err}"
+        );
+    }
+    let (ok, _, err) = kvtier(&["bench", "--quick", "--swap-path", "m3-kv"]);
+    assert!(
+        !ok && err.contains("--swap-path") && err.contains("--scenario swap-in"),
+        "{err}"
+    );
+}
+
 #[test]
 fn bad_arguments_fail_plainly() {
     // pool files for the create errors below (none is ever made)

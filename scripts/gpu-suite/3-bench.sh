@@ -16,8 +16,13 @@
 # methods (the compact strategies and two floor lines), the gather and the
 # writeback one more, and the realistic-miss and host-pages runs are new:
 # stage 3 is estimated at 6 to 8 minutes, not yet measured.
+# The quick pass also times the swap-in on DeepSeek-V4-Flash's C4 rows and
+# MiniMax-M3's K and V (--swap-path), each beside SGLang's kernel for that
+# path, at batch 1, 32 and 128 (about 13 methods a point, 6 points; the
+# per-miss copies at batch 128 take the longest: estimated at under half a
+# minute for both, not yet measured).
 # Dry run: the quick grid on the CPU executor (the swap-in's also with the
-# nvcc build).
+# nvcc build, and on the other two paths).
 source "$(dirname "$0")/common.sh"
 export KVTIER_SGLANG_KERNELS="$bundle/lib/libkvt_sglang_kernels.so"
 # bench NAME SECONDS ARGS...: with the bundle's kvtier, or the one `bin=` names
@@ -26,6 +31,13 @@ bench() {
   run "$name" "$secs" "${bin:-$bundle/bin/kvtier}" bench "$@" --json "$logs/$name.jsonl"
 }
 nvcc_build=$bundle/bin/kvtier-nvcc
+# DeepSeek-V4-Flash's C4 layers (top-k 512 C4 entries, HOT 4096: 8x top-k)
+# at the miss rate published for 4x top-k, 6.7 % (34 of 512; a larger buffer
+# misses less), and MiniMax-M3's sparse layers (16 blocks of 128 tokens, HOT
+# 4096: 2x the 2048 tokens) at 13.4 % (274 of 2048), bf16 K and V of a
+# rank's one head (256 B each)
+dsv4_c4=(--scenario swap-in --swap-path dsv4-c4 --hot 4096 --misses 34)
+m3_kv=(--scenario swap-in --swap-path m3-kv --hot 4096 --misses 274)
 # whether transparent huge pages can be had here (the gather's --host-pages)
 { echo "transparent_hugepage/enabled: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>&1)"
   grep -i huge /proc/meminfo; } > "$logs/host-pages.txt" 2>&1 || true
@@ -33,10 +45,13 @@ if [ "$dry" = 1 ]; then
   bench bench-quick 120 --quick
   bin=$nvcc_build bench bench-quick-nvcc 120 --quick --scenario swap-in
   bench bench-quick-host-pages 60 --quick --scenario gather --host-pages base,transparent
+  bench bench-quick-dsv4-c4 60 --quick "${dsv4_c4[@]}"
+  bench bench-quick-m3-kv 60 --quick "${m3_kv[@]}"
 elif [ "$quick" = 1 ]; then
   # The quick pass (quick-pass.sh): every swap-in strategy beside SGLang's
   # kernel and the floor lines at SGLang's grid, the production rows and the
-  # realistic-miss rows at the HOT sizes SGLang's kernel serves; every copy
+  # realistic-miss rows at the HOT sizes SGLang's kernel serves, DeepSeek-V4's
+  # C4 path and MiniMax-M3's K/V path at their realistic misses; every copy
   # method of the gather at the points of the copy-path goals, and the
   # writeback; the rest (GPU_SUITE_QUICK=2) after the decode step.
   bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 1
@@ -45,6 +60,8 @@ elif [ "$quick" = 1 ]; then
     bench "swap-in-realistic-h${hm%%:*}" 120 --scenario swap-in --entry 656 --hot "${hm%%:*}" \
       --misses "${hm##*:}" --batch 1,8,64,256 --max-seconds 1
   done
+  bench swap-in-dsv4-c4 60 "${dsv4_c4[@]}" --batch 1,32,128 --max-seconds 0.5
+  bench swap-in-m3-kv 60 "${m3_kv[@]}" --batch 1,32,128 --max-seconds 0.5
   bench gather 120 --scenario gather --context 131072 --batch 1,8,64 --k 256,2048 --max-seconds 0.5
   bench writeback 60 --scenario writeback --max-seconds 0.5
 elif [ "$quick" = 2 ]; then
@@ -79,4 +96,10 @@ else
     --k 1024,2048 --indices uniform --host-pages base,transparent --pool-memory 8GiB --max-seconds 1
   bench writeback 60 --scenario writeback --max-seconds 1
   bench engram-gather 120 --scenario engram-gather --max-seconds 1
+fi
+# The copy method table this run's gather and writeback rows decide (the
+# library embeds the committed runs'; see kvtier bench --copy-choice).
+rows=$(ls "$logs"/*.jsonl 2>/dev/null | paste -sd, -)
+if [ -n "$rows" ]; then
+  run copy-choice 30 "$bundle/bin/kvtier" bench --from-json "$rows" --copy-choice "$logs/copy-choice.json"
 fi

@@ -40,6 +40,7 @@ use kvtier::{
 };
 
 use super::sglang::SglangKernels;
+use super::swap_in::SwapPath;
 use super::{Bench, Clock, Measurement, Stats, Timing, count, invalid, row_pattern};
 use crate::transfer::{self, Dir, ExecVec};
 
@@ -986,7 +987,11 @@ impl<'b> Replay<'b> {
             (Some(k), Executor::Cuda(dev))
                 if !shared_index
                     && this.header.block_tokens == 0
-                    && SglangKernels::serves_swap_in(this.cols as u32, this.hot as u32) =>
+                    && SglangKernels::serves_swap_in(
+                        SwapPath::Mla,
+                        this.cols as u32,
+                        this.hot as u32,
+                    ) =>
             {
                 let mut engine = kvtier::SwapInEngine::new(exec.clone())?;
                 engine.reserve(this.bucket as u32, this.entries as u32)?;
@@ -1001,7 +1006,7 @@ impl<'b> Replay<'b> {
                 let launch_all = |st: Stream| -> kvtier::Result<()> {
                     for p in &params {
                         // SAFETY: parameters checked for device buffers alive until after the timing.
-                        unsafe { k.swap_in(p, st)? };
+                        unsafe { k.swap_in(SwapPath::Mla, p, st)? };
                     }
                     Ok(())
                 };

@@ -247,9 +247,22 @@ fn hold_order(scenario: &str) -> &'static [&'static str] {
 
 /// A parameter's place in labels: the grid's order, not the alphabet's.
 fn key_rank(key: &str) -> usize {
-    const ORDER: [&str; 13] = [
-        "trace", "phase", "entry", "context", "indices", "hot", "k", "steps", "misses", "layers",
-        "tokens", "batch", "call",
+    const ORDER: [&str; 15] = [
+        "trace",
+        "path",
+        "phase",
+        "entry",
+        "context",
+        "indices",
+        "hot",
+        "k",
+        "block_tokens",
+        "steps",
+        "misses",
+        "layers",
+        "tokens",
+        "batch",
+        "call",
     ];
     ORDER.iter().position(|k| *k == key).unwrap_or(ORDER.len())
 }
@@ -306,7 +319,8 @@ fn short_label(point: &[(String, Value)]) -> String {
                 "tokens" => "t",
                 "context" => "ctx",
                 "hot" => "h",
-                "entry" | "phase" | "indices" => "",
+                "block_tokens" => "×",
+                "entry" | "phase" | "indices" | "path" => "",
                 other => other,
             };
             let value = match (k.as_str(), v.as_str()) {

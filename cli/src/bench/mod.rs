@@ -7,7 +7,8 @@
 //!   staging and one copy; the full-context fetch RDMA pools do.
 //! * `swap-in`: kvtier's swap-in; the one-block-per-request design SGLang
 //!   uses; the limit (the missed bytes in one copy); per-entry copies of the
-//!   misses; a CPU gather of the misses and one copy.
+//!   misses; a CPU gather of the misses and one copy. On DSA's linear rows,
+//!   or (`--swap-path`) DeepSeek-V4's C4 rows or MiniMax-M3's K and V.
 //! * `writeback`: one layer of a prefill chunk, and every layer of one decode
 //!   token per request: kvtier's writeback; the limit (one device→host copy);
 //!   per-entry copies; one copy into pinned staging and a CPU scatter.
@@ -48,6 +49,7 @@ use kvtier::{DeviceSpec, EntryFormat, Executor, Stream};
 
 pub(crate) use decode_step::DECODE_STEP_KVTIER_METHOD;
 pub(crate) use link::link_figures;
+use swap_in::SwapPath;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -59,8 +61,8 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     k: Vec<u32>,
     /// Entry formats: fp8-dsa (656 B), bf16-mla (1152 B) or byte counts
-    /// (default: fp8-dsa,bf16-mla; swap-in: fp8-dsa; spec-swap-in: 576;
-    /// --quick: fp8-dsa).
+    /// (default: fp8-dsa,bf16-mla; swap-in: fp8-dsa, --swap-path m3-kv: 256
+    /// a plane; spec-swap-in: 576; --quick: fp8-dsa).
     #[arg(long, value_delimiter = ',')]
     entry: Vec<String>,
     /// Batch sizes (default: gather and writeback 1,8,64; swap-in
@@ -87,9 +89,21 @@ pub struct BenchArgs {
     /// swap-in: misses per request (of the top-k).
     #[arg(long, value_delimiter = ',', default_values_t = [2u32, 410])]
     misses: Vec<u32>,
-    /// swap-in: top-k per request.
-    #[arg(long, default_value_t = 2048)]
-    swap_k: u32,
+    /// swap-in: top-k per request: tokens (default 2048; --swap-path
+    /// dsv4-c4: 512, DeepSeek-V4-Flash's) or, for m3-kv, blocks of 128
+    /// tokens (default 16, MiniMax-M3's).
+    #[arg(long)]
+    swap_k: Option<u32>,
+    /// swap-in: the SGLang path whose rows and queries the grid has: mla
+    /// (load_cache_to_device_buffer_mla: linear rows of --entry bytes, token
+    /// queries; DeepSeek-V3.2, GLM), dsv4-c4
+    /// (load_cache_to_device_buffer_dsv4_mla: DeepSeek-V4's page-padded C4
+    /// rows, 576 B of value and 8 B of scale; --entry not taken) or m3-kv
+    /// (load_blocks_to_device_buffer_mha: MiniMax-M3's K and V planes of
+    /// --entry bytes each, default 256, queries of 128-token blocks). Paths
+    /// other than mla: --scenario swap-in only, no --trace.
+    #[arg(long, value_enum, default_value_t = SwapPath::Mla)]
+    swap_path: SwapPath,
     /// swap-in: time calls of a top-k trace (recorded by the SGLang shim's
     /// `trace` setting, or `kvtier trace synth`) instead of drawn indices:
     /// each call from the hot-buffer state the trace's replay reaches before
@@ -580,6 +594,11 @@ impl BenchArgs {
     fn hot(&self) -> &[u32] {
         if self.hot.is_empty() { &HOT } else { &self.hot }
     }
+
+    /// The swap-in's top-k: the value given or the path's.
+    fn swap_k(&self) -> u32 {
+        self.swap_k.unwrap_or(self.swap_path.default_k())
+    }
 }
 
 /// Which defaults a run takes.
@@ -716,7 +735,8 @@ fn lower_defaults(args: &mut BenchArgs, grid: Grid) -> Vec<String> {
             ));
         }
     }
-    if grid == Grid::Quick && args.entry.is_empty() {
+    // (DeepSeek-V4's C4 rows take no --entry, MiniMax-M3's have their own)
+    if grid == Grid::Quick && args.entry.is_empty() && args.swap_path == SwapPath::Mla {
         args.entry = vec!["fp8-dsa".into()];
         lowered.push("--entry fp8-dsa (not each scenario's own)".into());
     }
@@ -746,6 +766,19 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
         return Err(invalid(
             "--iters/--batch",
             "need at least one iteration and batch sizes >= 1",
+        ));
+    }
+    if args.swap_path != SwapPath::Mla
+        && (args.scenario != Scenario::SwapIn || args.trace.is_some())
+    {
+        // Its rows and queries are the swap-in grid's alone; a trace's
+        // calls are timed as DSA's linear token rows.
+        return Err(invalid(
+            "--swap-path",
+            format!(
+                "{} is for the swap-in scenario's grid: give --scenario swap-in, without --trace",
+                args.swap_path.name()
+            ),
         ));
     }
     if args.trace.is_some() {

@@ -1,14 +1,15 @@
-//! SGLang's own HiSparse kernels (the single-step and the speculative
-//! swap-in), for timing beside kvtier's on identical inputs: a library built
-//! by scripts/sglang-kernels.sh from the pinned SGLang wheel's sources (never
-//! part of kvtier), loaded from the path in `KVTIER_SGLANG_KERNELS` when it
-//! is set, used on the CUDA executor only.
+//! SGLang's own HiSparse kernels (the single-step swap-in of each of its
+//! three paths, and the speculative swap-in), for timing beside kvtier's on
+//! identical inputs: a library built by scripts/sglang-kernels.sh from the
+//! pinned SGLang wheel's sources (never part of kvtier), loaded from the path
+//! in `KVTIER_SGLANG_KERNELS` when it is set, used on the CUDA executor only.
 
 use std::ffi::{CString, c_void};
 
 use kvtier::abi::{kvt_spec_swap_in_params, kvt_swap_in_params};
 
 use super::invalid;
+use super::swap_in::SwapPath;
 
 /// The environment variable naming the library.
 pub(super) const ENV: &str = "KVTIER_SGLANG_KERNELS";
@@ -24,7 +25,9 @@ type SwapInFn = unsafe extern "C" fn(*const kvt_swap_in_params, u32, *mut c_void
 /// process: the handle is never closed).
 pub(super) struct SglangKernels {
     spec: SpecFn,
-    swap_in: SwapInFn,
+    /// The single-step swap-in of DSA's linear rows, DeepSeek-V4's C4 rows
+    /// and MiniMax-M3's K and V, in [`SwapPath`] order.
+    swap_in: [SwapInFn; 3],
     pub path: String,
 }
 
@@ -58,17 +61,29 @@ impl SglangKernels {
             // SAFETY: a live handle and a C string.
             let sym = unsafe { libc::dlsym(handle, c.as_ptr()) };
             if sym.is_null() {
-                return Err(invalid(ENV, format!("{path} has no {name}")));
+                return Err(invalid(
+                    ENV,
+                    format!(
+                        "{path} has no {name} (an older build: rebuild it with scripts/sglang-kernels.sh)"
+                    ),
+                ));
             }
             Ok(sym)
         };
-        // SAFETY: the symbols are bench/sglang-kernels/*_harness.cu's
-        // functions, whose signatures SpecFn and SwapInFn spell.
-        let (spec, swap_in) = unsafe {
-            (
-                std::mem::transmute::<*mut c_void, SpecFn>(symbol("kvt_sglang_spec_swap_in")?),
-                std::mem::transmute::<*mut c_void, SwapInFn>(symbol("kvt_sglang_swap_in")?),
-            )
+        let swap_in = |name: &str| -> kvtier::Result<SwapInFn> {
+            // SAFETY: bench/sglang-kernels/swap_in_harness.cu's functions,
+            // whose signature SwapInFn spells.
+            Ok(unsafe { std::mem::transmute::<*mut c_void, SwapInFn>(symbol(name)?) })
+        };
+        let swap_in = [
+            swap_in("kvt_sglang_swap_in")?,
+            swap_in("kvt_sglang_swap_in_dsv4")?,
+            swap_in("kvt_sglang_swap_in_m3")?,
+        ];
+        // SAFETY: bench/sglang-kernels/spec_harness.cu's function, whose
+        // signature SpecFn spells.
+        let spec = unsafe {
+            std::mem::transmute::<*mut c_void, SpecFn>(symbol("kvt_sglang_spec_swap_in")?)
         };
         Ok(Some(SglangKernels {
             spec,
@@ -77,31 +92,58 @@ impl SglangKernels {
         }))
     }
 
-    /// Whether the library's build of SGLang's swap-in kernel serves a shape:
-    /// SGLang instantiates it for top-k 2048 with a hot buffer of 4096 or
-    /// 8192 slots only (scripts/sglang-kernels.sh builds those), and the
-    /// bench leaves its line out elsewhere rather than stop.
-    pub fn serves_swap_in(k: u32, hot: u32) -> bool {
-        k == 2048 && (hot == 4096 || hot == 8192)
+    /// Whether the library's build of SGLang's swap-in kernel for `path`
+    /// serves a shape: SGLang instantiates its kernel per top-k and hot
+    /// buffer, and the harness holds those of the models' defaults only
+    /// ([`SglangKernels::swap_in_shapes`]); the bench leaves its line out
+    /// elsewhere rather than stop.
+    pub fn serves_swap_in(path: SwapPath, k: u32, hot: u32) -> bool {
+        match path {
+            SwapPath::Mla => k == 2048 && (hot == 4096 || hot == 8192),
+            SwapPath::Dsv4C4 => (k == 512 || k == 1024) && hot == 4096,
+            SwapPath::M3Kv => k == 16 && hot == 4096,
+        }
     }
 
-    /// SGLang's single-step swap-in on kvtier's checked parameters (with
-    /// `num_real_reqs` given), blocks of [`SWAP_IN_BLOCK`] threads, on `stream`.
+    /// The shapes [`SglangKernels::serves_swap_in`] takes, in words.
+    pub fn swap_in_shapes(path: SwapPath) -> &'static str {
+        match path {
+            SwapPath::Mla => "top-k 2048 and hot 4096 or 8192",
+            SwapPath::Dsv4C4 => {
+                "top-k 512 or 1024 (DeepSeek-V4-Flash's and DeepSeek-V4-Pro's) and hot 4096"
+            }
+            SwapPath::M3Kv => "16 blocks of 128 tokens (MiniMax-M3's) and hot 4096",
+        }
+    }
+
+    /// SGLang's single-step swap-in for `path` on kvtier's checked
+    /// parameters (with `num_real_reqs` given), blocks of [`SWAP_IN_BLOCK`]
+    /// threads, on `stream`.
     ///
     /// # Safety
     /// `p` must come from the swap-in's checks for device buffers of the
     /// current device, valid until the kernel completes.
     pub unsafe fn swap_in(
         &self,
+        path: SwapPath,
         p: &kvt_swap_in_params,
         stream: kvtier::Stream,
     ) -> kvtier::Result<()> {
+        let f = self.swap_in[path as usize];
         // SAFETY: per this function's contract.
-        let rc = unsafe { (self.swap_in)(p, SWAP_IN_BLOCK, stream.raw() as *mut c_void) };
+        let rc = unsafe { f(p, SWAP_IN_BLOCK, stream.raw() as *mut c_void) };
+        // (inside the timing: the message is made only for an error)
+        if rc == 0 {
+            return Ok(());
+        }
         status(
             rc,
             "--swap-k/--hot",
-            "SGLang's swap-in kernel is built for top-k 2048 and hot 4096 or 8192 only",
+            &format!(
+                "SGLang's {} swap-in kernel is built for {} only",
+                path.name(),
+                Self::swap_in_shapes(path)
+            ),
         )
     }
 

@@ -39,7 +39,7 @@ const KNUTH: u64 = 2_654_435_761;
 
 fn grid(b: &Bench) -> kvtier::Result<(Vec<u32>, Vec<u32>, u32)> {
     use kvtier::swap_in::{SPEC_MAX_HOT, SPEC_MAX_OCCURRENCES, SPEC_MIN_TOP_K};
-    let (k, hot) = (b.args.swap_k, b.hot()[0]);
+    let (k, hot) = (b.args.swap_k(), b.hot()[0]);
     if !(SPEC_MIN_TOP_K..=SPEC_MAX_OCCURRENCES / 4).contains(&k) {
         return Err(invalid(
             "--swap-k",
@@ -137,7 +137,7 @@ struct Query {
 
 impl State {
     fn build(b: &Bench, batch: u32, steps: u32, hot: u32, item: u32) -> kvtier::Result<Self> {
-        let k = b.args.swap_k;
+        let k = b.args.swap_k();
         let (r, h, slots) = (batch as usize, hot as usize, (hot + PAGE) as usize);
         let t = (steps * k) as usize;
         // SGLang's sizing: every miss finds a row

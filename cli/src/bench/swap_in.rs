@@ -34,6 +34,13 @@
 //! With `--trace` the points are calls of a top-k trace instead: each
 //! call's rows, queries and sequence lengths as recorded, from the state the
 //! trace's replay (`kvtier::trace::states_before`) reaches before the call.
+//!
+//! `--swap-path` picks the SGLang entry point whose rows and queries a run
+//! has ([`SwapPath`]): DSA's linear rows (the default), DeepSeek-V4's
+//! page-padded C4 rows, or MiniMax-M3's K and V planes under block queries.
+//! Every method above runs on each; 3 to 5 move every piece of a miss (a C4
+//! row's value and scale, an M3 row's K and V), and the limit is one
+//! contiguous copy a plane.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -46,34 +53,133 @@ use serde_json::json;
 use kvtier::swap_in::FEW_MISS_INLINE;
 use kvtier::trace::{RowState, Trace, TraceCall};
 use kvtier::{
-    Buf, BufMut, CopyMethod, Executor, IndexBuf, KvBuffers, LayerFirstLayout, MissPlan, Pool,
-    QueryKind, Region, Stream, SwapInArgs, SwapInStrategy, Tier,
+    Buf, BufMut, CopyMethod, Executor, IndexBuf, ItemLayout, KvBuffers, KvPlane, LayerFirstLayout,
+    MissPlan, Pool, QueryKind, Region, Stream, SwapInArgs, SwapInStrategy, Tier,
 };
 
 use super::sglang::SglangKernels;
 use super::{Bench, Clock, Measurement, Stats, Timing, count, invalid, named, row_pattern};
 use crate::transfer::{self, Dir, ExecVec, Staging};
 
+/// The byte every piece of host row `row` holds on plane `plane` (a V row
+/// differs from its K row, so that a plane copied from the other shows).
+fn host_pattern(plane: usize, row: usize) -> u8 {
+    row_pattern(row) ^ (plane as u8).wrapping_mul(0x5a)
+}
+
 const SCENARIO: &str = "swap-in";
+
+/// Which of SGLang 0.5.23's single-step swap-in entry points a run's rows
+/// and queries are laid out for (`--swap-path`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum SwapPath {
+    /// `load_cache_to_device_buffer_mla`: linear rows of `--entry` bytes,
+    /// token queries (DeepSeek-V3.2, GLM).
+    #[default]
+    Mla,
+    /// `load_cache_to_device_buffer_dsv4_mla`: DeepSeek-V4's page-padded C4
+    /// rows (a 576-byte value and an 8-byte scale in separate runs of a
+    /// 64-row page), token queries.
+    Dsv4C4,
+    /// `load_blocks_to_device_buffer_mha`: MiniMax-M3's K and V planes of
+    /// `--entry` bytes each, queries of [`M3_BLOCK_TOKENS`]-token blocks.
+    M3Kv,
+}
+
+/// MiniMax-M3's sparse block in tokens (its config's `sparse_block_size`).
+pub(super) const M3_BLOCK_TOKENS: u32 = 128;
+
+impl SwapPath {
+    /// The name `--swap-path` takes and the JSON's `path` holds.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            SwapPath::Mla => "mla",
+            SwapPath::Dsv4C4 => "dsv4-c4",
+            SwapPath::M3Kv => "m3-kv",
+        }
+    }
+
+    /// Query columns when `--swap-k` is not given: DeepSeek-V3.2's
+    /// index_topk (2048 tokens), DeepSeek-V4-Flash's (512 C4 entries),
+    /// MiniMax-M3's topk_blocks (16 blocks).
+    pub(super) fn default_k(self) -> u32 {
+        match self {
+            SwapPath::Mla => 2048,
+            SwapPath::Dsv4C4 => 512,
+            SwapPath::M3Kv => 16,
+        }
+    }
+
+    fn query(self) -> QueryKind {
+        match self {
+            SwapPath::M3Kv => QueryKind::Blocks {
+                block_tokens: M3_BLOCK_TOKENS,
+            },
+            _ => QueryKind::Tokens,
+        }
+    }
+
+    /// KV planes a miss copies a row of (MHA's K and V move together).
+    fn planes(self) -> usize {
+        match self {
+            SwapPath::M3Kv => 2,
+            _ => 1,
+        }
+    }
+
+    /// The item sizes a run takes: `--entry` (per plane), except for the
+    /// C4 layout, whose rows SGLang fixes.
+    fn entries(self, b: &Bench) -> kvtier::Result<Vec<u32>> {
+        match self {
+            SwapPath::Mla => b.entries(&["fp8-dsa"]),
+            SwapPath::Dsv4C4 if !b.args.entry.is_empty() => Err(invalid(
+                "--entry",
+                "DeepSeek-V4's C4 rows are fixed (576 B of value and 8 B of scale in separate runs \
+                 of a 64-row page): --entry is for --swap-path mla and m3-kv",
+            )),
+            SwapPath::Dsv4C4 => Ok(vec![ItemLayout::dsv4_c4().item_bytes()]),
+            // bf16 K (or V) of the one KV head of 128 a rank holds
+            SwapPath::M3Kv => b.entries(&["256"]),
+        }
+    }
+
+    fn layout(self, item: u32) -> kvtier::Result<ItemLayout> {
+        match self {
+            SwapPath::Dsv4C4 => Ok(ItemLayout::dsv4_c4()),
+            _ => ItemLayout::linear(item),
+        }
+    }
+}
 
 /// Every miss of a call in row order (host row, device row), and each row's
 /// count of them.
 type RecordedMisses = (Vec<(i64, i32)>, Vec<i32>);
 
 fn grid(b: &Bench) -> kvtier::Result<(Vec<u32>, Vec<u32>)> {
-    let k = b.args.swap_k;
+    let path = b.args.swap_path;
+    let k = b.args.swap_k();
+    let entries = k as u64 * path.query().block_tokens() as u64;
+    let what = match path.query() {
+        QueryKind::Tokens => format!("{k}"),
+        QueryKind::Blocks { block_tokens } => {
+            format!("{k} blocks of {block_tokens} tokens ({entries} entries)")
+        }
+    };
     for &hot in b.hot() {
-        if k == 0 || k > hot {
+        if k == 0 || entries > hot as u64 {
             return Err(invalid(
                 "--swap-k",
-                format!("{k} must be in 1..=hot ({hot})"),
+                format!("{what} must be at least 1 and at most hot ({hot}) entries"),
             ));
         }
     }
-    if let Some(&m) = b.args.misses.iter().find(|&&m| m > k) {
-        return Err(invalid("--misses", format!("{m} exceeds K = {k}")));
+    if let Some(&m) = b.args.misses.iter().find(|&&m| m as u64 > entries) {
+        return Err(invalid(
+            "--misses",
+            format!("{m} exceeds the {entries} entries a request's query resolves"),
+        ));
     }
-    Ok((b.entries(&["fp8-dsa"])?, b.batches(&[1, 10, 100, 256])))
+    Ok((path.entries(b)?, b.batches(&[1, 10, 100, 256])))
 }
 
 pub(super) fn points(b: &Bench) -> kvtier::Result<u64> {
@@ -94,15 +200,20 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
     }
     let (entries, batches) = grid(b)?;
     let max_batch = *batches.iter().max().expect("non-empty");
+    let path = b.args.swap_path;
     let mut rows = Vec::new();
     for &item in &entries {
         for &hot in b.hot() {
-            let sglang = serving(b, sglang.as_ref(), b.args.swap_k, hot);
-            let state = State::build(b, max_batch, hot, item)?;
+            let sglang = serving(b, sglang.as_ref(), path, b.args.swap_k(), hot);
+            let mut state = State::build(b, path, max_batch, hot, item)?;
             for &batch in &batches {
                 for &misses in &b.args.misses {
                     b.progress.set_message(format!(
-                        "swap-in: {item} B, hot {hot}, batch {batch}, {}",
+                        "swap-in: {}{item} B, hot {hot}, batch {batch}, {}",
+                        match path {
+                            SwapPath::Mla => String::new(),
+                            p => format!("{}, ", p.name()),
+                        },
                         count(misses, "miss", "misses")
                     ));
                     let q = state.queries(batch, misses, b.args.seed);
@@ -188,19 +299,21 @@ impl TracePlan {
     }
 }
 
-/// SGLang's kernel where its build serves top-k `k` at `hot`; elsewhere
-/// none, and the output says why its line is missing.
+/// SGLang's kernel where its build serves top-k `k` at `hot` on `path`;
+/// elsewhere none, and the output says why its line is missing.
 fn serving<'a>(
     b: &Bench,
     sglang: Option<&'a SglangKernels>,
+    path: SwapPath,
     k: u32,
     hot: u32,
 ) -> Option<&'a SglangKernels> {
-    if sglang.is_some() && !SglangKernels::serves_swap_in(k, hot) {
+    if sglang.is_some() && !SglangKernels::serves_swap_in(path, k, hot) {
         b.progress.suspend(|| {
             println!(
-                "swap-in: SGLang's kernel is built for top-k 2048 and hot 4096 or 8192 only: \
-                 not timed at top-k {k}, hot {hot}"
+                "swap-in: SGLang's {} kernel is built for {} only: not timed at top-k {k}, hot {hot}",
+                path.name(),
+                SglangKernels::swap_in_shapes(path)
             )
         });
         return None;
@@ -214,7 +327,7 @@ fn run_trace(b: &Bench, sglang: Option<&SglangKernels>) -> kvtier::Result<Vec<Me
     let plan = TracePlan::read(b)?;
     let hot = plan.trace.header.hot;
     let states = kvtier::trace::states_before(&plan.trace, hot, &plan.chosen)?;
-    let sglang = serving(b, sglang, plan.k, hot);
+    let sglang = serving(b, sglang, SwapPath::Mla, plan.k, hot);
     let mut rows = Vec::new();
     for (&index, before) in plan.chosen.iter().zip(&states) {
         let call = &plan.trace.calls[index];
@@ -239,17 +352,24 @@ fn run_trace(b: &Bench, sglang: Option<&SglangKernels>) -> kvtier::Result<Vec<Me
 /// Per-request HiSparse state for `requests` long requests, the host cache
 /// rows in a pool (registered for the GPU by the tier), the swap-in engine.
 struct State {
+    path: SwapPath,
     requests: u32,
     hot: u32,
+    /// Query columns: tokens, or blocks for a block query.
     k: u32,
+    /// Bytes a row has on one plane (a C4 row's value and scale together).
     item: u32,
+    layout: ItemLayout,
     context: u32,
     tokens: Vec<i32>,    // [requests][hot + 1]
     locs: Vec<i32>,      // [requests][hot + 1]
     lru: Vec<i16>,       // [requests][hot]
     host_locs: Vec<i64>, // [requests][context]
     pool: Arc<Pool>,
+    /// One layer of the region a plane, whole pages of rows.
     host_region: Region,
+    /// Bytes from one plane's host rows to the next's.
+    host_plane_bytes: u64,
     tier: Tier,
 }
 
@@ -270,7 +390,8 @@ struct Queries {
 struct Buffers {
     tokens: ExecVec<i32>,
     lru: ExecVec<i16>,
-    device_buffer: ExecVec<u8>,
+    /// The device planes (K, and MHA's V).
+    device_buffer: Vec<ExecVec<u8>>,
     out: ExecVec<i32>,
     topk: ExecVec<i32>,
     locs: ExecVec<i32>,
@@ -284,8 +405,10 @@ impl Buffers {
         Ok(Buffers {
             tokens: ExecVec::from_host(exec, &s.tokens)?,
             lru: ExecVec::from_host(exec, &s.lru)?,
-            device_buffer: ExecVec::zeroed(exec, s.device_rows() * s.item as usize)?,
-            out: ExecVec::zeroed(exec, q.batch as usize * s.k as usize)?,
+            device_buffer: (0..s.path.planes())
+                .map(|_| ExecVec::zeroed(exec, s.device_bytes()))
+                .collect::<kvtier::Result<_>>()?,
+            out: ExecVec::zeroed(exec, q.batch as usize * s.entries())?,
             topk: ExecVec::from_host(exec, &q.topk)?,
             locs: ExecVec::from_host(exec, &s.locs)?,
             host_locs: ExecVec::from_host(exec, &s.host_locs)?,
@@ -294,12 +417,15 @@ impl Buffers {
         })
     }
 
-    /// The addresses, in [`State::args`] order.
-    fn addrs(&self) -> [u64; 9] {
+    /// The addresses, in [`State::args`] order (the second device plane's
+    /// 0 where there is none).
+    fn addrs(&self) -> [u64; 10] {
+        let plane = |p: usize| self.device_buffer.get(p).map_or(0, ExecVec::addr);
         [
             self.tokens.addr(),
             self.lru.addr(),
-            self.device_buffer.addr(),
+            plane(0),
+            plane(1),
             self.out.addr(),
             self.topk.addr(),
             self.locs.addr(),
@@ -311,10 +437,16 @@ impl Buffers {
 }
 
 impl State {
-    fn build(b: &Bench, requests: u32, hot: u32, item: u32) -> kvtier::Result<Self> {
-        let k = b.args.swap_k;
+    fn build(
+        b: &Bench,
+        path: SwapPath,
+        requests: u32,
+        hot: u32,
+        item: u32,
+    ) -> kvtier::Result<Self> {
+        let k = b.args.swap_k();
         let mut rng = StdRng::seed_from_u64(b.args.seed ^ hot as u64 ^ ((item as u64) << 32));
-        let context = hot + 2 * k;
+        let context = hot + 2 * k * path.query().block_tokens();
         let (r, h) = (requests as usize, hot as usize);
         let mut tokens = vec![-1i32; r * (h + 1)];
         let mut lru = vec![0i16; r * h];
@@ -327,15 +459,16 @@ impl State {
             order.shuffle(&mut rng);
             lru[req * h..][..h].copy_from_slice(&order);
         }
-        Self::with_state(b, requests, hot, k, item, context, tokens, lru)
+        Self::with_state(b, path, requests, hot, k, item, context, tokens, lru)
     }
 
     /// A state of `requests` rows with these slot tokens (`hot + 1` per
-    /// row) and LRU orders, host rows for `context` positions each, filled
-    /// with [`row_pattern`] in a pool.
+    /// row) and LRU orders, host rows for `context` positions each on every
+    /// plane of `path`, filled with [`host_pattern`] in a pool.
     #[allow(clippy::too_many_arguments)]
     fn with_state(
         b: &Bench,
+        path: SwapPath,
         requests: u32,
         hot: u32,
         k: u32,
@@ -348,27 +481,45 @@ impl State {
         let locs: Vec<i32> = (0..(r * (h + 1)) as i32).collect();
         let host_locs: Vec<i64> = (0..(r * c) as i64).collect();
 
-        // The host cache, row j filled with a byte pattern of j, in the pool.
-        let host_rows = r * c;
-        let layout = LayerFirstLayout::new(item, 1, host_rows as u32)?;
-        let pool = Pool::create(layout, b.pool_device(Pool::device_bytes_for(&layout, 1)?))?;
+        // The host cache in the pool: a layer a plane, an entry a page (a
+        // linear layout's page is one row), so that the rows lie as SGLang's
+        // host pools lay them out; only whole pages count as rows.
+        let layout = path.layout(item)?;
+        let per_page = layout.rows_per_page() as usize;
+        let pages = (r * c).div_ceil(per_page);
+        let page_bytes = u32::try_from(layout.page_bytes())
+            .map_err(|_| invalid("--entry", format!("{item} B rows are too large")))?;
+        let planes = path.planes();
+        let pool_layout = LayerFirstLayout::new(page_bytes, planes as u32, pages as u32)?;
+        let pool = Pool::create(
+            pool_layout,
+            b.pool_device(Pool::device_bytes_for(&pool_layout, 1)?),
+        )?;
         let host_region = pool.alloc_region()?;
-        let chunk = 4096usize;
-        let mut bytes = vec![0u8; chunk * item as usize];
-        for first in (0..host_rows).step_by(chunk) {
-            let n = chunk.min(host_rows - first);
-            for (i, row) in bytes.chunks_mut(item as usize).take(n).enumerate() {
-                row.fill(row_pattern(first + i));
+        let page = page_bytes as usize;
+        let chunk = (4096 / per_page).max(1);
+        let mut bytes = vec![0u8; chunk * page];
+        for plane in 0..planes {
+            for first in (0..pages).step_by(chunk) {
+                let n = chunk.min(pages - first);
+                for row in first * per_page..(first + n) * per_page {
+                    for (at, len) in layout.pieces(row as u64) {
+                        let at = at as usize - first * page;
+                        bytes[at..at + len].fill(host_pattern(plane, row));
+                    }
+                }
+                pool.write_tokens(&host_region, plane as u32, first as u32, &bytes[..n * page])?;
             }
-            pool.write_tokens(&host_region, 0, first as u32, &bytes[..n * item as usize])?;
         }
         let mut tier = Tier::new(pool.clone(), b.exec.clone(), 1)?;
-        tier.enable_swap_in(requests, k)?;
+        tier.enable_swap_in(requests, k * path.query().block_tokens())?;
         Ok(State {
+            path,
             requests,
             hot,
             k,
             item,
+            layout,
             context,
             tokens,
             locs,
@@ -376,6 +527,7 @@ impl State {
             host_locs,
             pool,
             host_region,
+            host_plane_bytes: pages as u64 * page_bytes as u64,
             tier,
         })
     }
@@ -384,24 +536,56 @@ impl State {
         self.requests as usize * (self.hot as usize + 1)
     }
 
-    /// Per request: K - misses resident tokens and `misses` absent ones.
-    fn queries(&self, batch: u32, misses: u32, seed: u64) -> Queries {
+    /// Bytes of a device plane: its rows in whole pages.
+    fn device_bytes(&self) -> usize {
+        let pages = self
+            .device_rows()
+            .div_ceil(self.layout.rows_per_page() as usize);
+        pages * self.layout.page_bytes() as usize
+    }
+
+    /// The byte ranges (offset, length) of device row `row` on a plane:
+    /// its value, and its scale where the layout has one.
+    fn pieces(&self, row: i32) -> impl Iterator<Item = (usize, usize)> {
+        let pieces = self.layout.pieces(row as u64);
+        pieces
+            .into_iter()
+            .filter(|&(_, len)| len > 0)
+            .map(|(at, len)| (at as usize, len))
+    }
+
+    /// Entries a row's query resolves (and output columns).
+    fn entries(&self) -> usize {
+        self.k as usize * self.path.query().block_tokens() as usize
+    }
+
+    /// Per request: K - misses resident tokens and `misses` absent ones (a
+    /// block query: [`State::block_queries`]).
+    fn queries(&mut self, batch: u32, misses: u32, seed: u64) -> Queries {
         let mut rng = StdRng::seed_from_u64(seed ^ ((batch as u64) << 32) ^ misses as u64);
         let (h, k) = (self.hot as usize, self.k as usize);
-        let mut topk = Vec::with_capacity(batch as usize * k);
-        for req in 0..batch as usize {
-            let mut resident: Vec<i32> = self.tokens[req * (h + 1)..][..h].to_vec();
-            resident.shuffle(&mut rng);
-            let present: HashSet<i32> = resident.iter().copied().collect();
-            let mut absent: Vec<i32> = (0..self.context as i32 - 1)
-                .filter(|t| !present.contains(t))
-                .collect();
-            absent.shuffle(&mut rng);
-            let mut q: Vec<i32> = resident[..k - misses as usize].to_vec();
-            q.extend(&absent[..misses as usize]);
-            q.shuffle(&mut rng);
-            topk.extend(q);
-        }
+        let topk = match self.path.query() {
+            QueryKind::Blocks { block_tokens } => {
+                self.block_queries(&mut rng, batch, misses, block_tokens)
+            }
+            QueryKind::Tokens => {
+                let mut topk = Vec::with_capacity(batch as usize * k);
+                for req in 0..batch as usize {
+                    let mut resident: Vec<i32> = self.tokens[req * (h + 1)..][..h].to_vec();
+                    resident.shuffle(&mut rng);
+                    let present: HashSet<i32> = resident.iter().copied().collect();
+                    let mut absent: Vec<i32> = (0..self.context as i32 - 1)
+                        .filter(|t| !present.contains(t))
+                        .collect();
+                    absent.shuffle(&mut rng);
+                    let mut q: Vec<i32> = resident[..k - misses as usize].to_vec();
+                    q.extend(&absent[..misses as usize]);
+                    q.shuffle(&mut rng);
+                    topk.extend(q);
+                }
+                topk
+            }
+        };
         Queries {
             batch,
             misses: Some(misses),
@@ -410,6 +594,37 @@ impl State {
             seq: vec![self.context as i32; batch as usize],
             trace: None,
         }
+    }
+
+    /// K blocks of `s` tokens per request, with the residency drawn with
+    /// them (a block's tokens are not resident or absent as one): `misses`
+    /// of the selected tokens absent, the others resident, the rest of the
+    /// slots tokens outside the selection; each request's slots are
+    /// rewritten so.
+    fn block_queries(&mut self, rng: &mut StdRng, batch: u32, misses: u32, s: u32) -> Vec<i32> {
+        let (h, k, s) = (self.hot as usize, self.k as usize, s as i32);
+        // Blocks wholly before the newest token, which a query may name
+        // without a copy (its reserved slot): the context leaves more than K.
+        let whole = (self.context as i32 - 1) / s;
+        let mut blocks: Vec<i32> = (0..whole).collect();
+        let mut topk = Vec::with_capacity(batch as usize * k);
+        for req in 0..batch as usize {
+            blocks.shuffle(rng);
+            let chosen = &blocks[..k];
+            let mut selected: Vec<i32> = chosen.iter().flat_map(|&b| b * s..(b + 1) * s).collect();
+            selected.shuffle(rng);
+            let named: HashSet<i32> = selected.iter().copied().collect();
+            let mut others: Vec<i32> = (0..self.context as i32 - 1)
+                .filter(|t| !named.contains(t))
+                .collect();
+            others.shuffle(rng);
+            let mut slots: Vec<i32> = selected[misses as usize..].to_vec();
+            slots.extend(&others[..h - slots.len()]);
+            slots.shuffle(rng);
+            self.tokens[req * (h + 1)..][..h].copy_from_slice(&slots);
+            topk.extend(chosen);
+        }
+        topk
     }
 
     /// A trace call's state: each row's slots and LRU order as the replay
@@ -437,7 +652,17 @@ impl State {
             tokens[i * (h + 1) + h] = row.seq as i32 - 1;
             lru[i * h..][..h].copy_from_slice(&st.lru);
         }
-        Self::with_state(b, r as u32, hot, plan.k, plan.item, context, tokens, lru)
+        Self::with_state(
+            b,
+            SwapPath::Mla,
+            r as u32,
+            hot,
+            plan.k,
+            plan.item,
+            context,
+            tokens,
+            lru,
+        )
     }
 
     /// The call's queries, each padded to the trace's widest with -1.
@@ -464,13 +689,30 @@ impl State {
 
     fn params(&self, q: &Queries, misses: usize) -> Vec<(&'static str, serde_json::Value)> {
         match &q.trace {
-            None => vec![
+            // the DSA path's points as they were before there were others
+            None if self.path == SwapPath::Mla => vec![
                 ("batch", json!(q.batch)),
                 ("hot", json!(self.hot)),
                 ("misses", json!(q.misses)),
                 ("k", json!(self.k)),
                 ("entry", json!(self.item)),
             ],
+            // `k` counts query columns (blocks for M3), `misses` entries,
+            // `entry` a row's bytes on one plane
+            None => {
+                let mut p = vec![
+                    ("path", json!(self.path.name())),
+                    ("batch", json!(q.batch)),
+                    ("hot", json!(self.hot)),
+                    ("misses", json!(q.misses)),
+                    ("k", json!(self.k)),
+                ];
+                if let QueryKind::Blocks { block_tokens } = self.path.query() {
+                    p.push(("block_tokens", json!(block_tokens)));
+                }
+                p.push(("entry", json!(self.item)));
+                p
+            }
             Some((file, call, layer)) => vec![
                 ("trace", json!(file)),
                 ("call", json!(call)),
@@ -497,25 +739,37 @@ impl State {
         [
             tokens,
             lru,
-            device_buffer,
+            device_k,
+            device_v,
             out,
             topk,
             locs,
             host_locs,
             req,
             seq,
-        ]: [u64; 9],
+        ]: [u64; 10],
         host_cache: u64,
         miss_plan: Option<MissPlan<'a>>,
     ) -> SwapInArgs<'a> {
-        let (h, k) = (self.hot as usize, self.k as usize);
+        let (h, k, e) = (self.hot as usize, self.k as usize, self.entries());
+        // SAFETY: per this function's contract.
+        let plane = |p: usize, device: u64| unsafe {
+            KvPlane {
+                host: Buf::from_raw(
+                    host_cache + p as u64 * self.host_plane_bytes,
+                    self.host_plane_bytes as usize,
+                    loc,
+                ),
+                device: BufMut::from_raw(device, self.device_bytes(), loc),
+            }
+        };
         // SAFETY: per this function's contract.
         unsafe {
             SwapInArgs {
                 layer: None,
                 top_k_tokens: Buf::from_raw(topk, q.topk.len(), loc),
                 top_k_stride: k,
-                query: QueryKind::Tokens,
+                query: self.path.query(),
                 device_buffer_tokens: BufMut::from_raw(tokens, self.tokens.len(), loc),
                 tokens_stride: h + 1,
                 device_buffer_locs: Buf::from_raw(locs, self.locs.len(), loc),
@@ -525,14 +779,13 @@ impl State {
                 host_cache_locs: Buf::from_raw(host_locs, self.host_locs.len(), loc),
                 host_stride: self.context as usize,
                 max_tokens: self.context,
-                kv: KvBuffers::linear(
-                    self.item,
-                    Buf::from_raw(host_cache, self.host_locs.len() * self.item as usize, loc),
-                    BufMut::from_raw(device_buffer, self.device_rows() * self.item as usize, loc),
-                )
-                .expect("the bench's items are multiples of 8"),
-                top_k_device_locs: BufMut::from_raw(out, q.batch as usize * k, loc),
-                out_stride: k,
+                kv: KvBuffers {
+                    layout: self.layout,
+                    k: plane(0, device_k),
+                    v: (self.path.planes() == 2).then(|| plane(1, device_v)),
+                },
+                top_k_device_locs: BufMut::from_raw(out, q.batch as usize * e, loc),
+                out_stride: e,
                 req_pool_indices: IndexBuf::I32(Buf::from_raw(req, q.req.len(), loc)),
                 seq_lens: IndexBuf::I32(Buf::from_raw(seq, q.seq.len(), loc)),
                 num_real_reqs: None,
@@ -549,7 +802,7 @@ impl State {
     /// of them, from a swap-in on the CPU executor from the pristine state,
     /// recording its miss plan.
     fn misses_of(&self, q: &Queries) -> kvtier::Result<RecordedMisses> {
-        let k = self.k as usize;
+        let k = self.entries();
         let engine = kvtier::SwapInEngine::new(Executor::cpu())?;
         let m = Buffers::new(&Executor::cpu(), self, q)?;
         let (mut src, mut dst, mut count) = (
@@ -592,13 +845,20 @@ impl State {
                 q.batch * drawn
             )));
         }
-        let bytes = misses.len() * item;
+        let planes = self.path.planes();
+        let bytes = misses.len() * item * planes;
         let host_base = self.pool.region_host_addr(&self.host_region)?;
-        let mut staging = Staging::new(&b.exec, bytes)?;
+        let host_plane = |p: usize| host_base + p as u64 * self.host_plane_bytes;
+        // a plane's misses staged apart from the other's: its copy may still
+        // read them while the host gathers the next plane's
+        let mut staging = (0..planes)
+            .map(|_| Staging::new(&b.exec, misses.len() * item))
+            .collect::<kvtier::Result<Vec<_>>>()?;
         let params = self.params(q, misses.len());
-        let sources: Vec<u64> = misses
+        let groups = self.piece_groups(&misses);
+        let sources: Vec<(Vec<u64>, usize)> = groups
             .iter()
-            .map(|&(src, _)| host_base + src as u64 * item as u64)
+            .map(|(p, len, at)| (at.iter().map(|&(h, _)| host_plane(*p) + h).collect(), *len))
             .collect();
         let exec = &b.exec;
         let clock = Clock::new(exec)?;
@@ -633,9 +893,13 @@ impl State {
             // SAFETY: no call is running; lengths are the buffers'.
             unsafe { out.write(&unwritten)? };
             for &(src, dst) in [misses.first(), misses.last()].into_iter().flatten() {
-                let other = vec![!row_pattern(src as usize); item];
-                // SAFETY: as above; `dst` is a row of the device buffer.
-                unsafe { device_buffer.write_at(dst as usize * item, &other)? };
+                for (plane, buf) in device_buffer.iter().enumerate() {
+                    for (at, len) in self.pieces(dst) {
+                        let other = vec![!host_pattern(plane, src as usize); len];
+                        // SAFETY: as above; `dst` is a row of the device planes.
+                        unsafe { buf.write_at(at, &other)? };
+                    }
+                }
             }
             Ok(())
         };
@@ -651,10 +915,9 @@ impl State {
                 self.tier.check(clock.stream())?;
                 Ok((t, out.to_vec()?))
             };
-        let row_of = |r: usize| device_buffer.read(r * item, item);
         let (kv, out_kvtier) =
             time_strategy(SwapInStrategy::PlanThenCopy, CopyMethod::WarpVectors)?;
-        self.verify("the kvtier swap-in", &misses, row_of)?;
+        self.verify("the kvtier swap-in", &misses, device_buffer)?;
         // Another strategy or copy method on the same state: its bytes
         // checked and its page table the same as the first's.
         let other_with = |strategy: SwapInStrategy,
@@ -662,7 +925,11 @@ impl State {
                           what: &str|
          -> kvtier::Result<Stats> {
             let (t, out_other) = time_strategy(strategy, copy)?;
-            self.verify(&format!("the kvtier swap-in, {what}"), &misses, row_of)?;
+            self.verify(
+                &format!("the kvtier swap-in, {what}"),
+                &misses,
+                device_buffer,
+            )?;
             if out_other != out_kvtier {
                 return Err(kvtier::Error::Pool(format!(
                     "benchmark self-check failed: the kvtier swap-in, {what}, gave a different page table"
@@ -740,7 +1007,7 @@ impl State {
                 let mut engine = kvtier::SwapInEngine::new(exec.clone())?;
                 // Only for the checked parameters: SGLang's kernel uses none
                 // of the engine's plan scratch, but the check sizes it.
-                engine.reserve(q.batch, self.k)?;
+                engine.reserve(q.batch, self.entries() as u32)?;
                 let num_real = ExecVec::from_host(exec, &[q.batch as i32])?;
                 // SAFETY: the buffers above live until after the timing.
                 let mut a = unsafe { self.args(q, loc, addrs, host_cache, None) };
@@ -750,10 +1017,10 @@ impl State {
                 // SAFETY: parameters checked for device buffers that live
                 // until after the timing.
                 let t = b.time(&clock, Timing::Device, reset, |s| unsafe {
-                    k.swap_in(&p, s)
+                    k.swap_in(self.path, &p, s)
                 })?;
                 self.tier.check(clock.stream())?;
-                self.verify("SGLang's swap-in kernel", &misses, row_of)?;
+                self.verify("SGLang's swap-in kernel", &misses, device_buffer)?;
                 if out.to_vec()? != out_kvtier {
                     return Err(kvtier::Error::Pool(
                         "benchmark self-check failed: SGLang's kernel gave a different page table \
@@ -765,21 +1032,34 @@ impl State {
             }
             None => None,
         };
-        let dev_base = device_buffer.addr();
-        let pairs: Vec<(u64, u64)> = misses
+        let dev_base = |p: usize| device_buffer[p].addr();
+        let pairs: Vec<(Vec<(u64, u64)>, usize)> = groups
             .iter()
-            .zip(&sources)
-            .map(|(&(_, dst), &src)| (src, dev_base + dst as u64 * item as u64))
+            .map(|(p, len, at)| {
+                let pairs = at
+                    .iter()
+                    .map(|&(h, d)| (host_plane(*p) + h, dev_base(*p) + d))
+                    .collect();
+                (pairs, *len)
+            })
             .collect();
         let none = |_: Stream| Ok(());
         // SAFETY (all three): sources are host-cache rows (registered for the
-        // CUDA executor), destinations rows of the device buffer (or its
-        // first `bytes`).
+        // CUDA executor), destinations rows of the device planes (or their
+        // first bytes: a plane's host and device rows hold the misses'
+        // bytes, whatever their layout, in whole pages).
         let limit = b.time(&clock, Timing::Device, none, |s| unsafe {
-            transfer::contiguous(exec, Dir::HostToDevice, host_base, dev_base, bytes, s)
+            for p in 0..planes {
+                let n = misses.len() * item;
+                transfer::contiguous(exec, Dir::HostToDevice, host_plane(p), dev_base(p), n, s)?;
+            }
+            Ok(())
         })?;
         let each = b.time(&clock, Timing::HostDriven, none, |s| unsafe {
-            transfer::per_entry(exec, Dir::HostToDevice, &pairs, item, s)
+            for (pairs, len) in &pairs {
+                transfer::per_entry(exec, Dir::HostToDevice, pairs, *len, s)?;
+            }
+            Ok(())
         })?;
         // The latency floor a swap-in with few misses is judged against, on a
         // GPU: kvtier's copy kernel launched over an empty plan (one launch
@@ -813,6 +1093,7 @@ impl State {
             }
             Executor::Cpu => None,
         };
+        self.verify("a copy per miss", &misses, device_buffer)?;
         // On a GPU, the copy kernel alone over the swap-in's recorded plan
         // (a plan replay, as SGLang's shared-index layers make), with each
         // copy method: the miss copy's own time, without the planning.
@@ -864,16 +1145,28 @@ impl State {
                         engine.copy_planned_with_copy(&planned, None, copy, s)
                     })?;
                     engine.check()?;
-                    self.verify(&format!("a plan replay ({copy:?})"), &misses, row_of)?;
+                    self.verify(&format!("a plan replay ({copy:?})"), &misses, device_buffer)?;
                     times.push((what, t));
                 }
                 times
             }
             _ => Vec::new(),
         };
-        self.verify("a copy per miss", &misses, row_of)?;
+        let runs: Vec<Vec<(&[u64], usize)>> = (0..planes)
+            .map(|p| {
+                groups
+                    .iter()
+                    .zip(&sources)
+                    .filter(|((plane, ..), _)| *plane == p)
+                    .map(|(_, (v, len))| (&v[..], *len))
+                    .collect()
+            })
+            .collect();
         let staged = b.time(&clock, Timing::HostDriven, none, |s| unsafe {
-            transfer::staged_gather(exec, &sources, &mut staging, dev_base, item, s)
+            for (p, (runs, staging)) in runs.iter().zip(&mut staging).enumerate() {
+                transfer::staged_gather_runs(exec, runs, staging, dev_base(p), s)?;
+            }
+            Ok(())
         })?;
         let row = |cpu, cuda, t, limit| {
             Measurement::new(SCENARIO, named(exec, cpu, cuda), &params, bytes, t, limit)
@@ -958,7 +1251,7 @@ impl State {
             ));
             rows.push(floor(
                 "floor: copy kernel over two of the misses (a launch and one round trip)",
-                n * item,
+                n * item * planes,
                 two,
             ));
         }
@@ -974,21 +1267,60 @@ impl State {
         Ok(rows)
     }
 
-    /// Checks the first and last loaded rows against their host rows.
+    /// Checks the first and last loaded rows, every piece on every plane,
+    /// against their host rows.
     fn verify(
         &self,
         method: &str,
         misses: &[(i64, i32)],
-        row_of: impl Fn(usize) -> kvtier::Result<Vec<u8>>,
+        device: &[ExecVec<u8>],
     ) -> kvtier::Result<()> {
         for &(src, dst) in [misses.first(), misses.last()].into_iter().flatten() {
-            let want = row_pattern(src as usize);
-            if row_of(dst as usize)?.iter().any(|&b| b != want) {
-                return Err(kvtier::Error::Pool(format!(
-                    "benchmark self-check failed: {method} loaded the wrong bytes into device row {dst}"
-                )));
+            for (plane, buf) in device.iter().enumerate() {
+                let want = host_pattern(plane, src as usize);
+                for (at, len) in self.pieces(dst) {
+                    if buf.read(at, len)?.iter().any(|&b| b != want) {
+                        let which = match device.len() {
+                            1 => String::new(),
+                            _ => format!(" of plane {}", ["K", "V"][plane]),
+                        };
+                        return Err(kvtier::Error::Pool(format!(
+                            "benchmark self-check failed: {method} loaded the wrong bytes into \
+                             device row {dst}{which}"
+                        )));
+                    }
+                }
             }
         }
         Ok(())
+    }
+
+    /// What the misses move, a group for each plane and piece of a row (a
+    /// C4 row's value and its scale), so that a group's pieces are of one
+    /// length: (plane, length, each miss's (host, device) byte offsets in
+    /// the plane).
+    #[allow(clippy::type_complexity)]
+    fn piece_groups(&self, misses: &[(i64, i32)]) -> Vec<(usize, usize, Vec<(u64, u64)>)> {
+        let mut groups = Vec::new();
+        for plane in 0..self.path.planes() {
+            for piece in 0..2 {
+                let len = self.layout.pieces(0)[piece].1;
+                if len == 0 {
+                    continue;
+                }
+                let at = misses
+                    .iter()
+                    .map(|&(src, dst)| {
+                        let (h, d) = (
+                            self.layout.pieces(src as u64),
+                            self.layout.pieces(dst as u64),
+                        );
+                        (h[piece].0, d[piece].0)
+                    })
+                    .collect();
+                groups.push((plane, len, at));
+            }
+        }
+        groups
     }
 }
