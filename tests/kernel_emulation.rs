@@ -92,6 +92,14 @@ type SwapFn = unsafe extern "C" fn(
 
 const BLOCK: u32 = kvtier::cuda::BLOCK_THREADS;
 
+/// The copy methods' flags (KVT_COPY_*): every gather and writeback case runs
+/// each method's kernel.
+const METHODS: [u32; 3] = [
+    0,
+    kvtier::abi::KVT_COPY_LINE_ALIGNED,
+    kvtier::abi::KVT_COPY_MERGED_RUNS,
+];
+
 /// Whether this process runs the emulator under the race detector: the
 /// emulator built with ThreadSanitizer, whose runtime the parent test
 /// preloaded (see `the_race_detector_catches_planted_races_and_the_kernels_have_none`).
@@ -366,7 +374,7 @@ fn gather_agrees(case: &GatherCase) {
     // every copy method on every grid and schedule
     let runs = grid_schedules(case.batch() as u64 * case.k as u64)
         .into_iter()
-        .flat_map(|gs| [(gs, 0), (gs, kvtier::abi::KVT_COPY_LINE_ALIGNED)]);
+        .flat_map(|gs| METHODS.map(|flags| (gs, flags)));
     for ((grid, schedule), flags) in runs {
         set_schedule(schedule);
         let (out, err, report) = emulate_gather(case, grid, flags);
@@ -467,7 +475,7 @@ fn writeback_agrees(case: &WritebackCase) {
     // every copy method on every grid and schedule
     let runs = grid_schedules(rows)
         .into_iter()
-        .flat_map(|gs| [(gs, 0), (gs, kvtier::abi::KVT_COPY_LINE_ALIGNED)]);
+        .flat_map(|gs| METHODS.map(|flags| (gs, flags)));
     for ((grid, schedule), flags) in runs {
         set_schedule(schedule);
         let (pool, err, report) = emulate_writeback(case, grid, flags);
@@ -542,6 +550,120 @@ fn entries_larger_than_one_pass() {
     }
 }
 
+/// Larger regions and rows than SMALL for the run-heavy cases: runs of up to
+/// 32 neighbours fit in a region, and a top-k row (an item list) spans
+/// several groups of `CopyMethod::RUN_ROWS`.
+const RUNS: Limits = Limits {
+    max_layers: 2,
+    max_tokens: 200,
+    max_regions: 3,
+    max_batch: 4,
+    max_k: 80,
+    max_items: 80,
+};
+
+/// Index patterns made of runs of 1 to 32 neighbours, whole and broken in
+/// the middle by padding or refused rows, crossing groups and ending at the
+/// region's (the source's) last entry: every method, every grid and
+/// schedule, against the CPU executor and the model.
+#[test]
+fn run_heavy_cases_match_the_cpu_executor() {
+    for seed in seeds(0..40) {
+        for h in [CLEAN, PADDED, HOSTILE] {
+            gather_agrees(&GatherCase::with_runs(seed, RUNS, h));
+            writeback_agrees(&WritebackCase::with_runs(seed, RUNS, h, true));
+        }
+    }
+}
+
+/// A gather of one row of 656-byte entries through the merged-runs kernel
+/// (one block), loads allowed only where `allowed` says: (report, output).
+fn merged_gather_of_row(topk: &[i32], allowed: impl Fn(Range) -> Vec<Range>) -> (Report, Vec<u8>) {
+    let mut case = GatherCase::random(4, SMALL, CLEAN);
+    case.setup = Setup {
+        layout: LayerFirstLayout::new(656, 1, 32).unwrap(),
+        n_regions: 1,
+        bindings: vec![Some(0)],
+    };
+    let k = topk.len() as u32;
+    (case.layer, case.k, case.topk_stride, case.out_offset) = (0, k, k, 0);
+    (case.req_slots, case.seq_lens, case.topk) = (vec![0], vec![32], topk.to_vec());
+    let fx = filled_pool(case.setup.layout, 1);
+    let slots = slot_table(&fx, &case.setup);
+    let mut out = Aligned::new(case.out_bytes(), 0, 0x5A);
+    let mut err = ErrorWord::clear();
+    let p = kvt_gather_params {
+        slot_bases: slots.as_ptr() as u64,
+        req_slots: case.req_slots.as_ptr() as u64,
+        seq_lens: case.seq_lens.as_ptr() as u64,
+        topk: case.topk.as_ptr() as u64,
+        out: out.addr(),
+        error: &mut err as *mut ErrorWord as u64,
+        layer_offset: 0,
+        entry_bytes: 656,
+        tokens_per_region: 32,
+        num_slots: 1,
+        batch: 1,
+        k,
+        topk_stride: k,
+        flags: kvtier::abi::KVT_COPY_MERGED_RUNS,
+    };
+    let mut loads = allowed(region_ranges(&fx, &case.setup)[0]);
+    loads.extend(gather_meta(&p));
+    let stores = [out.range()];
+    set_schedule(0);
+    let report = unsafe {
+        gather_fn()(
+            &p,
+            1,
+            BLOCK,
+            loads.as_ptr(),
+            loads.len(),
+            stores.as_ptr(),
+            1,
+        )
+    };
+    assert!(err.is_clear());
+    assert!(out.bytes_mut() == case.expected().0, "{topk:?}");
+    (report, out.bytes().to_vec())
+}
+
+/// The merged-runs kernel finds the runs: a run's lines are read from the
+/// run's own entries only (a run of 656-byte entries shares its first and
+/// last lines with its neighbours, which the memcheck refuses here), and a
+/// row of one run of 24 neighbours (three groups, ending at the region's
+/// last entry) takes fewer warp operations than 24 rows that join nothing
+/// (one shuffle per run).
+#[test]
+fn merged_runs_read_only_their_runs_and_merge_neighbours() {
+    let tight = |topk: &'static [i32]| {
+        move |region: Range| -> Vec<Range> {
+            topk.iter()
+                .filter(|&&t| t >= 0)
+                .map(|&t| range(region.start + t as u64 * 656, 656))
+                .collect()
+        }
+    };
+    // runs of 4 and 2 at tokens whose lines their neighbours share, padding
+    // between them, a run of 3 ending at the last entry
+    let (r, _) = merged_gather_of_row(
+        &[2, 3, 4, 5, -1, 9, 10, 29, 30, 31],
+        tight(&[2, 3, 4, 5, 9, 10, 29, 30, 31]),
+    );
+    assert!(r.clean(), "{r:?}");
+
+    let whole = |region: Range| vec![region];
+    let ascending: Vec<i32> = (8..32).collect();
+    let descending: Vec<i32> = (8..32).rev().collect();
+    let (merged, _) = merged_gather_of_row(&ascending, whole);
+    let (apart, _) = merged_gather_of_row(&descending, whole);
+    assert!(merged.clean() && apart.clean());
+    assert!(
+        merged.warp_ops < apart.warp_ops,
+        "one run a group takes fewer shuffles than 24 runs: {merged:?} vs {apart:?}"
+    );
+}
+
 /// The production shape: batch 16 of k = 2048, 656 B and 584 B entries.
 #[test]
 fn production_shape() {
@@ -561,7 +683,7 @@ fn production_shape() {
             .collect();
         let (cpu_out, _) = case.run(&Executor::cpu());
         let grid = grids(16 * 2048)[2];
-        for flags in [0, kvtier::abi::KVT_COPY_LINE_ALIGNED] {
+        for flags in METHODS {
             let (out, err, report) = emulate_gather(&case, grid, flags);
             assert!(report.clean(), "{report:?}");
             assert!(err.is_clear());
@@ -640,8 +762,9 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
             batch: case.batch() as u32,
             k: case.k,
             topk_stride: case.topk_stride,
-            // 8 mod 16: the line-aligned method takes today's path
-            flags: (seed % 2) as u32 * kvtier::abi::KVT_COPY_LINE_ALIGNED,
+            // 8 mod 16: the line-aligned and merged-runs methods take
+            // today's path (runs in 8-byte pieces, or 16 with a head and tail)
+            flags: METHODS[seed as usize % METHODS.len()],
         };
         let mut loads = vec![pool.mem.range()];
         loads.extend(gather_meta(&p));
@@ -679,8 +802,8 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
             .collect();
         let table: Vec<u64> = src.iter().map(Aligned::addr).collect();
         let mut err = ErrorWord::clear();
-        // 8 mod 16: the line-aligned method takes today's path
-        let flags = (seed % 2) as u32 * kvtier::abi::KVT_COPY_LINE_ALIGNED;
+        // 8 mod 16: the line-aligned and merged-runs methods take today's path
+        let flags = METHODS[(seed as usize + 1) % METHODS.len()];
         let p = writeback_params(&wb, &slots, &table, &mut err, flags);
         let mut loads: Vec<Range> = src.iter().map(Aligned::range).collect();
         loads.extend(writeback_meta(&p));
