@@ -18,16 +18,34 @@
 // KVT_COPY_LINE_ALIGNED, kvt_writeback_merged_runs below for
 // KVT_COPY_MERGED_RUNS), as the gather has.
 namespace kvt {
+// The parameters' arrays, typed (both kernels read the same ones).
+struct WritebackArrays {
+    const int32_t* item_slots;
+    const int32_t* item_tokens;
+    const int64_t* item_src_rows;
+    const uint64_t* slot_bases;
+    const uint64_t* src_layer_bases;
+    kvt_error_word* err;
+    __device__ __forceinline__ explicit WritebackArrays(const kvt_writeback_params& p)
+        : item_slots(reinterpret_cast<const int32_t*>(p.item_slots)),
+          item_tokens(reinterpret_cast<const int32_t*>(p.item_tokens)),
+          item_src_rows(reinterpret_cast<const int64_t*>(p.item_src_rows)),
+          slot_bases(reinterpret_cast<const uint64_t*>(p.slot_bases)),
+          src_layer_bases(reinterpret_cast<const uint64_t*>(p.src_layer_bases)),
+          err(reinterpret_cast<kvt_error_word*>(p.error)) {}
+};
+
 template <bool LineAligned>
 __device__ __forceinline__ void writeback(const kvt_writeback_params& p) {
     const uint32_t lane = threadIdx.x % KVT_WARP;
     const uint64_t rows = (uint64_t)p.num_layers * p.num_items;
-    const int32_t* item_slots = reinterpret_cast<const int32_t*>(p.item_slots);
-    const int32_t* item_tokens = reinterpret_cast<const int32_t*>(p.item_tokens);
-    const int64_t* item_src_rows = reinterpret_cast<const int64_t*>(p.item_src_rows);
-    const uint64_t* slot_bases = reinterpret_cast<const uint64_t*>(p.slot_bases);
-    const uint64_t* src_layer_bases = reinterpret_cast<const uint64_t*>(p.src_layer_bases);
-    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
+    const WritebackArrays a(p);
+    const int32_t* item_slots = a.item_slots;
+    const int32_t* item_tokens = a.item_tokens;
+    const int64_t* item_src_rows = a.item_src_rows;
+    const uint64_t* slot_bases = a.slot_bases;
+    const uint64_t* src_layer_bases = a.src_layer_bases;
+    kvt_error_word* err = a.err;
 
     for (uint64_t r = kvt::global_warp(); r < rows; r += kvt::grid_warps()) {
         const uint32_t layer_i = (uint32_t)(r / p.num_items);
@@ -74,12 +92,7 @@ __device__ __forceinline__ void writeback_merged_runs(const kvt_writeback_params
     const uint32_t groups_per_layer =
         p.num_items / KVT_COPY_RUN_ROWS + (p.num_items % KVT_COPY_RUN_ROWS != 0 ? 1u : 0u);
     const uint64_t groups = (uint64_t)p.num_layers * groups_per_layer;
-    const int32_t* item_slots = reinterpret_cast<const int32_t*>(p.item_slots);
-    const int32_t* item_tokens = reinterpret_cast<const int32_t*>(p.item_tokens);
-    const int64_t* item_src_rows = reinterpret_cast<const int64_t*>(p.item_src_rows);
-    const uint64_t* slot_bases = reinterpret_cast<const uint64_t*>(p.slot_bases);
-    const uint64_t* src_layer_bases = reinterpret_cast<const uint64_t*>(p.src_layer_bases);
-    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
+    const WritebackArrays a(p);
     const bool merge = p.entry_bytes <= KVT_RUN_MAX_ENTRY;
 
     for (uint64_t g = kvt::global_warp(); g < groups; g += kvt::grid_warps()) {
@@ -94,20 +107,20 @@ __device__ __forceinline__ void writeback_merged_runs(const kvt_writeback_params
         int32_t slot = -1, token = 0;
         int64_t src_row = 0;
         if (mine) {
-            slot = kvt::ld(item_slots + item);
-            token = kvt::ld(item_tokens + item);
-            src_row = kvt::ld(item_src_rows + item);
+            slot = kvt::ld(a.item_slots + item);
+            token = kvt::ld(a.item_tokens + item);
+            src_row = kvt::ld(a.item_src_rows + item);
         }
         uint64_t base = 0;
         bool moves = false;
         if (slot != -1) {
-            base = (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(slot_bases + slot) : 0;
+            base = (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(a.slot_bases + slot) : 0;
             if (base == 0) {
-                kvt::report(err, KVT_ERR_WRITEBACK_SLOT, item, slot);
+                kvt::report(a.err, KVT_ERR_WRITEBACK_SLOT, item, slot);
             } else if (token < 0 || (uint32_t)token >= p.tokens_per_region) {
-                kvt::report(err, KVT_ERR_WRITEBACK_TOKEN, item, token);
+                kvt::report(a.err, KVT_ERR_WRITEBACK_TOKEN, item, token);
             } else if (src_row < 0 || (uint64_t)src_row >= p.src_rows) {
-                kvt::report(err, KVT_ERR_WRITEBACK_SRC_ROW, item, src_row);
+                kvt::report(a.err, KVT_ERR_WRITEBACK_SRC_ROW, item, src_row);
             } else {
                 moves = true;
             }
@@ -128,7 +141,7 @@ __device__ __forceinline__ void writeback_merged_runs(const kvt_writeback_params
 
         // Each lane's row addresses (the indices die here: what the runs
         // need of them is the run's first row's two addresses).
-        const uint64_t src_buf = src_layer_bases != nullptr ? kvt::ld(src_layer_bases + layer_i) : p.src_base;
+        const uint64_t src_buf = a.src_layer_bases != nullptr ? kvt::ld(a.src_layer_bases + layer_i) : p.src_base;
         const uint64_t src = src_buf + (uint64_t)src_row * p.entry_bytes;
         const uint64_t dst =
             base + (uint64_t)(p.first_layer + layer_i) * p.layer_bytes + (uint64_t)token * p.entry_bytes;

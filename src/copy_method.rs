@@ -33,7 +33,10 @@ pub enum CopyMethod {
     /// consecutive source rows. Inside a run every 128-byte line of the host
     /// address is whole and a pass carries up to 2 KiB of the run, where one
     /// 656-byte row a warp splits a line at both its ends and fills a third
-    /// of a pass. A row that continues no run moves as `LineAligned`; padding
+    /// of a pass. A run not of whole 16-byte vectors at 16-byte aligned
+    /// addresses (584-byte entries at every other token) moves as
+    /// `LineAligned` moves such an entry. A row that continues no run moves
+    /// as `LineAligned`; padding
     /// and refused rows of the gather are zero-filled (neighbours in one
     /// block). Runs never cross a group of `RUN_ROWS` rows. No GPU has timed
     /// it yet: [`CopyMethod::for_gather`] does not choose it. The swap-in has
@@ -52,21 +55,12 @@ impl CopyMethod {
 
     /// Rows a warp of `MergedRuns` takes (`KVT_COPY_RUN_ROWS`). Eight: a
     /// group's rows are checked one a lane in one step; eight 656-byte rows
-    /// (5248 bytes) fill two and a half passes of 2 KiB; and the production
-    /// gather (batch 16, k = 2048) still makes 4096 groups, about one warp
+    /// (5248 bytes) fill two and a half passes of 2 KiB; and a gather of
+    /// batch 16 at k = 2048 still makes 4096 groups, about one warp
     /// for each a whole H100 holds resident (132 SMs of 32 warps at 4 blocks
     /// of 256 threads), where 32 rows a warp would leave three quarters of
     /// them idle.
     pub const RUN_ROWS: u32 = KVT_COPY_RUN_ROWS;
-
-    /// The method's name as the benchmark and selftest print it.
-    pub fn name(self) -> &'static str {
-        match self {
-            CopyMethod::WarpVectors => "warp_vectors",
-            CopyMethod::LineAligned => "line_aligned",
-            CopyMethod::MergedRuns => "merged_runs",
-        }
-    }
 
     /// The method [`crate::Tier::gather`] uses for entries of `entry_bytes`:
     /// `LineAligned` where an entry is not whole 128-byte lines (656-byte fp8

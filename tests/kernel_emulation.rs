@@ -322,21 +322,23 @@ fn grids(rows: u64) -> [u32; 3] {
     [1, 3, rows.div_ceil((BLOCK / 32) as u64).max(1) as u32 + 1]
 }
 
-/// Runs a gather case through the emulated kernel with `grid` blocks and
-/// copy-method `flags` (KVT_COPY_*).
-fn emulate_gather(case: &GatherCase, grid: u32, flags: u32) -> (Vec<u8>, ErrorWord, Report) {
-    let fx = filled_pool(case.setup.layout, case.setup.n_regions);
-    let slots = slot_table(&fx, &case.setup);
+/// The kernel parameters of a gather case over the slot table `slots` into
+/// `out`, reporting into `err`.
+fn gather_params(
+    case: &GatherCase,
+    slots: &[u64],
+    out: &Aligned,
+    err: &mut ErrorWord,
+    flags: u32,
+) -> kvt_gather_params {
     let layout = case.setup.layout;
-    let mut out = Aligned::new(case.out_bytes(), case.out_offset, 0xAB);
-    let mut err = ErrorWord::clear();
-    let p = kvt_gather_params {
+    kvt_gather_params {
         slot_bases: slots.as_ptr() as u64,
         req_slots: case.req_slots.as_ptr() as u64,
         seq_lens: case.seq_lens.as_ptr() as u64,
         topk: case.topk.as_ptr() as u64,
         out: out.addr(),
-        error: &mut err as *mut ErrorWord as u64,
+        error: err as *mut ErrorWord as u64,
         layer_offset: layout.layer_offset(case.layer).unwrap(),
         entry_bytes: layout.entry_bytes(),
         tokens_per_region: layout.tokens_per_region(),
@@ -345,7 +347,17 @@ fn emulate_gather(case: &GatherCase, grid: u32, flags: u32) -> (Vec<u8>, ErrorWo
         k: case.k,
         topk_stride: case.topk_stride,
         flags,
-    };
+    }
+}
+
+/// Runs a gather case through the emulated kernel with `grid` blocks and
+/// copy-method `flags` (KVT_COPY_*).
+fn emulate_gather(case: &GatherCase, grid: u32, flags: u32) -> (Vec<u8>, ErrorWord, Report) {
+    let fx = filled_pool(case.setup.layout, case.setup.n_regions);
+    let slots = slot_table(&fx, &case.setup);
+    let mut out = Aligned::new(case.out_bytes(), case.out_offset, 0xAB);
+    let mut err = ErrorWord::clear();
+    let p = gather_params(case, &slots, &out, &mut err, flags);
     let mut loads = region_ranges(&fx, &case.setup);
     loads.extend(gather_meta(&p));
     let stores = [out.range()];
@@ -592,22 +604,13 @@ fn merged_gather_of_row(topk: &[i32], allowed: impl Fn(Range) -> Vec<Range>) -> 
     let slots = slot_table(&fx, &case.setup);
     let mut out = Aligned::new(case.out_bytes(), 0, 0x5A);
     let mut err = ErrorWord::clear();
-    let p = kvt_gather_params {
-        slot_bases: slots.as_ptr() as u64,
-        req_slots: case.req_slots.as_ptr() as u64,
-        seq_lens: case.seq_lens.as_ptr() as u64,
-        topk: case.topk.as_ptr() as u64,
-        out: out.addr(),
-        error: &mut err as *mut ErrorWord as u64,
-        layer_offset: 0,
-        entry_bytes: 656,
-        tokens_per_region: 32,
-        num_slots: 1,
-        batch: 1,
-        k,
-        topk_stride: k,
-        flags: kvtier::abi::KVT_COPY_MERGED_RUNS,
-    };
+    let p = gather_params(
+        &case,
+        &slots,
+        &out,
+        &mut err,
+        kvtier::abi::KVT_COPY_MERGED_RUNS,
+    );
     let mut loads = allowed(region_ranges(&fx, &case.setup)[0]);
     loads.extend(gather_meta(&p));
     let stores = [out.range()];
@@ -745,27 +748,12 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
         case.out_offset = 8;
         let pool = ShiftedPool::new(&case.setup, 8);
         let slots = pool.slot_table(&case.setup);
-        let layout = case.setup.layout;
         let out = Aligned::new(case.out_bytes(), 8, 0xAB);
         let mut err = ErrorWord::clear();
-        let p = kvt_gather_params {
-            slot_bases: slots.as_ptr() as u64,
-            req_slots: case.req_slots.as_ptr() as u64,
-            seq_lens: case.seq_lens.as_ptr() as u64,
-            topk: case.topk.as_ptr() as u64,
-            out: out.addr(),
-            error: &mut err as *mut ErrorWord as u64,
-            layer_offset: layout.layer_offset(case.layer).unwrap(),
-            entry_bytes: layout.entry_bytes(),
-            tokens_per_region: layout.tokens_per_region(),
-            num_slots: case.setup.num_slots(),
-            batch: case.batch() as u32,
-            k: case.k,
-            topk_stride: case.topk_stride,
-            // 8 mod 16: the line-aligned and merged-runs methods take
-            // today's path (runs in 8-byte pieces, or 16 with a head and tail)
-            flags: METHODS[seed as usize % METHODS.len()],
-        };
+        // 8 mod 16: the line-aligned and merged-runs methods take today's
+        // path (runs in 8-byte pieces, or 16 with a head and tail)
+        let flags = METHODS[seed as usize % METHODS.len()];
+        let p = gather_params(&case, &slots, &out, &mut err, flags);
         let mut loads = vec![pool.mem.range()];
         loads.extend(gather_meta(&p));
         let stores = [out.range()];
@@ -1689,9 +1677,10 @@ fn a_report_racing_the_error_word_take_is_not_lost() {
 /// kernel, each strategy and path of the swap-in, on fewer random cases (see
 /// `seeds`). Not the production shape's or the memcheck's (shapes and bad
 /// addresses, not orderings; the production shape takes minutes under it).
-const RACE_CHECKED: [&str; 15] = [
+const RACE_CHECKED: [&str; 16] = [
     "gather_kernel_matches_the_cpu_executor",
     "writeback_kernel_matches_the_cpu_executor",
+    "run_heavy_cases_match_the_cpu_executor",
     "entries_larger_than_one_pass",
     "regions_at_8_mod_16_take_the_head_and_tail_paths",
     "swap_in_kernels_match_the_cpu_executor",
