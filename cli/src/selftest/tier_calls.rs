@@ -301,7 +301,7 @@ pub(super) fn gather(dut: &Executor, seed: u64, n: u64) -> Row {
 /// neighbours a sorted selection holds are the runs `CopyMethod::MergedRuns`
 /// moves as blocks).
 pub(super) fn gather_production_shape(dut: &Executor, seed: u64) -> Row {
-    let name = "gather (batch 64, k 2048, 656 and 1152 B, top-k as drawn and sorted)";
+    let name = "gather (batch 64, k 2048, 656 and 1152 B, +sorted)";
     run_cases(name, seed, 4, |s| {
         let mut rng = StdRng::seed_from_u64(s);
         let entry = if s % 2 == 0 { 656 } else { 1152 };
