@@ -116,9 +116,16 @@ typedef struct kvt_gather_params {
 } kvt_gather_params;
 
 /* kvt_gather_params.flags and kvt_writeback_params.flags: the copy method
- * (the bytes moved are the same): kvt_gather or kvt_gather_line_aligned,
- * kvt_writeback or kvt_writeback_line_aligned. */
+ * (the bytes moved are the same): kvt_gather, kvt_gather_line_aligned or
+ * kvt_gather_merged_runs; kvt_writeback, kvt_writeback_line_aligned or
+ * kvt_writeback_merged_runs. At most one of the flags is set. */
 #define KVT_COPY_LINE_ALIGNED 1u /* passes aligned to 128-byte lines of the host address (warp_copy_entry_lines) */
+#define KVT_COPY_MERGED_RUNS 2u  /* a warp takes KVT_COPY_RUN_ROWS consecutive rows and moves each run of them
+                                    that is contiguous at both ends as one line-aligned block */
+/* Rows a warp of the merged-runs kernels takes (consecutive top-k columns of
+ * one batch row; consecutive items of one layer): the launcher sizes the grid
+ * by groups of this many rows. */
+#define KVT_COPY_RUN_ROWS 8u
 
 /*
  * Layer-first writeback (kernel kvt_writeback): for each layer l in

@@ -270,6 +270,34 @@ __device__ __forceinline__ void warp_copy_entry_lines(const char* __restrict__ s
     }
 }
 
+// The runs of a group of at most 32 rows, row l held by lane l: `rows` has
+// bit l set for each row that moves, `joins` for each row that continues row
+// l - 1's run (a subset of rows whose row l - 1 is in rows). Calls
+// run(first, count) for each maximal run, lowest first. The masks come from
+// ballots, so every lane makes the same calls (warp operations inside run
+// meet).
+// Rows of more bytes never join a run, so that a run's byte count stays in
+// the 32 bits the copy helpers count in (KVT_COPY_RUN_ROWS rows of this size
+// are 2^31 bytes).
+#define KVT_RUN_MAX_ENTRY ((1u << 31) / KVT_COPY_RUN_ROWS)
+// A group's rows are ballot bits below bit 31 (masks of the group's rows
+// shift 1 by the count).
+static_assert(KVT_COPY_RUN_ROWS >= 1 && KVT_COPY_RUN_ROWS < KVT_WARP, "a group is a warp's lanes");
+
+template <class Run>
+__device__ __forceinline__ void for_each_run(uint32_t rows, uint32_t joins, Run run) {
+    uint32_t starts = rows & ~joins;
+    while (starts != 0) {
+        const uint32_t first = (uint32_t)__ffs((int)starts) - 1;
+        starts &= starts - 1;
+        // the run continues over the joins just above `first`: their count
+        // is the trailing ones of the mask shifted past it (two shifts: one
+        // of 32 is undefined; the top bit of the result is always clear)
+        const uint32_t above = (joins >> first) >> 1;
+        run(first, (uint32_t)__ffs((int)~above));
+    }
+}
+
 // Copies row src_row of the buffer at src_base to row dst_row of the buffer at
 // dst_base, both addressed with the item layout L (kvt_item_layout in abi.h),
 // with the whole warp (same calling rule as warp_copy_entry). A row is a value
@@ -459,6 +487,9 @@ __device__ __forceinline__ uint32_t warp_inclusive_sum(uint32_t v, uint32_t lane
 }
 // v of lane `src`.
 __device__ __forceinline__ uint32_t warp_read(uint32_t v, uint32_t src) { return __shfl_sync(kFullWarp, v, src); }
+__device__ __forceinline__ uint64_t warp_read64(uint64_t v, uint32_t src) {
+    return (uint64_t)warp_read((uint32_t)(v >> 32), src) << 32 | warp_read((uint32_t)v, src);
+}
 
 // Exclusive prefix sum across the block, in thread order, of one count per
 // thread: returns the sum over lower threads and sets *total to the block's.

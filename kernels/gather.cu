@@ -13,8 +13,9 @@
 //          multiple of 8, and that every non-zero slot base is a region of
 //          this pool's layout.
 // Mapping: one warp per output row, grid-stride over the batch * k rows.
-// Two entry points, one per copy method (kvt_gather_line_aligned for
-// KVT_COPY_LINE_ALIGNED): in one kernel the second method's registers would
+// One entry point per copy method (kvt_gather_line_aligned for
+// KVT_COPY_LINE_ALIGNED, kvt_gather_merged_runs below for
+// KVT_COPY_MERGED_RUNS): in one kernel the second method's registers would
 // cost the first its fourth block an SM.
 namespace kvt {
 template <bool LineAligned>
@@ -70,6 +71,79 @@ __device__ __forceinline__ void gather(const kvt_gather_params& p) {
         }
     }
 }
+
+// The gather with CopyMethod::MergedRuns: the same checks, reports and
+// outputs, rows taken KVT_COPY_RUN_ROWS at a time. Selected tokens t, t + 1,
+// ... in consecutive columns are consecutive pool entries bound for
+// consecutive output rows, so such a run moves as one block, its passes
+// aligned to the pool's lines: only the run's first and last lines are
+// partial, where one row a warp splits a line at every row edge (656 B =
+// 5 lines + 16 B), and a pass carries up to 2 KiB of the run where one row
+// leaves most of it empty.
+__device__ __forceinline__ void gather_merged_runs(const kvt_gather_params& p) {
+    const uint32_t lane = threadIdx.x % KVT_WARP;
+    // k <= 65536 and batch < 65536: groups < 2^29
+    const uint32_t groups_per_row = (p.k + KVT_COPY_RUN_ROWS - 1) / KVT_COPY_RUN_ROWS;
+    const uint32_t groups = p.batch * groups_per_row;
+    const int32_t* req_slots = reinterpret_cast<const int32_t*>(p.req_slots);
+    const int32_t* seq_lens = reinterpret_cast<const int32_t*>(p.seq_lens);
+    const int32_t* topk = reinterpret_cast<const int32_t*>(p.topk);
+    const uint64_t* slot_bases = reinterpret_cast<const uint64_t*>(p.slot_bases);
+    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
+    const bool merge = p.entry_bytes <= KVT_RUN_MAX_ENTRY;
+
+    for (uint32_t g = kvt::global_warp(); g < groups; g += kvt::grid_warps()) {
+        const uint32_t b = g / groups_per_row;
+        const uint32_t j0 = (g - b * groups_per_row) * KVT_COPY_RUN_ROWS;
+        const uint32_t n = min(KVT_COPY_RUN_ROWS, p.k - j0);
+        const uint32_t j = j0 + lane;  // lane's column, a row of the group when lane < n
+        const bool mine = lane < n;
+        char* group_out = reinterpret_cast<char*>(p.out) + ((uint64_t)b * p.k + j0) * p.entry_bytes;
+
+        // The row's slot and length are the group's; each lane loads its own
+        // column's index alongside them, and checks and reports its row as
+        // kvt_gather does (positions order the error word, not lanes).
+        const int32_t slot = kvt::ld(req_slots + b);
+        const int32_t seq_len = kvt::ld(seq_lens + b);
+        const int32_t token = mine ? kvt::ld(topk + (uint64_t)b * p.topk_stride + j) : -1;
+        const uint64_t base =
+            (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(slot_bases + slot) : 0;
+        bool moves = false;
+        if (mine && slot != -1) {
+            const uint32_t position = (b << 16) | j;
+            if (base == 0) {
+                kvt::report(err, KVT_ERR_GATHER_SLOT, position, slot);
+            } else if (seq_len < 0 || (uint32_t)seq_len > p.tokens_per_region) {
+                kvt::report(err, KVT_ERR_GATHER_SEQ_LEN, position, seq_len);
+            } else if (token >= 0 && token < seq_len) {
+                moves = true;
+            } else if (token != -1) {
+                kvt::report(err, KVT_ERR_GATHER_INDEX, position, token);
+            }
+        }
+
+        // A row joins the run of the row before it when both move and its
+        // token is the next one (both below seq_len: no overflow).
+        const int32_t before = (int32_t)kvt::warp_read((uint32_t)token, lane == 0 ? 0 : lane - 1);
+        const uint32_t rows = kvt::warp_ballot(moves);
+        const bool joins =
+            merge && moves && lane > 0 && ((rows >> (lane - 1)) & 1u) != 0 && token == before + 1;
+        const uint32_t join_mask = kvt::warp_ballot(joins);
+
+        kvt::for_each_run(rows, join_mask, [&](uint32_t first, uint32_t count) {
+            const uint32_t t = kvt::warp_read((uint32_t)token, first);
+            const char* src = reinterpret_cast<const char*>(base + p.layer_offset + (uint64_t)t * p.entry_bytes);
+            kvt::warp_copy_entry_lines<kvt::PoolToDevice>(src, group_out + (uint64_t)first * p.entry_bytes,
+                                                          count * p.entry_bytes, lane);
+        });
+        // Padding and refused rows: zeros, neighbours in one block too.
+        const uint32_t zeros = ((1u << n) - 1u) & ~rows;
+        kvt::for_each_run(zeros, merge ? zeros & (zeros << 1) : 0u, [&](uint32_t first, uint32_t count) {
+            kvt::warp_zero_entry<kvt::PoolToDevice>(group_out + (uint64_t)first * p.entry_bytes,
+                                                    count * p.entry_bytes, lane);
+        });
+    }
+}
 }  // namespace kvt
 
 extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather(const kvt_gather_params p) {
@@ -77,4 +151,25 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather(const
 }
 extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather_line_aligned(const kvt_gather_params p) {
     kvt::gather<true>(p);
+}
+
+// kvt_gather_merged_runs — kvt_gather with the copy method
+// KVT_COPY_MERGED_RUNS (contract: kvt_gather_params in abi.h).
+// Reads:   as kvt_gather: req_slots, seq_lens, every row's topk, slot_bases
+//          (device memory); pool entries (host-mapped) only at addresses
+//          built from range-checked indices.
+// Writes:  as kvt_gather: out rows [0, batch * k), every one of them (data
+//          or zeros); the error word for refused entries.
+// Assumes: as kvt_gather.
+// Mapping: one warp per group of KVT_COPY_RUN_ROWS consecutive columns of one
+//          batch row (fewer at the row's end), grid-stride over
+//          batch * ceil(k / KVT_COPY_RUN_ROWS) groups; lane l checks column
+//          j0 + l; each run of consecutive tokens moves as one block
+//          (warp_copy_entry_lines over the run). A run never crosses a group.
+// Held to four blocks an SM, as the other methods' kernels run: left free,
+// ptxas gives it more than 64 registers at sm_80 (three blocks); at 64 it
+// spills nothing (scripts/kernel-resources.sh).
+extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS, 4)
+    kvt_gather_merged_runs(const kvt_gather_params p) {
+    kvt::gather_merged_runs(p);
 }

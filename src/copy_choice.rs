@@ -64,6 +64,7 @@ pub fn method_name(m: CopyMethod) -> &'static str {
     match m {
         CopyMethod::WarpVectors => "warp-vectors",
         CopyMethod::LineAligned => "line-aligned",
+        CopyMethod::MergedRuns => "merged-runs",
     }
 }
 

@@ -4,7 +4,9 @@
 //! host link are shaped, which only a GPU can time (`kvtier bench` times each
 //! beside the link's contiguous copy). The CPU executor has one way.
 
-use crate::abi::{KVT_COPY_LINE_ALIGNED, KVT_SWAP_COPY_LINES};
+use crate::abi::{
+    KVT_COPY_LINE_ALIGNED, KVT_COPY_MERGED_RUNS, KVT_COPY_RUN_ROWS, KVT_SWAP_COPY_LINES,
+};
 
 /// A warp's way of moving an entry (the `KVT_COPY_*` flags of the kernels).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -21,11 +23,44 @@ pub enum CopyMethod {
     /// its two). Entries that are not whole 16-byte vectors at 16-byte
     /// aligned addresses move as `WarpVectors`.
     LineAligned,
+    /// A warp takes [`CopyMethod::RUN_ROWS`] consecutive rows (of the
+    /// gather: consecutive top-k columns of one batch row; of the writeback:
+    /// consecutive items of one layer), checks each as the other methods do,
+    /// and moves each maximal run of rows that is contiguous at both ends as
+    /// one block with `LineAligned`'s line-aligned passes: in the gather,
+    /// consecutive columns selecting tokens `t, t + 1, ...`; in the
+    /// writeback, consecutive items of one slot with consecutive tokens and
+    /// consecutive source rows. Inside a run every 128-byte line of the host
+    /// address is whole and a pass carries up to 2 KiB of the run, where one
+    /// 656-byte row a warp splits a line at both its ends and fills a third
+    /// of a pass. A run not of whole 16-byte vectors at 16-byte aligned
+    /// addresses (584-byte entries at every other token) moves as
+    /// `LineAligned` moves such an entry. A row that continues no run moves
+    /// as `LineAligned`; padding
+    /// and refused rows of the gather are zero-filled (neighbours in one
+    /// block). Runs never cross a group of `RUN_ROWS` rows. No GPU has timed
+    /// it yet: [`CopyMethod::for_gather`] does not choose it. The swap-in has
+    /// no kernel of this method; its copy kernel moves misses as
+    /// `LineAligned` under it.
+    MergedRuns,
 }
 
 impl CopyMethod {
     /// Every method, for the benchmark and the tests.
-    pub const ALL: [CopyMethod; 2] = [CopyMethod::WarpVectors, CopyMethod::LineAligned];
+    pub const ALL: [CopyMethod; 3] = [
+        CopyMethod::WarpVectors,
+        CopyMethod::LineAligned,
+        CopyMethod::MergedRuns,
+    ];
+
+    /// Rows a warp of `MergedRuns` takes (`KVT_COPY_RUN_ROWS`). Eight: a
+    /// group's rows are checked one a lane in one step; eight 656-byte rows
+    /// (5248 bytes) fill two and a half passes of 2 KiB; and a gather of
+    /// batch 16 at k = 2048 still makes 4096 groups, about one warp
+    /// for each a whole H100 holds resident (132 SMs of 32 warps at 4 blocks
+    /// of 256 threads), where 32 rows a warp would leave three quarters of
+    /// them idle.
+    pub const RUN_ROWS: u32 = KVT_COPY_RUN_ROWS;
 
     /// The method [`crate::Tier::gather`] uses for entries of `entry_bytes`:
     /// `LineAligned` where an entry is not whole 128-byte lines (656-byte fp8
@@ -36,7 +71,8 @@ impl CopyMethod {
     /// link's contiguous copy against 0.77-0.82), level at the other 4,
     /// slower at none; at 1152 bytes the two were level at every point. The
     /// writeback stays `WarpVectors`: its line-aligned method was level with
-    /// it at every point of the same run.
+    /// it at every point of the same run. `MergedRuns` is never chosen: no
+    /// GPU has timed it.
     pub fn for_gather(entry_bytes: u32) -> CopyMethod {
         if entry_bytes.is_multiple_of(128) {
             CopyMethod::WarpVectors
@@ -50,15 +86,18 @@ impl CopyMethod {
         match self {
             CopyMethod::WarpVectors => 0,
             CopyMethod::LineAligned => KVT_COPY_LINE_ALIGNED,
+            CopyMethod::MergedRuns => KVT_COPY_MERGED_RUNS,
         }
     }
 
     /// The swap-in parameters' flag for the method (`kvt_swap_in_params`
     /// keeps its own flag set; the launcher picks the copy kernel by it).
+    /// `MergedRuns` has no swap-in kernel: its misses move as its rows
+    /// outside runs do, `LineAligned`.
     pub(crate) fn swap_in_flags(self) -> u32 {
         match self {
             CopyMethod::WarpVectors => 0,
-            CopyMethod::LineAligned => KVT_SWAP_COPY_LINES,
+            CopyMethod::LineAligned | CopyMethod::MergedRuns => KVT_SWAP_COPY_LINES,
         }
     }
 }

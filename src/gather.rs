@@ -5,8 +5,8 @@
 //! `kernels/gather.cu`. Both follow the contract in `kernels/abi.h`.
 
 use crate::abi::{
-    KVT_COPY_LINE_ALIGNED, KVT_ERR_GATHER_INDEX, KVT_ERR_GATHER_SEQ_LEN, KVT_ERR_GATHER_SLOT,
-    kvt_gather_params,
+    KVT_COPY_LINE_ALIGNED, KVT_COPY_MERGED_RUNS, KVT_COPY_RUN_ROWS, KVT_ERR_GATHER_INDEX,
+    KVT_ERR_GATHER_SEQ_LEN, KVT_ERR_GATHER_SLOT, kvt_gather_params,
 };
 use crate::copy_method::CopyMethod;
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
@@ -205,12 +205,18 @@ pub(crate) unsafe fn launch(dev: &CudaDevice, p: &kvt_gather_params, stream: Str
         return Ok(());
     }
     // The copy method is a kernel of its own (kernels/gather.cu).
-    let kernel = if p.flags & KVT_COPY_LINE_ALIGNED != 0 {
-        Kernel::GatherLineAligned
+    // A warp of the merged-runs kernel takes a group of KVT_COPY_RUN_ROWS rows.
+    let (kernel, warps) = if p.flags & KVT_COPY_MERGED_RUNS != 0 {
+        (
+            Kernel::GatherMergedRuns,
+            p.batch as u64 * p.k.div_ceil(KVT_COPY_RUN_ROWS) as u64,
+        )
+    } else if p.flags & KVT_COPY_LINE_ALIGNED != 0 {
+        (Kernel::GatherLineAligned, rows)
     } else {
-        Kernel::Gather
+        (Kernel::Gather, rows)
     };
-    let grid = dev.grid_for_rows(kernel, rows);
+    let grid = dev.grid_for_rows(kernel, warps);
     // SAFETY: per this function's contract.
     unsafe { dev.launch(kernel, grid, BLOCK_THREADS, 0, p, stream) }
 }

@@ -6,8 +6,8 @@
 //! the CPU reference below, or `kvt_writeback` in `kernels/writeback.cu`.
 
 use crate::abi::{
-    KVT_COPY_LINE_ALIGNED, KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW,
-    KVT_ERR_WRITEBACK_TOKEN, kvt_writeback_params,
+    KVT_COPY_LINE_ALIGNED, KVT_COPY_MERGED_RUNS, KVT_COPY_RUN_ROWS, KVT_ERR_WRITEBACK_SLOT,
+    KVT_ERR_WRITEBACK_SRC_ROW, KVT_ERR_WRITEBACK_TOKEN, kvt_writeback_params,
 };
 use crate::copy_method::CopyMethod;
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
@@ -207,12 +207,18 @@ pub(crate) unsafe fn launch(
         return Ok(());
     }
     // The copy method is a kernel of its own (kernels/writeback.cu).
-    let kernel = if p.flags & KVT_COPY_LINE_ALIGNED != 0 {
-        Kernel::WritebackLineAligned
+    // A warp of the merged-runs kernel takes a group of KVT_COPY_RUN_ROWS rows.
+    let (kernel, warps) = if p.flags & KVT_COPY_MERGED_RUNS != 0 {
+        (
+            Kernel::WritebackMergedRuns,
+            p.num_layers as u64 * p.num_items.div_ceil(KVT_COPY_RUN_ROWS) as u64,
+        )
+    } else if p.flags & KVT_COPY_LINE_ALIGNED != 0 {
+        (Kernel::WritebackLineAligned, rows)
     } else {
-        Kernel::Writeback
+        (Kernel::Writeback, rows)
     };
-    let grid = dev.grid_for_rows(kernel, rows);
+    let grid = dev.grid_for_rows(kernel, warps);
     // SAFETY: per this function's contract.
     unsafe { dev.launch(kernel, grid, BLOCK_THREADS, 0, p, stream) }
 }

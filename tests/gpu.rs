@@ -139,6 +139,22 @@ fn writeback_matches_cpu_on_random_items() {
     }
 }
 
+/// Top-k rows and item lists made of runs of 1 to 32 neighbours (whole,
+/// broken by padding or refused rows, shifted by one, ending at the
+/// region's last entry), which `CopyMethod::MergedRuns` moves a run at a
+/// time; every method against the CPU executor.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn run_heavy_cases_match_cpu() {
+    let gpu = cuda();
+    for seed in 0..100 {
+        for h in [CLEAN, PADDED, HOSTILE] {
+            gather_agrees(&GatherCase::with_runs(seed, MEDIUM, h), &gpu);
+            writeback_agrees(&WritebackCase::with_runs(seed, MEDIUM, h, true), &gpu);
+        }
+    }
+}
+
 /// The production shape: batch 64, k = 2048, 656-byte entries, and the
 /// awkward 584-byte size, output 8 bytes past a 16-byte boundary.
 #[test]
@@ -161,6 +177,15 @@ fn full_size_batches_match_cpu() {
         case.seq_lens = (0..batch).map(|b| 4096 - b as i32).collect();
         case.topk = (0..batch * k)
             .map(|i| ((i * 7919) % (4096 - 63)) as i32)
+            .collect();
+        gather_agrees(&case, &gpu);
+        // sorted top-k rows: runs of five neighbours one token apart, each
+        // row's last run ending at its request's last token
+        case.topk = (0..batch * k)
+            .map(|i| {
+                let (b, d) = (i / k, k - 1 - i % k);
+                (4096 - b - 1 - d - d / 5) as i32
+            })
             .collect();
         gather_agrees(&case, &gpu);
     }

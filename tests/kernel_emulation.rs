@@ -92,6 +92,14 @@ type SwapFn = unsafe extern "C" fn(
 
 const BLOCK: u32 = kvtier::cuda::BLOCK_THREADS;
 
+/// The copy methods' flags (KVT_COPY_*): every gather and writeback case runs
+/// each method's kernel.
+const METHODS: [u32; 3] = [
+    0,
+    kvtier::abi::KVT_COPY_LINE_ALIGNED,
+    kvtier::abi::KVT_COPY_MERGED_RUNS,
+];
+
 /// Whether this process runs the emulator under the race detector: the
 /// emulator built with ThreadSanitizer, whose runtime the parent test
 /// preloaded (see `the_race_detector_catches_planted_races_and_the_kernels_have_none`).
@@ -314,21 +322,23 @@ fn grids(rows: u64) -> [u32; 3] {
     [1, 3, rows.div_ceil((BLOCK / 32) as u64).max(1) as u32 + 1]
 }
 
-/// Runs a gather case through the emulated kernel with `grid` blocks and
-/// copy-method `flags` (KVT_COPY_*).
-fn emulate_gather(case: &GatherCase, grid: u32, flags: u32) -> (Vec<u8>, ErrorWord, Report) {
-    let fx = filled_pool(case.setup.layout, case.setup.n_regions);
-    let slots = slot_table(&fx, &case.setup);
+/// The kernel parameters of a gather case over the slot table `slots` into
+/// `out`, reporting into `err`.
+fn gather_params(
+    case: &GatherCase,
+    slots: &[u64],
+    out: &Aligned,
+    err: &mut ErrorWord,
+    flags: u32,
+) -> kvt_gather_params {
     let layout = case.setup.layout;
-    let mut out = Aligned::new(case.out_bytes(), case.out_offset, 0xAB);
-    let mut err = ErrorWord::clear();
-    let p = kvt_gather_params {
+    kvt_gather_params {
         slot_bases: slots.as_ptr() as u64,
         req_slots: case.req_slots.as_ptr() as u64,
         seq_lens: case.seq_lens.as_ptr() as u64,
         topk: case.topk.as_ptr() as u64,
         out: out.addr(),
-        error: &mut err as *mut ErrorWord as u64,
+        error: err as *mut ErrorWord as u64,
         layer_offset: layout.layer_offset(case.layer).unwrap(),
         entry_bytes: layout.entry_bytes(),
         tokens_per_region: layout.tokens_per_region(),
@@ -337,7 +347,17 @@ fn emulate_gather(case: &GatherCase, grid: u32, flags: u32) -> (Vec<u8>, ErrorWo
         k: case.k,
         topk_stride: case.topk_stride,
         flags,
-    };
+    }
+}
+
+/// Runs a gather case through the emulated kernel with `grid` blocks and
+/// copy-method `flags` (KVT_COPY_*).
+fn emulate_gather(case: &GatherCase, grid: u32, flags: u32) -> (Vec<u8>, ErrorWord, Report) {
+    let fx = filled_pool(case.setup.layout, case.setup.n_regions);
+    let slots = slot_table(&fx, &case.setup);
+    let mut out = Aligned::new(case.out_bytes(), case.out_offset, 0xAB);
+    let mut err = ErrorWord::clear();
+    let p = gather_params(case, &slots, &out, &mut err, flags);
     let mut loads = region_ranges(&fx, &case.setup);
     loads.extend(gather_meta(&p));
     let stores = [out.range()];
@@ -366,7 +386,7 @@ fn gather_agrees(case: &GatherCase) {
     // every copy method on every grid and schedule
     let runs = grid_schedules(case.batch() as u64 * case.k as u64)
         .into_iter()
-        .flat_map(|gs| [(gs, 0), (gs, kvtier::abi::KVT_COPY_LINE_ALIGNED)]);
+        .flat_map(|gs| METHODS.map(|flags| (gs, flags)));
     for ((grid, schedule), flags) in runs {
         set_schedule(schedule);
         let (out, err, report) = emulate_gather(case, grid, flags);
@@ -467,7 +487,7 @@ fn writeback_agrees(case: &WritebackCase) {
     // every copy method on every grid and schedule
     let runs = grid_schedules(rows)
         .into_iter()
-        .flat_map(|gs| [(gs, 0), (gs, kvtier::abi::KVT_COPY_LINE_ALIGNED)]);
+        .flat_map(|gs| METHODS.map(|flags| (gs, flags)));
     for ((grid, schedule), flags) in runs {
         set_schedule(schedule);
         let (pool, err, report) = emulate_writeback(case, grid, flags);
@@ -542,6 +562,111 @@ fn entries_larger_than_one_pass() {
     }
 }
 
+/// Larger regions and rows than SMALL for the run-heavy cases: runs of up to
+/// 32 neighbours fit in a region, and a top-k row (an item list) spans
+/// several groups of `CopyMethod::RUN_ROWS`.
+const RUNS: Limits = Limits {
+    max_layers: 2,
+    max_tokens: 200,
+    max_regions: 3,
+    max_batch: 4,
+    max_k: 80,
+    max_items: 80,
+};
+
+/// Index patterns made of runs of 1 to 32 neighbours, whole and broken in
+/// the middle by padding or refused rows, crossing groups and ending at the
+/// region's (the source's) last entry: every method, every grid and
+/// schedule, against the CPU executor and the model.
+#[test]
+fn run_heavy_cases_match_the_cpu_executor() {
+    for seed in seeds(0..40) {
+        for h in [CLEAN, PADDED, HOSTILE] {
+            gather_agrees(&GatherCase::with_runs(seed, RUNS, h));
+            writeback_agrees(&WritebackCase::with_runs(seed, RUNS, h, true));
+        }
+    }
+}
+
+/// A gather of one row of 656-byte entries through the merged-runs kernel
+/// (one block), loads allowed only where `allowed` says: (report, output).
+fn merged_gather_of_row(topk: &[i32], allowed: impl Fn(Range) -> Vec<Range>) -> (Report, Vec<u8>) {
+    let mut case = GatherCase::random(4, SMALL, CLEAN);
+    case.setup = Setup {
+        layout: LayerFirstLayout::new(656, 1, 32).unwrap(),
+        n_regions: 1,
+        bindings: vec![Some(0)],
+    };
+    let k = topk.len() as u32;
+    (case.layer, case.k, case.topk_stride, case.out_offset) = (0, k, k, 0);
+    (case.req_slots, case.seq_lens, case.topk) = (vec![0], vec![32], topk.to_vec());
+    let fx = filled_pool(case.setup.layout, 1);
+    let slots = slot_table(&fx, &case.setup);
+    let mut out = Aligned::new(case.out_bytes(), 0, 0x5A);
+    let mut err = ErrorWord::clear();
+    let p = gather_params(
+        &case,
+        &slots,
+        &out,
+        &mut err,
+        kvtier::abi::KVT_COPY_MERGED_RUNS,
+    );
+    let mut loads = allowed(region_ranges(&fx, &case.setup)[0]);
+    loads.extend(gather_meta(&p));
+    let stores = [out.range()];
+    set_schedule(0);
+    let report = unsafe {
+        gather_fn()(
+            &p,
+            1,
+            BLOCK,
+            loads.as_ptr(),
+            loads.len(),
+            stores.as_ptr(),
+            1,
+        )
+    };
+    assert!(err.is_clear());
+    assert!(out.bytes_mut() == case.expected().0, "{topk:?}");
+    (report, out.bytes().to_vec())
+}
+
+/// The merged-runs kernel finds the runs: a run's lines are read from the
+/// run's own entries only (a run of 656-byte entries shares its first and
+/// last lines with its neighbours, which the memcheck refuses here), and a
+/// row of one run of 24 neighbours (three groups, ending at the region's
+/// last entry) takes fewer warp operations than 24 rows that join nothing
+/// (one shuffle per run).
+#[test]
+fn merged_runs_read_only_their_runs_and_merge_neighbours() {
+    let tight = |topk: &'static [i32]| {
+        move |region: Range| -> Vec<Range> {
+            topk.iter()
+                .filter(|&&t| t >= 0)
+                .map(|&t| range(region.start + t as u64 * 656, 656))
+                .collect()
+        }
+    };
+    // runs of 4 and 2 at tokens whose lines their neighbours share, padding
+    // between them, a run of 3 ending at the last entry
+    let (r, _) = merged_gather_of_row(
+        &[2, 3, 4, 5, -1, 9, 10, 29, 30, 31],
+        tight(&[2, 3, 4, 5, 9, 10, 29, 30, 31]),
+    );
+    assert!(r.clean(), "{r:?}");
+
+    let whole = |region: Range| vec![region];
+    let ascending: Vec<i32> = (8..32).collect();
+    let descending: Vec<i32> = (8..32).rev().collect();
+    let (merged, _) = merged_gather_of_row(&ascending, whole);
+    let (apart, _) = merged_gather_of_row(&descending, whole);
+    assert!(merged.clean() && apart.clean());
+    assert!(
+        merged.warp_ops < apart.warp_ops,
+        "one run a group takes fewer shuffles than 24 runs: {merged:?} vs {apart:?}"
+    );
+}
+
 /// The production shape: batch 16 of k = 2048, 656 B and 584 B entries.
 #[test]
 fn production_shape() {
@@ -561,7 +686,7 @@ fn production_shape() {
             .collect();
         let (cpu_out, _) = case.run(&Executor::cpu());
         let grid = grids(16 * 2048)[2];
-        for flags in [0, kvtier::abi::KVT_COPY_LINE_ALIGNED] {
+        for flags in METHODS {
             let (out, err, report) = emulate_gather(&case, grid, flags);
             assert!(report.clean(), "{report:?}");
             assert!(err.is_clear());
@@ -623,26 +748,12 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
         case.out_offset = 8;
         let pool = ShiftedPool::new(&case.setup, 8);
         let slots = pool.slot_table(&case.setup);
-        let layout = case.setup.layout;
         let out = Aligned::new(case.out_bytes(), 8, 0xAB);
         let mut err = ErrorWord::clear();
-        let p = kvt_gather_params {
-            slot_bases: slots.as_ptr() as u64,
-            req_slots: case.req_slots.as_ptr() as u64,
-            seq_lens: case.seq_lens.as_ptr() as u64,
-            topk: case.topk.as_ptr() as u64,
-            out: out.addr(),
-            error: &mut err as *mut ErrorWord as u64,
-            layer_offset: layout.layer_offset(case.layer).unwrap(),
-            entry_bytes: layout.entry_bytes(),
-            tokens_per_region: layout.tokens_per_region(),
-            num_slots: case.setup.num_slots(),
-            batch: case.batch() as u32,
-            k: case.k,
-            topk_stride: case.topk_stride,
-            // 8 mod 16: the line-aligned method takes today's path
-            flags: (seed % 2) as u32 * kvtier::abi::KVT_COPY_LINE_ALIGNED,
-        };
+        // 8 mod 16: the line-aligned and merged-runs methods take today's
+        // path (runs in 8-byte pieces, or 16 with a head and tail)
+        let flags = METHODS[seed as usize % METHODS.len()];
+        let p = gather_params(&case, &slots, &out, &mut err, flags);
         let mut loads = vec![pool.mem.range()];
         loads.extend(gather_meta(&p));
         let stores = [out.range()];
@@ -679,8 +790,8 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
             .collect();
         let table: Vec<u64> = src.iter().map(Aligned::addr).collect();
         let mut err = ErrorWord::clear();
-        // 8 mod 16: the line-aligned method takes today's path
-        let flags = (seed % 2) as u32 * kvtier::abi::KVT_COPY_LINE_ALIGNED;
+        // 8 mod 16: the line-aligned and merged-runs methods take today's path
+        let flags = METHODS[(seed as usize + 1) % METHODS.len()];
         let p = writeback_params(&wb, &slots, &table, &mut err, flags);
         let mut loads: Vec<Range> = src.iter().map(Aligned::range).collect();
         loads.extend(writeback_meta(&p));
@@ -1568,9 +1679,10 @@ fn a_report_racing_the_error_word_take_is_not_lost() {
 /// kernel, each strategy and path of the swap-in, on fewer random cases (see
 /// `seeds`). Not the production shape's or the memcheck's (shapes and bad
 /// addresses, not orderings; the production shape takes minutes under it).
-const RACE_CHECKED: [&str; 15] = [
+const RACE_CHECKED: [&str; 16] = [
     "gather_kernel_matches_the_cpu_executor",
     "writeback_kernel_matches_the_cpu_executor",
+    "run_heavy_cases_match_the_cpu_executor",
     "entries_larger_than_one_pass",
     "regions_at_8_mod_16_take_the_head_and_tail_paths",
     "swap_in_kernels_match_the_cpu_executor",

@@ -219,9 +219,11 @@ pub enum Kernel {
     WritebackLineAligned = 10,
     SwapInFewMiss512Plan = 11,
     SwapInCopyLineAligned = 12,
+    GatherMergedRuns = 13,
+    WritebackMergedRuns = 14,
 }
 
-const KERNELS: usize = 13;
+const KERNELS: usize = 15;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -238,6 +240,8 @@ impl Kernel {
         Kernel::WritebackLineAligned,
         Kernel::SwapInFewMiss512Plan,
         Kernel::SwapInCopyLineAligned,
+        Kernel::GatherMergedRuns,
+        Kernel::WritebackMergedRuns,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -256,6 +260,8 @@ impl Kernel {
             Kernel::WritebackLineAligned => "kvt_writeback_line_aligned",
             Kernel::SwapInFewMiss512Plan => "kvt_swap_in_few_miss_512_plan",
             Kernel::SwapInCopyLineAligned => "kvt_swap_in_copy_line_aligned",
+            Kernel::GatherMergedRuns => "kvt_gather_merged_runs",
+            Kernel::WritebackMergedRuns => "kvt_writeback_merged_runs",
         }
     }
 

@@ -288,6 +288,53 @@ impl GatherCase {
         }
     }
 
+    /// A random case whose top-k rows are sorted runs of neighbouring tokens
+    /// (lengths from `draw_run`; with `h`, runs broken in the middle by
+    /// padding or bad indices), half the valid rows holding a full region so
+    /// that runs end at its last entry, a quarter of the runs placed to end
+    /// at the row's last token.
+    pub fn with_runs(seed: u64, lim: Limits, h: Hostility) -> Self {
+        let mut case = GatherCase::random(seed, lim, h);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x7275_6e73);
+        let tokens = case.setup.layout.tokens_per_region() as i32;
+        let (k, stride) = (case.k as usize, case.topk_stride as usize);
+        for b in 0..case.batch() {
+            if (0..=tokens).contains(&case.seq_lens[b]) && rng.random_bool(0.5) {
+                case.seq_lens[b] = tokens;
+            }
+            let seq = case.seq_lens[b].clamp(0, tokens);
+            let mut j = 0;
+            while j < k {
+                let len = draw_run(&mut rng).min(k - j);
+                let start = if seq == 0 {
+                    0
+                } else if rng.random_bool(0.25) {
+                    (seq - len as i32).max(0)
+                } else {
+                    rng.random_range(0..seq)
+                };
+                let mut skip = 0;
+                for m in 0..len {
+                    // a near-run: a token skipped, the rest of the run shifted
+                    if rng.random_bool(0.1) {
+                        skip += 1;
+                    }
+                    let t = start + m as i32 + skip;
+                    let x: f64 = rng.random();
+                    case.topk[b * stride + j + m] = if seq == 0 || t >= seq || x < h.padding {
+                        -1
+                    } else if x < h.padding + h.bad {
+                        [seq, -2, i32::MAX, i32::MIN][rng.random_range(0..4)]
+                    } else {
+                        t
+                    };
+                }
+                j += len;
+            }
+        }
+        case
+    }
+
     pub fn batch(&self) -> usize {
         self.req_slots.len()
     }
@@ -411,6 +458,27 @@ pub enum WritebackMode {
     AllLayers,
 }
 
+/// Makes every item whose destination (region, token) an earlier item
+/// already writes padding (slot -1): the kernel leaves such races
+/// unspecified.
+fn drop_repeated_destinations(setup: &Setup, slots: &mut [i32], tokens: &[i32]) {
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..slots.len() {
+        if let Some(region) = setup.region_of(slots[i])
+            && !seen.insert((region, tokens[i]))
+        {
+            slots[i] = -1;
+        }
+    }
+}
+
+/// Lengths of the runs of neighbours the run-heavy cases draw: 1 to 32, so
+/// that runs shorter than, as long as and longer than a warp's group of
+/// `CopyMethod::RUN_ROWS` rows all occur, starting anywhere in a group.
+fn draw_run(rng: &mut StdRng) -> usize {
+    rng.random_range(1..=32)
+}
+
 /// A random writeback case.
 #[derive(Clone)]
 pub struct WritebackCase {
@@ -478,14 +546,7 @@ impl WritebackCase {
             })
             .collect();
         if unique {
-            let mut seen = std::collections::HashSet::new();
-            for i in 0..n as usize {
-                if let Some(region) = setup.region_of(slots[i])
-                    && !seen.insert((region, item_tokens[i]))
-                {
-                    slots[i] = -1;
-                }
-            }
+            drop_repeated_destinations(&setup, &mut slots, &item_tokens);
         }
         let buffers = match mode {
             WritebackMode::Layer(_) => 1,
@@ -507,6 +568,71 @@ impl WritebackCase {
             src,
             rows,
         }
+    }
+
+    /// A random case whose items are runs (lengths from `draw_run`) of one
+    /// slot with consecutive tokens and consecutive source rows, as a
+    /// prefill's chunk writes; with `h`, runs broken in the middle by
+    /// padding or bad tokens and rows. A quarter of the runs end at the
+    /// region's last token, a quarter at the source's last row. With
+    /// `unique`, as [`WritebackCase::random`].
+    pub fn with_runs(seed: u64, lim: Limits, h: Hostility, unique: bool) -> Self {
+        let mut case = WritebackCase::random(seed, lim, h, false);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x7275_6e73);
+        let entry = case.setup.layout.entry_bytes() as usize;
+        let tokens = case.setup.layout.tokens_per_region() as i32;
+        case.rows = rng.random_range(1..=64u64);
+        for b in case.src.iter_mut() {
+            b.resize(case.rows as usize * entry, 0);
+            rng.fill_bytes(b);
+        }
+        let rows = case.rows as i64;
+        let n = case.slots.len();
+        let mut i = 0;
+        while i < n {
+            let len = draw_run(&mut rng).min(n - i);
+            let slot = case.slots[i];
+            let token0 = if rng.random_bool(0.25) {
+                (tokens - len as i32).max(0)
+            } else {
+                rng.random_range(0..tokens)
+            };
+            let row0 = if rng.random_bool(0.25) {
+                (rows - len as i64).max(0)
+            } else {
+                rng.random_range(0..rows)
+            };
+            // near-runs: a token or a source row skipped (the rest of the
+            // run shifted), or the run moved on to another slot
+            let (mut slot, mut t_skip, mut r_skip) = (slot, 0, 0);
+            for m in 0..len {
+                match rng.random_range(0..30) {
+                    0 => t_skip += 1,
+                    1 => r_skip += 1,
+                    2 => slot = (slot + 1).rem_euclid(case.setup.num_slots() as i32),
+                    _ => {}
+                }
+                let x: f64 = rng.random();
+                let (t, r) = (token0 + m as i32 + t_skip, row0 + m as i64 + r_skip);
+                case.slots[i + m] = if x < h.padding { -1 } else { slot };
+                // past the region or the source: the next item is refused
+                case.tokens[i + m] = if x >= h.padding && x < h.padding + h.bad / 2.0 {
+                    [-1, tokens, i32::MAX][rng.random_range(0..3)]
+                } else {
+                    t
+                };
+                case.src_rows[i + m] = if x >= h.padding + h.bad / 2.0 && x < h.padding + h.bad {
+                    [-1, rows, i64::MAX][rng.random_range(0..3)]
+                } else {
+                    r
+                };
+            }
+            i += len;
+        }
+        if unique {
+            drop_repeated_destinations(&case.setup, &mut case.slots, &case.tokens);
+        }
+        case
     }
 
     fn layers(&self) -> Vec<u32> {

@@ -154,6 +154,7 @@ inline int __shfl_sync(unsigned mask, int v, int src) {
     return (int)(unsigned)kvt_emu_warp_op(KVT_EMU_SHFL, mask, (unsigned)v, (unsigned)src);
 }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __ffs(int v) { return __builtin_ffs(v); }
 inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz((unsigned)v); }
 
 // The launch's dynamic shared memory (exactly the requested bytes, then a

@@ -503,6 +503,9 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
 extern "C" kvt_emu_report kvt_emu_gather(const kvt_gather_params* p, unsigned grid, unsigned block,
                                          const kvt_emu_range* loads, size_t n_loads,
                                          const kvt_emu_range* stores, size_t n_stores) {
+    if (p->flags & KVT_COPY_MERGED_RUNS)
+        return run<kvt_gather_params, kvt_gather_merged_runs>(p, grid, block, 0, loads, n_loads, stores,
+                                                               n_stores);
     if (p->flags & KVT_COPY_LINE_ALIGNED)
         return run<kvt_gather_params, kvt_gather_line_aligned>(p, grid, block, 0, loads, n_loads, stores,
                                                                 n_stores);
@@ -520,6 +523,9 @@ extern "C" kvt_emu_report kvt_emu_writeback(const kvt_writeback_params* p, unsig
                                             unsigned block, const kvt_emu_range* loads,
                                             size_t n_loads, const kvt_emu_range* stores,
                                             size_t n_stores) {
+    if (p->flags & KVT_COPY_MERGED_RUNS)
+        return run<kvt_writeback_params, kvt_writeback_merged_runs>(p, grid, block, 0, loads, n_loads, stores,
+                                                                     n_stores);
     if (p->flags & KVT_COPY_LINE_ALIGNED)
         return run<kvt_writeback_params, kvt_writeback_line_aligned>(p, grid, block, 0, loads, n_loads, stores,
                                                                       n_stores);

@@ -21,9 +21,15 @@ pub(crate) fn bench_label(path: CopyPath, method: CopyMethod) -> &'static str {
         (CopyPath::Gather, CopyMethod::LineAligned) => {
             "kvtier gather, passes aligned to 128-byte host lines"
         }
+        (CopyPath::Gather, CopyMethod::MergedRuns) => {
+            "kvtier gather, neighbouring rows merged into runs"
+        }
         (CopyPath::Writeback, CopyMethod::WarpVectors) => "kvtier writeback",
         (CopyPath::Writeback, CopyMethod::LineAligned) => {
             "kvtier writeback, passes aligned to 128-byte host lines"
+        }
+        (CopyPath::Writeback, CopyMethod::MergedRuns) => {
+            "kvtier writeback, neighbouring rows merged into runs"
         }
     }
 }

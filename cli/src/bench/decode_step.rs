@@ -40,7 +40,7 @@ use kvtier::{
 };
 
 use super::sglang::SglangKernels;
-use super::swap_in::SwapPath;
+use super::swap_path::SwapPath;
 use super::{Bench, Clock, Measurement, Stats, Timing, count, invalid, row_pattern};
 use crate::transfer::{self, Dir, ExecVec};
 

@@ -3,7 +3,9 @@
 //! five methods move the same useful bytes out of the same pool memory:
 //!
 //! 1. kvtier's gather kernel (or the CPU executor); on a GPU also with its
-//!    line-aligned copy method (`CopyMethod::LineAligned`);
+//!    other copy methods, line-aligned (`CopyMethod::LineAligned`) and
+//!    merged runs (`CopyMethod::MergedRuns`, whose runs the `locality`
+//!    indices hold);
 //! 2. the limit: one contiguous copy of as many bytes;
 //! 3. one `cudaMemcpyAsync` per entry;
 //! 4. a host gather into pinned staging, then one copy;
@@ -17,12 +19,28 @@ use rand::{Rng, RngCore, SeedableRng};
 use serde_json::json;
 
 use kvtier::pool::PoolOptions;
-use kvtier::{CopyMethod, Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier};
+use kvtier::{
+    CopyMethod, CopyPath, Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier,
+};
 
+use super::copy_choice::bench_label;
 use super::{Bench, Clock, Indices, Measurement, PoolPages, Timing, invalid, named};
 use crate::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "gather";
+
+/// A copy method timed on a GPU beside the first row's `WarpVectors` (the
+/// method every run has timed as "kvtier gather"): its row's name and what
+/// its check calls it. Every method but that one has a row.
+/// (Row names are the copy method table's: `copy_choice::bench_label`.)
+fn other_method(method: CopyMethod) -> Option<(&'static str, &'static str)> {
+    let check = match method {
+        CopyMethod::WarpVectors => return None,
+        CopyMethod::LineAligned => "the kvtier gather, line-aligned",
+        CopyMethod::MergedRuns => "the kvtier gather, merged runs",
+    };
+    Some((bench_label(CopyPath::Gather, method), check))
+}
 
 struct Grid {
     entries: Vec<u32>,
@@ -316,8 +334,12 @@ impl Setup<'_> {
         self.tier.check(clock.stream())?;
         self.verify("the kvtier gather", inp, &out.to_vec()?)?;
         // The other copy methods, on a GPU (the CPU executor has one way).
-        let line_aligned = match exec {
-            Executor::Cuda(_) => {
+        let mut others = Vec::new();
+        if let Executor::Cuda(_) = exec {
+            for method in CopyMethod::ALL {
+                let Some((name, what)) = other_method(method) else {
+                    continue;
+                };
                 // Other bytes first, untimed, so that the check below sees
                 // what this method wrote.
                 // SAFETY: no method is running; the length is the buffer's.
@@ -326,15 +348,13 @@ impl Setup<'_> {
                     let batch = GatherBatch::new(slots.buf(), seq_lens.buf(), topk.buf(), inp.k);
                     // SAFETY: one method runs at a time.
                     let out = unsafe { out.buf_mut() };
-                    self.tier
-                        .gather_with(0, &batch, out, CopyMethod::LineAligned, s)
+                    self.tier.gather_with(0, &batch, out, method, s)
                 })?;
                 self.tier.check(clock.stream())?;
-                self.verify("the kvtier gather, line-aligned", inp, &out.to_vec()?)?;
-                Some(t)
+                self.verify(what, inp, &out.to_vec()?)?;
+                others.push((name, t));
             }
-            Executor::Cpu => None,
-        };
+        }
         let dst = out.addr();
         // SAFETY (all four): the sources are pool entries of `entry` bytes
         // (registered for the CUDA executor), `first` starts at least
@@ -365,19 +385,13 @@ impl Setup<'_> {
         };
         let mut rows = vec![row(
             "kvtier gather (CPU executor)",
-            "kvtier gather",
+            bench_label(CopyPath::Gather, CopyMethod::WarpVectors),
             useful,
             kv,
             false,
         )];
-        if let Some(t) = line_aligned {
-            rows.push(row(
-                "",
-                "kvtier gather, passes aligned to 128-byte host lines",
-                useful,
-                t,
-                false,
-            ));
+        for (name, t) in others {
+            rows.push(row("", name, useful, t, false));
         }
         rows.extend([
             row(

@@ -35,6 +35,7 @@ pub(crate) use report::{find_font, register_font};
 mod sglang;
 mod spec_swap_in;
 mod swap_in;
+mod swap_path;
 mod writeback;
 
 use std::path::PathBuf;
@@ -49,7 +50,7 @@ use kvtier::{DeviceSpec, EntryFormat, Executor, Stream};
 
 pub(crate) use decode_step::DECODE_STEP_KVTIER_METHOD;
 pub(crate) use link::link_figures;
-use swap_in::SwapPath;
+use swap_path::SwapPath;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {

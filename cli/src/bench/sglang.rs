@@ -9,7 +9,7 @@ use std::ffi::{CString, c_void};
 use kvtier::abi::{kvt_spec_swap_in_params, kvt_swap_in_params};
 
 use super::invalid;
-use super::swap_in::SwapPath;
+use super::swap_path::SwapPath;
 
 /// The environment variable naming the library.
 pub(super) const ENV: &str = "KVTIER_SGLANG_KERNELS";

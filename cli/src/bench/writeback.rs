@@ -7,10 +7,13 @@
 //! * decode: every layer (`--layers`) of the newest token of each request of
 //!   a batch.
 //!
-//! Per point: kvtier's writeback (on a GPU also with its line-aligned copy
-//! method, `CopyMethod::LineAligned`); the limit (one contiguous device→host copy
-//! of the same bytes); one `cudaMemcpyAsync` per entry; one copy into pinned
-//! staging, then a host scatter into the pool.
+//! Per point: kvtier's writeback (on a GPU also with its other copy methods,
+//! `CopyMethod::LineAligned` and `CopyMethod::MergedRuns`; the prefill's
+//! scattered source rows and the decode's one token a request hold almost no
+//! runs, so the merged-runs kernel moves nearly every row alone here); the
+//! limit (one contiguous device→host copy of the same bytes); one
+//! `cudaMemcpyAsync` per entry; one copy into pinned staging, then a host
+//! scatter into the pool.
 
 use std::sync::Arc;
 
@@ -20,13 +23,26 @@ use rand::{RngCore, SeedableRng};
 use serde_json::json;
 
 use kvtier::{
-    Buf, CopyMethod, Executor, LayerFirstLayout, Pool, Region, Stream, Tier, WritebackItems,
+    Buf, CopyMethod, CopyPath, Executor, LayerFirstLayout, Pool, Region, Stream, Tier,
+    WritebackItems,
 };
 
+use super::copy_choice::bench_label;
 use super::{Bench, Clock, Measurement, Timing, count, invalid, named};
 use crate::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "writeback";
+
+/// A copy method timed on a GPU beside the first row's `WarpVectors`: its
+/// row's name and what its check calls it (as the gather's).
+fn other_method(method: CopyMethod) -> Option<(&'static str, &'static str)> {
+    let check = match method {
+        CopyMethod::WarpVectors => return None,
+        CopyMethod::LineAligned => "the kvtier writeback, line-aligned",
+        CopyMethod::MergedRuns => "the kvtier writeback, merged runs",
+    };
+    Some((bench_label(CopyPath::Writeback, method), check))
+}
 /// Tokens per decode region (the newest token is the last one).
 const DECODE_TOKENS: u32 = 16;
 
@@ -165,18 +181,20 @@ impl Point<'_> {
         })?;
         clock.sync()?;
         self.verify("the kvtier writeback")?;
-        let line_aligned = match exec {
-            Executor::Cuda(_) => {
+        // The other copy methods, on a GPU (the CPU executor has one way).
+        let mut others = Vec::new();
+        if let Executor::Cuda(_) = exec {
+            for method in CopyMethod::ALL {
+                let Some((name, what)) = other_method(method) else {
+                    continue;
+                };
                 self.spoil();
-                let t = b.time(&clock, Timing::Device, none, |s| {
-                    kvtier_call(CopyMethod::LineAligned, s)
-                })?;
+                let t = b.time(&clock, Timing::Device, none, |s| kvtier_call(method, s))?;
                 clock.sync()?;
-                self.verify("the kvtier writeback, line-aligned")?;
-                Some(t)
+                self.verify(what)?;
+                others.push((name, t));
             }
-            Executor::Cpu => None,
-        };
+        }
         // SAFETY (all three): the source is `src` (at least `bytes`, device
         // memory for the CUDA executor), the destinations pool entries (and
         // `bytes` contiguous pool bytes from `pool_base`), registered for the
@@ -204,17 +222,12 @@ impl Point<'_> {
         };
         let mut rows = vec![row(
             "kvtier writeback (CPU executor)",
-            "kvtier writeback",
+            bench_label(CopyPath::Writeback, CopyMethod::WarpVectors),
             kv,
             false,
         )];
-        if let Some(t) = line_aligned {
-            rows.push(row(
-                "",
-                "kvtier writeback, passes aligned to 128-byte host lines",
-                t,
-                false,
-            ));
+        for (name, t) in others {
+            rows.push(row("", name, t, false));
         }
         rows.extend([
             row(

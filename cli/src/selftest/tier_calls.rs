@@ -7,7 +7,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 
 use kvtier::{
-    DeviceSpec, Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier, WritebackItems,
+    CopyMethod, DeviceSpec, Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier,
+    WritebackItems,
 };
 
 use super::snapshot::{Snapshot, Verdict, settle};
@@ -203,13 +204,27 @@ impl GatherCase {
 
     /// The per-layer call, on `stream`.
     pub fn call(&self, l: &LoadedGather, stream: Stream) -> kvtier::Result<()> {
+        self.call_with(l, None, stream)
+    }
+
+    /// The per-layer call with `method` (None: the one `Tier::gather`
+    /// picks).
+    fn call_with(
+        &self,
+        l: &LoadedGather,
+        method: Option<CopyMethod>,
+        stream: Stream,
+    ) -> kvtier::Result<()> {
         let batch = GatherBatch {
             topk_stride: self.stride,
             ..GatherBatch::new(l.slots.buf(), l.seq.buf(), l.topk.buf(), self.k)
         };
         // SAFETY: nothing else uses `out` during the call.
-        l.fx.tier
-            .gather(self.layer, &batch, unsafe { l.out.buf_mut() }, stream)
+        let out = unsafe { l.out.buf_mut() };
+        match method {
+            None => l.fx.tier.gather(self.layer, &batch, out, stream),
+            Some(m) => l.fx.tier.gather_with(self.layer, &batch, out, m, stream),
+        }
     }
 
     pub fn snapshot(
@@ -237,9 +252,9 @@ impl GatherCase {
         topk
     }
 
-    fn run(&self, exec: &Executor) -> kvtier::Result<Snapshot> {
+    fn run(&self, exec: &Executor, method: CopyMethod) -> kvtier::Result<Snapshot> {
         let l = self.load(exec)?;
-        let call = self.call(&l, Stream::null());
+        let call = self.call_with(&l, Some(method), Stream::null());
         let report = settle(call, || l.fx.tier.check(Stream::null()))?;
         self.snapshot(&l, report)
     }
@@ -255,32 +270,44 @@ fn token_or_padding(rng: &mut StdRng, len: i32, padding: bool) -> i32 {
     }
 }
 
+/// The executor under test against the CPU executor, with every copy
+/// method (the CPU executor has one way): the first difference, named by its
+/// method.
 fn agree(
     dut: &Executor,
-    run: impl Fn(&Executor) -> kvtier::Result<Snapshot>,
+    run: impl Fn(&Executor, CopyMethod) -> kvtier::Result<Snapshot>,
 ) -> kvtier::Result<Verdict> {
-    let want = run(&Executor::cpu())?;
-    let got = run(dut)?;
-    Ok(Snapshot::compare(&want, &got))
+    let want = run(&Executor::cpu(), CopyMethod::default())?;
+    let mut verdict = Verdict::Same { note: None };
+    for method in CopyMethod::ALL {
+        verdict = match Snapshot::compare(&want, &run(dut, method)?) {
+            Verdict::Differ(what) => return Ok(Verdict::Differ(format!("{method:?}: {what}"))),
+            same => same,
+        };
+    }
+    Ok(verdict)
 }
 
 /// Random gathers, every other one with hostile indices.
 pub(super) fn gather(dut: &Executor, seed: u64, n: u64) -> Row {
     run_cases("gather (random, half hostile)", seed, n, |s| {
         let case = GatherCase::random(s)?;
-        agree(dut, |e| case.run(e))
+        agree(dut, |e, m| case.run(e, m))
     })
 }
 
 /// Batch 64, k = 2048, 656-byte entries over 4096-token regions, and the
-/// 1152-byte bf16 entry.
+/// 1152-byte bf16 entry; each with its top-k rows as drawn and sorted (the
+/// neighbours a sorted selection holds are the runs `CopyMethod::MergedRuns`
+/// moves as blocks).
 pub(super) fn gather_production_shape(dut: &Executor, seed: u64) -> Row {
-    run_cases("gather (batch 64, k 2048, 656 and 1152 B)", seed, 2, |s| {
+    let name = "gather (batch 64, k 2048, 656 and 1152 B, +sorted)";
+    run_cases(name, seed, 4, |s| {
         let mut rng = StdRng::seed_from_u64(s);
         let entry = if s % 2 == 0 { 656 } else { 1152 };
         let (batch, k, tokens) = (64usize, 2048u32, 4096u32);
         let regions = 8u32;
-        let case = GatherCase {
+        let mut case = GatherCase {
             shape: PoolShape {
                 layout: LayerFirstLayout::new(entry, 2, tokens)?,
                 regions,
@@ -296,7 +323,12 @@ pub(super) fn gather_production_shape(dut: &Executor, seed: u64) -> Row {
                 .map(|i| rng.random_range(0..tokens as i32 - (i / k as usize) as i32))
                 .collect(),
         };
-        agree(dut, |e| case.run(e))
+        if s % 4 >= 2 {
+            for row in case.topk.chunks_mut(k as usize) {
+                row.sort_unstable();
+            }
+        }
+        agree(dut, |e, m| case.run(e, m))
     })
 }
 
@@ -420,16 +452,28 @@ impl WritebackCase {
         kv: Option<&kvtier::KvLayers<'_>>,
         stream: Stream,
     ) -> kvtier::Result<()> {
+        self.call_with(l, kv, CopyMethod::default(), stream)
+    }
+
+    /// The call with `method` (`call`: the default, as `Tier::writeback_layer`
+    /// and `Tier::writeback_all_layers` take).
+    fn call_with(
+        &self,
+        l: &LoadedWriteback,
+        kv: Option<&kvtier::KvLayers<'_>>,
+        method: CopyMethod,
+        stream: Stream,
+    ) -> kvtier::Result<()> {
         let items = WritebackItems {
             slots: l.slots.buf(),
             tokens: l.tokens.buf(),
             src_rows: l.rows.buf(),
         };
+        let tier = &l.fx.tier;
         match kv {
-            Some(kv) => l.fx.tier.writeback_all_layers(&items, kv, stream),
+            Some(kv) => tier.writeback_all_layers_with(&items, kv, method, stream),
             None => {
-                l.fx.tier
-                    .writeback_layer(self.layer, &items, l.sources[0].buf(), stream)
+                tier.writeback_layer_with(self.layer, &items, l.sources[0].buf(), method, stream)
             }
         }
     }
@@ -456,10 +500,10 @@ impl WritebackCase {
         Ok(snap)
     }
 
-    fn run(&self, exec: &Executor) -> kvtier::Result<Snapshot> {
+    fn run(&self, exec: &Executor, method: CopyMethod) -> kvtier::Result<Snapshot> {
         let l = self.load(exec)?;
         let kv = self.register(&l)?;
-        let call = self.call(&l, kv.as_ref(), Stream::null());
+        let call = self.call_with(&l, kv.as_ref(), method, Stream::null());
         let report = settle(call, || l.fx.tier.check(Stream::null()))?;
         self.snapshot(&l, report)
     }
@@ -474,7 +518,7 @@ pub(super) fn writeback(dut: &Executor, seed: u64, n: u64, all_layers: bool) -> 
     };
     run_cases(name, seed, n, |s| {
         let case = WritebackCase::random(s, all_layers)?;
-        agree(dut, |e| case.run(e))
+        agree(dut, |e, m| case.run(e, m))
     })
 }
 
@@ -505,14 +549,15 @@ mod tests {
     #[test]
     fn gather_cases_are_clean_or_hostile_as_drawn() {
         let cpu = Executor::cpu();
-        clean_or_hostile(|seed| GatherCase::random(seed).unwrap().run(&cpu).unwrap());
+        let m = CopyMethod::default();
+        clean_or_hostile(|seed| GatherCase::random(seed).unwrap().run(&cpu, m).unwrap());
         // Redrawn queries stay valid.
         let case = GatherCase::random(4).unwrap();
         let again = GatherCase {
             topk: case.redraw(9),
             ..case.clone()
         };
-        assert!(!refused(&again.run(&cpu).unwrap()));
+        assert!(!refused(&again.run(&cpu, m).unwrap()));
     }
 
     #[test]
@@ -522,7 +567,7 @@ mod tests {
             clean_or_hostile(|seed| {
                 WritebackCase::random(seed, all_layers)
                     .unwrap()
-                    .run(&cpu)
+                    .run(&cpu, CopyMethod::default())
                     .unwrap()
             });
         }
