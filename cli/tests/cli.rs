@@ -139,8 +139,15 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
     assert_eq!(count("gather"), 2 * 2 * 5, "{out}");
     // swap-in: 2 batches × 1 hot × 2 miss counts, 4 methods on the CPU, 5 on CUDA
     assert_eq!(count("swap-in"), 2 * 2 * if cpu { 4 } else { 5 }, "{out}");
-    // writeback: 1 prefill chunk + 2 decode batches, 4 methods
-    assert_eq!(count("writeback"), 3 * 4, "{out}");
+    // writeback: 1 prefill chunk from scattered and from in-order source
+    // rows + 2 decode batches, 4 methods
+    assert_eq!(count("writeback"), 4 * 4, "{out}");
+    for sources in ["scattered", "in order"] {
+        let prefill = |l: &&serde_json::Value| {
+            l["scenario"] == "writeback" && l["params"]["sources"] == sources
+        };
+        assert_eq!(lines.iter().filter(prefill).count(), 4, "{sources}: {out}");
+    }
     // speculative swap-in: 2 batches × 2 step counts × 2 miss counts, 2
     // methods
     let spec = 2 * 2 * 2;
@@ -159,7 +166,7 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
     }
     assert_eq!(
         lines.iter().filter(|l| l["is_limit"] == true).count(),
-        4 + 4 + 3 + spec + 2 + steps
+        4 + 4 + 4 + spec + 2 + steps
     );
     let g = lines
         .iter()

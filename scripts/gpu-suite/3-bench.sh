@@ -63,7 +63,9 @@ elif [ "$quick" = 1 ]; then
   bench swap-in-dsv4-c4 60 "${dsv4_c4[@]}" --batch 1,32,128 --max-seconds 0.5
   bench swap-in-m3-kv 60 "${m3_kv[@]}" --batch 1,32,128 --max-seconds 0.5
   bench gather 120 --scenario gather --context 131072 --batch 1,8,64 --k 256,2048 --max-seconds 0.5
-  bench writeback 60 --scenario writeback --max-seconds 0.5
+  # the prefill at the copy-path goal's 8192 tokens only, from scattered and
+  # from in-order source rows (MergedRuns' runs), as many points as before
+  bench writeback 60 --scenario writeback --prefill-tokens 8192 --max-seconds 0.5
 elif [ "$quick" = 2 ]; then
   # The quick pass's second part, after the decode step: 2 MiB pool pages,
   # the nvcc build, the realistic rows at a buffer of 1x top-k

@@ -2,15 +2,18 @@
 //! pool, layer-first.
 //!
 //! * prefill: one layer of a prefill chunk (`--prefill-tokens` tokens of one
-//!   request, from rows scattered over the layer's KV buffer, as SGLang's
-//!   `out_cache_loc` are);
+//!   request), from rows scattered over the layer's KV buffer (`"sources":
+//!   "scattered"`: SGLang's `out_cache_loc` after its allocator's free list
+//!   has been churned) and from consecutive rows (`"in order"`: a fresh
+//!   allocation of whole pages), the runs `CopyMethod::MergedRuns` merges;
 //! * decode: every layer (`--layers`) of the newest token of each request of
 //!   a batch.
 //!
 //! Per point: kvtier's writeback (on a GPU also with its other copy methods,
 //! `CopyMethod::LineAligned` and `CopyMethod::MergedRuns`; the prefill's
 //! scattered source rows and the decode's one token a request hold almost no
-//! runs, so the merged-runs kernel moves nearly every row alone here); the
+//! runs, so the merged-runs kernel moves nearly every row alone there, and
+//! every row of an in-order prefill is in a run of 8); the
 //! limit (one contiguous device→host copy of the same bytes); one
 //! `cudaMemcpyAsync` per entry; one copy into pinned staging, then a host
 //! scatter into the pool.
@@ -73,7 +76,9 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
                 "writeback: {entry} B, prefill of {}",
                 count(tokens, "token", "tokens")
             ));
-            rows.extend(prefill(b, entry, tokens)?);
+            for in_order in [false, true] {
+                rows.extend(prefill(b, entry, tokens, in_order)?);
+            }
             b.progress.inc(1);
         }
         let batches = b.batches(&[1, 8, 64]);
@@ -249,8 +254,9 @@ impl Point<'_> {
 }
 
 /// One layer of a prefill chunk: token t of one request from row
-/// `src_rows[t]` of the layer's KV buffer (a random permutation).
-fn prefill(b: &Bench, entry: u32, tokens: u32) -> kvtier::Result<Vec<Measurement>> {
+/// `src_rows[t]` of the layer's KV buffer (a random permutation, or with
+/// `in_order` row t).
+fn prefill(b: &Bench, entry: u32, tokens: u32, in_order: bool) -> kvtier::Result<Vec<Measurement>> {
     let layout = LayerFirstLayout::new(entry, 1, tokens)?;
     let pool = Pool::create(layout, b.pool_device(Pool::device_bytes_for(&layout, 1)?))?;
     let region = pool.alloc_region()?;
@@ -264,7 +270,9 @@ fn prefill(b: &Bench, entry: u32, tokens: u32) -> kvtier::Result<Vec<Measurement
     let mut src = vec![0u8; tokens as usize * e];
     rng.fill_bytes(&mut src);
     let mut src_rows: Vec<i64> = (0..tokens as i64).collect();
-    src_rows.shuffle(&mut rng);
+    if !in_order {
+        src_rows.shuffle(&mut rng);
+    }
     let slots = vec![0i32; tokens as usize];
     let toks: Vec<i32> = (0..tokens as i32).collect();
     let base = pool.region_host_addr(&region)?;
@@ -276,6 +284,10 @@ fn prefill(b: &Bench, entry: u32, tokens: u32) -> kvtier::Result<Vec<Measurement
     let point = Point {
         params: vec![
             ("phase", json!("prefill")),
+            (
+                "sources",
+                json!(if in_order { "in order" } else { "scattered" }),
+            ),
             ("tokens", json!(tokens)),
             ("layers", json!(1)),
             ("entry", json!(entry)),
