@@ -7,8 +7,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::Value;
-
 use kvtier::copy_choice::{CopyChoice, method_name};
 use kvtier::{CopyMethod, CopyMethodTable, CopyPath};
 
@@ -32,6 +30,25 @@ pub(crate) fn bench_label(path: CopyPath, method: CopyMethod) -> &'static str {
             "kvtier writeback, neighbouring rows merged into runs"
         }
     }
+}
+
+/// A copy method the gather or writeback bench times on a GPU beside its
+/// first row's `WarpVectors`: its row's name, and what its check calls it.
+/// Every method but that one has a row.
+pub(super) fn other_method(path: CopyPath, method: CopyMethod) -> Option<(&'static str, String)> {
+    let how = match method {
+        CopyMethod::WarpVectors => return None,
+        CopyMethod::LineAligned => "line-aligned",
+        CopyMethod::MergedRuns => "merged runs",
+    };
+    let scenario = match path {
+        CopyPath::Gather => "gather",
+        CopyPath::Writeback => "writeback",
+    };
+    Some((
+        bench_label(path, method),
+        format!("the kvtier {scenario}, {how}"),
+    ))
 }
 
 fn path_of(scenario: &str) -> Option<CopyPath> {
@@ -59,18 +76,18 @@ fn arch_of(device: &str) -> Option<u32> {
     tail.strip_suffix(')')?.parse().ok()
 }
 
-fn param(point: &[(String, Value)], name: &str) -> Option<u64> {
-    point.iter().find(|(k, _)| k == name)?.1.as_u64()
+fn param(r: &Record, name: &str) -> Option<u64> {
+    r.param(name)?.as_u64()
 }
 
 /// Rows a call moves: the gather's batch × k, the writeback's items ×
 /// layers (tokens of a prefill chunk, or a decode batch).
-fn rows_of(path: CopyPath, point: &[(String, Value)]) -> Option<u64> {
+fn rows_of(path: CopyPath, r: &Record) -> Option<u64> {
     match path {
-        CopyPath::Gather => Some(param(point, "batch")? * param(point, "k")?),
-        CopyPath::Writeback => Some(
-            param(point, "tokens").or_else(|| param(point, "batch"))? * param(point, "layers")?,
-        ),
+        CopyPath::Gather => Some(param(r, "batch")? * param(r, "k")?),
+        CopyPath::Writeback => {
+            Some(param(r, "tokens").or_else(|| param(r, "batch"))? * param(r, "layers")?)
+        }
     }
 }
 
@@ -103,10 +120,10 @@ pub(super) fn derive(records: &[Record]) -> kvtier::Result<CopyMethodTable> {
             )
         };
         let arch = arch_of(&r.meta.device).ok_or_else(|| without("its sm_ architecture"))?;
-        let entry = param(&r.point, "entry")
+        let entry = param(r, "entry")
             .and_then(|e| u32::try_from(e).ok())
             .ok_or_else(|| without("an entry size"))?;
-        let rows = rows_of(path, &r.point).ok_or_else(|| without("its call's size"))?;
+        let rows = rows_of(path, r).ok_or_else(|| without("its call's size"))?;
         let commit = r.meta.commit.as_deref().unwrap_or("an unnamed commit");
         let point = Point {
             path,

@@ -147,7 +147,7 @@ impl Record {
         })
     }
 
-    fn param(&self, key: &str) -> Option<&Value> {
+    pub(super) fn param(&self, key: &str) -> Option<&Value> {
         self.point.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 }

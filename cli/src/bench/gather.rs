@@ -23,24 +23,11 @@ use kvtier::{
     CopyMethod, CopyPath, Executor, GatherBatch, LayerFirstLayout, Pool, Region, Stream, Tier,
 };
 
-use super::copy_choice::bench_label;
+use super::copy_choice::{bench_label, other_method};
 use super::{Bench, Clock, Indices, Measurement, PoolPages, Timing, invalid, named};
 use crate::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "gather";
-
-/// A copy method timed on a GPU beside the first row's `WarpVectors` (the
-/// method every run has timed as "kvtier gather"): its row's name and what
-/// its check calls it. Every method but that one has a row.
-/// (Row names are the copy method table's: `copy_choice::bench_label`.)
-fn other_method(method: CopyMethod) -> Option<(&'static str, &'static str)> {
-    let check = match method {
-        CopyMethod::WarpVectors => return None,
-        CopyMethod::LineAligned => "the kvtier gather, line-aligned",
-        CopyMethod::MergedRuns => "the kvtier gather, merged runs",
-    };
-    Some((bench_label(CopyPath::Gather, method), check))
-}
 
 struct Grid {
     entries: Vec<u32>,
@@ -337,7 +324,7 @@ impl Setup<'_> {
         let mut others = Vec::new();
         if let Executor::Cuda(_) = exec {
             for method in CopyMethod::ALL {
-                let Some((name, what)) = other_method(method) else {
+                let Some((name, what)) = other_method(CopyPath::Gather, method) else {
                     continue;
                 };
                 // Other bytes first, untimed, so that the check below sees
@@ -351,7 +338,7 @@ impl Setup<'_> {
                     self.tier.gather_with(0, &batch, out, method, s)
                 })?;
                 self.tier.check(clock.stream())?;
-                self.verify(what, inp, &out.to_vec()?)?;
+                self.verify(&what, inp, &out.to_vec()?)?;
                 others.push((name, t));
             }
         }

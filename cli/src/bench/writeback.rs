@@ -30,22 +30,12 @@ use kvtier::{
     WritebackItems,
 };
 
-use super::copy_choice::bench_label;
+use super::copy_choice::{bench_label, other_method};
 use super::{Bench, Clock, Measurement, Timing, count, invalid, named};
 use crate::transfer::{self, Dir, ExecVec, Staging};
 
 const SCENARIO: &str = "writeback";
 
-/// A copy method timed on a GPU beside the first row's `WarpVectors`: its
-/// row's name and what its check calls it (as the gather's).
-fn other_method(method: CopyMethod) -> Option<(&'static str, &'static str)> {
-    let check = match method {
-        CopyMethod::WarpVectors => return None,
-        CopyMethod::LineAligned => "the kvtier writeback, line-aligned",
-        CopyMethod::MergedRuns => "the kvtier writeback, merged runs",
-    };
-    Some((bench_label(CopyPath::Writeback, method), check))
-}
 /// Tokens per decode region (the newest token is the last one).
 const DECODE_TOKENS: u32 = 16;
 
@@ -190,13 +180,13 @@ impl Point<'_> {
         let mut others = Vec::new();
         if let Executor::Cuda(_) = exec {
             for method in CopyMethod::ALL {
-                let Some((name, what)) = other_method(method) else {
+                let Some((name, what)) = other_method(CopyPath::Writeback, method) else {
                     continue;
                 };
                 self.spoil();
                 let t = b.time(&clock, Timing::Device, none, |s| kvtier_call(method, s))?;
                 clock.sync()?;
-                self.verify(what)?;
+                self.verify(&what)?;
                 others.push((name, t));
             }
         }
