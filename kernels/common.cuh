@@ -242,10 +242,11 @@ __device__ __forceinline__ void warp_copy_entry(const char* __restrict__ src, ch
 template <class P, uint32_t U = KVT_UNROLL, bool HostIsDst = false>
 __device__ __forceinline__ void warp_copy_entry_lines(const char* __restrict__ src, char* __restrict__ dst,
                                                       uint32_t bytes, uint32_t lane) {
-    // (two vectors a lane in flight there: with U the kernel's registers
-    // would grow from 64 to 80, one block an SM fewer than the default's)
+    // (two vectors a lane in flight there, or U where U is 1: with U the
+    // kernel's registers would grow from 64 to 80, one block an SM fewer
+    // than the default's)
     if ((((uintptr_t)src | (uintptr_t)dst | bytes) & 15u) != 0) {
-        warp_copy_entry<P, 2>(src, dst, bytes, lane);
+        warp_copy_entry<P, (U < 2 ? U : 2)>(src, dst, bytes, lane);
         return;
     }
     const uintptr_t host = HostIsDst ? (uintptr_t)dst : (uintptr_t)src;

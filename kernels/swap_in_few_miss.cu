@@ -130,7 +130,12 @@ struct Smem {
 namespace kvt {
 namespace swap {
 namespace few {
-template <class B>
+// Lines: every miss the block copies moves with its passes aligned to
+// 128-byte host lines (KVT_COPY_LINE_ALIGNED), one 16-byte vector a lane in
+// flight (a 656-byte row: two passes where warp vectors take one); a kernel
+// of its own, since a branch between the two copies in one kernel spilled
+// 136 bytes a thread at 64 registers, and two vectors a lane 76 to 124.
+template <class B, bool Lines = false>
 __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
     constexpr uint32_t kWarps = B::kWarps;
     constexpr uint32_t kMaxEntryChunks = B::kChunks;
@@ -444,7 +449,7 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
         for (uint32_t m = warp; m < n_load; m += kWarps) {
             const int64_t src = copy_here ? s.copy_src()[m] : ld(row.plan_src + m);
             const int32_t dst = copy_here ? s.copy_dst()[m] : ld(row.plan_dst + m);
-            copy_row<2>(p, err, src, dst, row_pos | m, lane);
+            copy_row<Lines ? 1 : 2, Lines>(p, err, src, dst, row_pos | m, lane);
         }
 }
 }  // namespace few
@@ -476,4 +481,24 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_512_THREADS, 2)
     kvt_swap_in_few_miss_512_plan(const kvt_swap_in_params p) {
     kvt::swap::few::plan<kvt::swap::few::Narrow>(p);
+}
+
+// kvt_swap_in_few_miss_lines_plan, kvt_swap_in_few_miss_512_lines_plan —
+// kvt_swap_in_few_miss_plan and kvt_swap_in_few_miss_512_plan with every miss
+// the block copies moved as KVT_COPY_LINE_ALIGNED: what the launcher runs for
+// KVT_SWAP_COPY_IN_PLAN with KVT_SWAP_COPY_LINES (the one-launch few-miss
+// strategies with CopyMethod::LineAligned). The same contract, reads, writes
+// and reports. Why: on an H100 (bench/results/h100-2026-11-27b) the copy
+// kernel's line-aligned passes moved hundreds of 656-byte misses a row 3-5 %
+// faster than warp vectors, where the one-launch planner, copying with warp
+// vectors, was the slower of the two; its 2-miss rows, a launch faster, are
+// the same either way. Whether one vector a lane in flight keeps that gain
+// is the GPU's to say: not yet timed.
+extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
+    kvt_swap_in_few_miss_lines_plan(const kvt_swap_in_params p) {
+    kvt::swap::few::plan<kvt::swap::few::Wide, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_512_THREADS, 2)
+    kvt_swap_in_few_miss_512_lines_plan(const kvt_swap_in_params p) {
+    kvt::swap::few::plan<kvt::swap::few::Narrow, true>(p);
 }

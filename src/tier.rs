@@ -429,13 +429,29 @@ impl Tier {
 
     /// LRU device-buffer swap-in with page-table update for one layer and a
     /// whole batch, SGLang HiSparse semantics (see [`crate::swap_in`]), with
-    /// [`SwapInStrategy::DEFAULT`]. On the caller's stream, no allocation, no
+    /// the strategy [`crate::SwapInEngine::default_strategy`] picks for the
+    /// call's batch and this GPU. On the caller's stream, no allocation, no
     /// host synchronisation; bad indices are refused and reported (CPU: now;
     /// CUDA: at the next [`Tier::check`]). The plan scratch belongs to the
     /// tier: swap-ins of one tier must run one after the other (one stream,
     /// or ordered with events), as layers do.
     pub fn swap_in(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
-        self.swap_in_with(args, SwapInStrategy::DEFAULT, stream)
+        self.swap_in_engine()?.run(args, stream)
+    }
+
+    /// The strategy [`Tier::swap_in`] takes for `args`
+    /// ([`crate::SwapInEngine::default_strategy`]).
+    pub fn default_swap_in_strategy(&self, args: &SwapInArgs<'_>) -> Result<SwapInStrategy> {
+        Ok(self.swap_in_engine()?.default_strategy(args))
+    }
+
+    fn swap_in_engine(&self) -> Result<&crate::SwapInEngine> {
+        self.swap_in.as_ref().ok_or_else(|| {
+            invalid(
+                "swap_in",
+                "call Tier::enable_swap_in(max_batch, max_top_k) once before swap_in",
+            )
+        })
     }
 
     /// [`Tier::swap_in`] with an explicit strategy for the CUDA executor (the
@@ -459,13 +475,8 @@ impl Tier {
         copy: CopyMethod,
         stream: Stream,
     ) -> Result<()> {
-        let engine = self.swap_in.as_ref().ok_or_else(|| {
-            invalid(
-                "swap_in",
-                "call Tier::enable_swap_in(max_batch, max_top_k) once before swap_in",
-            )
-        })?;
-        engine.run_with_copy(args, strategy, copy, stream)
+        self.swap_in_engine()?
+            .run_with_copy(args, strategy, copy, stream)
     }
 
     /// The sync point: waits for the device, then reports (and clears) the

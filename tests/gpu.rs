@@ -347,17 +347,31 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor) {
     }
 }
 
+/// How many random seeds a test of many cases runs: `full`, or fewer where
+/// `KVTIER_GPU_TEST_SEEDS` says (the sanitizers, at tens of times the
+/// speed cost, run a few seeds of every strategy and copy method within a
+/// device command instead of a fraction of the seeds of the first).
+fn seeds(full: u64) -> u64 {
+    match std::env::var("KVTIER_GPU_TEST_SEEDS") {
+        Ok(n) => n
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("KVTIER_GPU_TEST_SEEDS={n:?} is not a count"))
+            .min(full),
+        Err(_) => full,
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn swap_in_matches_cpu_on_random_cases() {
     use common::swap::*;
     let gpu = cuda();
-    for seed in 0..100 {
+    for seed in 0..seeds(100) {
         for h in [CLEAN, PADDED, HOSTILE] {
             swap_agrees(&SwapCase::random(seed, SWAP_SMALL, h, None), &gpu);
         }
     }
-    for seed in 1000..1020 {
+    for seed in 1000..1000 + seeds(20) {
         swap_agrees(&SwapCase::random(seed, SWAP_MEDIUM, HOSTILE, None), &gpu);
     }
 }
@@ -371,7 +385,7 @@ fn swap_in_matches_cpu_on_random_cases() {
 fn replays_match_cpu_on_random_cases() {
     use common::swap::ReplayCase;
     let gpu = cuda();
-    for seed in 0..200 {
+    for seed in 0..seeds(200) {
         let case = ReplayCase::random(seed, seed % 2 == 1);
         let cpu = case.run_cpu();
         for copy in kvtier::CopyMethod::ALL {

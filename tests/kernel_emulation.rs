@@ -1006,10 +1006,17 @@ fn emulate_swap(
     let mut reports = Vec::new();
     if batch > 0 {
         // The kernel the launch picks: the compact or few-miss planner
-        // where the argument checks asked for it.
+        // where the argument checks asked for it (the few-miss planners'
+        // line-aligned builds copying every miss with that method).
+        let lines = p.flags & kvtier::abi::KVT_SWAP_COPY_IN_PLAN != 0
+            && p.flags & kvtier::abi::KVT_SWAP_COPY_LINES != 0;
         let (plan, threads, smem) = if p.flags & kvtier::abi::KVT_SWAP_FEW_MISS_512 != 0 {
             (
-                &b"kvt_emu_swap_in_few_miss_512_plan"[..],
+                if lines {
+                    &b"kvt_emu_swap_in_few_miss_512_lines_plan"[..]
+                } else {
+                    &b"kvt_emu_swap_in_few_miss_512_plan"[..]
+                },
                 kvtier::abi::KVT_SWAP_FEW_MISS_512_THREADS,
                 kvtier::swap_in::few_miss_512_smem_bytes(e as u32, case.hot as u32),
             )
@@ -1021,7 +1028,11 @@ fn emulate_swap(
             )
         } else if p.flags & kvtier::abi::KVT_SWAP_SKIP_INLINE != 0 {
             (
-                &b"kvt_emu_swap_in_few_miss_plan"[..],
+                if lines {
+                    &b"kvt_emu_swap_in_few_miss_lines_plan"[..]
+                } else {
+                    &b"kvt_emu_swap_in_few_miss_plan"[..]
+                },
                 kvtier::abi::KVT_SWAP_FEW_MISS_THREADS,
                 kvtier::swap_in::few_miss_smem_bytes(e as u32, case.hot as u32),
             )
@@ -1165,15 +1176,19 @@ fn swap_agrees(case: &SwapCase) {
         (SwapInStrategy::FewMissOneLaunch, 0, probe),
         (SwapInStrategy::FewMiss512OneLaunch, 0, plain),
         (SwapInStrategy::FewMiss512OneLaunch, 0, record),
+        // ... with the rows' passes aligned to 128-byte host lines
+        (SwapInStrategy::FewMissOneLaunch, 0, lines_recording),
+        (SwapInStrategy::FewMiss512OneLaunch, 0, lines),
     ];
     // under the race detector, each kernel once: the plan and copy kernels
     // recording, one block per request probing, the few-miss and compact
     // planners both ways, the compact one copying every miss, the 512-thread
     // few-miss planner both ways, the line-aligned copy kernel after the
     // first planner and after the compact one, and each few-miss planner
-    // copying every miss itself (recording)
+    // copying every miss itself (recording; the 1024-thread one also with
+    // line-aligned copies)
     let runs: Vec<_> = if race_detector() {
-        [4, 5, 7, 9, 10, 12, 13, 16, 17, 18, 20, 23, 26]
+        [4, 5, 7, 9, 10, 12, 13, 16, 17, 18, 20, 23, 26, 27]
             .map(|i| runs[i])
             .to_vec()
     } else {

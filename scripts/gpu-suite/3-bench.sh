@@ -63,6 +63,10 @@ elif [ "$quick" = 1 ]; then
   bench swap-in-dsv4-c4 60 "${dsv4_c4[@]}" --batch 1,32,128 --max-seconds 0.5
   bench swap-in-m3-kv 60 "${m3_kv[@]}" --batch 1,32,128 --max-seconds 0.5
   bench gather 120 --scenario gather --context 131072 --batch 1,8,64 --k 256,2048 --max-seconds 0.5
+  # 65536 rows of 656 bytes, between the sizes where the H100 run of
+  # 2026-11-27 (8f21590) found MergedRuns ahead (16384) and far behind with
+  # uniform indices (131072): the copy method table's calls in between
+  bench gather-65536 45 --scenario gather --context 131072 --entry fp8-dsa --batch 32 --k 2048 --max-seconds 0.5
   # the prefill at the copy-path goal's 8192 tokens only, from scattered and
   # from in-order source rows (MergedRuns' runs), as many points as before
   bench writeback 60 --scenario writeback --prefill-tokens 8192 --max-seconds 0.5

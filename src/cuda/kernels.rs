@@ -221,9 +221,11 @@ pub enum Kernel {
     SwapInCopyLineAligned = 12,
     GatherMergedRuns = 13,
     WritebackMergedRuns = 14,
+    SwapInFewMissLinesPlan = 15,
+    SwapInFewMiss512LinesPlan = 16,
 }
 
-const KERNELS: usize = 15;
+const KERNELS: usize = 17;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -242,6 +244,8 @@ impl Kernel {
         Kernel::SwapInCopyLineAligned,
         Kernel::GatherMergedRuns,
         Kernel::WritebackMergedRuns,
+        Kernel::SwapInFewMissLinesPlan,
+        Kernel::SwapInFewMiss512LinesPlan,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -262,6 +266,8 @@ impl Kernel {
             Kernel::SwapInCopyLineAligned => "kvt_swap_in_copy_line_aligned",
             Kernel::GatherMergedRuns => "kvt_gather_merged_runs",
             Kernel::WritebackMergedRuns => "kvt_writeback_merged_runs",
+            Kernel::SwapInFewMissLinesPlan => "kvt_swap_in_few_miss_lines_plan",
+            Kernel::SwapInFewMiss512LinesPlan => "kvt_swap_in_few_miss_512_lines_plan",
         }
     }
 
@@ -270,9 +276,13 @@ impl Kernel {
         match self {
             Kernel::SwapInPlan => crate::abi::KVT_SWAP_PLAN_THREADS,
             Kernel::SpecSwapIn => crate::abi::KVT_SPEC_THREADS,
-            Kernel::SwapInFewMissPlan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
+            Kernel::SwapInFewMissPlan | Kernel::SwapInFewMissLinesPlan => {
+                crate::abi::KVT_SWAP_FEW_MISS_THREADS
+            }
             Kernel::SwapInCompactPlan => crate::abi::KVT_SWAP_COMPACT_THREADS,
-            Kernel::SwapInFewMiss512Plan => crate::abi::KVT_SWAP_FEW_MISS_512_THREADS,
+            Kernel::SwapInFewMiss512Plan | Kernel::SwapInFewMiss512LinesPlan => {
+                crate::abi::KVT_SWAP_FEW_MISS_512_THREADS
+            }
             Kernel::ErrorTake => 32,
             _ => BLOCK_THREADS,
         }
@@ -288,6 +298,8 @@ impl Kernel {
                 | Kernel::SwapInFewMissPlan
                 | Kernel::SwapInCompactPlan
                 | Kernel::SwapInFewMiss512Plan
+                | Kernel::SwapInFewMissLinesPlan
+                | Kernel::SwapInFewMiss512LinesPlan
         )
     }
 }

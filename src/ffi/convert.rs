@@ -391,8 +391,13 @@ pub(super) unsafe fn planned_copy_args<'a>(
     }
 }
 
-pub(super) fn strategy(s: u32) -> Result<SwapInStrategy> {
-    match s {
+/// The strategy `s` names; `None` for `KVT_SWAP_IN_DEFAULT` (the engine's
+/// choice for the call, `SwapInEngine::default_strategy`).
+pub(super) fn strategy(s: u32) -> Result<Option<SwapInStrategy>> {
+    if s == KVT_SWAP_IN_DEFAULT {
+        return Ok(None);
+    }
+    let named = match s {
         KVT_SWAP_IN_PLAN_THEN_COPY => Ok(SwapInStrategy::PlanThenCopy),
         KVT_SWAP_IN_ONE_BLOCK_PER_REQUEST => Ok(SwapInStrategy::OneBlockPerRequest),
         KVT_SWAP_IN_FEW_MISS => Ok(SwapInStrategy::FewMiss),
@@ -403,9 +408,10 @@ pub(super) fn strategy(s: u32) -> Result<SwapInStrategy> {
         KVT_SWAP_IN_FEW_MISS_512_ONE_LAUNCH => Ok(SwapInStrategy::FewMiss512OneLaunch),
         other => Err(invalid(
             "strategy",
-            format!("{other} is not a KVT_SWAP_IN_* strategy (0 to 7)"),
+            format!("{other} is not a KVT_SWAP_IN_* strategy (0 to 8)"),
         )),
-    }
+    };
+    named.map(Some)
 }
 
 pub(super) fn stream(s: CUstream) -> Stream {

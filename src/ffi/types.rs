@@ -36,6 +36,7 @@ pub const KVT_SWAP_IN_COMPACT_ONE_LAUNCH: u32 = 4;
 pub const KVT_SWAP_IN_FEW_MISS_512: u32 = 5;
 pub const KVT_SWAP_IN_FEW_MISS_ONE_LAUNCH: u32 = 6;
 pub const KVT_SWAP_IN_FEW_MISS_512_ONE_LAUNCH: u32 = 7;
+pub const KVT_SWAP_IN_DEFAULT: u32 = 8;
 
 /// `kvt_buf`: an address and a length in elements.
 #[repr(C)]

@@ -350,6 +350,14 @@ impl ByteRanges {
     }
 }
 
+/// Whether the few-miss planner's state for `a`'s shape fits the GPU's
+/// shared memory (what [`check`] tests before it picks that planner). A
+/// shape `check` refuses answers either way: the call fails there.
+pub(super) fn few_miss_fits(t: &SwapInTarget, a: &SwapInArgs<'_>) -> bool {
+    let entries = (a.num_top_k as u64 * a.query.block_tokens() as u64).min(u32::MAX as u64) as u32;
+    super::few_miss_smem_bytes(entries, a.hot_buffer_size) <= t.max_smem
+}
+
 /// Checks every argument and builds the kernel parameters.
 pub(crate) fn check(
     t: &SwapInTarget,

@@ -138,10 +138,16 @@ pub(super) unsafe fn launch(
         return Ok(());
     }
     // The argument checks asked for the few-miss planner only where its
-    // state fits this GPU's shared memory.
+    // state fits this GPU's shared memory. Copying every miss with the
+    // line-aligned method, the few-miss planners' line-aligned builds.
+    let lines = p.flags & KVT_SWAP_COPY_IN_PLAN != 0 && p.flags & KVT_SWAP_COPY_LINES != 0;
     let (kernel, threads, smem) = if p.flags & KVT_SWAP_FEW_MISS_512 != 0 {
         (
-            Kernel::SwapInFewMiss512Plan,
+            if lines {
+                Kernel::SwapInFewMiss512LinesPlan
+            } else {
+                Kernel::SwapInFewMiss512Plan
+            },
             KVT_SWAP_FEW_MISS_512_THREADS,
             few_miss_512_smem_bytes(p.entries, p.hot),
         )
@@ -153,7 +159,11 @@ pub(super) unsafe fn launch(
         )
     } else if p.flags & KVT_SWAP_SKIP_INLINE != 0 {
         (
-            Kernel::SwapInFewMissPlan,
+            if lines {
+                Kernel::SwapInFewMissLinesPlan
+            } else {
+                Kernel::SwapInFewMissPlan
+            },
             KVT_SWAP_FEW_MISS_THREADS,
             few_miss_smem_bytes(p.entries, p.hot),
         )

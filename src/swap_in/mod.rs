@@ -226,11 +226,36 @@ pub enum SwapInStrategy {
 }
 
 impl SwapInStrategy {
-    /// What [`SwapInEngine::run`] and [`crate::Tier::swap_in`] use: the
-    /// few-miss planner, with the same results as `PlanThenCopy` and on an
-    /// H100 (2026-11-25) 1.9-2.6x as fast with 2 misses per request, 1.0-2.2x
-    /// with 410 (one point 1.3 % slower, at batch 256).
+    /// The few-miss planner: what [`SwapInEngine::run`] and
+    /// [`crate::Tier::swap_in`] take below [`ONE_LAUNCH_FROM_BATCH`] rows, and
+    /// at every batch on GPUs other than sm_90 and on the CPU executor
+    /// ([`SwapInStrategy::default_for`]). Same results as `PlanThenCopy`; on
+    /// an H100 (2026-11-25) 1.9-2.6x as fast with 2 misses per request,
+    /// 1.0-2.2x with 410.
     pub const DEFAULT: SwapInStrategy = SwapInStrategy::FewMiss;
+
+    /// The strategy [`SwapInEngine::run`] and [`crate::Tier::swap_in`] take
+    /// for a call of `batch` rows on a GPU of compute capability `arch`
+    /// (major × 10 + minor; `None`: the CPU executor, which has one way):
+    /// `FewMissOneLaunch` from [`ONE_LAUNCH_FROM_BATCH`] rows on sm_90, else
+    /// [`SwapInStrategy::DEFAULT`]. The batch is the host's to know (a CUDA
+    /// graph is captured per batch size), the miss count is not.
+    ///
+    /// Why: on an H100 (`bench/results/h100-2026-11-27b`, every strategy and
+    /// SGLang's kernel side by side), `FewMissOneLaunch` was faster than
+    /// `FewMiss` with the samples' quartile ranges apart at 16 of the 30
+    /// points of batch 8 to 256 and slower at none, and took 1.6-6 % less
+    /// time over the decode steps of DeepSeek-V3.2 (batch 8 and 64),
+    /// DeepSeek-V4 and MiniMax-M3 (batch 64); at batch 1 it was up to
+    /// 1.9x slower with hundreds of misses (one block copies them all). sm_80,
+    /// sm_86/89, sm_100 and sm_120 keep `FewMiss` until a run of theirs says
+    /// otherwise (the H200, also sm_90, has not timed it either).
+    pub fn default_for(arch: Option<u32>, batch: usize) -> SwapInStrategy {
+        match arch {
+            Some(90) if batch >= ONE_LAUNCH_FROM_BATCH => SwapInStrategy::FewMissOneLaunch,
+            _ => SwapInStrategy::DEFAULT,
+        }
+    }
 
     /// Every strategy, for the selftest, the tests and the benchmark: one
     /// list, so that a new strategy is checked everywhere once it is here.
@@ -246,6 +271,21 @@ impl SwapInStrategy {
         SwapInStrategy::FewMiss512OneLaunch,
     ];
 }
+
+/// [`SwapInEngine::default_strategy`]'s choice: [`SwapInStrategy::default_for`]
+/// `arch` and `batch`, `FewMiss` for one launch where the few-miss planner's
+/// state does not fit (`few_miss_fits` false).
+fn default_of(arch: Option<u32>, batch: usize, few_miss_fits: bool) -> SwapInStrategy {
+    match SwapInStrategy::default_for(arch, batch) {
+        SwapInStrategy::FewMissOneLaunch if !few_miss_fits => SwapInStrategy::FewMiss,
+        s => s,
+    }
+}
+
+/// The smallest batch [`SwapInStrategy::default_for`] runs
+/// `FewMissOneLaunch` at on sm_90: the smallest batch of the H100 run that
+/// chose it (batches 2 to 7 were not timed).
+pub const ONE_LAUNCH_FROM_BATCH: usize = 8;
 
 /// The most misses a [`SwapInStrategy::FewMiss`] planning block copies
 /// itself.
@@ -473,11 +513,30 @@ impl SwapInEngine {
     }
 
     /// One layer's swap-in for a whole batch (see the module docs) with
-    /// [`SwapInStrategy::DEFAULT`]. On `stream`, no allocation, no host
-    /// synchronisation; bad indices are refused and reported (CPU: now;
-    /// CUDA: at the next [`SwapInEngine::check`]).
+    /// [`SwapInEngine::default_strategy`]'s strategy. On `stream`, no
+    /// allocation, no host synchronisation; bad indices are refused and
+    /// reported (CPU: now; CUDA: at the next [`SwapInEngine::check`]).
     pub fn run(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
-        self.run_with(args, SwapInStrategy::DEFAULT, stream)
+        self.run_with(args, self.default_strategy(args), stream)
+    }
+
+    /// The strategy [`SwapInEngine::run`] takes for `args`:
+    /// [`SwapInStrategy::default_for`] this engine's GPU and the call's batch,
+    /// except that where the few-miss planner's state does not fit the GPU's
+    /// shared memory it is `FewMiss` (whose stand-in, the block-scan planner
+    /// and a copy kernel, copies hundreds of misses faster than the
+    /// block-scan planner alone). Host arithmetic on the arguments' shapes
+    /// only.
+    pub fn default_strategy(&self, args: &SwapInArgs<'_>) -> SwapInStrategy {
+        let arch = match &self.exec {
+            Executor::Cuda(dev) => {
+                let (major, minor) = dev.compute_capability();
+                u32::try_from(major * 10 + minor).ok()
+            }
+            Executor::Cpu => None,
+        };
+        let batch = args.req_pool_indices.len();
+        default_of(arch, batch, args::few_miss_fits(&self.target(), args))
     }
 
     /// [`SwapInEngine::run`] with an explicit strategy for the CUDA executor
@@ -494,13 +553,15 @@ impl SwapInEngine {
 
     /// [`SwapInEngine::run_with`] with the misses moved by the copy kernel of
     /// `copy`'s method ([`CopyMethod`]; `run` and `run_with` use
-    /// `WarpVectors`, the only method a GPU has timed for the swap-in). The
-    /// rows a planning block copies itself (at most [`FEW_MISS_INLINE`]
-    /// misses) move as `WarpVectors` under every method: the latency regime,
-    /// a pass or two of a warp. So do all rows of the strategies with no
-    /// copy kernel (`OneBlockPerRequest`, `CompactOneLaunch`,
-    /// `FewMissOneLaunch`, `FewMiss512OneLaunch`): the method changes nothing
-    /// there. The CPU executor has one way.
+    /// `WarpVectors`). The rows a planning block copies beside the copy
+    /// kernel (at most [`FEW_MISS_INLINE`] misses) move as `WarpVectors`
+    /// under every method: the latency regime, a pass or two of a warp. The
+    /// few-miss planners copying every miss themselves (`FewMissOneLaunch`,
+    /// `FewMiss512OneLaunch`) take the method for those copies (`MergedRuns`
+    /// as `LineAligned`: a row's misses are seldom neighbours in the pool);
+    /// the other strategies with no copy kernel (`OneBlockPerRequest`,
+    /// `CompactOneLaunch`) move every row as `WarpVectors`. The CPU executor
+    /// has one way.
     pub fn run_with_copy(
         &self,
         args: &SwapInArgs<'_>,
@@ -767,4 +828,44 @@ pub fn emulation_replay_params(
         max_smem: usize::MAX,
     };
     replay::check(&target, args, copy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default is the measured choice: one launch from batch 8 on sm_90
+    /// (the H100 run that chose it), the few-miss planner and its copy
+    /// kernel below it, on every other GPU and on the CPU executor.
+    #[test]
+    fn the_default_strategy_is_one_launch_from_batch_8_on_sm_90_only() {
+        let at = |arch, batch| SwapInStrategy::default_for(arch, batch);
+        for batch in [ONE_LAUNCH_FROM_BATCH, 64, 256, 16384] {
+            assert_eq!(
+                at(Some(90), batch),
+                SwapInStrategy::FewMissOneLaunch,
+                "{batch}"
+            );
+        }
+        for batch in [0, 1, ONE_LAUNCH_FROM_BATCH - 1] {
+            assert_eq!(at(Some(90), batch), SwapInStrategy::FewMiss, "{batch}");
+        }
+        for arch in [None, Some(80), Some(86), Some(89), Some(100), Some(120)] {
+            assert_eq!(at(arch, 256), SwapInStrategy::FewMiss, "{arch:?}");
+        }
+    }
+
+    /// Where the few-miss planner's state does not fit the GPU's shared
+    /// memory the default is `FewMiss` (which then runs the block-scan
+    /// planner and a copy kernel), not the block-scan planner copying alone.
+    #[test]
+    fn the_default_leaves_one_launch_where_the_few_miss_planner_does_not_fit() {
+        assert_eq!(
+            default_of(Some(90), 64, true),
+            SwapInStrategy::FewMissOneLaunch
+        );
+        assert_eq!(default_of(Some(90), 64, false), SwapInStrategy::FewMiss);
+        assert_eq!(default_of(Some(90), 1, true), SwapInStrategy::FewMiss);
+        assert_eq!(default_of(None, 64, true), SwapInStrategy::FewMiss);
+    }
 }

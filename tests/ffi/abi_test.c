@@ -319,7 +319,7 @@ static void swap_in(void) {
     s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);
     CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "together"), "a partial miss plan (%d)", s);
     a.miss_src = a.miss_dst = a.miss_count = BUF(NULL, 0);
-    s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_FEW_MISS_512_ONE_LAUNCH + 1, NULL);
+    s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_DEFAULT + 1, NULL);
     CHECK(s == KVT_INVALID_ARGUMENT && strstr(kvt_last_error(), "strategy"), "strategy past the last (%d)", s);
     a.seq_lens_type = 3;
     s = kvt_swap_in_run(engine, &a, KVT_SWAP_IN_PLAN_THEN_COPY, NULL);

@@ -19,6 +19,7 @@ from . import _lib
 from ._lib import KvtierError, check, library
 
 STRATEGIES = {
+    "default": _lib.DEFAULT,
     "plan_then_copy": _lib.PLAN_THEN_COPY,
     "one_block_per_request": _lib.ONE_BLOCK_PER_REQUEST,
     "few_miss": _lib.FEW_MISS,
@@ -239,7 +240,7 @@ def swap_in(
     miss_count=None,
     skip_io: bool = False,
     stream=None,
-    strategy: str = "few_miss",
+    strategy: str = "default",
     block_tokens: int = 0,
     host_cache_v=None,
     device_buffer_v=None,

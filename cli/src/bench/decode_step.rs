@@ -52,10 +52,13 @@ pub(super) const SCENARIO: &str = "decode-step";
 pub(crate) const DECODE_STEP_KVTIER_METHOD: &str = "kvtier: the step's swap-ins";
 const KVTIER_GRAPH: &str = "kvtier: the step's swap-ins (CUDA graph)";
 const KVTIER_CPU: &str = "kvtier: the step's swap-ins (CPU executor)";
-/// The candidate the swap-in grid cannot judge alone: the few-miss planner
-/// copying every miss itself (one launch a layer; each request's copy starts
-/// when its own plan is done), in a graph of its own beside the default's.
+/// Beside the default's graph (`SwapInStrategy::default_for` the GPU and
+/// the bucket), the other of the two the default chooses between: the
+/// few-miss planner copying every miss itself (one launch a layer; each
+/// request's copy starts when its own plan is done), or the few-miss planner
+/// and its copy kernel.
 const KVTIER_ONE_LAUNCH: &str = "kvtier few_miss_one_launch: the step's swap-ins (CUDA graph)";
+const KVTIER_FEW_MISS: &str = "kvtier few_miss: the step's swap-ins (CUDA graph)";
 const SGLANG_METHOD: &str = "SGLang 0.5.23's kernel: the step's swap-ins (CUDA graph)";
 const SGLANG_LAUNCHES: &str =
     "SGLang 0.5.23's kernel: the step's swap-ins (launched one by one, no graph)";
@@ -743,8 +746,7 @@ impl<'b> Replay<'b> {
             }
             // SAFETY: the replay's buffers, alive for the call.
             let a = unsafe { self.args(l, host_cache, true) };
-            self.tier
-                .swap_in_with(&a, SwapInStrategy::DEFAULT, stream)?;
+            self.tier.swap_in(&a, stream)?;
             self.tier.check(stream)?;
             let (p, e) = (self.bucket, self.entries);
             let counts = self.plan_count.read(l * p, c.rows.len())?;
@@ -964,15 +966,23 @@ impl<'b> Replay<'b> {
             Ok(t)
         };
         let (kv, kv_method, one_launch) = match exec {
-            Executor::Cuda(dev) => (
-                time_graph(dev, SwapInStrategy::DEFAULT, "kvtier's graph")?,
-                KVTIER_GRAPH,
-                Some(time_graph(
-                    dev,
-                    SwapInStrategy::FewMissOneLaunch,
-                    "kvtier's one-launch graph",
-                )?),
-            ),
+            Executor::Cuda(dev) => {
+                let (major, minor) = dev.compute_capability();
+                let chosen = SwapInStrategy::default_for(
+                    u32::try_from(major * 10 + minor).ok(),
+                    this.bucket,
+                );
+                let (other, label) = if chosen == SwapInStrategy::FewMissOneLaunch {
+                    (SwapInStrategy::FewMiss, KVTIER_FEW_MISS)
+                } else {
+                    (SwapInStrategy::FewMissOneLaunch, KVTIER_ONE_LAUNCH)
+                };
+                (
+                    time_graph(dev, chosen, "kvtier's graph")?,
+                    KVTIER_GRAPH,
+                    Some((time_graph(dev, other, label)?, label)),
+                )
+            }
             Executor::Cpu => {
                 let calls = |st| calls_with(SwapInStrategy::DEFAULT, st);
                 let t = b.time(&clock, Timing::Device, reset, calls)?;
@@ -1098,8 +1108,8 @@ impl<'b> Replay<'b> {
         let bytes = moved as usize * self.item;
         let row = |method, t, limit| Measurement::new(SCENARIO, method, &params, bytes, t, limit);
         let mut out = vec![row(kv_method, kv, false)];
-        if let Some(t) = one_launch {
-            out.push(row(KVTIER_ONE_LAUNCH, t, false));
+        if let Some((t, method)) = one_launch {
+            out.push(row(method, t, false));
         }
         if let Some((t, method)) = theirs {
             out.push(row(method, t, false));
@@ -1197,7 +1207,7 @@ impl<'b> Replay<'b> {
         let swap_in = |l: usize, plan: bool, st: Stream| -> kvtier::Result<()> {
             // SAFETY: the replay's buffers, alive until after the timing.
             let a = unsafe { self.args(l, host_cache, plan) };
-            self.tier.swap_in_with(&a, SwapInStrategy::DEFAULT, st)
+            self.tier.swap_in(&a, st)
         };
         let replay = |sh: usize, l: usize, st: Stream| -> kvtier::Result<()> {
             // SAFETY: as above.

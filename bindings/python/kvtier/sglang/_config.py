@@ -13,7 +13,7 @@ from .._lib import KvtierError
 # processes SGLang spawns, where the plugin or the launcher installs it.
 ENV = "KVTIER_SGLANG_CONFIG"
 
-STRATEGIES = ("plan_then_copy", "one_block_per_request", "few_miss", "compact", "compact_one_launch", "few_miss_512",
+STRATEGIES = ("default", "plan_then_copy", "one_block_per_request", "few_miss", "compact", "compact_one_launch", "few_miss_512",
               "few_miss_one_launch", "few_miss_512_one_launch")
 BAD_INDICES = ("warn", "raise", "off")
 PLACEMENTS = ("round_robin", "nearest")
@@ -47,11 +47,13 @@ class KvtierConfig:
     - ``hicache_host_pool``: place HiCache's host KV pool (its L2, under
       ``--enable-hierarchical-cache``; every ``--hicache-mem-layout``) in the
       kvtier pool.
-    - ``strategy``: ``few_miss`` (the default: the warp-vote planner that
-      copies a request's few misses itself; the fastest on an H100),
-      ``plan_then_copy`` (the block-scan planner and a wide copy) or
-      ``one_block_per_request`` (SGLang's design, for comparison). Same
-      results; they differ in speed only.
+    - ``strategy``: ``default`` (kvtier's choice for the call's batch and
+      the GPU: ``few_miss_one_launch`` from batch 8 on sm_90, ``few_miss``
+      otherwise; what an H100 measured fastest), ``few_miss`` (the
+      warp-vote planner that copies a request's few misses itself),
+      ``plan_then_copy`` (the block-scan planner and a wide copy),
+      ``one_block_per_request`` (SGLang's design, for comparison) or another
+      of ``STRATEGIES``. Same results; they differ in speed only.
     - ``clients``: client slots of a shared pool kvtier creates (0: default).
     - ``region_layers``: under pipeline parallelism, the most model layers
       any stage holds: the stages share one pool whose regions are sized for
@@ -85,7 +87,7 @@ class KvtierConfig:
     swap_in: bool = True
     host_pool: bool = True
     hicache_host_pool: bool = True
-    strategy: str = "few_miss"
+    strategy: str = "default"
     placement: str = "round_robin"
     clients: int = 0
     region_layers: int | None = None

@@ -35,7 +35,7 @@ from .counters import counted_layer, layer_number, per_step
 
 def _strategy() -> str:
     cfg = current_config()
-    return cfg.strategy if cfg is not None else "few_miss"
+    return cfg.strategy if cfg is not None else "default"
 
 
 def _item_bytes(items) -> int:
