@@ -2454,12 +2454,26 @@ fn the_shipped_copy_method_table_is_the_committed_runs_decision() {
     );
     let table = kvtier::CopyMethodTable::from_json(&shipped).unwrap();
     assert_eq!(&table, kvtier::CopyMethodTable::measured());
-    // the measured runs' sm_90 656-byte gather takes the line-aligned copy
+    // the measured runs' sm_90 656-byte gather takes the line-aligned copy,
+    // and MergedRuns at 16384 rows (the H100 run of 8f21590: faster where
+    // neighbouring rows are selected together, level elsewhere there); the
+    // 656-byte prefill writeback MergedRuns
+    use kvtier::CopyMethod::{LineAligned, MergedRuns, WarpVectors};
     let gather = table.choices_for(kvtier::CopyPath::Gather, 90, 656);
+    assert_eq!(
+        gather,
+        [
+            (256, LineAligned),
+            (2048, LineAligned),
+            (16384, MergedRuns),
+            (131072, LineAligned)
+        ]
+    );
+    let writeback = table.choices_for(kvtier::CopyPath::Writeback, 90, 656);
+    assert_eq!(writeback.last(), Some(&(8192, MergedRuns)));
     assert!(
-        !gather.is_empty()
-            && gather
-                .iter()
-                .all(|&(_, m)| m == kvtier::CopyMethod::LineAligned)
+        writeback[..writeback.len() - 1]
+            .iter()
+            .all(|&(_, m)| m == WarpVectors)
     );
 }

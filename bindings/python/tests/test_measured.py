@@ -63,23 +63,6 @@ def test_the_runs_are_the_binaries_of_one_commit():
     assert devices == {"NVIDIA H200 (sm_90)"}, devices
 
 
-def test_the_single_step_swap_in_figures_are_the_measured_ones():
-    text = compat.MEASURED["load_cache_to_device_buffer_mla"]
-    speeds = [swap_in_speeds(run) for run in RUNS]
-    assert {len(s) for s in speeds} == {28}
-    every = [(p, v) for s in speeds for p, v in s.items()]
-    wide_copy = [v for (_, _, batch, misses), v in every if batch == 1 and misses == 410]
-    other = [v for (_, _, batch, misses), v in every if batch <= 100 and not (batch == 1 and misses == 410)]
-    two_waves = {hot: [v for (_, h, batch, misses), v in every if batch == 256 and misses == 2 and h == hot]
-                 for hot in (4096, 8192)}
-    assert f"{span(wide_copy, 1)} its speed at batch 1 with 410 misses" in text, text
-    assert f"{span(other, 2)} at batch 1-100 otherwise" in text, text
-    assert f"({span(two_waves[4096], 2)} at HOT 4096, {span(two_waves[8192], 2)} at 8192" in text, text
-    # "below 1.0 mostly at HOT 4096"
-    below = [p for p, v in every if v < 1.0 and p[2] <= 100]
-    assert sum(p[1] == 4096 for p in below) > len(below) / 2
-
-
 def test_the_speculative_figures_are_the_measured_ones():
     pts = medians(RUNS[0], ("3-bench/spec-swap-in.jsonl",), lambda r: json.dumps(r["params"], sort_keys=True))
     speeds = sorted(m["SGLang 0.5.23's speculative kernels"] / m["kvtier speculative swap-in"] for m in pts.values())
@@ -101,13 +84,19 @@ def test_the_engram_gather_figures_are_the_measured_ones():
     assert f"{span(slower, 2)} at {len(slower)} of {len(host_sorted)} points reading a host table" in text, text
 
 
-# The quick pass of 2026-11-27 (H100): the README's "latest run" paragraph
-# and table, and the install report's decode-step sentence.
-LATEST = "h100-2026-11-27"
+# The second quick pass of 2026-11-27 (H100, commit 8f21590): the README's
+# "latest run" paragraph and table, the first screen's decode-step range and
+# the launcher's sentence (compat.MEASURED).
+LATEST = "h100-2026-11-27b"
 README = RESULTS.parent.parent / "README.md"
 KVTIER_STEP = "kvtier: the step's swap-ins (CUDA graph)"
+# the default at batch 8 and 64 on sm_90 since this run (SwapInStrategy::default_for)
+ONE_LAUNCH_STEP = "kvtier few_miss_one_launch: the step's swap-ins (CUDA graph)"
 SGLANG_STEP = "SGLang 0.5.23's kernel: the step's swap-ins (CUDA graph)"
 FLOOR_STEP = "link floor: each call's misses in one contiguous copy"
+ONE_LAUNCH = "kvtier swap-in, few-miss planner, one launch"
+ONE_LAUNCH_FROM_BATCH = 8
+LIMIT = "contiguous H2D copy of the misses (limit)"
 
 
 def times(values) -> str:
@@ -128,84 +117,90 @@ def decode_steps(trace: str) -> dict:
             if r["params"]["step"] == "all"}
 
 
-def single_calls(method: str) -> list:
-    """[(point, SGLang's time over the method's, apart)] over the latest run's swap-in points;
-    apart: -1 slower, 1 faster, 0 within the quartile ranges."""
-    out = []
-    for name in ("sglang-grid", "production", "realistic-h4096", "realistic-h8192"):
-        pts: dict = defaultdict(dict)
+def latest_swap_in_points() -> dict:
+    """{(file, entry, hot, batch, misses): {method: record}} over the latest run's swap-in points."""
+    pts: dict = defaultdict(dict)
+    for name in ("sglang-grid", "production", "realistic-h4096", "realistic-h8192", "dsv4-c4", "m3-kv"):
         for r in lines(LATEST, f"3-bench/swap-in-{name}.jsonl"):
-            pts[tuple(r["params"][k] for k in ("entry", "hot", "batch", "misses"))][r["method"]] = r
-        for p, m in pts.items():
-            ours, theirs = m[method], m[SGLANG]
-            apart = 1 if ours["q3_us"] < theirs["q1_us"] else -1 if ours["q1_us"] > theirs["q3_us"] else 0
-            out.append((p, theirs["median_us"] / ours["median_us"], apart))
+            pts[(name, *(r["params"][k] for k in ("entry", "hot", "batch", "misses")))][r["method"]] = r
+    return pts
+
+
+def default_calls() -> list:
+    """[(point, SGLang's time over the default's, apart)] at every point with SGLang's kernel: the
+    default is one launch from batch 8 (sm_90), few_miss below; apart: -1 slower, 1 faster, 0 level."""
+    out = []
+    for p, m in latest_swap_in_points().items():
+        ours, theirs = m[ONE_LAUNCH if p[3] >= ONE_LAUNCH_FROM_BATCH else FEW_MISS], m[SGLANG]
+        apart = 1 if ours["q3_us"] < theirs["q1_us"] else -1 if ours["q1_us"] > theirs["q3_us"] else 0
+        out.append((p, theirs["median_us"] / ours["median_us"], apart))
     return out
 
 
 def test_the_latest_run_is_one_commit_on_an_h100():
-    commits = {(RESULTS / LATEST / stage / "COMMIT").read_text().strip()
-               for stage in ("1-tests", "2-sanitizer", "3-bench", "3-bench-part2", "6-decode-step", "profile-planners")}
+    stages = ("1-tests", "2-sanitizer", "3-bench", "3-bench-part2", "6-decode-step")
+    commits = {(RESULTS / LATEST / stage / "COMMIT").read_text().strip() for stage in stages}
     commits |= {r["commit"] for r in lines(LATEST, "3-bench/swap-in-production.jsonl")}
-    assert len(commits) == 1 and next(iter(commits)).startswith("7a799b8"), commits
+    assert len(commits) == 1 and next(iter(commits)).startswith("8f21590"), commits
     assert {r["device"] for r in lines(LATEST, "6-decode-step/decode-step-dsv32-128k-b64.jsonl")} == {
         "NVIDIA H100 80GB HBM3 (sm_90)"}
-    for stage in ("1-tests", "2-sanitizer", "3-bench", "6-decode-step"):
+    # every step passed; racecheck and synccheck ran out of their time (124), and the second part's
+    # last two steps were skipped at the pass's deadline, which the README says
+    for stage in stages:
         codes = (RESULTS / LATEST / stage / "exit-codes.txt").read_text().split("\n")
-        assert all(line.split()[1] == "0" for line in codes if line.strip() and "racecheck" not in line), codes
+        for line in codes:
+            if line.strip():
+                name, code = line.split()[:2]
+                assert code == "0" or (name in ("racecheck", "synccheck") and code == "124") or (
+                    stage == "3-bench-part2" and line.endswith("skipped")), line
 
 
 def test_the_readme_decode_step_table_is_the_measured_one():
     text = latest_paragraph()
     for trace in ("dsv32-128k-b8", "dsv32-128k-b64"):
         m = decode_steps(trace)
-        row = (f"| {m[KVTIER_STEP] / 1000:.2f} | {m[SGLANG_STEP] / 1000:.2f} | "
-               f"{m[SGLANG_STEP] / m[KVTIER_STEP]:.2f}× | {m[FLOOR_STEP] / 1000:.2f} |")
+        row = (f"| {m[ONE_LAUNCH_STEP] / 1000:.2f} | {m[SGLANG_STEP] / 1000:.2f} | "
+               f"{m[SGLANG_STEP] / m[ONE_LAUNCH_STEP]:.2f}× | {m[FLOOR_STEP] / 1000:.2f} |")
         assert f"(`{trace}`) {row}" in text, (trace, row)
     b8, b64 = (decode_steps(t) for t in ("dsv32-128k-b8", "dsv32-128k-b64"))
-    speeds = [f"{m[SGLANG_STEP] / m[KVTIER_STEP]:.2f}x at batch {b}" for b, m in ((8, b8), (64, b64))]
+    assert f"took {b8[KVTIER_STEP] / 1000:.2f} and {b64[KVTIER_STEP] / 1000:.2f} ms" in " ".join(text.split())
+    speeds = [f"{m[SGLANG_STEP] / m[ONE_LAUNCH_STEP]:.2f}x at batch {b}" for b, m in ((8, b8), (64, b64))]
     assert ", ".join(speeds) in compat.MEASURED["load_cache_to_device_buffer_mla"], speeds
 
 
 def test_the_readme_single_call_figures_are_the_measured_ones():
     text = " ".join(latest_paragraph().split())
-    calls = single_calls(FEW_MISS)
-    realistic = [(p, v) for p, v, _ in calls if p[3] in (274, 137)]
-    at = lambda batches: [v for p, v in realistic if p[2] in batches]  # noqa: E731
-    assert f"`few_miss` is {times(at((1,)))} SGLang's speed at batch 1, {times(at((8,)))} at batch 8 and " \
-           f"{times(at((64, 256)))} at batch 64-256" in text, text
+    calls = default_calls()
+    assert len(calls) == 42
     speeds = sorted(v for _, v, _ in calls)
-    median = (speeds[17] + speeds[18]) / 2
+    median = (speeds[20] + speeds[21]) / 2
     faster, slower = sum(a == 1 for *_, a in calls), sum(a == -1 for *_, a in calls)
-    assert len(calls) == 36
-    assert f"median {median:.2f}× SGLang's kernel (faster at {faster}, slower at {slower}" in text
+    assert f"is at median {median:.2f}× SGLang's kernel (faster at {faster}, slower at {slower}" in text
+    two = {p[2]: v for p, v, _ in calls if p[0] == "production" and p[3:] == (256, 2)}
+    assert f"({two[4096]:.2f}× at HOT 4096, {two[8192]:.2f}× at 8192)" in text
+    assert min(v for _, v, _ in calls) == two[4096]
     # the link's share at batch 64 and 256 at the published miss rates, both kernels
     shares = []
-    for name in ("realistic-h4096", "realistic-h8192"):
-        pts: dict = defaultdict(dict)
-        for r in lines(LATEST, f"3-bench/swap-in-{name}.jsonl"):
-            pts[r["params"]["batch"]][r["method"]] = r["median_us"]
-        for batch, m in pts.items():
-            if batch >= 64:
-                limit = m["contiguous H2D copy of the misses (limit)"]
-                shares += [limit / m[FEW_MISS], limit / m[SGLANG]]
+    for p, m in latest_swap_in_points().items():
+        if p[0].startswith("realistic") and p[3] >= 64:
+            shares += [m[LIMIT]["median_us"] / m[ONE_LAUNCH]["median_us"],
+                       m[LIMIT]["median_us"] / m[SGLANG]["median_us"]]
     assert f"({min(shares):.2f}-{max(shares):.2f} of one contiguous copy" in text
 
 
-def test_the_readme_kernel_findings_are_the_measured_ones():
+def test_the_readme_copy_findings_are_the_measured_ones():
     text = " ".join(latest_paragraph().split())
-    compact = {p: v for p, v, _ in single_calls("kvtier swap-in, compact planner")}
-    few = {p: v for p, v, _ in single_calls(FEW_MISS)}
-    # SGLang's time over each: few_miss's speed over the compact planner's at batch 1, 2 misses, 656 B, HOT 4096
-    p = (656, 4096, 1, 2)
-    assert f"{few[p] / compact[p]:.1f}× slower than `few_miss`" in text
     gather: dict = defaultdict(dict)
     for r in lines(LATEST, "3-bench/gather.jsonl"):
-        gather[json.dumps(r["params"], sort_keys=True)][r["method"]] = r
-    ahead = [m for k, m in gather.items() if json.loads(k)["entry"] == 656 and
-             m["kvtier gather, passes aligned to 128-byte host lines"]["q3_us"] < m["kvtier gather"]["q1_us"]]
-    total = sum(json.loads(k)["entry"] == 656 for k in gather)
-    assert f"ahead of the default at {len(ahead)} of {total} points of 656-byte entries" in text
+        gather[json.dumps(r["params"], sort_keys=True)][r["method"]] = r["ratio_to_limit"]
+    merged, lines_ = "kvtier gather, neighbouring rows merged into runs", \
+        "kvtier gather, passes aligned to 128-byte host lines"
+    local = [m[merged] for k, m in gather.items() if json.loads(k)["entry"] == 656
+             and json.loads(k)["indices"] == "locality" and json.loads(k)["k"] == 2048 and json.loads(k)["batch"] > 1]
+    assert f"moves the gather at {times(local).rstrip('×')} of the link" in text
+    uniform = next(m for k, m in gather.items() if json.loads(k) == {
+        "batch": 64, "context": 131072, "distinct_regions": 64, "entry": 656, "indices": "uniform", "k": 2048})
+    assert f"({uniform[merged]:.2f} with uniform indices at batch 64, k 2048, against {uniform[lines_]:.2f}" in text
     pages = {r["params"]["host_pages"]: r["ratio_to_limit"] for r in lines(LATEST, "3-bench-part2/gather-host-pages.jsonl")
              if r["method"] == "kvtier gather"}
     assert f"({pages['base']:.2f} to {pages['transparent']:.2f} of the link)" in text
@@ -213,8 +208,23 @@ def test_the_readme_kernel_findings_are_the_measured_ones():
 
 def test_the_first_screens_decode_step_range_is_the_measured_one():
     glance = " ".join(README.read_text().split("**At a glance.**", 1)[1].split("**Contents:**", 1)[0].split())
-    speeds = [m[SGLANG_STEP] / m[KVTIER_STEP] for m in (decode_steps(t) for t in ("dsv32-128k-b8", "dsv32-128k-b64"))]
+    speeds = [m[SGLANG_STEP] / m[ONE_LAUNCH_STEP]
+              for m in (decode_steps(t) for t in ("dsv32-128k-b8", "dsv32-128k-b64"))]
     assert f"is {times(speeds)} SGLang's (H100, 2026-11-27)" in glance, glance
+
+
+def test_the_launchers_single_call_sentence_is_the_measured_one():
+    text = compat.MEASURED["load_cache_to_device_buffer_mla"]
+    calls = default_calls()
+    speeds = sorted(v for _, v, _ in calls)
+    median = (speeds[20] + speeds[21]) / 2
+    slower = [(p, v) for p, v, a in calls if a == -1]
+    wide = [v for p, v, _ in calls if p[3] == 1 and p[4] >= 100]
+    two = {p[2]: v for p, v, _ in calls if p[0] == "production" and p[3:] == (256, 2)}
+    assert (f"{median:.2f}x its speed at the median of {len(calls)} single calls "
+            f"({min(speeds):.2f}-{max(speeds):.2f}x; {span(wide, 1)} at batch 1 with hundreds of misses), "
+            f"slower at {len(slower)} of them, by the most at batch 256 with 2 misses per request "
+            f"({two[4096]:.2f}x at HOT 4096, {two[8192]:.2f}x at 8192)") in text, text
 
 
 # The HiCache backend beside SGLang's file backend (CPU, 2026-11-27):
@@ -339,7 +349,7 @@ def test_the_measurements_pages_swap_in_findings_are_the_measured_ones():
     wide = pick(a, lambda e, h, batch, m: batch == 1 and m == 410)
     hot8192 = pick(a, lambda e, h, batch, m: m == 2 and h == 8192 and batch <= 100)
     rest = pick(a, lambda e, h, batch, m: (m == 2 and h == 4096 and batch <= 100) or (m == 410 and batch >= 10))
-    assert (f"`few_miss` (kvtier's default) is {rng(wide, 1)} SGLang's speed at batch 1 with 410 misses" in text
+    assert (f"`few_miss` (kvtier's default then) is {rng(wide, 1)} SGLang's speed at batch 1 with 410 misses" in text
             and f"{rng(hot8192)} with 2 misses at HOT 8192, and {rng(rest)} with 2 misses at HOT 4096 and with 410 "
                 f"misses at batch 10-256" in text), (wide, hot8192, rest)
     two = {(gpu, hot): s[(656, hot, 256, 2)] for gpu, s in (("h200", a), ("h100", b)) for hot in (4096, 8192)}

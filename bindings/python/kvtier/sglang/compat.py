@@ -49,17 +49,17 @@ SPEC_LEFT = (
     "SGLang's kernel serves it"
 )
 # What the single-step swap-in measured against SGLang 0.5.23's own kernel
-# (H200 and H100, 2026-11-26, commit 7a89b13, the few-miss planner,
-# kvtier's default), printed under the route it concerns so that a user sees
-# where kvtier is slower.
+# (H100, 2026-11-27, commit 8f21590, bench/results/h100-2026-11-27b: the
+# default strategy, composed from its few_miss and few_miss_one_launch rows),
+# printed under the route it concerns so that a user sees where kvtier is
+# slower.
 MEASURED = {
     "load_cache_to_device_buffer_mla": (
-        "with strategy few_miss (the default), measured on an H200 and an H100 against SGLang 0.5.23's kernel: "
-        "1.5-2.2x its speed at batch 1 with 410 misses, 0.93-1.18x at batch 1-100 otherwise (HOT 4096 and 8192, "
-        "2 and 410 misses of K 2048; below 1.0 mostly at HOT 4096), slower at batch 256 with 2 misses per request "
-        "(0.72-0.73x at HOT 4096, 0.85-0.87x at 8192; ncu shows its planner at one block per SM there, "
-        "SGLang's kernel at two); a whole DeepSeek-V3.2 decode step at 128K context, every layer's swap-in in "
-        "a CUDA graph at 13.4 % misses, on an H100: 1.03x at batch 8, 0.95x at batch 64"
+        "with the default strategy (few_miss below batch 8, few_miss_one_launch from batch 8 on sm_90), measured "
+        "on an H100 against SGLang 0.5.23's kernel (2026-11-27): 1.03x its speed at the median of 42 single calls "
+        "(0.80-2.24x; 1.4-2.2x at batch 1 with hundreds of misses), slower at 6 of them, by the most at batch 256 "
+        "with 2 misses per request (0.80x at HOT 4096, 0.91x at 8192); a whole DeepSeek-V3.2 decode step at 128K "
+        "context, every layer's swap-in in a CUDA graph at 13.4 % misses: 1.09x at batch 8, 0.97x at batch 64"
     ),
 }
 HOST_POOLS = ("MLATokenToKVPoolHost", "DeepSeekV4PagedHostPool", "HiSparseMHATokenToKVPoolHost")
