@@ -55,6 +55,12 @@ git rev-parse HEAD > "$out/COMMIT"
 size=$(du -sb "$out" | cut -f1)
 echo "gpu-bundle: $out is $((size / 1048576)) MiB ($(git rev-parse --short HEAD))"
 [ "$size" -le $((64 * 1048576)) ] || { echo "gpu-bundle: over the 64 MiB a device run carries" >&2; exit 1; }
+# What the quick pass carries (quick-pass.sh: bin, lib and COMMIT) with the
+# repository's tracked files must fit the 64 MiB too
+tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+quick=$(( $(du -cb "$out/bin" "$out/lib" "$out/COMMIT" | tail -1 | cut -f1) + tree ))
+echo "gpu-bundle: the quick pass carries $((quick / 1048576)) MiB (gpu-bundle/bin, lib and COMMIT, and the tracked tree)"
+[ "$quick" -le $((64 * 1048576)) ] || { echo "gpu-bundle: the quick pass's carry is over 64 MiB" >&2; exit 1; }
 
 if [ "${1:-}" != "--no-dry-run" ]; then
   dry=$(mktemp -d)

@@ -6,8 +6,10 @@
 # buffer of 1x top-k) and the sanitizers over the kernels that never ran
 # under them (2). Every command
 # is cut to end before the deadline, so every stage packs its archive into
-# OUT_DIR even when time runs short. Usage (on the device, gpu-bundle/
-# carried): scripts/gpu-suite/quick-pass.sh OUT_DIR [SECONDS] (default 540:
+# OUT_DIR even when time runs short. It needs gpu-bundle/bin, lib and
+# COMMIT only (carry those three: the whole bundle and the tree are over
+# the 64 MiB a run carries). Usage (on the device, those carried):
+# scripts/gpu-suite/quick-pass.sh OUT_DIR [SECONDS] (default 540:
 # a device command may run 600).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
