@@ -171,8 +171,10 @@ typedef struct kvt_writeback_params {
                                        reads it: the parameters alone say what to launch) */
 #define KVT_SWAP_FEW_MISS_512 256u  /* the launcher's choice of kvt_swap_in_few_miss_512_plan as the planner (with
                                        KVT_SWAP_SKIP_INLINE; no kernel reads it) */
-#define KVT_SWAP_COPY_LINES 512u    /* the launcher's choice of kvt_swap_in_copy_line_aligned as the copy kernel
-                                       (the copy method KVT_COPY_LINE_ALIGNED; no kernel reads it) */
+#define KVT_SWAP_COPY_LINES 512u    /* the launcher's choice of the copy method KVT_COPY_LINE_ALIGNED: of
+                                       kvt_swap_in_copy_line_aligned as the copy kernel and, with
+                                       KVT_SWAP_COPY_IN_PLAN, of the few-miss planners' _lines_plan builds
+                                       (no kernel reads it) */
 
 /* Largest number of resolved top-k entries per row (top_k * block_tokens) and
  * largest hot buffer a swap-in accepts. */

@@ -48,8 +48,8 @@
 // Per architecture: on sm_80 and sm_90 two blocks share an SM at K 2048 /
 // HOT 8192 (74 KiB each; sm_80 holds two up to ~81 KiB); sm_86, sm_89 and
 // sm_120 hold at most 1536 threads an SM, so one block, as the few-miss
-// planner. The default strategy stays the few-miss planner on every
-// architecture until a GPU run shows this one ahead.
+// planner. On an H100 (second run of 2026-11-27) it was slower than the
+// few-miss planner at every point, so it is no default anywhere.
 #include "swap_in.cuh"
 
 namespace kvt {

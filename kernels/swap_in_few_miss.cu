@@ -491,9 +491,10 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_512_THREADS, 2)
 // and reports. Why: on an H100 (bench/results/h100-2026-11-27b) the copy
 // kernel's line-aligned passes moved hundreds of 656-byte misses a row 3-5 %
 // faster than warp vectors, where the one-launch planner, copying with warp
-// vectors, was the slower of the two; its 2-miss rows, a launch faster, are
-// the same either way. Whether one vector a lane in flight keeps that gain
-// is the GPU's to say: not yet timed.
+// vectors, was the slower of the two (and the faster with 2 misses, a launch
+// fewer). Whether these builds keep both, with one vector a lane in flight
+// (two passes of a 656-byte row where warp vectors take one), is the GPU's
+// to say: they have run only under the kernel emulator.
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     kvt_swap_in_few_miss_lines_plan(const kvt_swap_in_params p) {
     kvt::swap::few::plan<kvt::swap::few::Wide, true>(p);

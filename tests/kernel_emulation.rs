@@ -1185,10 +1185,10 @@ fn swap_agrees(case: &SwapCase) {
     // planners both ways, the compact one copying every miss, the 512-thread
     // few-miss planner both ways, the line-aligned copy kernel after the
     // first planner and after the compact one, and each few-miss planner
-    // copying every miss itself (recording; the 1024-thread one also with
-    // line-aligned copies)
+    // copying every miss itself (recording), and each with line-aligned
+    // copies
     let runs: Vec<_> = if race_detector() {
-        [4, 5, 7, 9, 10, 12, 13, 16, 17, 18, 20, 23, 26, 27]
+        [4, 5, 7, 9, 10, 12, 13, 16, 17, 18, 20, 23, 26, 27, 28]
             .map(|i| runs[i])
             .to_vec()
     } else {

@@ -350,12 +350,17 @@ impl ByteRanges {
     }
 }
 
-/// Whether the few-miss planner's state for `a`'s shape fits the GPU's
-/// shared memory (what [`check`] tests before it picks that planner). A
-/// shape `check` refuses answers either way: the call fails there.
-pub(super) fn few_miss_fits(t: &SwapInTarget, a: &SwapInArgs<'_>) -> bool {
-    let entries = (a.num_top_k as u64 * a.query.block_tokens() as u64).min(u32::MAX as u64) as u32;
-    super::few_miss_smem_bytes(entries, a.hot_buffer_size) <= t.max_smem
+/// Whether the few-miss planner's state for rows of `entries` entries over
+/// `hot` slots fits the GPU's shared memory: the one test [`check`] and the
+/// engine's choice of default make.
+pub(super) fn few_miss_fits(t: &SwapInTarget, entries: u32, hot: u32) -> bool {
+    super::few_miss_smem_bytes(entries, hot) <= t.max_smem
+}
+
+/// The entries a row of `a` resolves (tokens, or blocks × their tokens),
+/// saturated: a shape [`check`] refuses fails there whatever this says.
+pub(super) fn entries_of(a: &SwapInArgs<'_>) -> u32 {
+    (a.num_top_k as u64 * a.query.block_tokens() as u64).min(u32::MAX as u64) as u32
 }
 
 /// Checks every argument and builds the kernel parameters.
@@ -506,9 +511,7 @@ pub(crate) fn check(
         SwapInStrategy::OneBlockPerRequest => flags |= KVT_SWAP_COPY_IN_PLAN,
         // Where its state does not fit the GPU's shared memory, the
         // block-scan planner runs the same parameters (same results).
-        SwapInStrategy::FewMiss if super::few_miss_smem_bytes(entries, hot) <= t.max_smem => {
-            flags |= KVT_SWAP_SKIP_INLINE
-        }
+        SwapInStrategy::FewMiss if few_miss_fits(t, entries, hot) => flags |= KVT_SWAP_SKIP_INLINE,
         SwapInStrategy::FewMiss => {}
         // Where its limits or this GPU's shared memory rule the compact
         // planner out, the few-miss planner (or the block-scan one) runs
@@ -524,7 +527,7 @@ pub(crate) fn check(
                 } else {
                     KVT_SWAP_COPY_IN_PLAN
                 };
-            } else if super::few_miss_smem_bytes(entries, hot) <= t.max_smem {
+            } else if few_miss_fits(t, entries, hot) {
                 flags |= KVT_SWAP_SKIP_INLINE
             }
         }
@@ -536,7 +539,7 @@ pub(crate) fn check(
                 && super::few_miss_512_smem_bytes(entries, hot) <= t.max_smem
             {
                 flags |= KVT_SWAP_FEW_MISS_512 | KVT_SWAP_SKIP_INLINE;
-            } else if super::few_miss_smem_bytes(entries, hot) <= t.max_smem {
+            } else if few_miss_fits(t, entries, hot) {
                 flags |= KVT_SWAP_SKIP_INLINE
             }
         }
@@ -550,7 +553,7 @@ pub(crate) fn check(
                 && super::few_miss_512_smem_bytes(entries, hot) <= t.max_smem
             {
                 flags |= KVT_SWAP_FEW_MISS_512 | KVT_SWAP_SKIP_INLINE;
-            } else if super::few_miss_smem_bytes(entries, hot) <= t.max_smem {
+            } else if few_miss_fits(t, entries, hot) {
                 flags |= KVT_SWAP_SKIP_INLINE
             }
         }

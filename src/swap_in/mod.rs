@@ -180,15 +180,17 @@ pub enum SwapInStrategy {
     /// emulator) and on an H100. Its first GPU timing (2026-11-27) found it
     /// 4.6× slower than `FewMiss` at batch 1 (93 µs against 20 µs): every
     /// shared-memory address recomputed the hash table's size with a
-    /// doubling loop, 56 % of the instructions it executed; the size is now
-    /// computed in closed form, and that build is not yet timed.
+    /// doubling loop, 56 % of the instructions it executed. With the size in
+    /// closed form it was 1.05-3.08× faster than that on an H100 (second run
+    /// of 2026-11-27) and still slower than `FewMiss` at every point (median
+    /// 0.66× its speed).
     Compact,
     /// `Compact` with every miss copied by its request's planning block: one
     /// launch a swap-in, no copy kernel (SGLang's kernel has one launch too).
     /// For batches wide enough that the planning blocks alone keep the link
     /// busy; a few requests with hundreds of misses each copy faster with
-    /// `Compact`'s wide copy kernel. Timed on a GPU only before `Compact`'s
-    /// fix (slower than `FewMiss` everywhere then, for the same cause).
+    /// `Compact`'s wide copy kernel. On an H100, after `Compact`'s fix,
+    /// slower than `FewMiss` at 41 of 42 points.
     CompactOneLaunch,
     /// `FewMiss` in blocks of 512 threads instead of 1024, its hash table at
     /// most half full instead of a quarter: at top-k 2048 over a hot buffer
@@ -200,7 +202,8 @@ pub enum SwapInStrategy {
     /// Over 8192 slots (133 KiB), or on sm_80, one block an SM. Rows of more than
     /// 2048 entries, and shapes whose state does not fit the GPU's shared
     /// memory, run `FewMiss` instead. Exact on the CPU (the kernel
-    /// emulator); not yet timed on a GPU.
+    /// emulator) and on an H100, where it was slower than `FewMiss` at 38 of
+    /// 42 points (median 0.79× its speed).
     FewMiss512,
     /// `FewMiss` with every miss copied by its request's planning block, no
     /// copy kernel: one launch a swap-in. A row's copy starts as soon as its
@@ -214,14 +217,17 @@ pub enum SwapInStrategy {
     /// took 19.5 µs under Nsight Compute, the plan's share at batch 64 is
     /// not measured). Where the few-miss planner's state does not fit the GPU's
     /// shared memory, the block-scan planner copies its own misses
-    /// (`OneBlockPerRequest`). Exact on the CPU (the kernel emulator); not
-    /// yet timed on a GPU.
+    /// (`OneBlockPerRequest`). Exact on the CPU (the kernel emulator) and on
+    /// an H100, where it became the default from batch 8 on sm_90
+    /// ([`SwapInStrategy::default_for`]).
     FewMissOneLaunch,
     /// `FewMiss512` with every miss copied by its request's planning block
     /// (as `FewMissOneLaunch`): at batch 256 one wave of two blocks an SM
     /// whose rows copy as they finish planning. Where the 512-thread
     /// planner is ruled out, `FewMissOneLaunch`. Exact on the CPU (the
-    /// kernel emulator); not yet timed on a GPU.
+    /// kernel emulator) and on an H100, where it was slower than `FewMiss`
+    /// at 33 of 42 points and faster at one (at batch 256 with 2 misses
+    /// 36.9 µs against `FewMiss`'s 39.0 and SGLang's kernel's 29.6).
     FewMiss512OneLaunch,
 }
 
@@ -244,7 +250,7 @@ impl SwapInStrategy {
     /// Why: on an H100 (`bench/results/h100-2026-11-27b`, every strategy and
     /// SGLang's kernel side by side), `FewMissOneLaunch` was faster than
     /// `FewMiss` with the samples' quartile ranges apart at 16 of the 30
-    /// points of batch 8 to 256 and slower at none, and took 1.6-6 % less
+    /// points of batch 8 to 256 and slower at none, and took 1.6-5.7 % less
     /// time over the decode steps of DeepSeek-V3.2 (batch 8 and 64),
     /// DeepSeek-V4 and MiniMax-M3 (batch 64); at batch 1 it was up to
     /// 1.9x slower with hundreds of misses (one block copies them all). sm_80,
@@ -536,7 +542,9 @@ impl SwapInEngine {
             Executor::Cpu => None,
         };
         let batch = args.req_pool_indices.len();
-        default_of(arch, batch, args::few_miss_fits(&self.target(), args))
+        let fits =
+            args::few_miss_fits(&self.target(), args::entries_of(args), args.hot_buffer_size);
+        default_of(arch, batch, fits)
     }
 
     /// [`SwapInEngine::run`] with an explicit strategy for the CUDA executor

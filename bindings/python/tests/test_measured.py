@@ -322,7 +322,7 @@ def test_the_readmes_first_screen_quotes_the_runs():
     median = (h200[13] + h200[14]) / 2
     quoted = (f"kvtier's is {rng(wide, 1)} as fast at batch 1 with 410 misses and {rng(other)} elsewhere at batch "
               f"1-100, and **slower**, {rng(two_waves)}, at batch 256 with 2 misses (median {median:.2f}× over the "
-              f"{len(h200)} points)")
+              f"{len(h200)} points; `few_miss`, the default then")
     assert quoted in text, quoted
     gather = [r["ratio_to_limit"] for r in lines(RUNS[0], "3-bench/gather.jsonl") if r["method"] == "kvtier gather"]
     assert f"The top-k gather moves {rng(gather, unit='')} of what the link's contiguous copy moves" in text

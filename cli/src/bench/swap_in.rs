@@ -10,8 +10,8 @@
 //!    copying every miss themselves (FewMissOneLaunch, FewMiss512OneLaunch),
 //!    and where rows miss more
 //!    than the few-miss planner copies itself, its copy kernel with the
-//!    line-aligned copy method (CopyMethod::LineAligned) and the one-launch
-//!    planner copying with that method; on sm_90
+//!    line-aligned copy method (CopyMethod::LineAligned), and at every point
+//!    the one-launch planner copying with that method; on sm_90
 //!    also the same two kernels with the copy launched the
 //!    ordinary way, after the plan kernel, instead of as its programmatic
 //!    dependent (what the dependent launch gains);
@@ -902,23 +902,25 @@ impl State {
         // The few-miss planner's copy kernel with its rows' passes aligned to
         // 128-byte host lines, where it moves anything: a point whose rows
         // miss more than the planner copies itself.
-        // And the one-launch planner copying every miss with its rows'
-        // passes aligned the same way.
         let few_miss_lines = match exec {
             Executor::Cuda(_) if misses.len() > FEW_MISS_INLINE as usize * q.batch as usize => {
-                Some((
-                    other_with(
-                        SwapInStrategy::FewMiss,
-                        CopyMethod::LineAligned,
-                        "few-miss planner, line-aligned copy",
-                    )?,
-                    other_with(
-                        SwapInStrategy::FewMissOneLaunch,
-                        CopyMethod::LineAligned,
-                        "few-miss planner, one launch, line-aligned copy",
-                    )?,
-                ))
+                Some(other_with(
+                    SwapInStrategy::FewMiss,
+                    CopyMethod::LineAligned,
+                    "few-miss planner, line-aligned copy",
+                )?)
             }
+            _ => None,
+        };
+        // The one-launch planner copying every miss with its rows' passes
+        // aligned the same way, at every point: its copies are the planning
+        // blocks' own, with 2 misses too.
+        let one_launch_lines = match exec {
+            Executor::Cuda(_) => Some(other_with(
+                SwapInStrategy::FewMissOneLaunch,
+                CopyMethod::LineAligned,
+                "few-miss planner, one launch, line-aligned copy",
+            )?),
             _ => None,
         };
         // Where the copy kernel is a programmatic dependent of the plan
@@ -1110,17 +1112,19 @@ impl State {
         if let Some(t) = few_miss {
             rows.push(row("", "kvtier swap-in, few-miss planner", t, false));
         }
-        if let Some((t, one)) = few_miss_lines {
+        if let Some(t) = few_miss_lines {
             rows.push(row(
                 "",
                 "kvtier swap-in, few-miss planner, line-aligned copy",
                 t,
                 false,
             ));
+        }
+        if let Some(t) = one_launch_lines {
             rows.push(row(
                 "",
                 "kvtier swap-in, few-miss planner, one launch, line-aligned copy",
-                one,
+                t,
                 false,
             ));
         }
