@@ -216,6 +216,96 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The decode step lays each committed model's trace out as SGLang's entry
+/// point for it does (the path from the trace's header): DeepSeek-V3.2's
+/// linear rows, DeepSeek-V4-Flash's C4 pages of 64 rows, MiniMax-M3's K and
+/// V planes of half the trace's 512 B item each. Its check reads every
+/// piece of a missed row on every plane where the layout puts it, so a
+/// replay whose kernels were given another layout stops; the JSON and the
+/// summary say which layout ran, so one back on a linear plane fails here.
+#[test]
+fn the_decode_step_lays_each_trace_out_as_its_sglang_path_does() {
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-decode-paths-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("d.jsonl");
+    let (ok, out, err) = kvtier(&[
+        "bench",
+        "--scenario",
+        "decode-step",
+        "--quick",
+        "--iters",
+        "2",
+        "--warmup",
+        "0",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (source, path, planes, page_rows, entry, said) in [
+        (
+            "dsv32-32k-b8",
+            "mla",
+            1,
+            1,
+            656,
+            "path mla, laid out as linear rows of 656 B;",
+        ),
+        (
+            "dsv4flash-32k-b8",
+            "dsv4-c4",
+            1,
+            64,
+            584,
+            "path dsv4-c4, laid out as DeepSeek-V4's C4 pages (64 rows of 576 B values and 8 B scales \
+             in separate runs, 37440 B a page);",
+        ),
+        (
+            "m3-32k-b8",
+            "m3-kv",
+            2,
+            1,
+            512,
+            "path m3-kv, laid out as two planes, K and V, of 256 B rows;",
+        ),
+    ] {
+        let mine: Vec<&serde_json::Value> = lines
+            .iter()
+            .filter(|l| l["scenario"] == "decode-step" && l["params"]["source"] == source)
+            .collect();
+        // 3 measured steps and all, kvtier's and the floor's line each
+        assert_eq!(mine.len(), 4 * 2, "{source}: {out}");
+        for l in mine {
+            let p = &l["params"];
+            assert_eq!(
+                (&p["path"], &p["planes"], &p["page_rows"], &p["entry"]),
+                (
+                    &serde_json::json!(path),
+                    &serde_json::json!(planes),
+                    &serde_json::json!(page_rows),
+                    &serde_json::json!(entry)
+                ),
+                "{source}: {l}"
+            );
+            // every plane's piece of every miss
+            assert_eq!(
+                l["bytes"].as_u64(),
+                Some(p["misses_total"].as_u64().unwrap() * entry),
+                "{l}"
+            );
+        }
+        assert!(
+            out.contains(&format!("decode-step {source}: {said}")),
+            "{source}: {out}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn the_engram_bench_refuses_more_ids_than_table_rows() {
     // the limit copies as many rows' bytes as there are ids: a table

@@ -10,12 +10,18 @@
 //!
 //! 1. kvtier's swap-ins of the step ([`DECODE_STEP_KVTIER_METHOD`]), and on
 //!    a GPU the same with `SwapInStrategy::FewMissOneLaunch`;
-//! 2. SGLang 0.5.23's own kernel on identical inputs (CUDA executor, with
-//!    `KVTIER_SGLANG_KERNELS`; top-k 2048 token queries at HOT 4096 or 8192,
-//!    the shapes its harness is built for), its page tables compared with
-//!    kvtier's;
-//! 3. the link's floor: each call's missed bytes in one contiguous copy, the
-//!    step's copies back to back (in a graph of their own).
+//! 2. SGLang 0.5.23's own kernel for the trace's path on identical inputs
+//!    (CUDA executor, with `KVTIER_SGLANG_KERNELS`, where its harness is
+//!    built for the shape: [`SglangKernels::serves_swap_in`]), its page
+//!    tables compared with kvtier's;
+//! 3. the link's floor: each call's missed bytes in one contiguous copy a
+//!    plane, the step's copies back to back (in a graph of their own).
+//!
+//! The rows lie as SGLang's entry point for the trace lays them out
+//! ([`SwapPath::of_trace`]): linear MLA rows (DeepSeek-V3.2), DeepSeek-V4's
+//! C4 pages (a value and a scale in separate runs of a 64-row page), or
+//! MiniMax-M3's K and V planes, on the host and on the device, so that
+//! kvtier's kernels and SGLang's address what they address in serving.
 //!
 //! Before that, untimed, every call of the step runs once with a miss plan,
 //! and each row's misses are compared with the trace's recorded outcome
@@ -35,13 +41,13 @@ use serde_json::json;
 
 use kvtier::trace::{TraceCall, TraceHeader, TraceReader, TraceRecipe, TraceShape, steps_of};
 use kvtier::{
-    Buf, BufMut, Executor, IndexBuf, KvBuffers, LayerFirstLayout, MissPlan, Pool, QueryKind,
-    Region, Stream, SwapInArgs, SwapInStrategy, Tier,
+    Buf, BufMut, Executor, IndexBuf, ItemLayout, KvBuffers, KvPlane, LayerFirstLayout, MissPlan,
+    Pool, QueryKind, Region, Stream, SwapInArgs, SwapInStrategy, Tier,
 };
 
 use super::sglang::SglangKernels;
-use super::swap_path::SwapPath;
-use super::{Bench, Clock, Measurement, Stats, Timing, count, invalid, row_pattern};
+use super::swap_path::{M3_BLOCK_TOKENS, SwapPath};
+use super::{Bench, Clock, Measurement, Stats, Timing, count, host_pattern, invalid};
 use crate::transfer::{self, Dir, ExecVec};
 
 pub(super) const SCENARIO: &str = "decode-step";
@@ -287,7 +293,17 @@ struct Replay<'b> {
     /// Query columns, and the entries a row resolves (columns × block tokens).
     cols: usize,
     entries: usize,
+    /// Bytes one miss moves over every plane (the trace's `item_bytes`).
     item: usize,
+    /// SGLang's entry point whose rows the trace's calls move, its row
+    /// layout, and a row's bytes on one plane.
+    path: SwapPath,
+    layout: ItemLayout,
+    row_bytes: usize,
+    /// Bytes of one plane of the host rows and of a device buffer, whole
+    /// pages (a device buffer holds its planes back to back).
+    host_plane_bytes: usize,
+    device_plane_bytes: usize,
     max_seq: usize,
     /// Positions at the first step (a recipe's context; a file's longest).
     context: usize,
@@ -410,10 +426,24 @@ impl<'b> Replay<'b> {
                 r.layers, r.header.index_topk_freq
             )
         };
+        // SGLang's kernel is given but has no line here: say why
+        let sglang_words = match sglang {
+            Some(_) if shared > 0 => {
+                "; SGLang's kernel: no harness replays shared-index layers".to_string()
+            }
+            Some(_) if !r.sglang_serves() => format!(
+                "; SGLang's {} kernel is built for {} only: no line of its own",
+                r.path.name(),
+                SglangKernels::swap_in_shapes(r.path)
+            ),
+            _ => String::new(),
+        };
         let said = format!(
-            "\ndecode-step {}: replayed {} ({} warm-up), {total} misses in all; {checked_words}{shared_words}; bucket {} \
-             for {}; {} distinct device buffer(s) for {} layers; {} host rows{}",
+            "\ndecode-step {}: path {}, laid out as {}{sglang_words}; replayed {} ({} warm-up), {total} misses in all; \
+             {checked_words}{shared_words}; bucket {} for {}; {} distinct device buffer(s) for {} layers; {} host rows{}",
             r.name,
+            r.path.name(),
+            r.layout_words(),
             count(steps as u64, "step", "steps"),
             warm,
             r.bucket,
@@ -460,13 +490,35 @@ impl<'b> Replay<'b> {
                 format!("the trace's items are {item} B: the swap-in moves multiples of 8 B"),
             ));
         }
+        let path = SwapPath::of_trace(header.block_tokens, item as u64);
+        let planes = path.planes();
+        let row_bytes = item / planes;
+        if !row_bytes.is_multiple_of(8) {
+            return Err(invalid(
+                "--trace",
+                format!(
+                    "the trace's items are {item} B of K and V: each plane's {row_bytes} B is not a multiple of 8 B"
+                ),
+            ));
+        }
+        let layout = path.layout(row_bytes as u32)?;
+        debug_assert_eq!(layout.item_bytes() as usize * planes, item);
+        let (per_page, page_bytes) = (
+            layout.rows_per_page() as usize,
+            layout.page_bytes() as usize,
+        );
         let rows = requests.max(1) as usize;
         let bucket = bucket_of(rows as u32)? as usize;
         let max_seq = shape.max_seq.max(1) as usize;
-        // host rows: the pool budget, at most every (row, position)
+        // host rows: the pool budget in whole pages of every plane, at most
+        // every (row, position)
         let budget = b.pool_budget()?;
-        let host_rows = ((budget / item as u64) as usize).clamp(1, rows * max_seq);
-        let per_device = rows * (hot + 1) * item;
+        let budget_pages = ((budget / (page_bytes * planes) as u64) as usize).max(1);
+        let host_rows = (budget_pages * per_page).min(rows * max_seq);
+        let host_pages = host_rows.div_ceil(per_page);
+        let host_plane_bytes = host_pages * page_bytes;
+        let device_plane_bytes = (rows * (hot + 1)).div_ceil(per_page) * page_bytes;
+        let per_device = planes * device_plane_bytes;
         let device_budget: u64 = match exec {
             Executor::Cpu => 1 << 30,
             Executor::Cuda(dev) => dev
@@ -479,17 +531,38 @@ impl<'b> Replay<'b> {
         let host_locs: Vec<i64> = (0..rows * max_seq)
             .map(|i| (i % host_rows) as i64)
             .collect();
-        let layout = LayerFirstLayout::new(item as u32, 1, host_rows as u32)?;
-        let pool = Pool::create(layout, b.pool_device(Pool::device_bytes_for(&layout, 1)?))?;
+        // The host rows in the pool: a layer a plane, an entry a page (a
+        // linear layout's page is one row), as SGLang's host pools lay them
+        // out, each row's pieces filled with its plane's pattern.
+        let pool_layout = LayerFirstLayout::new(
+            u32::try_from(page_bytes)
+                .map_err(|_| invalid("--trace", format!("{item} B items are too large")))?,
+            planes as u32,
+            host_pages as u32,
+        )?;
+        let pool = Pool::create(
+            pool_layout,
+            b.pool_device(Pool::device_bytes_for(&pool_layout, 1)?),
+        )?;
         let region = pool.alloc_region()?;
-        let chunk = 4096usize;
-        let mut bytes = vec![0u8; chunk * item];
-        for first in (0..host_rows).step_by(chunk) {
-            let n = chunk.min(host_rows - first);
-            for (i, row) in bytes.chunks_mut(item).take(n).enumerate() {
-                row.fill(row_pattern(first + i));
+        let chunk = (4096 / per_page).max(1);
+        let mut bytes = vec![0u8; chunk * page_bytes];
+        for plane in 0..planes {
+            for first in (0..host_pages).step_by(chunk) {
+                let n = chunk.min(host_pages - first);
+                for row in first * per_page..(first + n) * per_page {
+                    for (at, len) in layout.pieces(row as u64) {
+                        let at = at as usize - first * page_bytes;
+                        bytes[at..at + len].fill(host_pattern(plane, row));
+                    }
+                }
+                pool.write_tokens(
+                    &region,
+                    plane as u32,
+                    first as u32,
+                    &bytes[..n * page_bytes],
+                )?;
             }
-            pool.write_tokens(&region, 0, first as u32, &bytes[..n * item])?;
         }
         let mut tier = Tier::new(pool.clone(), exec.clone(), 1)?;
         tier.enable_swap_in(bucket as u32, entries as u32)?;
@@ -524,6 +597,11 @@ impl<'b> Replay<'b> {
             cols,
             entries,
             item,
+            path,
+            layout,
+            row_bytes,
+            host_plane_bytes,
+            device_plane_bytes,
             max_seq,
             context: match source {
                 Source::Recipe(r) => r.spec.context as usize,
@@ -642,7 +720,6 @@ impl<'b> Replay<'b> {
     unsafe fn args(&self, l: usize, host_cache: u64, plan: bool) -> SwapInArgs<'_> {
         let (p, k, e, h) = (self.bucket, self.cols, self.entries, self.hot);
         let loc = self.b.exec.location();
-        let dev = &self.device[l % self.device_buffers];
         // SAFETY: per this function's contract; every range is inside its buffer.
         unsafe {
             SwapInArgs {
@@ -670,12 +747,7 @@ impl<'b> Replay<'b> {
                 host_cache_locs: Buf::from_raw(self.host_locs.addr(), self.host_locs.len(), loc),
                 host_stride: self.max_seq,
                 max_tokens: self.max_seq as u32,
-                kv: KvBuffers::linear(
-                    self.item as u32,
-                    Buf::from_raw(host_cache, self.host_rows * self.item, loc),
-                    BufMut::from_raw(dev.addr(), dev.len(), loc),
-                )
-                .expect("items are multiples of 8"),
+                kv: self.kv(l, host_cache),
                 top_k_device_locs: BufMut::from_raw(
                     self.out.addr() + (l * p * e * 4) as u64,
                     p * e,
@@ -713,6 +785,36 @@ impl<'b> Replay<'b> {
                     count: BufMut::from_raw(self.plan_count.addr() + (l * p * 4) as u64, p, loc),
                 }),
             }
+        }
+    }
+
+    /// Layer `l`'s KV rows as the trace's path lays them out: the pool's
+    /// planes on the host, the planes of the layer's device buffer.
+    ///
+    /// # Safety
+    /// As for [`Replay::args`].
+    unsafe fn kv(&self, l: usize, host_cache: u64) -> KvBuffers<'_> {
+        let loc = self.b.exec.location();
+        let dev = &self.device[l % self.device_buffers];
+        // SAFETY: per this function's contract; each plane is inside its buffer.
+        let plane = |p: usize| unsafe {
+            KvPlane {
+                host: Buf::from_raw(
+                    host_cache + (p * self.host_plane_bytes) as u64,
+                    self.host_plane_bytes,
+                    loc,
+                ),
+                device: BufMut::from_raw(
+                    dev.addr() + (p * self.device_plane_bytes) as u64,
+                    self.device_plane_bytes,
+                    loc,
+                ),
+            }
+        };
+        KvBuffers {
+            layout: self.layout,
+            k: plane(0),
+            v: (self.path.planes() == 2).then(|| plane(1)),
         }
     }
 
@@ -802,21 +904,28 @@ impl<'b> Replay<'b> {
     }
 
     /// Checks that layer `l`'s device rows of `misses` (host row, device
-    /// row) hold their host rows' bytes.
+    /// row) hold their host rows' bytes, every piece on every plane (where
+    /// the layout the host was filled in is not the one the kernels were
+    /// given, the pieces land elsewhere and this fails).
     fn verify(&self, s: usize, l: usize, misses: Option<[(i64, i32); 2]>) -> kvtier::Result<()> {
         let dev = &self.device[l % self.device_buffers];
         for (from, to) in misses.into_iter().flatten() {
-            let want = row_pattern(from as usize);
-            if dev
-                .read(to as usize * self.item, self.item)?
-                .iter()
-                .any(|&x| x != want)
-            {
-                return Err(kvtier::Error::Pool(format!(
-                    "benchmark self-check failed: decode-step {} step {s} layer {l}: device row {to} does not \
-                     hold host row {from}",
-                    self.name
-                )));
+            for plane in 0..self.path.planes() {
+                let want = host_pattern(plane, from as usize);
+                for (at, len) in self.layout.pieces(to as u64) {
+                    let at = plane * self.device_plane_bytes + at as usize;
+                    if len > 0 && dev.read(at, len)?.iter().any(|&x| x != want) {
+                        let which = match self.path.planes() {
+                            1 => String::new(),
+                            _ => format!(" of plane {}", ["K", "V"][plane]),
+                        };
+                        return Err(kvtier::Error::Pool(format!(
+                            "benchmark self-check failed: decode-step {} step {s} layer {l}: device row {to}{which} \
+                             does not hold host row {from}",
+                            self.name
+                        )));
+                    }
+                }
             }
         }
         Ok(())
@@ -835,7 +944,6 @@ impl<'b> Replay<'b> {
     ) -> kvtier::PlannedCopyArgs<'_> {
         let (p, e) = (self.bucket, self.entries);
         let loc = self.b.exec.location();
-        let dev = &self.device[shared % self.device_buffers];
         // SAFETY: per this function's contract; every range is inside its buffer.
         unsafe {
             kvtier::PlannedCopyArgs {
@@ -857,12 +965,7 @@ impl<'b> Replay<'b> {
                     1,
                     loc,
                 )),
-                kv: KvBuffers::linear(
-                    self.item as u32,
-                    Buf::from_raw(host_cache, self.host_rows * self.item, loc),
-                    BufMut::from_raw(dev.addr(), dev.len(), loc),
-                )
-                .expect("items are multiples of 8"),
+                kv: self.kv(shared, host_cache),
                 skip_io: false,
             }
         }
@@ -994,15 +1097,7 @@ impl<'b> Replay<'b> {
         // SGLang's kernel, where its harness takes the shape
         let theirs = match (sglang, exec) {
             // (a shared-index trace's replays have no SGLang harness here)
-            (Some(k), Executor::Cuda(dev))
-                if !shared_index
-                    && this.header.block_tokens == 0
-                    && SglangKernels::serves_swap_in(
-                        SwapPath::Mla,
-                        this.cols as u32,
-                        this.hot as u32,
-                    ) =>
-            {
+            (Some(k), Executor::Cuda(dev)) if !shared_index && this.sglang_serves() => {
                 let mut engine = kvtier::SwapInEngine::new(exec.clone())?;
                 engine.reserve(this.bucket as u32, this.entries as u32)?;
                 let params = calls
@@ -1016,7 +1111,7 @@ impl<'b> Replay<'b> {
                 let launch_all = |st: Stream| -> kvtier::Result<()> {
                     for p in &params {
                         // SAFETY: parameters checked for device buffers alive until after the timing.
-                        unsafe { k.swap_in(SwapPath::Mla, p, st)? };
+                        unsafe { k.swap_in(this.path, p, st)? };
                     }
                     Ok(())
                 };
@@ -1047,10 +1142,12 @@ impl<'b> Replay<'b> {
             }
             _ => None,
         };
-        // the floor: each call's missed bytes in one contiguous copy
+        // the floor: each call's missed bytes in one contiguous copy a plane
+        // (a C4 row's value and scale together: a plane's host and device
+        // rows hold the misses' bytes, whatever their layout, in whole pages)
         let host_base = this.pool.region_host_addr(&this.region)?;
         // (a shared-index layer moves its anchor's misses again)
-        let copies: Vec<(u64, usize)> = outcome
+        let copies: Vec<(u64, u64, usize)> = outcome
             .calls
             .iter()
             .flat_map(|&(layer, _, m)| {
@@ -1059,23 +1156,24 @@ impl<'b> Replay<'b> {
                     .chain(this.shared_after(l))
                     .map(move |x| (x, m))
             })
-            .map(|(l, m)| {
-                let dev = &this.device[l % this.device_buffers];
-                (
-                    dev.addr(),
-                    (m as usize * this.item)
-                        .min(dev.len())
-                        .min(this.host_rows * this.item),
-                )
+            .flat_map(|(l, m)| {
+                let dev = this.device[l % this.device_buffers].addr();
+                (0..this.path.planes()).map(move |p| {
+                    (
+                        host_base + (p * this.host_plane_bytes) as u64,
+                        dev + (p * this.device_plane_bytes) as u64,
+                        (m as usize * this.row_bytes)
+                            .min(this.device_plane_bytes)
+                            .min(this.host_plane_bytes),
+                    )
+                })
             })
-            .filter(|&(_, bytes)| bytes > 0)
+            .filter(|&(_, _, bytes)| bytes > 0)
             .collect();
         let floor_calls = |st: Stream| -> kvtier::Result<()> {
-            for &(dst, bytes) in &copies {
-                // SAFETY: the pool's registered rows and a device buffer, each at least `bytes` long.
-                unsafe {
-                    transfer::contiguous(exec, Dir::HostToDevice, host_base, dst, bytes, st)?
-                };
+            for &(src, dst, bytes) in &copies {
+                // SAFETY: a plane of the pool's registered rows and of a device buffer, each at least `bytes` long.
+                unsafe { transfer::contiguous(exec, Dir::HostToDevice, src, dst, bytes, st)? };
             }
             Ok(())
         };
@@ -1099,7 +1197,8 @@ impl<'b> Replay<'b> {
         let rows: usize = outcome.calls.iter().map(|c| c.1).sum();
         let batch = outcome.calls.iter().map(|c| c.1).max().unwrap_or(0);
         let params = self.params(json!(s), 1, calls.len(), batch, rows, misses);
-        // the bytes moved: every call's misses, and its shared layers' again
+        // the bytes moved: every call's misses (every plane's piece of each),
+        // and its shared layers' again
         let moved: u64 = outcome
             .calls
             .iter()
@@ -1296,6 +1395,28 @@ impl<'b> Replay<'b> {
         Ok([alone, ordered, forked])
     }
 
+    /// Whether SGLang's kernel for the trace's path is built for its shape
+    /// (its M3 entry point also fixes the block at MiniMax-M3's 128 tokens).
+    fn sglang_serves(&self) -> bool {
+        (self.path != SwapPath::M3Kv || self.header.block_tokens == M3_BLOCK_TOKENS)
+            && SglangKernels::serves_swap_in(self.path, self.cols as u32, self.hot as u32)
+    }
+
+    /// How the rows lie, in words for the run's summary.
+    fn layout_words(&self) -> String {
+        match self.path {
+            SwapPath::Mla => format!("linear rows of {} B", self.row_bytes),
+            SwapPath::Dsv4C4 => format!(
+                "DeepSeek-V4's C4 pages ({} rows of {} B values and {} B scales in separate runs, {} B a page)",
+                self.layout.rows_per_page(),
+                ItemLayout::DSV4_VALUE_BYTES,
+                ItemLayout::DSV4_SCALE_BYTES,
+                self.layout.page_bytes()
+            ),
+            SwapPath::M3Kv => format!("two planes, K and V, of {} B rows", self.row_bytes),
+        }
+    }
+
     fn params(
         &self,
         step: serde_json::Value,
@@ -1305,14 +1426,20 @@ impl<'b> Replay<'b> {
         rows: usize,
         misses: u64,
     ) -> Vec<(&'static str, serde_json::Value)> {
+        // `entry` is the bytes a miss moves over every plane (the trace's
+        // item_bytes, as in earlier results); `path`, `planes` and
+        // `page_rows` say how the rows lie
         vec![
             ("model", json!(self.model)),
             ("selections", json!(self.selections)),
             ("source", json!(self.name)),
+            ("path", json!(self.path.name())),
             ("context", json!(self.context)),
             ("hot", json!(self.hot)),
             ("k", json!(self.entries)),
             ("entry", json!(self.item)),
+            ("planes", json!(self.path.planes())),
+            ("page_rows", json!(self.layout.rows_per_page())),
             ("batch", json!(batch)),
             ("bucket", json!(self.bucket)),
             ("step", step),
@@ -1459,6 +1586,27 @@ mod tests {
         );
         assert!(bucket_of(513).is_err());
         assert_eq!(decode_buckets(100).last(), Some(&100));
+    }
+
+    /// Each committed recipe's header picks the path of the model it names
+    /// (the header itself names none).
+    #[test]
+    fn each_committed_recipe_takes_its_models_path() {
+        for (name, text) in RECIPES {
+            let r = TraceRecipe::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let h = kvtier::trace::synth_header(&r.spec).unwrap();
+            let want = match r.model.as_str() {
+                "deepseek-v3.2" => SwapPath::Mla,
+                "deepseek-v4-flash" => SwapPath::Dsv4C4,
+                "minimax-m3" => SwapPath::M3Kv,
+                m => panic!("{name}: a model this test does not know: {m}"),
+            };
+            assert_eq!(
+                SwapPath::of_trace(h.block_tokens, h.item_bytes),
+                want,
+                "{name}"
+            );
+        }
     }
 
     /// Every committed recipe parses, names its model and calibration, and

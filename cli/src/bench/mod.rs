@@ -422,6 +422,12 @@ pub(super) fn row_pattern(row: usize) -> u8 {
     (row.wrapping_mul(2_654_435_761) >> 7) as u8
 }
 
+/// The byte every piece of host row `row` holds on plane `plane` (a V row
+/// differs from its K row, so that a plane copied from the other shows).
+pub(super) fn host_pattern(plane: usize, row: usize) -> u8 {
+    row_pattern(row) ^ (plane as u8).wrapping_mul(0x5a)
+}
+
 /// A method's name for the executor it ran on.
 pub(super) fn named(exec: &Executor, cpu: &'static str, cuda: &'static str) -> &'static str {
     match exec {

@@ -59,14 +59,8 @@ use kvtier::{
 };
 
 use super::sglang::SglangKernels;
-use super::{Bench, Clock, Measurement, Stats, Timing, count, invalid, named, row_pattern};
+use super::{Bench, Clock, Measurement, Stats, Timing, count, host_pattern, invalid, named};
 use crate::transfer::{self, Dir, ExecVec, Staging};
-
-/// The byte every piece of host row `row` holds on plane `plane` (a V row
-/// differs from its K row, so that a plane copied from the other shows).
-fn host_pattern(plane: usize, row: usize) -> u8 {
-    row_pattern(row) ^ (plane as u8).wrapping_mul(0x5a)
-}
 
 use super::swap_path::SwapPath;
 

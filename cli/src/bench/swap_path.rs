@@ -1,6 +1,7 @@
 //! Which of SGLang's single-step swap-in entry points the swap-in scenario
-//! lays its rows and queries out for (`--swap-path`): read by the scenario
-//! and by the loader of SGLang's kernels, so a module of its own.
+//! lays its rows and queries out for (`--swap-path`), and the decode step
+//! for a trace (from its header): read by both scenarios and by the loader
+//! of SGLang's kernels, so a module of its own.
 
 use kvtier::{ItemLayout, QueryKind};
 
@@ -77,6 +78,23 @@ impl SwapPath {
             SwapPath::Dsv4C4 => Ok(vec![ItemLayout::dsv4_c4().item_bytes()]),
             // bf16 K (or V) of the one KV head of 128 a rank holds
             SwapPath::M3Kv => b.entries(&["256"]),
+        }
+    }
+
+    /// The path a trace's calls take, from its header's query kind and the
+    /// bytes a miss moves over every plane (`item`). The header names no
+    /// model (a recorded file carries none), so the rule rests on what it
+    /// does carry: a block query is only MiniMax-M3's MHA entry point (K and
+    /// V, `item` both together), and among token queries only DeepSeek-V4's
+    /// C4 rows move 584 B (576 B of value and 8 B of scale); every other
+    /// token trace is linear MLA rows.
+    pub(super) fn of_trace(block_tokens: u32, item: u64) -> SwapPath {
+        if block_tokens > 0 {
+            SwapPath::M3Kv
+        } else if item == u64::from(ItemLayout::dsv4_c4().item_bytes()) {
+            SwapPath::Dsv4C4
+        } else {
+            SwapPath::Mla
         }
     }
 
