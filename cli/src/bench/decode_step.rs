@@ -8,8 +8,10 @@
 //! graph runner fills them). Per measured step, from the same state
 //! restored untimed before every replay:
 //!
-//! 1. kvtier's swap-ins of the step ([`DECODE_STEP_KVTIER_METHOD`]), and on
-//!    a GPU the same with `SwapInStrategy::FewMissOneLaunch`;
+//! 1. kvtier's swap-ins of the step ([`DECODE_STEP_KVTIER_METHOD`]) with the
+//!    strategy `Tier::swap_in` takes for the batch and GPU (the JSON's
+//!    `strategy`), and on a GPU the same with the other of the two it
+//!    chooses between (`FewMiss`, `FewMissOneLaunch`);
 //! 2. SGLang 0.5.23's own kernel for the trace's path on identical inputs
 //!    (CUDA executor, with `KVTIER_SGLANG_KERNELS`, where its harness is
 //!    built for the shape: [`SglangKernels::serves_swap_in`]), its page
@@ -58,8 +60,8 @@ pub(super) const SCENARIO: &str = "decode-step";
 pub(crate) const DECODE_STEP_KVTIER_METHOD: &str = "kvtier: the step's swap-ins";
 const KVTIER_GRAPH: &str = "kvtier: the step's swap-ins (CUDA graph)";
 const KVTIER_CPU: &str = "kvtier: the step's swap-ins (CPU executor)";
-/// Beside the default's graph (`SwapInStrategy::default_for` the GPU and
-/// the bucket), the other of the two the default chooses between: the
+/// Beside the default's graph (`Tier::default_swap_in_strategy`: the GPU
+/// and the bucket), the other of the two the default chooses between: the
 /// few-miss planner copying every miss itself (one launch a layer; each
 /// request's copy starts when its own plan is done), or the few-miss planner
 /// and its copy kernel.
@@ -1068,13 +1070,16 @@ impl<'b> Replay<'b> {
             same_tables(what)?;
             Ok(t)
         };
+        // the strategy Tier::swap_in takes for these calls (one batch size
+        // and shape for every layer of the trace)
+        let chosen = {
+            let first = calls.first().map_or(0, |c| c.layer as usize);
+            // SAFETY: the replay's buffers, alive for the call.
+            let a = unsafe { this.args(first, host_cache, false) };
+            this.tier.default_swap_in_strategy(&a)?
+        };
         let (kv, kv_method, one_launch) = match exec {
             Executor::Cuda(dev) => {
-                let (major, minor) = dev.compute_capability();
-                let chosen = SwapInStrategy::default_for(
-                    u32::try_from(major * 10 + minor).ok(),
-                    this.bucket,
-                );
                 let (other, label) = if chosen == SwapInStrategy::FewMissOneLaunch {
                     (SwapInStrategy::FewMiss, KVTIER_FEW_MISS)
                 } else {
@@ -1087,7 +1092,7 @@ impl<'b> Replay<'b> {
                 )
             }
             Executor::Cpu => {
-                let calls = |st| calls_with(SwapInStrategy::DEFAULT, st);
+                let calls = |st| calls_with(chosen, st);
                 let t = b.time(&clock, Timing::Device, reset, calls)?;
                 this.tier.check(clock.stream())?;
                 same_tables("kvtier's graph")?;
@@ -1196,7 +1201,9 @@ impl<'b> Replay<'b> {
         let misses: u64 = outcome.calls.iter().map(|c| c.2).sum();
         let rows: usize = outcome.calls.iter().map(|c| c.1).sum();
         let batch = outcome.calls.iter().map(|c| c.1).max().unwrap_or(0);
-        let params = self.params(json!(s), 1, calls.len(), batch, rows, misses);
+        let mut params = self.params(json!(s), 1, calls.len(), batch, rows, misses);
+        // what kvtier's row ran: the default for this batch and GPU
+        params.push(("strategy", json!(format!("{chosen:?}"))));
         // the bytes moved: every call's misses (every plane's piece of each),
         // and its shared layers' again
         let moved: u64 = outcome
