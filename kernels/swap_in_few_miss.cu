@@ -488,13 +488,14 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_512_THREADS, 2)
 // the block copies moved as KVT_COPY_LINE_ALIGNED: what the launcher runs for
 // KVT_SWAP_COPY_IN_PLAN with KVT_SWAP_COPY_LINES (the one-launch few-miss
 // strategies with CopyMethod::LineAligned). The same contract, reads, writes
-// and reports. Why: on an H100 (bench/results/h100-2026-11-27b) the copy
-// kernel's line-aligned passes moved hundreds of 656-byte misses a row 3-5 %
-// faster than warp vectors, where the one-launch planner, copying with warp
-// vectors, was the slower of the two (and the faster with 2 misses, a launch
-// fewer). Whether these builds keep both, with one vector a lane in flight
-// (two passes of a 656-byte row where warp vectors take one), is the GPU's
-// to say: they have run only under the kernel emulator.
+// and reports. Why: on an H100 (bench/results/h100-2026-11-27b), with
+// 274 or 410 misses of 656 bytes a row at batch 10 to 256, the few-miss
+// planner with the line-aligned copy kernel took 1.4-6.5 % less time than
+// the one-launch planner copying with warp vectors, and one launch less
+// with 2 misses (a launch fewer). Whether these builds keep both, with one
+// vector a lane in flight (two passes of a 656-byte row where warp vectors
+// take one), is the GPU's to say: they have run only under the kernel
+// emulator.
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     kvt_swap_in_few_miss_lines_plan(const kvt_swap_in_params p) {
     kvt::swap::few::plan<kvt::swap::few::Wide, true>(p);
