@@ -483,11 +483,12 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_512_THREADS, 2)
     kvt::swap::few::plan<kvt::swap::few::Narrow>(p);
 }
 
-// kvt_swap_in_few_miss_lines_plan, kvt_swap_in_few_miss_512_lines_plan —
-// kvt_swap_in_few_miss_plan and kvt_swap_in_few_miss_512_plan with every miss
+// kvt_swap_in_few_miss_lines_plan — kvt_swap_in_few_miss_plan with every miss
 // the block copies moved as KVT_COPY_LINE_ALIGNED: what the launcher runs for
-// KVT_SWAP_COPY_IN_PLAN with KVT_SWAP_COPY_LINES (the one-launch few-miss
-// strategies with CopyMethod::LineAligned). The same contract, reads, writes
+// KVT_SWAP_COPY_IN_PLAN with KVT_SWAP_COPY_LINES on this planner
+// (SwapInStrategy::FewMissOneLaunch with CopyMethod::LineAligned; the
+// 512-thread planner, slower on an H100, has no such build: each planner
+// build adds about 0.7 MB to the wheel). The same contract, reads, writes
 // and reports. Why: on an H100 (bench/results/h100-2026-11-27b), with
 // 274 or 410 misses of 656 bytes a row at batch 10 to 256, the few-miss
 // planner with the line-aligned copy kernel took 1.4-6.5 % less time than
@@ -499,8 +500,4 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_512_THREADS, 2)
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     kvt_swap_in_few_miss_lines_plan(const kvt_swap_in_params p) {
     kvt::swap::few::plan<kvt::swap::few::Wide, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_512_THREADS, 2)
-    kvt_swap_in_few_miss_512_lines_plan(const kvt_swap_in_params p) {
-    kvt::swap::few::plan<kvt::swap::few::Narrow, true>(p);
 }

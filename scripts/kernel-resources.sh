@@ -23,7 +23,7 @@ threads_of() {  # the kernel's block size (src/cuda/kernels.rs)
     kvt_swap_in_compact_plan) grep -oP 'KVT_SWAP_COMPACT_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_swap_in_plan) grep -oP 'KVT_SWAP_PLAN_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_swap_in_few_miss_plan|kvt_swap_in_few_miss_lines_plan) grep -oP 'KVT_SWAP_FEW_MISS_THREADS \K[0-9]+' kernels/abi.h ;;
-    kvt_swap_in_few_miss_512_plan|kvt_swap_in_few_miss_512_lines_plan) grep -oP 'KVT_SWAP_FEW_MISS_512_THREADS \K[0-9]+' kernels/abi.h ;;
+    kvt_swap_in_few_miss_512_plan) grep -oP 'KVT_SWAP_FEW_MISS_512_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_spec_swap_in) grep -oP 'KVT_SPEC_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_error_take) echo 32 ;;
     *) echo 256 ;;
@@ -73,4 +73,4 @@ for line in open(sys.argv[2]):
       "$blocks" "$threads" "$instrs"
   done
 done
-echo "smem_B is static shared memory; kvt_swap_in_plan, the few-miss planners (kvt_swap_in_few_miss_plan, kvt_swap_in_few_miss_512_plan and their _lines_ builds), kvt_swap_in_compact_plan and kvt_swap_in_copy also take dynamic shared memory sized per call (src/swap_in/cuda.rs), kvt_spec_swap_in KVT_SPEC_SMEM_BYTES (kernels/abi.h)."
+echo "smem_B is static shared memory; kvt_swap_in_plan, the few-miss planners (kvt_swap_in_few_miss_plan, its _lines_ build, kvt_swap_in_few_miss_512_plan), kvt_swap_in_compact_plan and kvt_swap_in_copy also take dynamic shared memory sized per call (src/swap_in/cuda.rs), kvt_spec_swap_in KVT_SPEC_SMEM_BYTES (kernels/abi.h)."

@@ -1006,17 +1006,13 @@ fn emulate_swap(
     let mut reports = Vec::new();
     if batch > 0 {
         // The kernel the launch picks: the compact or few-miss planner
-        // where the argument checks asked for it (the few-miss planners'
-        // line-aligned builds copying every miss with that method).
+        // where the argument checks asked for it (the 1024-thread few-miss
+        // planner's line-aligned build copying every miss with that method).
         let lines = p.flags & kvtier::abi::KVT_SWAP_COPY_IN_PLAN != 0
             && p.flags & kvtier::abi::KVT_SWAP_COPY_LINES != 0;
         let (plan, threads, smem) = if p.flags & kvtier::abi::KVT_SWAP_FEW_MISS_512 != 0 {
             (
-                if lines {
-                    &b"kvt_emu_swap_in_few_miss_512_lines_plan"[..]
-                } else {
-                    &b"kvt_emu_swap_in_few_miss_512_plan"[..]
-                },
+                &b"kvt_emu_swap_in_few_miss_512_plan"[..],
                 kvtier::abi::KVT_SWAP_FEW_MISS_512_THREADS,
                 kvtier::swap_in::few_miss_512_smem_bytes(e as u32, case.hot as u32),
             )

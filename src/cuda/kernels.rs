@@ -222,10 +222,9 @@ pub enum Kernel {
     GatherMergedRuns = 13,
     WritebackMergedRuns = 14,
     SwapInFewMissLinesPlan = 15,
-    SwapInFewMiss512LinesPlan = 16,
 }
 
-const KERNELS: usize = 17;
+const KERNELS: usize = 16;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -245,7 +244,6 @@ impl Kernel {
         Kernel::GatherMergedRuns,
         Kernel::WritebackMergedRuns,
         Kernel::SwapInFewMissLinesPlan,
-        Kernel::SwapInFewMiss512LinesPlan,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -267,7 +265,6 @@ impl Kernel {
             Kernel::GatherMergedRuns => "kvt_gather_merged_runs",
             Kernel::WritebackMergedRuns => "kvt_writeback_merged_runs",
             Kernel::SwapInFewMissLinesPlan => "kvt_swap_in_few_miss_lines_plan",
-            Kernel::SwapInFewMiss512LinesPlan => "kvt_swap_in_few_miss_512_lines_plan",
         }
     }
 
@@ -280,9 +277,7 @@ impl Kernel {
                 crate::abi::KVT_SWAP_FEW_MISS_THREADS
             }
             Kernel::SwapInCompactPlan => crate::abi::KVT_SWAP_COMPACT_THREADS,
-            Kernel::SwapInFewMiss512Plan | Kernel::SwapInFewMiss512LinesPlan => {
-                crate::abi::KVT_SWAP_FEW_MISS_512_THREADS
-            }
+            Kernel::SwapInFewMiss512Plan => crate::abi::KVT_SWAP_FEW_MISS_512_THREADS,
             Kernel::ErrorTake => 32,
             _ => BLOCK_THREADS,
         }
@@ -299,7 +294,6 @@ impl Kernel {
                 | Kernel::SwapInCompactPlan
                 | Kernel::SwapInFewMiss512Plan
                 | Kernel::SwapInFewMissLinesPlan
-                | Kernel::SwapInFewMiss512LinesPlan
         )
     }
 }

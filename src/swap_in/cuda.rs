@@ -139,15 +139,13 @@ pub(super) unsafe fn launch(
     }
     // The argument checks asked for the few-miss planner only where its
     // state fits this GPU's shared memory. Copying every miss with the
-    // line-aligned method, the few-miss planners' line-aligned builds.
+    // line-aligned method, the 1024-thread few-miss planner's line-aligned
+    // build (the 512-thread one has none: slower than the 1024-thread one
+    // on an H100, not worth the library's size).
     let lines = p.flags & KVT_SWAP_COPY_IN_PLAN != 0 && p.flags & KVT_SWAP_COPY_LINES != 0;
     let (kernel, threads, smem) = if p.flags & KVT_SWAP_FEW_MISS_512 != 0 {
         (
-            if lines {
-                Kernel::SwapInFewMiss512LinesPlan
-            } else {
-                Kernel::SwapInFewMiss512Plan
-            },
+            Kernel::SwapInFewMiss512Plan,
             KVT_SWAP_FEW_MISS_512_THREADS,
             few_miss_512_smem_bytes(p.entries, p.hot),
         )

@@ -563,12 +563,12 @@ impl SwapInEngine {
     /// `copy`'s method ([`CopyMethod`]; `run` and `run_with` use
     /// `WarpVectors`). The rows a planning block copies beside the copy
     /// kernel (at most [`FEW_MISS_INLINE`] misses) move as `WarpVectors`
-    /// under every method: the latency regime, a pass or two of a warp. The
-    /// few-miss planners copying every miss themselves (`FewMissOneLaunch`,
-    /// `FewMiss512OneLaunch`) take the method for those copies (`MergedRuns`
-    /// as `LineAligned`: a row's misses are seldom neighbours in the pool);
-    /// the other strategies with no copy kernel (`OneBlockPerRequest`,
-    /// `CompactOneLaunch`) move every row as `WarpVectors`. The CPU executor
+    /// under every method: the latency regime, a pass or two of a warp.
+    /// `FewMissOneLaunch`, copying every miss in its planning blocks, takes
+    /// the method for those copies (`MergedRuns` as `LineAligned`: a row's
+    /// misses are seldom neighbours in the pool); the other strategies with
+    /// no copy kernel (`OneBlockPerRequest`, `CompactOneLaunch`,
+    /// `FewMiss512OneLaunch`) move every row as `WarpVectors`. The CPU executor
     /// has one way.
     pub fn run_with_copy(
         &self,
