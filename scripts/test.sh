@@ -63,7 +63,7 @@ KVTIER_COMMIT=$(git rev-parse HEAD 2>/dev/null || true) \
 echo "== kvtier bench --scenario decode-step --replay-only (every committed trace recipe regenerated, each step replayed and every row's misses checked against its recorded outcome; about 4 minutes)"
 cargo run --release --locked --quiet -- bench --scenario decode-step --replay-only --executor cpu --pool-memory 512MiB \
   | tee target/decode-step-replay.log
-replayed=$(grep -c '^decode-step .*: replayed' target/decode-step-replay.log || true)
+replayed=$(grep -c '^decode-step [^:]*: .*replayed [0-9]* steps' target/decode-step-replay.log || true)
 committed=$(ls bench/traces/*.json | wc -l)
 if [ "$replayed" != "$committed" ]; then
   echo "decode-step replayed $replayed traces, bench/traces/ holds $committed" >&2
