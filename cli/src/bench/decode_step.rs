@@ -43,8 +43,8 @@ use serde_json::json;
 
 use kvtier::trace::{TraceCall, TraceHeader, TraceReader, TraceRecipe, TraceShape, steps_of};
 use kvtier::{
-    Buf, BufMut, Executor, IndexBuf, ItemLayout, KvBuffers, KvPlane, LayerFirstLayout, MissPlan,
-    Pool, QueryKind, Region, Stream, SwapInArgs, SwapInStrategy, Tier,
+    Buf, BufMut, Executor, IndexBuf, ItemLayout, KvBuffers, KvPlane, MissPlan, Pool, QueryKind,
+    Region, Stream, SwapInArgs, SwapInStrategy, Tier,
 };
 
 use super::sglang::SglangKernels;
@@ -536,36 +536,10 @@ impl<'b> Replay<'b> {
         // The host rows in the pool: a layer a plane, an entry a page (a
         // linear layout's page is one row), as SGLang's host pools lay them
         // out, each row's pieces filled with its plane's pattern.
-        let pool_layout = LayerFirstLayout::new(
-            u32::try_from(page_bytes)
-                .map_err(|_| invalid("--trace", format!("{item} B items are too large")))?,
-            planes as u32,
-            host_pages as u32,
-        )?;
-        let pool = Pool::create(
-            pool_layout,
-            b.pool_device(Pool::device_bytes_for(&pool_layout, 1)?),
-        )?;
-        let region = pool.alloc_region()?;
-        let chunk = (4096 / per_page).max(1);
-        let mut bytes = vec![0u8; chunk * page_bytes];
-        for plane in 0..planes {
-            for first in (0..host_pages).step_by(chunk) {
-                let n = chunk.min(host_pages - first);
-                for row in first * per_page..(first + n) * per_page {
-                    for (at, len) in layout.pieces(row as u64) {
-                        let at = at as usize - first * page_bytes;
-                        bytes[at..at + len].fill(host_pattern(plane, row));
-                    }
-                }
-                pool.write_tokens(
-                    &region,
-                    plane as u32,
-                    first as u32,
-                    &bytes[..n * page_bytes],
-                )?;
-            }
-        }
+        let page_bytes_u32 = u32::try_from(page_bytes)
+            .map_err(|_| invalid("--trace", format!("{item} B items are too large")))?;
+        let (pool, region) =
+            super::patterned_host_pool(b, &layout, page_bytes_u32, planes, host_pages)?;
         let mut tier = Tier::new(pool.clone(), exec.clone(), 1)?;
         tier.enable_swap_in(bucket as u32, entries as u32)?;
         let zeroed_i32 = |n: usize| ExecVec::<i32>::zeroed(exec, n);

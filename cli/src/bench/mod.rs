@@ -428,6 +428,42 @@ pub(super) fn host_pattern(plane: usize, row: usize) -> u8 {
     row_pattern(row) ^ (plane as u8).wrapping_mul(0x5a)
 }
 
+/// A pool of `pages` pages of `layout` (`page_bytes` each) on each of
+/// `planes` planes, a layer a plane and an entry a page as SGLang's host
+/// pools lay rows out (a linear layout's page is one row), every row's
+/// pieces filled with [`host_pattern`]; and the region that holds them.
+pub(super) fn patterned_host_pool(
+    b: &Bench,
+    layout: &kvtier::ItemLayout,
+    page_bytes: u32,
+    planes: usize,
+    pages: usize,
+) -> kvtier::Result<(Arc<kvtier::Pool>, kvtier::Region)> {
+    let pool_layout = kvtier::LayerFirstLayout::new(page_bytes, planes as u32, pages as u32)?;
+    let pool = kvtier::Pool::create(
+        pool_layout,
+        b.pool_device(kvtier::Pool::device_bytes_for(&pool_layout, 1)?),
+    )?;
+    let region = pool.alloc_region()?;
+    let (page, per_page) = (page_bytes as usize, layout.rows_per_page() as usize);
+    // pages a write, about 4096 rows
+    let chunk = (4096 / per_page).max(1);
+    let mut bytes = vec![0u8; chunk * page];
+    for plane in 0..planes {
+        for first in (0..pages).step_by(chunk) {
+            let n = chunk.min(pages - first);
+            for row in first * per_page..(first + n) * per_page {
+                for (at, len) in layout.pieces(row as u64) {
+                    let at = at as usize - first * page;
+                    bytes[at..at + len].fill(host_pattern(plane, row));
+                }
+            }
+            pool.write_tokens(&region, plane as u32, first as u32, &bytes[..n * page])?;
+        }
+    }
+    Ok((pool, region))
+}
+
 /// A method's name for the executor it ran on.
 pub(super) fn named(exec: &Executor, cpu: &'static str, cuda: &'static str) -> &'static str {
     match exec {

@@ -54,8 +54,8 @@ use serde_json::json;
 use kvtier::swap_in::FEW_MISS_INLINE;
 use kvtier::trace::{RowState, Trace, TraceCall};
 use kvtier::{
-    Buf, BufMut, CopyMethod, Executor, IndexBuf, ItemLayout, KvBuffers, KvPlane, LayerFirstLayout,
-    MissPlan, Pool, QueryKind, Region, Stream, SwapInArgs, SwapInStrategy, Tier,
+    Buf, BufMut, CopyMethod, Executor, IndexBuf, ItemLayout, KvBuffers, KvPlane, MissPlan, Pool,
+    QueryKind, Region, Stream, SwapInArgs, SwapInStrategy, Tier,
 };
 
 use super::sglang::SglangKernels;
@@ -404,28 +404,8 @@ impl State {
         let pages = (r * c).div_ceil(per_page);
         let page_bytes = u32::try_from(layout.page_bytes())
             .map_err(|_| invalid("--entry", format!("{item} B rows are too large")))?;
-        let planes = path.planes();
-        let pool_layout = LayerFirstLayout::new(page_bytes, planes as u32, pages as u32)?;
-        let pool = Pool::create(
-            pool_layout,
-            b.pool_device(Pool::device_bytes_for(&pool_layout, 1)?),
-        )?;
-        let host_region = pool.alloc_region()?;
-        let page = page_bytes as usize;
-        let chunk = (4096 / per_page).max(1);
-        let mut bytes = vec![0u8; chunk * page];
-        for plane in 0..planes {
-            for first in (0..pages).step_by(chunk) {
-                let n = chunk.min(pages - first);
-                for row in first * per_page..(first + n) * per_page {
-                    for (at, len) in layout.pieces(row as u64) {
-                        let at = at as usize - first * page;
-                        bytes[at..at + len].fill(host_pattern(plane, row));
-                    }
-                }
-                pool.write_tokens(&host_region, plane as u32, first as u32, &bytes[..n * page])?;
-            }
-        }
+        let (pool, host_region) =
+            super::patterned_host_pool(b, &layout, page_bytes, path.planes(), pages)?;
         let mut tier = Tier::new(pool.clone(), b.exec.clone(), 1)?;
         tier.enable_swap_in(requests, k * path.query().block_tokens())?;
         Ok(State {
