@@ -23,6 +23,7 @@ pub const KVT_ERR_KINDS: u32 = 16;
 pub const KVT_ERR_FIRST_NONE: u64 = 18446744073709551615;
 pub const KVT_COPY_LINE_ALIGNED: u32 = 1;
 pub const KVT_COPY_MERGED_RUNS: u32 = 2;
+pub const KVT_COPY_BULK_RUNS: u32 = 4;
 pub const KVT_COPY_RUN_ROWS: u32 = 8;
 pub const KVT_SWAP_SEQ_LENS_I64: u32 = 1;
 pub const KVT_SWAP_REQ_INDICES_I64: u32 = 2;

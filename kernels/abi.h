@@ -116,12 +116,15 @@ typedef struct kvt_gather_params {
 } kvt_gather_params;
 
 /* kvt_gather_params.flags and kvt_writeback_params.flags: the copy method
- * (the bytes moved are the same): kvt_gather, kvt_gather_line_aligned or
- * kvt_gather_merged_runs; kvt_writeback, kvt_writeback_line_aligned or
- * kvt_writeback_merged_runs. At most one of the flags is set. */
+ * (the bytes moved are the same): kvt_gather, kvt_gather_line_aligned,
+ * kvt_gather_merged_runs or kvt_gather_bulk_runs; kvt_writeback,
+ * kvt_writeback_line_aligned, kvt_writeback_merged_runs or
+ * kvt_writeback_bulk_runs. At most one of the flags is set. */
 #define KVT_COPY_LINE_ALIGNED 1u /* passes aligned to 128-byte lines of the host address (warp_copy_entry_lines) */
 #define KVT_COPY_MERGED_RUNS 2u  /* a warp takes KVT_COPY_RUN_ROWS consecutive rows and moves each run of them
                                     that is contiguous at both ends as one line-aligned block */
+#define KVT_COPY_BULK_RUNS 4u    /* the groups and runs of KVT_COPY_MERGED_RUNS moved by the bulk-copy
+                                    engine (cp.async.bulk, sm_90+) through the warp's shared memory */
 /* Rows a warp of the merged-runs kernels takes (consecutive top-k columns of
  * one batch row; consecutive items of one layer): the launcher sizes the grid
  * by groups of this many rows. */

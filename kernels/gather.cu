@@ -1,4 +1,5 @@
 // kernels/gather.cu — top-k sparse gather from the host-mapped pool into HBM.
+#include "bulk.cuh"
 #include "common.cuh"
 
 // kvt_gather — one layer, a whole batch, one launch (contract: kvt_gather_params
@@ -144,6 +145,152 @@ __device__ __forceinline__ void gather_merged_runs(const kvt_gather_params& p) {
         });
     }
 }
+
+#ifdef KVT_HAS_BULK
+// The gather with CopyMethod::BulkRuns: the groups, checks, reports, runs and
+// outputs of gather_merged_runs, the bytes moved by the bulk-copy engine
+// through shared memory instead of through the warp's registers. A group's
+// rows are contiguous in `out`, so the warp assembles the whole group in a
+// stage of its own (each run of neighbours one bulk load straight from the
+// pool, each padding or refused row zeros written by the lanes) and writes it
+// with one bulk store. Each warp owns two stages: the loads of one group are
+// issued before the warp waits for the other's, so two groups' reads are in
+// flight a warp, with no registers held for them. Where the engine cannot
+// take a group (entries not whole 16-byte units, `out` or the region's layer
+// not 16-byte aligned), the group moves as gather_merged_runs moves it.
+__device__ __forceinline__ void gather_bulk_runs(const kvt_gather_params& p) {
+    if ((p.entry_bytes & 15u) != 0 || (p.out & 15u) != 0 || (p.layer_offset & 15u) != 0) {
+        gather_merged_runs(p);  // the same for every warp of the grid
+        return;
+    }
+    const uint32_t lane = threadIdx.x % KVT_WARP;
+    const uint32_t warp = threadIdx.x / KVT_WARP;
+    const uint32_t warps = blockDim.x / KVT_WARP;
+    const uint32_t entry = p.entry_bytes;
+    const uint32_t stage_bytes = KVT_COPY_RUN_ROWS * entry;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(kvt_dynamic_smem) + 2 * warp;
+    char* stages = reinterpret_cast<char*>(kvt_dynamic_smem) + bulk_barrier_bytes(warps) +
+                   (uint64_t)warp * 2u * stage_bytes;
+    if (lane == 0) {
+        kvt::bulk::barrier_init(&bars[0], 1);
+        kvt::bulk::barrier_init(&bars[1], 1);
+        kvt::bulk::fence_barrier_init();
+    }
+    __syncwarp();
+
+    const uint32_t groups_per_row = (p.k + KVT_COPY_RUN_ROWS - 1) / KVT_COPY_RUN_ROWS;
+    const uint32_t groups = p.batch * groups_per_row;
+    const int32_t* req_slots = reinterpret_cast<const int32_t*>(p.req_slots);
+    const int32_t* seq_lens = reinterpret_cast<const int32_t*>(p.seq_lens);
+    const int32_t* topk = reinterpret_cast<const int32_t*>(p.topk);
+    const uint64_t* slot_bases = reinterpret_cast<const uint64_t*>(p.slot_bases);
+    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
+    const bool merge = entry <= KVT_RUN_MAX_ENTRY;
+
+    // Stages filled so far: the next is stage `filled & 1`, the (filled >> 1)th
+    // use of its barrier. The group in the other stage, if any, waits there for
+    // its store: its output and bytes.
+    uint32_t filled = 0;
+    char* waiting_out = nullptr;
+    uint32_t waiting_bytes = 0;
+    // Lane 0 stores the waiting group once its loads have landed.
+    auto store_waiting = [&]() {
+        if (waiting_out == nullptr) return;
+        const uint32_t s = (filled - 1) & 1u;
+        if (lane == 0) {
+            kvt::bulk::wait(&bars[s], ((filled - 1) >> 1) & 1u);
+            kvt::bulk::store(waiting_out, stages + s * stage_bytes, waiting_bytes);
+            kvt::bulk::commit();
+        }
+        waiting_out = nullptr;
+    };
+
+    for (uint32_t g = kvt::global_warp(); g < groups; g += kvt::grid_warps()) {
+        const uint32_t b = g / groups_per_row;
+        const uint32_t j0 = (g - b * groups_per_row) * KVT_COPY_RUN_ROWS;
+        const uint32_t n = min(KVT_COPY_RUN_ROWS, p.k - j0);
+        const uint32_t j = j0 + lane;
+        const bool mine = lane < n;
+        char* group_out = reinterpret_cast<char*>(p.out) + ((uint64_t)b * p.k + j0) * entry;
+
+        // The checks and reports of gather_merged_runs, row for row.
+        const int32_t slot = kvt::ld(req_slots + b);
+        const int32_t seq_len = kvt::ld(seq_lens + b);
+        const int32_t token = mine ? kvt::ld(topk + (uint64_t)b * p.topk_stride + j) : -1;
+        const uint64_t base =
+            (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(slot_bases + slot) : 0;
+        bool moves = false;
+        if (mine && slot != -1) {
+            const uint32_t position = (b << 16) | j;
+            if (base == 0) {
+                kvt::report(err, KVT_ERR_GATHER_SLOT, position, slot);
+            } else if (seq_len < 0 || (uint32_t)seq_len > p.tokens_per_region) {
+                kvt::report(err, KVT_ERR_GATHER_SEQ_LEN, position, seq_len);
+            } else if (token >= 0 && token < seq_len) {
+                moves = true;
+            } else if (token != -1) {
+                kvt::report(err, KVT_ERR_GATHER_INDEX, position, token);
+            }
+        }
+        const int32_t before = (int32_t)kvt::warp_read((uint32_t)token, lane == 0 ? 0 : lane - 1);
+        const uint32_t rows = kvt::warp_ballot(moves);
+        const bool joins =
+            merge && moves && lane > 0 && ((rows >> (lane - 1)) & 1) != 0 && token == before + 1;
+        const uint32_t join_mask = kvt::warp_ballot(joins);
+        const uint32_t zeros = ((1u << n) - 1u) & ~rows;
+        const char* layer = reinterpret_cast<const char*>(base + p.layer_offset);
+
+        if ((base & 15u) != 0) {
+            // A region the engine cannot read from (the contract promises 8
+            // bytes of alignment): this group moves as gather_merged_runs.
+            kvt::for_each_run(rows, join_mask, [&](uint32_t first, uint32_t count) {
+                const uint32_t t = kvt::warp_read((uint32_t)token, first);
+                kvt::warp_copy_entry_lines<kvt::PoolToDevice>(layer + (uint64_t)t * entry,
+                                                              group_out + (uint64_t)first * entry,
+                                                              count * entry, lane);
+            });
+            kvt::for_each_run(zeros, merge ? zeros & (zeros << 1) : 0u, [&](uint32_t first, uint32_t count) {
+                kvt::warp_zero_entry<kvt::PoolToDevice>(group_out + (uint64_t)first * entry, count * entry, lane);
+            });
+            continue;
+        }
+
+        const uint32_t s = filled & 1u;
+        char* stage = stages + s * stage_bytes;
+        // The store that last read this stage, two groups back, is the
+        // newest: it must have read it all before anything is written there.
+        if (lane == 0) kvt::bulk::wait_read<0>();
+        __syncwarp();
+        // Padding and refused rows: zeros, written by the lanes and fenced
+        // so the engine's store sees them.
+        const uint32_t units = entry >> 4;
+        for (uint32_t z = zeros; z != 0; z &= z - 1) {
+            char* row = stage + (uint32_t)(__ffs((int)z) - 1) * entry;
+            for (uint32_t u = lane; u < units; u += KVT_WARP)
+                kvt::bulk::st_shared16(row + 16u * u, make_uint4(0, 0, 0, 0));
+        }
+        kvt::bulk::fence_async_shared();
+        __syncwarp();
+        // One bulk load a run of neighbours, counted on the stage's barrier
+        // (a group with nothing to load completes its phase on the arrival).
+        if (lane == 0) kvt::bulk::arrive_expect_bytes(&bars[s], (uint32_t)__popc(rows) * entry);
+        kvt::for_each_run(rows, join_mask, [&](uint32_t first, uint32_t count) {
+            const uint32_t t = kvt::warp_read((uint32_t)token, first);
+            if (lane == 0)
+                kvt::bulk::load(stage + first * entry, layer + (uint64_t)t * entry, count * entry, &bars[s]);
+        });
+        // This group's loads are in flight: store the other stage's group.
+        store_waiting();
+        waiting_out = group_out;
+        waiting_bytes = n * entry;
+        ++filled;
+    }
+    store_waiting();
+    // Every store must have landed before the grid completes and this
+    // block's shared memory is freed.
+    if (lane == 0) kvt::bulk::wait_all();
+}
+#endif
 }  // namespace kvt
 
 extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather(const kvt_gather_params p) {
@@ -172,4 +319,26 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather_line_
 extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS, 4)
     kvt_gather_merged_runs(const kvt_gather_params p) {
     kvt::gather_merged_runs(p);
+}
+
+// kvt_gather_bulk_runs — kvt_gather with the copy method KVT_COPY_BULK_RUNS
+// (contract: kvt_gather_params in abi.h), sm_90 and later.
+// Reads:   as kvt_gather: req_slots, seq_lens, every row's topk, slot_bases
+//          (device memory); pool entries (host-mapped) only at addresses
+//          built from range-checked indices, by bulk loads of whole runs.
+// Writes:  as kvt_gather: out rows [0, batch * k), every one of them, by one
+//          bulk store a group; the error word for refused entries; its own
+//          shared memory.
+// Assumes: as kvt_gather, and dynamic shared memory of
+//          bulk_smem_bytes(entry_bytes, blockDim.x / 32) bytes.
+// Mapping: as kvt_gather_merged_runs (a warp a group of KVT_COPY_RUN_ROWS
+//          columns, grid-stride); each warp stages its groups in two
+//          shared-memory stages of its own.
+// Without the bulk engine (the sm_80 build), kvt_gather_merged_runs.
+extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_gather_bulk_runs(const kvt_gather_params p) {
+#ifdef KVT_HAS_BULK
+    kvt::gather_bulk_runs(p);
+#else
+    kvt::gather_merged_runs(p);
+#endif
 }

@@ -1,5 +1,6 @@
 // kernels/writeback.cu — layer-first writeback from HBM KV buffers into the
 // host-mapped pool.
+#include "bulk.cuh"
 #include "common.cuh"
 
 // kvt_writeback — one or more layers, many items, one launch (contract:
@@ -152,6 +153,141 @@ __device__ __forceinline__ void writeback_merged_runs(const kvt_writeback_params
         });
     }
 }
+
+#ifdef KVT_HAS_BULK
+// The writeback with CopyMethod::BulkRuns: the groups, checks, reports, runs
+// and pool contents of writeback_merged_runs, each run moved by the
+// bulk-copy engine: one bulk load of its source rows from HBM into a stage
+// of the warp's shared memory, one bulk store from there into the pool. Each
+// warp owns two stages: a group's loads are issued before the warp stores the
+// other stage's group, so the stores into the pool of one group overlap the
+// loads of the next, with no registers held for the bytes. Where the engine
+// cannot take a group (entries not whole 16-byte units, a source or pool row
+// not 16-byte aligned), the group moves as writeback_merged_runs moves it.
+__device__ __forceinline__ void writeback_bulk_runs(const kvt_writeback_params& p) {
+    if ((p.entry_bytes & 15u) != 0) {
+        writeback_merged_runs(p);  // the same for every warp of the grid
+        return;
+    }
+    const uint32_t lane = threadIdx.x % KVT_WARP;
+    const uint32_t warp = threadIdx.x / KVT_WARP;
+    const uint32_t warps = blockDim.x / KVT_WARP;
+    const uint32_t entry = p.entry_bytes;
+    const uint32_t stage_bytes = KVT_COPY_RUN_ROWS * entry;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(kvt_dynamic_smem) + 2 * warp;
+    char* stages = reinterpret_cast<char*>(kvt_dynamic_smem) + bulk_barrier_bytes(warps) +
+                   (uint64_t)warp * 2u * stage_bytes;
+    if (lane == 0) {
+        kvt::bulk::barrier_init(&bars[0], 1);
+        kvt::bulk::barrier_init(&bars[1], 1);
+        kvt::bulk::fence_barrier_init();
+    }
+    __syncwarp();
+
+    const uint32_t groups_per_layer =
+        p.num_items / KVT_COPY_RUN_ROWS + (p.num_items % KVT_COPY_RUN_ROWS != 0 ? 1u : 0u);
+    const uint64_t groups = (uint64_t)p.num_layers * groups_per_layer;
+    const WritebackArrays a(p);
+    const bool merge = entry <= KVT_RUN_MAX_ENTRY;
+
+    // Stages filled so far (as in gather_bulk_runs), and the group waiting in
+    // the other stage for its stores: its runs and each lane's pool row.
+    uint32_t filled = 0;
+    uint32_t waiting_rows = 0, waiting_joins = 0;
+    uint64_t waiting_dst = 0;
+    auto store_waiting = [&]() {
+        if (waiting_rows == 0) return;
+        const uint32_t s = (filled - 1) & 1u;
+        char* stage = stages + s * stage_bytes;
+        if (lane == 0) kvt::bulk::wait(&bars[s], ((filled - 1) >> 1) & 1u);
+        kvt::for_each_run(waiting_rows, waiting_joins, [&](uint32_t first, uint32_t count) {
+            const uint64_t dst = kvt::warp_read64(waiting_dst, first);
+            if (lane == 0) kvt::bulk::store(reinterpret_cast<char*>(dst), stage + first * entry, count * entry);
+        });
+        if (lane == 0) kvt::bulk::commit();
+        waiting_rows = 0;
+    };
+
+    for (uint64_t g = kvt::global_warp(); g < groups; g += kvt::grid_warps()) {
+        const uint32_t layer_i = (uint32_t)(g / groups_per_layer);
+        const uint32_t i0 = (uint32_t)(g - (uint64_t)layer_i * groups_per_layer) * KVT_COPY_RUN_ROWS;
+        const uint32_t n = min(KVT_COPY_RUN_ROWS, p.num_items - i0);
+        const uint32_t item = i0 + lane;
+        const bool mine = lane < n;
+
+        // The checks and reports of writeback_merged_runs, item for item.
+        int32_t slot = -1, token = 0;
+        int64_t src_row = 0;
+        if (mine) {
+            slot = kvt::ld(a.item_slots + item);
+            token = kvt::ld(a.item_tokens + item);
+            src_row = kvt::ld(a.item_src_rows + item);
+        }
+        uint64_t base = 0;
+        bool moves = false;
+        if (slot != -1) {
+            base = (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(a.slot_bases + slot) : 0;
+            if (base == 0) {
+                kvt::report(a.err, KVT_ERR_WRITEBACK_SLOT, item, slot);
+            } else if (token < 0 || (uint32_t)token >= p.tokens_per_region) {
+                kvt::report(a.err, KVT_ERR_WRITEBACK_TOKEN, item, token);
+            } else if (src_row < 0 || (uint64_t)src_row >= p.src_rows) {
+                kvt::report(a.err, KVT_ERR_WRITEBACK_SRC_ROW, item, src_row);
+            } else {
+                moves = true;
+            }
+        }
+        const uint32_t prev = lane == 0 ? 0 : lane - 1;
+        const int32_t slot_before = (int32_t)kvt::warp_read((uint32_t)slot, prev);
+        const int32_t token_before = (int32_t)kvt::warp_read((uint32_t)token, prev);
+        const int64_t row_before = (int64_t)kvt::warp_read64((uint64_t)src_row, prev);
+        const uint32_t rows = kvt::warp_ballot(moves);
+        const bool joins = merge && moves && lane > 0 && ((rows >> prev) & 1u) != 0 && slot == slot_before &&
+                           token == token_before + 1 && src_row == row_before + 1;
+        const uint32_t join_mask = kvt::warp_ballot(joins);
+        if (rows == 0) continue;
+
+        const uint64_t src_buf = a.src_layer_bases != nullptr ? kvt::ld(a.src_layer_bases + layer_i) : p.src_base;
+        const uint64_t src = src_buf + (uint64_t)src_row * entry;
+        const uint64_t dst = base + (uint64_t)(p.first_layer + layer_i) * p.layer_bytes + (uint64_t)token * entry;
+        if (kvt::warp_ballot(moves && ((src | dst) & 15u) != 0) != 0) {
+            // A row the engine cannot move (the contract promises 8 bytes
+            // of alignment): this group moves as writeback_merged_runs.
+            kvt::for_each_run(rows, join_mask, [&](uint32_t first, uint32_t count) {
+                kvt::warp_copy_entry_lines<kvt::DeviceToPool, KVT_UNROLL, true>(
+                    reinterpret_cast<const char*>(kvt::warp_read64(src, first)),
+                    reinterpret_cast<char*>(kvt::warp_read64(dst, first)), count * entry, lane);
+            });
+            continue;
+        }
+
+        const uint32_t s = filled & 1u;
+        char* stage = stages + s * stage_bytes;
+        // The stores that last read this stage, two groups back, are the
+        // newest group: they must have read it all before it is loaded again.
+        if (lane == 0) {
+            kvt::bulk::wait_read<0>();
+            kvt::bulk::arrive_expect_bytes(&bars[s], (uint32_t)__popc(rows) * entry);
+        }
+        __syncwarp();
+        kvt::for_each_run(rows, join_mask, [&](uint32_t first, uint32_t count) {
+            const uint64_t from = kvt::warp_read64(src, first);
+            if (lane == 0)
+                kvt::bulk::load(stage + first * entry, reinterpret_cast<const char*>(from), count * entry, &bars[s]);
+        });
+        // This group's loads are in flight: store the other stage's group.
+        store_waiting();
+        waiting_rows = rows;
+        waiting_joins = join_mask;
+        waiting_dst = dst;
+        ++filled;
+    }
+    store_waiting();
+    // Every store must have landed before the grid completes and this
+    // block's shared memory is freed.
+    if (lane == 0) kvt::bulk::wait_all();
+}
+#endif
 }  // namespace kvt
 
 extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_writeback(const kvt_writeback_params p) {
@@ -183,4 +319,24 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS)
 extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS, 4)
     kvt_writeback_merged_runs(const kvt_writeback_params p) {
     kvt::writeback_merged_runs(p);
+}
+
+// kvt_writeback_bulk_runs — kvt_writeback with the copy method
+// KVT_COPY_BULK_RUNS (contract: kvt_writeback_params in abi.h), sm_90 and
+// later.
+// Reads:   as kvt_writeback; source rows by bulk loads of whole runs.
+// Writes:  as kvt_writeback, pool entries by bulk stores of whole runs; its
+//          own shared memory.
+// Assumes: as kvt_writeback, and dynamic shared memory of
+//          bulk_smem_bytes(entry_bytes, blockDim.x / 32) bytes.
+// Mapping: as kvt_writeback_merged_runs; each warp stages its groups in two
+//          shared-memory stages of its own.
+// Without the bulk engine (the sm_80 build), kvt_writeback_merged_runs.
+extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS)
+    kvt_writeback_bulk_runs(const kvt_writeback_params p) {
+#ifdef KVT_HAS_BULK
+    kvt::writeback_bulk_runs(p);
+#else
+    kvt::writeback_merged_runs(p);
+#endif
 }

@@ -65,6 +65,7 @@ pub fn method_name(m: CopyMethod) -> &'static str {
         CopyMethod::WarpVectors => "warp-vectors",
         CopyMethod::LineAligned => "line-aligned",
         CopyMethod::MergedRuns => "merged-runs",
+        CopyMethod::BulkRuns => "bulk-runs",
     }
 }
 

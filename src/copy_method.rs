@@ -5,7 +5,8 @@
 //! beside the link's contiguous copy). The CPU executor has one way.
 
 use crate::abi::{
-    KVT_COPY_LINE_ALIGNED, KVT_COPY_MERGED_RUNS, KVT_COPY_RUN_ROWS, KVT_SWAP_COPY_LINES,
+    KVT_COPY_BULK_RUNS, KVT_COPY_LINE_ALIGNED, KVT_COPY_MERGED_RUNS, KVT_COPY_RUN_ROWS,
+    KVT_SWAP_COPY_LINES,
 };
 
 /// A warp's way of moving an entry (the `KVT_COPY_*` flags of the kernels).
@@ -38,19 +39,38 @@ pub enum CopyMethod {
     /// `LineAligned` moves such an entry. A row that continues no run moves
     /// as `LineAligned`; padding
     /// and refused rows of the gather are zero-filled (neighbours in one
-    /// block). Runs never cross a group of `RUN_ROWS` rows. No GPU has timed
-    /// it yet: [`CopyMethod::for_gather`] does not choose it. The swap-in has
+    /// block). Runs never cross a group of `RUN_ROWS` rows. The swap-in has
     /// no kernel of this method; its copy kernel moves misses as
     /// `LineAligned` under it.
     MergedRuns,
+    /// The groups and runs of `MergedRuns`, moved by the GPU's bulk-copy
+    /// engine (`cp.async.bulk`, sm_90 and later) through the warp's shared
+    /// memory instead of through its registers. In the gather each run of
+    /// neighbours is one bulk load from the pool into a stage, where
+    /// padding and refused rows are zero-filled, and each group of
+    /// `RUN_ROWS` output rows one bulk store into HBM; in the writeback each
+    /// run is one bulk load from HBM and one bulk store into the pool. Each
+    /// warp has two stages, so one group's loads are in flight while the
+    /// other's stores go out, with no registers held for the bytes; the
+    /// engine's cost is per operation, so it can pay only where runs are
+    /// long (selections with locality, a prefill written in order). Entries
+    /// must be whole 16-byte units at 16-byte aligned addresses (656, 512,
+    /// 1152 bytes in page-aligned pools); a group with a row that is not
+    /// moves as `MergedRuns` (in the gather, so does a call whose `out` is
+    /// not), and so does every call on a GPU before sm_90 or whose blocks'
+    /// stages ([`CopyMethod::bulk_smem_bytes`]) exceed its shared memory.
+    /// The swap-in moves its misses as `LineAligned` under it. No GPU has
+    /// timed it yet, so the measured table never picks it.
+    BulkRuns,
 }
 
 impl CopyMethod {
     /// Every method, for the benchmark and the tests.
-    pub const ALL: [CopyMethod; 3] = [
+    pub const ALL: [CopyMethod; 4] = [
         CopyMethod::WarpVectors,
         CopyMethod::LineAligned,
         CopyMethod::MergedRuns,
+        CopyMethod::BulkRuns,
     ];
 
     /// Rows a warp of `MergedRuns` takes (`KVT_COPY_RUN_ROWS`). Eight: a
@@ -71,8 +91,9 @@ impl CopyMethod {
     /// link's contiguous copy against 0.77-0.82), level at the other 4,
     /// slower at none; at 1152 bytes the two were level at every point. The
     /// writeback stays `WarpVectors`: its line-aligned method was level with
-    /// it at every point of the same run. `MergedRuns` is never chosen: no
-    /// GPU has timed it.
+    /// it at every point of the same run. This is the rule where the
+    /// measured table ([`crate::CopyMethodTable`]) has no choice; the table
+    /// takes `MergedRuns` where runs measured it faster.
     pub fn for_gather(entry_bytes: u32) -> CopyMethod {
         if entry_bytes.is_multiple_of(128) {
             CopyMethod::WarpVectors
@@ -81,23 +102,38 @@ impl CopyMethod {
         }
     }
 
+    /// Dynamic shared memory a block of the `BulkRuns` kernels takes for
+    /// entries of `entry_bytes` and `warps` warps a block: two barriers a
+    /// warp, rounded up to 128 bytes, then two stages of
+    /// [`CopyMethod::RUN_ROWS`] entries a warp (what the kernels carve:
+    /// `kvt::bulk_smem_bytes` in `kernels/bulk.cuh`; the emulator's test
+    /// holds the two equal). A call whose blocks would need more than the
+    /// GPU gives one runs as `MergedRuns`.
+    pub fn bulk_smem_bytes(entry_bytes: u32, warps: u32) -> u64 {
+        (warps as u64 * 16).next_multiple_of(128)
+            + warps as u64 * 2 * KVT_COPY_RUN_ROWS as u64 * entry_bytes as u64
+    }
+
     /// The kernels' flag for the method.
     pub(crate) fn flags(self) -> u32 {
         match self {
             CopyMethod::WarpVectors => 0,
             CopyMethod::LineAligned => KVT_COPY_LINE_ALIGNED,
             CopyMethod::MergedRuns => KVT_COPY_MERGED_RUNS,
+            CopyMethod::BulkRuns => KVT_COPY_BULK_RUNS,
         }
     }
 
     /// The swap-in parameters' flag for the method (`kvt_swap_in_params`
     /// keeps its own flag set; the launcher picks the copy kernel by it).
-    /// `MergedRuns` has no swap-in kernel: its misses move as its rows
-    /// outside runs do, `LineAligned`.
+    /// `MergedRuns` and `BulkRuns` have no swap-in kernel: their misses
+    /// move as `MergedRuns`' rows outside runs do, `LineAligned`.
     pub(crate) fn swap_in_flags(self) -> u32 {
         match self {
             CopyMethod::WarpVectors => 0,
-            CopyMethod::LineAligned | CopyMethod::MergedRuns => KVT_SWAP_COPY_LINES,
+            CopyMethod::LineAligned | CopyMethod::MergedRuns | CopyMethod::BulkRuns => {
+                KVT_SWAP_COPY_LINES
+            }
         }
     }
 }

@@ -5,8 +5,8 @@
 //! `kernels/gather.cu`. Both follow the contract in `kernels/abi.h`.
 
 use crate::abi::{
-    KVT_COPY_LINE_ALIGNED, KVT_COPY_MERGED_RUNS, KVT_COPY_RUN_ROWS, KVT_ERR_GATHER_INDEX,
-    KVT_ERR_GATHER_SEQ_LEN, KVT_ERR_GATHER_SLOT, kvt_gather_params,
+    KVT_COPY_BULK_RUNS, KVT_COPY_LINE_ALIGNED, KVT_COPY_MERGED_RUNS, KVT_COPY_RUN_ROWS,
+    KVT_ERR_GATHER_INDEX, KVT_ERR_GATHER_SEQ_LEN, KVT_ERR_GATHER_SLOT, kvt_gather_params,
 };
 use crate::copy_method::CopyMethod;
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
@@ -194,7 +194,9 @@ pub(crate) unsafe fn run_cpu(p: &kvt_gather_params) -> ErrorWord {
     err
 }
 
-/// Enqueues `kvt_gather` on `stream`.
+/// Enqueues `kvt_gather` on `stream`: the kernel of the call's copy method,
+/// `BulkRuns` where the GPU has the bulk engine and a block's stages fit its
+/// shared memory, `MergedRuns` where not.
 ///
 /// # Safety
 /// `p` must come from [`plan`] for device buffers and a slot table of `dev`,
@@ -206,7 +208,33 @@ pub(crate) unsafe fn launch(dev: &CudaDevice, p: &kvt_gather_params, stream: Str
     }
     // The copy method is a kernel of its own (kernels/gather.cu).
     // A warp of the merged-runs kernel takes a group of KVT_COPY_RUN_ROWS rows.
-    let (kernel, warps) = if p.flags & KVT_COPY_MERGED_RUNS != 0 {
+    if p.flags & KVT_COPY_BULK_RUNS != 0 {
+        let warps_per_block = Kernel::GatherBulkRuns.block_threads() / 32;
+        let smem = CopyMethod::bulk_smem_bytes(p.entry_bytes, warps_per_block);
+        if dev.bulk_copy() && smem <= dev.max_dynamic_smem() as u64 {
+            let groups = p.batch as u64 * p.k.div_ceil(KVT_COPY_RUN_ROWS) as u64;
+            // Shared memory, not registers, decides how many blocks an SM
+            // holds: at most as many as fit, so the grid is one wave.
+            let fit = (dev.max_dynamic_smem() as u64 / smem.max(1)).max(1) as u32;
+            let grid = dev
+                .grid_for_rows(Kernel::GatherBulkRuns, groups)
+                .min(dev.sm_count() * fit)
+                .max(1);
+            // SAFETY: per this function's contract; the kernel's shared
+            // memory is what it carves (CopyMethod::bulk_smem_bytes).
+            return unsafe {
+                dev.launch(
+                    Kernel::GatherBulkRuns,
+                    grid,
+                    BLOCK_THREADS,
+                    smem as u32,
+                    p,
+                    stream,
+                )
+            };
+        }
+    }
+    let (kernel, warps) = if p.flags & (KVT_COPY_MERGED_RUNS | KVT_COPY_BULK_RUNS) != 0 {
         (
             Kernel::GatherMergedRuns,
             p.batch as u64 * p.k.div_ceil(KVT_COPY_RUN_ROWS) as u64,

@@ -6,8 +6,9 @@
 //! the CPU reference below, or `kvt_writeback` in `kernels/writeback.cu`.
 
 use crate::abi::{
-    KVT_COPY_LINE_ALIGNED, KVT_COPY_MERGED_RUNS, KVT_COPY_RUN_ROWS, KVT_ERR_WRITEBACK_SLOT,
-    KVT_ERR_WRITEBACK_SRC_ROW, KVT_ERR_WRITEBACK_TOKEN, kvt_writeback_params,
+    KVT_COPY_BULK_RUNS, KVT_COPY_LINE_ALIGNED, KVT_COPY_MERGED_RUNS, KVT_COPY_RUN_ROWS,
+    KVT_ERR_WRITEBACK_SLOT, KVT_ERR_WRITEBACK_SRC_ROW, KVT_ERR_WRITEBACK_TOKEN,
+    kvt_writeback_params,
 };
 use crate::copy_method::CopyMethod;
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
@@ -207,12 +208,36 @@ pub(crate) unsafe fn launch(
         return Ok(());
     }
     // The copy method is a kernel of its own (kernels/writeback.cu).
-    // A warp of the merged-runs kernel takes a group of KVT_COPY_RUN_ROWS rows.
-    let (kernel, warps) = if p.flags & KVT_COPY_MERGED_RUNS != 0 {
-        (
-            Kernel::WritebackMergedRuns,
-            p.num_layers as u64 * p.num_items.div_ceil(KVT_COPY_RUN_ROWS) as u64,
-        )
+    // A warp of the merged-runs and bulk kernels takes a group of
+    // KVT_COPY_RUN_ROWS rows.
+    let groups = p.num_layers as u64 * p.num_items.div_ceil(KVT_COPY_RUN_ROWS) as u64;
+    if p.flags & KVT_COPY_BULK_RUNS != 0 {
+        let warps_per_block = Kernel::WritebackBulkRuns.block_threads() / 32;
+        let smem = CopyMethod::bulk_smem_bytes(p.entry_bytes, warps_per_block);
+        if dev.bulk_copy() && smem <= dev.max_dynamic_smem() as u64 {
+            // Shared memory, not registers, decides how many blocks an SM
+            // holds: at most as many as fit, so the grid is one wave.
+            let fit = (dev.max_dynamic_smem() as u64 / smem.max(1)).max(1) as u32;
+            let grid = dev
+                .grid_for_rows(Kernel::WritebackBulkRuns, groups)
+                .min(dev.sm_count() * fit)
+                .max(1);
+            // SAFETY: per this function's contract; the kernel's shared
+            // memory is what it carves (CopyMethod::bulk_smem_bytes).
+            return unsafe {
+                dev.launch(
+                    Kernel::WritebackBulkRuns,
+                    grid,
+                    BLOCK_THREADS,
+                    smem as u32,
+                    p,
+                    stream,
+                )
+            };
+        }
+    }
+    let (kernel, warps) = if p.flags & (KVT_COPY_MERGED_RUNS | KVT_COPY_BULK_RUNS) != 0 {
+        (Kernel::WritebackMergedRuns, groups)
     } else if p.flags & KVT_COPY_LINE_ALIGNED != 0 {
         (Kernel::WritebackLineAligned, rows)
     } else {

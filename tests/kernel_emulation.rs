@@ -46,6 +46,9 @@ struct Report {
     barriers: u64,
     warp_ops: u64,
     dependents_allowed: u64,
+    bulk_loads: u64,
+    bulk_stores: u64,
+    bulk_misuse: u64,
 }
 
 impl Report {
@@ -58,6 +61,7 @@ impl Report {
             && self.smem_overflow == 0
             && self.divergent_barrier == 0
             && self.divergent_warp == 0
+            && self.bulk_misuse == 0
     }
 }
 
@@ -94,10 +98,11 @@ const BLOCK: u32 = kvtier::cuda::BLOCK_THREADS;
 
 /// The copy methods' flags (KVT_COPY_*): every gather and writeback case runs
 /// each method's kernel.
-const METHODS: [u32; 3] = [
+const METHODS: [u32; 4] = [
     0,
     kvtier::abi::KVT_COPY_LINE_ALIGNED,
     kvtier::abi::KVT_COPY_MERGED_RUNS,
+    kvtier::abi::KVT_COPY_BULK_RUNS,
 ];
 
 /// Whether this process runs the emulator under the race detector: the
@@ -591,6 +596,15 @@ fn run_heavy_cases_match_the_cpu_executor() {
 /// A gather of one row of 656-byte entries through the merged-runs kernel
 /// (one block), loads allowed only where `allowed` says: (report, output).
 fn merged_gather_of_row(topk: &[i32], allowed: impl Fn(Range) -> Vec<Range>) -> (Report, Vec<u8>) {
+    gather_of_row(topk, allowed, kvtier::abi::KVT_COPY_MERGED_RUNS)
+}
+
+/// The same through the kernel of the copy method `flags`.
+fn gather_of_row(
+    topk: &[i32],
+    allowed: impl Fn(Range) -> Vec<Range>,
+    flags: u32,
+) -> (Report, Vec<u8>) {
     let mut case = GatherCase::random(4, SMALL, CLEAN);
     case.setup = Setup {
         layout: LayerFirstLayout::new(656, 1, 32).unwrap(),
@@ -604,13 +618,7 @@ fn merged_gather_of_row(topk: &[i32], allowed: impl Fn(Range) -> Vec<Range>) -> 
     let slots = slot_table(&fx, &case.setup);
     let mut out = Aligned::new(case.out_bytes(), 0, 0x5A);
     let mut err = ErrorWord::clear();
-    let p = gather_params(
-        &case,
-        &slots,
-        &out,
-        &mut err,
-        kvtier::abi::KVT_COPY_MERGED_RUNS,
-    );
+    let p = gather_params(&case, &slots, &out, &mut err, flags);
     let mut loads = allowed(region_ranges(&fx, &case.setup)[0]);
     loads.extend(gather_meta(&p));
     let stores = [out.range()];
@@ -665,6 +673,108 @@ fn merged_runs_read_only_their_runs_and_merge_neighbours() {
         merged.warp_ops < apart.warp_ops,
         "one run a group takes fewer shuffles than 24 runs: {merged:?} vs {apart:?}"
     );
+}
+
+/// The bulk-copy gather moves each run of neighbours with one bulk load of
+/// exactly the run's bytes (the memcheck refuses any other byte of the
+/// region) and each group with one bulk store: a row of 24 ascending tokens
+/// (three groups of one run each) takes 3 loads and 3 stores, the same
+/// tokens descending 24 loads; padding and refused rows are zeros inside the
+/// group's store.
+#[test]
+fn bulk_runs_load_each_run_once_and_store_each_group_once() {
+    let bulk = kvtier::abi::KVT_COPY_BULK_RUNS;
+    let tight = |topk: &'static [i32]| {
+        move |region: Range| -> Vec<Range> {
+            topk.iter()
+                .filter(|&&t| t >= 0)
+                .map(|&t| range(region.start + t as u64 * 656, 656))
+                .collect()
+        }
+    };
+    let (r, _) = gather_of_row(
+        &[2, 3, 4, 5, -1, 9, 10, 29, 30, 31],
+        tight(&[2, 3, 4, 5, 9, 10, 29, 30, 31]),
+        bulk,
+    );
+    assert!(r.clean(), "{r:?}");
+    // groups [2 3 4 5 -1 9 10 29] and [30 31]: runs 2-5, 9-10, 29 and 30-31
+    assert_eq!((r.bulk_loads, r.bulk_stores), (4, 2), "{r:?}");
+
+    let whole = |region: Range| vec![region];
+    let ascending: Vec<i32> = (8..32).collect();
+    let descending: Vec<i32> = (8..32).rev().collect();
+    let (merged, _) = gather_of_row(&ascending, whole, bulk);
+    let (apart, _) = gather_of_row(&descending, whole, bulk);
+    assert!(merged.clean() && apart.clean(), "{merged:?} {apart:?}");
+    assert_eq!((merged.bulk_loads, merged.bulk_stores), (3, 3));
+    assert_eq!((apart.bulk_loads, apart.bulk_stores), (24, 3));
+    // a row of padding only: no load, zeros stored
+    let (empty, _) = gather_of_row(&[-1; 5], whole, bulk);
+    assert!(empty.clean());
+    assert_eq!((empty.bulk_loads, empty.bulk_stores), (0, 1));
+}
+
+/// The bulk-copy writeback moves each run of items (one slot, consecutive
+/// tokens, consecutive source rows) with one bulk load from HBM and one bulk
+/// store into the pool: 24 items written in order (three groups) take 3 of
+/// each, the same items in reverse token order 24; a padding item splits a
+/// run in two. The pool matches the CPU executor's each time.
+#[test]
+fn bulk_writeback_moves_each_run_with_one_load_and_one_store() {
+    let bulk = kvtier::abi::KVT_COPY_BULK_RUNS;
+    let case_of = |slots: Vec<i32>, tokens: Vec<i32>| {
+        let n = slots.len();
+        WritebackCase {
+            setup: Setup {
+                layout: LayerFirstLayout::new(656, 1, 32).unwrap(),
+                n_regions: 1,
+                bindings: vec![Some(0)],
+            },
+            mode: WritebackMode::Layer(0),
+            slots,
+            tokens,
+            src_rows: (0..n as i64).collect(),
+            src: vec![(0..n * 656).map(|i| (i % 251) as u8).collect()],
+            rows: n as u64,
+        }
+    };
+    let run = |case: &WritebackCase| {
+        set_schedule(2);
+        let (pool, err, report) = emulate_writeback(case, 1, bulk);
+        let (cpu_pool, _) = case.run(&Executor::cpu());
+        assert!(report.clean() && err.is_clear(), "{report:?}");
+        assert!(pool == cpu_pool, "{case:?}");
+        (report.bulk_loads, report.bulk_stores)
+    };
+    let ascending = case_of(vec![0; 24], (8..32).collect());
+    assert_eq!(run(&ascending), (3, 3));
+    let descending = case_of(vec![0; 24], (8..32).rev().collect());
+    assert_eq!(run(&descending), (24, 24));
+    let mut split = case_of(vec![0; 8], (8..16).collect());
+    split.slots[3] = -1;
+    assert_eq!(run(&split), (2, 2));
+}
+
+/// The bulk kernels' shared memory as the launchers size it is what the
+/// kernels carve (the emulator's smem guard catches a kernel that carves
+/// more; this, a launcher that gives less or more).
+#[test]
+fn bulk_shared_memory_is_sized_as_the_kernels_carve_it() {
+    type SmemFn = unsafe extern "C" fn(u32, u32) -> u64;
+    let f: libloading::Symbol<'static, SmemFn> =
+        unsafe { emulator().get(b"kvt_emu_bulk_smem") }.unwrap();
+    for entry in [16, 512, 584, 656, 1152, 4096] {
+        for warps in [1, 4, 8, 32] {
+            // SAFETY: a pure function of its two integers.
+            let kernel = unsafe { f(entry, warps) };
+            assert_eq!(
+                kvtier::CopyMethod::bulk_smem_bytes(entry, warps),
+                kernel,
+                "{entry} B, {warps} warps"
+            );
+        }
+    }
 }
 
 /// The production shape: batch 16 of k = 2048, 656 B and 584 B entries.
@@ -1499,6 +1609,62 @@ fn emulate_planted_at(variant: u32, block: u32, out: *mut u32, bytes: usize) -> 
     let f: libloading::Symbol<'static, PlantedFn> =
         unsafe { emulator().get(b"kvt_emu_planted") }.unwrap();
     unsafe { f(&p, block, mem.as_ptr(), 1, mem.as_ptr(), 1) }
+}
+
+/// The emulator judges the bulk engine as the GPU would fail it: a store
+/// issued before the loads' barrier completed writes what the stage held
+/// (and the loads never waited for are counted), shared stores that reach a
+/// bulk store without the proxy fence, a stage written again before its
+/// store has read it, and a thread that ends with a store it never waited
+/// for are each counted as misuse; the correct order moves the rows.
+/// Planted in tests/kernel_emu/planted.cu.
+#[test]
+fn the_emulator_catches_planted_bulk_copy_bugs() {
+    let run = |variant: u32| {
+        // 16-byte aligned, as bulk operations need
+        let mut mem = vec![0u128; 64];
+        let out = mem.as_mut_ptr() as *mut u32;
+        // SAFETY: 256 words inside `mem`, which outlives every use.
+        let words = unsafe { std::slice::from_raw_parts_mut(out, 256) };
+        for (i, w) in words.iter_mut().enumerate().take(48) {
+            *w = 1000 + i as u32;
+        }
+        for w in &mut words[128..192] {
+            *w = 0xDEAD;
+        }
+        set_schedule(2);
+        let r = emulate_planted_at(variant, 128, out, 1024);
+        // SAFETY: as above; the emulated kernel has returned.
+        let words = unsafe { std::slice::from_raw_parts(out, 256) }.to_vec();
+        drop(mem);
+        (r, words)
+    };
+    let want: Vec<u32> = (1000..1048).chain([0; 16]).collect();
+    let (r, out) = run(13);
+    assert!(r.clean(), "{r:?}");
+    assert_eq!(&out[128..192], &want[..]);
+    assert_eq!((r.bulk_loads, r.bulk_stores), (3, 1));
+
+    let (r, out) = run(14);
+    assert!(r.bulk_misuse > 0, "loads never waited for: {r:?}");
+    assert_ne!(
+        &out[128..192],
+        &want[..],
+        "the store wrote what the stage held before"
+    );
+    let (r, _) = run(15);
+    assert!(
+        r.bulk_misuse > 0,
+        "zeros stored without the proxy fence: {r:?}"
+    );
+    let (r, out) = run(16);
+    assert!(r.bulk_misuse > 0, "a store never waited for: {r:?}");
+    assert!(out[128..192].iter().all(|&w| w == 0xDEAD));
+    let (r, _) = run(17);
+    assert!(
+        r.bulk_misuse > 0,
+        "the stage written while its store reads it: {r:?}"
+    );
 }
 
 /// The planners' hash table size in closed form is the smallest power of two

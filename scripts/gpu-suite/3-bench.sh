@@ -72,12 +72,16 @@ elif [ "$quick" = 1 ]; then
   bench writeback 60 --scenario writeback --prefill-tokens 8192 --max-seconds 0.5
 elif [ "$quick" = 2 ]; then
   # The quick pass's second part, after the decode step: 2 MiB pool pages,
-  # the nvcc build, the realistic rows at a buffer of 1x top-k
+  # the nvcc build, the realistic rows at a buffer of 1x top-k, the gather at
+  # 32K tokens of context
   bench gather-host-pages 100 --scenario gather --context 131072 --entry fp8-dsa --batch 64 \
     --k 2048 --indices uniform --host-pages base,transparent --pool-memory 8GiB --max-seconds 0.5
   bin=$nvcc_build bench swap-in-production-nvcc 100 --scenario swap-in --max-seconds 1
   bench swap-in-realistic-h2048 100 --scenario swap-in --entry 656 --hot 2048 --misses 614 \
     --batch 1,8,64,256 --max-seconds 1
+  # the 32K-context half of the gather grid, which no GPU has run (each copy
+  # method, the bulk-copy one included, at the production batch sizes)
+  bench gather-32k 60 --scenario gather --context 32768 --entry fp8-dsa --batch 8,64 --k 2048 --max-seconds 0.5
 else
   bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 2
   bench swap-in-production 120 --scenario swap-in --max-seconds 2

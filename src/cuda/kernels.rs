@@ -222,9 +222,11 @@ pub enum Kernel {
     GatherMergedRuns = 13,
     WritebackMergedRuns = 14,
     SwapInFewMissLinesPlan = 15,
+    GatherBulkRuns = 16,
+    WritebackBulkRuns = 17,
 }
 
-const KERNELS: usize = 16;
+const KERNELS: usize = 18;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -244,6 +246,8 @@ impl Kernel {
         Kernel::GatherMergedRuns,
         Kernel::WritebackMergedRuns,
         Kernel::SwapInFewMissLinesPlan,
+        Kernel::GatherBulkRuns,
+        Kernel::WritebackBulkRuns,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -265,6 +269,8 @@ impl Kernel {
             Kernel::GatherMergedRuns => "kvt_gather_merged_runs",
             Kernel::WritebackMergedRuns => "kvt_writeback_merged_runs",
             Kernel::SwapInFewMissLinesPlan => "kvt_swap_in_few_miss_lines_plan",
+            Kernel::GatherBulkRuns => "kvt_gather_bulk_runs",
+            Kernel::WritebackBulkRuns => "kvt_writeback_bulk_runs",
         }
     }
 
@@ -294,6 +300,8 @@ impl Kernel {
                 | Kernel::SwapInCompactPlan
                 | Kernel::SwapInFewMiss512Plan
                 | Kernel::SwapInFewMissLinesPlan
+                | Kernel::GatherBulkRuns
+                | Kernel::WritebackBulkRuns
         )
     }
 }

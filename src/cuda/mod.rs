@@ -170,6 +170,9 @@ pub struct CudaDevice {
     /// later GPU running code compiled for compute_90 or later (which holds
     /// the kernels' `griddepcontrol.wait`).
     dependent_launch: bool,
+    /// The loaded kernels have the bulk-copy engine (`cp.async.bulk`): the
+    /// same condition, code for compute_90 or later on an sm_90 or later GPU.
+    bulk_copy: bool,
 }
 
 impl CudaDevice {
@@ -216,6 +219,7 @@ impl CudaDevice {
             compute_capability,
             sm_count,
             dependent_launch: compute_capability.0 >= 9 && ptx >= 90,
+            bulk_copy: compute_capability.0 >= 9 && ptx >= 90,
         }))
     }
 
@@ -234,6 +238,12 @@ impl CudaDevice {
     /// kernel before them finishes (sm_90 and later).
     pub fn dependent_launch(&self) -> bool {
         self.dependent_launch
+    }
+
+    /// Whether `CopyMethod::BulkRuns` runs its own kernel here (sm_90 and
+    /// later); elsewhere a call of it runs `MergedRuns`.
+    pub fn bulk_copy(&self) -> bool {
+        self.bulk_copy
     }
 
     /// Streaming multiprocessors.

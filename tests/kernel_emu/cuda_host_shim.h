@@ -171,3 +171,18 @@ extern "C" void kvt_emu_store(void* p, const void* v, unsigned bytes);
 // griddepcontrol.launch_dependents: counted, so the tests see which launches
 // let a programmatic successor start.
 extern "C" void kvt_emu_allow_dependents();
+
+// The bulk-copy engine and its barriers (kernels/bulk.cuh). A bulk load is
+// performed when a thread waits on its barrier's phase, a bulk store's read
+// of shared memory at a wait for its group; every misuse is counted (the
+// report's bulk_misuse). st_shared is an ordinary shared store the emulator
+// tracks until the writing thread's fence_proxy_async.
+extern "C" void kvt_emu_mbar_init(void* bar, unsigned count);
+extern "C" void kvt_emu_mbar_arrive_expect_tx(void* bar, unsigned bytes);
+extern "C" bool kvt_emu_mbar_try_wait(void* bar, unsigned parity);
+extern "C" void kvt_emu_bulk_load(void* smem_dst, const void* src, unsigned bytes, void* bar);
+extern "C" void kvt_emu_bulk_store(void* dst, const void* smem_src, unsigned bytes);
+extern "C" void kvt_emu_bulk_commit();
+extern "C" void kvt_emu_bulk_wait(unsigned newest_pending, bool read_only);
+extern "C" void kvt_emu_fence_proxy_async();
+extern "C" void kvt_emu_st_shared(void* p, const void* v, unsigned bytes);

@@ -6,6 +6,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <deque>
 #include <vector>
 
 #include "gather.cu"
@@ -95,6 +96,9 @@ struct kvt_emu_report {
     uint64_t barriers;             // block barriers passed, summed over blocks
     uint64_t warp_ops;             // warp votes and shuffles completed, summed over warps
     uint64_t dependents_allowed;   // threads that let a programmatic successor start
+    uint64_t bulk_loads;           // bulk loads (global -> shared) issued
+    uint64_t bulk_stores;          // bulk stores (shared -> global) issued
+    uint64_t bulk_misuse;          // misuses of the bulk engine or its barriers (kernels/bulk.cuh)
 };
 
 // Per host thread: test threads emulate independent launches concurrently.
@@ -199,6 +203,31 @@ constexpr unsigned kWarp = 32;
 // Where a fiber stands between switches.
 enum class At { Ready, Barrier, WarpOp, Done };
 
+// A bulk load waiting on its barrier, and a bulk store waiting in its
+// thread's bulk group (with the shared bytes it read, once it has).
+struct BulkLoad {
+    unsigned char* dst;
+    const unsigned char* src;
+    unsigned bytes;
+};
+struct BulkStore {
+    unsigned char* dst;
+    const unsigned char* src;
+    unsigned bytes;
+    bool read = false;
+    std::vector<unsigned char> data;
+};
+// An mbarrier: arrivals a phase, arrivals still owed, bytes expected and not
+// yet landed (expect_tx adds, landing loads subtract), completed phases.
+struct MBar {
+    uintptr_t addr;
+    unsigned expected, pending;
+    int64_t tx;
+    unsigned phase;
+    std::vector<BulkLoad> loads;
+    char race;  // the race detector's sync object of the barrier's phases
+};
+
 struct Fiber {
     ucontext_t ctx;
     At at = At::Ready;
@@ -209,6 +238,10 @@ struct Fiber {
     unsigned arg = 0;    // a shuffle's source lane
     uint64_t result = 0; // the barrier's or the operation's result for it
     void* race = nullptr; // its race-detector fiber
+    std::vector<BulkStore> open_group;           // bulk stores since its last commit
+    std::deque<std::vector<BulkStore>> groups;   // committed bulk groups, oldest first
+    std::vector<std::pair<uintptr_t, uintptr_t>> unfenced;  // its shared stores since its last proxy fence
+    unsigned spins = 0;  // failed barrier waits in a row
 };
 
 // The sync objects of the race detector: two per barrier kind, alternated by
@@ -223,6 +256,8 @@ struct RaceSync {
 };
 
 thread_local std::vector<Fiber>* g_fibers;
+thread_local std::vector<MBar>* g_mbars;
+thread_local size_t g_smem_bytes;
 thread_local RaceSync* g_race;
 thread_local void* g_scheduler_race;
 // Order in which a pass runs the block's ready threads: 0 = ascending,
@@ -249,7 +284,11 @@ void fiber_entry() {
     race_release(&g_race->block_end);
     {
         Bookkeeping b;
-        (*g_fibers)[g_current].at = At::Done;
+        Fiber& f = (*g_fibers)[g_current];
+        // bulk stores the thread never waited for: the kernel may end (and
+        // its shared memory be freed) before they read it
+        if (!f.open_group.empty() || !f.groups.empty()) g_report.bulk_misuse++;
+        f.at = At::Done;
     }
     // returning resumes uc_link, the scheduler
     race_enter(g_scheduler_race);
@@ -323,6 +362,229 @@ extern "C" uint64_t kvt_emu_warp_op(int op, unsigned mask, uint64_t value, unsig
     switch_out();
     if (sync) race_acquire(sync);
     return f.result;
+}
+
+// ---- the bulk-copy engine (kernels/bulk.cuh) ---------------------------------
+
+namespace {
+
+constexpr unsigned kMaxSpins = 10000;
+
+bool in_smem(const void* p, unsigned bytes) {
+    const unsigned char* c = static_cast<const unsigned char*>(p);
+    return c >= kvt_emu_smem && c + bytes <= kvt_emu_smem + g_smem_bytes;
+}
+
+bool overlaps(uintptr_t a, uintptr_t a_end, uintptr_t b, uintptr_t b_end) { return a < b_end && b < a_end; }
+
+// Whether [p, p + bytes) of shared memory holds a store of some thread not
+// yet covered by that thread's proxy fence.
+bool unfenced(const void* p, unsigned bytes) {
+    const uintptr_t a = (uintptr_t)p;
+    for (const Fiber& f : *g_fibers)
+        for (const auto& r : f.unfenced)
+            if (overlaps(a, a + bytes, r.first, r.second)) return true;
+    return false;
+}
+
+// Whether [p, p + bytes) of shared memory is the source of a bulk store that
+// has not read it yet (writing there changes what the store writes).
+bool being_stored(const void* p, unsigned bytes) {
+    const uintptr_t a = (uintptr_t)p;
+    auto hits = [&](const std::vector<BulkStore>& g) {
+        for (const BulkStore& s : g)
+            if (!s.read && overlaps(a, a + bytes, (uintptr_t)s.src, (uintptr_t)s.src + s.bytes)) return true;
+        return false;
+    };
+    for (const Fiber& f : *g_fibers) {
+        if (hits(f.open_group)) return true;
+        for (const auto& g : f.groups)
+            if (hits(g)) return true;
+    }
+    return false;
+}
+
+MBar* find_mbar(const void* bar) {
+    for (MBar& m : *g_mbars)
+        if (m.addr == (uintptr_t)bar) return &m;
+    g_report.bulk_misuse++;  // a barrier never initialised
+    return nullptr;
+}
+
+// A bulk operation's shape: whole 16-byte units at 16-byte aligned addresses.
+bool bulk_shape(const void* a, const void* b, unsigned bytes) {
+    return bytes != 0 && bytes % 16 == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0;
+}
+
+// Whether the allowed ranges cover [a, a + bytes), one or several of them
+// (a bulk operation spans neighbouring entries, each allowed on its own).
+bool covered(const kvt_emu_range* r, size_t n, uint64_t a, uint64_t bytes) {
+    const uint64_t end = a + bytes;
+    while (a < end) {
+        uint64_t reach = a;
+        for (size_t i = 0; i < n; ++i)
+            if (a >= r[i].start && a < r[i].end) reach = std::max(reach, r[i].end);
+        if (reach == a) return false;
+        a = reach;
+    }
+    return true;
+}
+
+// The global side of a bulk operation, counted as the plain accesses are.
+bool bulk_global(const kvt_emu_range* r, size_t n, const void* p, unsigned bytes) {
+    const uint64_t a = (uint64_t)(uintptr_t)p;
+    if (covered(r, n, a, bytes)) return true;
+    g_report.out_of_range++;
+    if (g_report.first_bad_address == 0) g_report.first_bad_address = a;
+    return false;
+}
+
+}  // namespace
+
+extern "C" void kvt_emu_mbar_init(void* bar, unsigned count) {
+    Bookkeeping b;
+    if (!in_smem(bar, 8) || (uintptr_t)bar % 8 != 0 || count == 0) {
+        g_report.bulk_misuse++;
+        return;
+    }
+    for (MBar& m : *g_mbars) {
+        if (m.addr != (uintptr_t)bar) continue;
+        if (!m.loads.empty()) g_report.bulk_misuse++;  // initialised again with loads in flight
+        m = MBar{m.addr, count, count, 0, 0, {}, 0};
+        return;
+    }
+    g_mbars->push_back(MBar{(uintptr_t)bar, count, count, 0, 0, {}, 0});
+}
+
+extern "C" void kvt_emu_mbar_arrive_expect_tx(void* bar, unsigned bytes) {
+    Bookkeeping b;
+    MBar* m = find_mbar(bar);
+    if (m == nullptr) return;
+    if (m->pending == 0) {
+        g_report.bulk_misuse++;  // more arrivals than the phase expects
+        return;
+    }
+    m->tx += bytes;
+    m->pending--;
+}
+
+extern "C" bool kvt_emu_mbar_try_wait(void* bar, unsigned parity) {
+    MBar* m;
+    std::vector<BulkLoad> landing;
+    {
+        Bookkeeping b;
+        Fiber& f = (*g_fibers)[g_current];
+        m = find_mbar(bar);
+        if (m == nullptr) return true;
+        if ((m->phase & 1) == (parity & 1)) {
+            // The phase waited for is the current one: it completes once
+            // every arrival is in and its loads carry the bytes expected.
+            int64_t bytes = 0;
+            for (const BulkLoad& l : m->loads) bytes += l.bytes;
+            if (m->pending != 0 || bytes != m->tx) {
+                if (++f.spins > kMaxSpins) {
+                    g_report.bulk_misuse++;  // a wait that can never complete
+                    f.spins = 0;
+                    return true;
+                }
+                switch_out();
+                return false;
+            }
+            landing.swap(m->loads);
+            m->tx = 0;
+            m->pending = m->expected;
+            m->phase++;
+        }
+        f.spins = 0;
+    }
+    // The loads land now, as this thread's writes (the race detector then
+    // orders them before every thread that sees the phase complete).
+    for (const BulkLoad& l : landing) memcpy(l.dst, l.src, l.bytes);
+    if (!landing.empty()) race_release(&m->race);
+    race_acquire(&m->race);
+    return true;
+}
+
+extern "C" void kvt_emu_bulk_load(void* smem_dst, const void* src, unsigned bytes, void* bar) {
+    kvt_emu_maybe_switch();
+    Bookkeeping b;
+    g_report.bulk_loads++;
+    MBar* m = find_mbar(bar);
+    const bool shape = bulk_shape(smem_dst, src, bytes) && in_smem(smem_dst, bytes);
+    if (!shape || unfenced(smem_dst, bytes) || being_stored(smem_dst, bytes)) g_report.bulk_misuse++;
+    if (!shape || m == nullptr || !bulk_global(g_load_ranges, g_n_load, src, bytes)) return;
+    m->loads.push_back(BulkLoad{static_cast<unsigned char*>(smem_dst), static_cast<const unsigned char*>(src), bytes});
+}
+
+extern "C" void kvt_emu_bulk_store(void* dst, const void* smem_src, unsigned bytes) {
+    kvt_emu_maybe_switch();
+    Bookkeeping b;
+    g_report.bulk_stores++;
+    const bool shape = bulk_shape(dst, smem_src, bytes) && in_smem(smem_src, bytes);
+    if (!shape || unfenced(smem_src, bytes)) g_report.bulk_misuse++;
+    if (!shape || !bulk_global(g_store_ranges, g_n_store, dst, bytes)) return;
+    (*g_fibers)[g_current].open_group.push_back(
+        BulkStore{static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(smem_src), bytes, false, {}});
+}
+
+extern "C" void kvt_emu_bulk_commit() {
+    Bookkeeping b;
+    Fiber& f = (*g_fibers)[g_current];
+    f.groups.push_back(std::move(f.open_group));
+    f.open_group.clear();
+}
+
+extern "C" void kvt_emu_bulk_wait(unsigned newest_pending, bool read_only) {
+    std::vector<BulkStore*> reads;
+    std::vector<std::vector<BulkStore>> done;
+    {
+        Bookkeeping b;
+        Fiber& f = (*g_fibers)[g_current];
+        const size_t older = f.groups.size() > newest_pending ? f.groups.size() - newest_pending : 0;
+        for (size_t i = 0; i < older; ++i)
+            for (BulkStore& s : f.groups[i])
+                if (!s.read) reads.push_back(&s);
+    }
+    // The stores read their shared bytes now, as this thread's reads.
+    for (BulkStore* s : reads) {
+        s->data.assign(s->src, s->src + s->bytes);
+        s->read = true;
+    }
+    if (read_only) return;
+    {
+        Bookkeeping b;
+        Fiber& f = (*g_fibers)[g_current];
+        while (f.groups.size() > newest_pending) {
+            done.push_back(std::move(f.groups.front()));
+            f.groups.pop_front();
+        }
+    }
+    for (const auto& g : done)
+        for (const BulkStore& s : g) memcpy(s.dst, s.data.data(), s.bytes);
+}
+
+extern "C" void kvt_emu_fence_proxy_async() {
+    Bookkeeping b;
+    (*g_fibers)[g_current].unfenced.clear();
+}
+
+extern "C" void kvt_emu_st_shared(void* p, const void* v, unsigned bytes) {
+    {
+        Bookkeeping b;
+        if (!in_smem(p, bytes) || (uintptr_t)p % bytes != 0) {
+            g_report.bulk_misuse++;
+            return;
+        }
+        if (being_stored(p, bytes)) g_report.bulk_misuse++;
+    }
+    memcpy(p, v, bytes);
+    Bookkeeping b;
+    auto& u = (*g_fibers)[g_current].unfenced;
+    const uintptr_t a = (uintptr_t)p;
+    if (!u.empty() && u.back().second == a)
+        u.back().second = a + bytes;
+    else
+        u.emplace_back(a, a + bytes);
 }
 
 namespace {
@@ -413,6 +675,7 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
     g_run_thread = call_kernel<Params, Kernel>;
     g_params = p;
     kvt_emu_smem = smem.data();
+    g_smem_bytes = smem_bytes;
     g_rng = g_schedule * 0x9E3779B97F4A7C15ull + 1;
 
     std::vector<unsigned> order(block);
@@ -426,6 +689,8 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
         race.warp.assign(2 * warps, 0);
         race.warp_gen.assign(warps, 0);
         g_race = &race;
+        std::vector<MBar> mbars;
+        g_mbars = &mbars;
         for (unsigned t = 0; t < block; ++t) {
             init_fiber(fibers[t], stacks[t].data());
             fibers[t].race = race_new_fiber();
@@ -484,6 +749,10 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
                 f.at = At::Ready;
             }
         }
+        // bulk loads no thread ever waited for
+        for (const MBar& m : mbars)
+            if (!m.loads.empty()) g_report.bulk_misuse++;
+        g_mbars = nullptr;
         g_fibers = nullptr;
         race_acquire(&race.block_end);
         for (Fiber& f : fibers) race_free_fiber(f.race);
@@ -503,6 +772,9 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
 extern "C" kvt_emu_report kvt_emu_gather(const kvt_gather_params* p, unsigned grid, unsigned block,
                                          const kvt_emu_range* loads, size_t n_loads,
                                          const kvt_emu_range* stores, size_t n_stores) {
+    if (p->flags & KVT_COPY_BULK_RUNS)
+        return run<kvt_gather_params, kvt_gather_bulk_runs>(
+            p, grid, block, kvt::bulk_smem_bytes(p->entry_bytes, block / kWarp), loads, n_loads, stores, n_stores);
     if (p->flags & KVT_COPY_MERGED_RUNS)
         return run<kvt_gather_params, kvt_gather_merged_runs>(p, grid, block, 0, loads, n_loads, stores,
                                                                n_stores);
@@ -523,6 +795,9 @@ extern "C" kvt_emu_report kvt_emu_writeback(const kvt_writeback_params* p, unsig
                                             unsigned block, const kvt_emu_range* loads,
                                             size_t n_loads, const kvt_emu_range* stores,
                                             size_t n_stores) {
+    if (p->flags & KVT_COPY_BULK_RUNS)
+        return run<kvt_writeback_params, kvt_writeback_bulk_runs>(
+            p, grid, block, kvt::bulk_smem_bytes(p->entry_bytes, block / kWarp), loads, n_loads, stores, n_stores);
     if (p->flags & KVT_COPY_MERGED_RUNS)
         return run<kvt_writeback_params, kvt_writeback_merged_runs>(p, grid, block, 0, loads, n_loads, stores,
                                                                      n_stores);
@@ -569,6 +844,12 @@ extern "C" kvt_emu_report kvt_emu_swap_in_compact_plan(const kvt_swap_in_params*
                                                        const kvt_emu_range* stores, size_t n_stores) {
     return run<kvt_swap_in_params, kvt_swap_in_compact_plan>(p, grid, block, smem_bytes, loads, n_loads, stores,
                                                              n_stores);
+}
+
+// The bulk kernels' shared memory, as they carve it (the launchers' figure,
+// CopyMethod::bulk_smem_bytes, is held equal to it by a test).
+extern "C" uint64_t kvt_emu_bulk_smem(uint32_t entry_bytes, uint32_t warps) {
+    return kvt::bulk_smem_bytes(entry_bytes, warps);
 }
 
 // The planners' hash table size, called as the kernels call it (a device

@@ -3,6 +3,7 @@
 // some lanes skip, an update two threads race on, shared memory read before
 // the barrier or __syncwarp that would order it), beside correct versions.
 // Built into the emulator for tests/kernel_emulation.rs only.
+#include "bulk.cuh"
 #include "common.cuh"
 
 struct kvt_planted_params {
@@ -30,6 +31,15 @@ struct kvt_planted_params {
 // into half t % 2.
 #define KVT_PLANTED_MIN16 11        // with atomic_min16 (correct)
 #define KVT_PLANTED_MIN16_PLAIN 12  // a plain read, compare and write: loses minima
+// The bulk engine (kernels/bulk.cuh), warp 0 of a block of at least 128
+// threads: words [0, 48) of out are three 64-byte rows it bulk-loads into a
+// stage of shared memory, whose fourth row the lanes zero; one bulk store
+// writes the stage to words [128, 192).
+#define KVT_PLANTED_BULK 13               // waits, fences and waits again as it must (correct)
+#define KVT_PLANTED_BULK_NO_WAIT 14       // stores without waiting for the loads' barrier
+#define KVT_PLANTED_BULK_NO_FENCE 15      // the zeros reach the store without the proxy fence
+#define KVT_PLANTED_BULK_NO_WAIT_ALL 16   // ends without waiting for its store
+#define KVT_PLANTED_BULK_REUSE 17         // writes the stage again before its store has read it
 
 extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
     using namespace kvt;
@@ -101,6 +111,35 @@ extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
             } else if (v < ld(half)) {
                 st(half, v);
             }
+            break;
+        }
+        case KVT_PLANTED_BULK:
+        case KVT_PLANTED_BULK_NO_WAIT:
+        case KVT_PLANTED_BULK_NO_FENCE:
+        case KVT_PLANTED_BULK_NO_WAIT_ALL:
+        case KVT_PLANTED_BULK_REUSE: {
+            if (tid >= KVT_WARP) break;
+            uint64_t* bar = reinterpret_cast<uint64_t*>(kvt_dynamic_smem);
+            char* stage = reinterpret_cast<char*>(kvt_dynamic_smem) + 16;
+            if (lane == 0) {
+                bulk::barrier_init(bar, 1);
+                bulk::fence_barrier_init();
+            }
+            __syncwarp();
+            if (lane < 4) bulk::st_shared16(stage + 192 + 16 * lane, make_uint4(0, 0, 0, 0));
+            if (p.variant != KVT_PLANTED_BULK_NO_FENCE) bulk::fence_async_shared();
+            __syncwarp();
+            if (lane == 0) {
+                bulk::arrive_expect_bytes(bar, 192);
+                for (uint32_t r = 0; r < 3; ++r) bulk::load(stage + 64 * r, p.out + 16 * r, 64, bar);
+                if (p.variant != KVT_PLANTED_BULK_NO_WAIT) bulk::wait(bar, 0);
+                bulk::store(p.out + 128, stage, 256);
+                bulk::commit();
+            }
+            __syncwarp();
+            if (p.variant == KVT_PLANTED_BULK_REUSE && lane < 4)
+                bulk::st_shared16(stage + 16 * lane, make_uint4(7, 7, 7, 7));
+            if (lane == 0 && p.variant != KVT_PLANTED_BULK_NO_WAIT_ALL) bulk::wait_all();
             break;
         }
         default:

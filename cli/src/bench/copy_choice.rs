@@ -29,6 +29,12 @@ pub(crate) fn bench_label(path: CopyPath, method: CopyMethod) -> &'static str {
         (CopyPath::Writeback, CopyMethod::MergedRuns) => {
             "kvtier writeback, neighbouring rows merged into runs"
         }
+        (CopyPath::Gather, CopyMethod::BulkRuns) => {
+            "kvtier gather, runs moved by the bulk-copy engine through shared memory"
+        }
+        (CopyPath::Writeback, CopyMethod::BulkRuns) => {
+            "kvtier writeback, runs moved by the bulk-copy engine through shared memory"
+        }
     }
 }
 
@@ -40,6 +46,7 @@ pub(super) fn other_method(path: CopyPath, method: CopyMethod) -> Option<(&'stat
         CopyMethod::WarpVectors => return None,
         CopyMethod::LineAligned => "line-aligned",
         CopyMethod::MergedRuns => "merged runs",
+        CopyMethod::BulkRuns => "bulk runs",
     };
     let scenario = match path {
         CopyPath::Gather => "gather",

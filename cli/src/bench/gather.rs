@@ -350,6 +350,29 @@ impl Setup<'_> {
         let limit = b.time(&clock, Timing::Device, none, |s| unsafe {
             transfer::contiguous(exec, Dir::HostToDevice, first, dst, useful, s)
         })?;
+        // The floor of a small gather (the copy-path goal at batch 1, k 256
+        // is judged against it), on a GPU: a gather launch that moves
+        // nothing (one row of padding: a launch, three index reads and one
+        // zeroed row), then the limit's copy, in one timing.
+        let floor = match exec {
+            Executor::Cuda(_) => {
+                let pad_slots = ExecVec::from_host(exec, &[-1i32])?;
+                let pad_lens = ExecVec::from_host(exec, &[0i32])?;
+                let pad_topk = ExecVec::from_host(exec, &[-1i32])?;
+                let pad_out = ExecVec::<u8>::zeroed(exec, entry)?;
+                Some(b.time(&clock, Timing::Device, none, |s| {
+                    let batch =
+                        GatherBatch::new(pad_slots.buf(), pad_lens.buf(), pad_topk.buf(), 1);
+                    // SAFETY: nothing else uses pad_out.
+                    let o = unsafe { pad_out.buf_mut() };
+                    self.tier
+                        .gather_with(0, &batch, o, CopyMethod::WarpVectors, s)?;
+                    // SAFETY: as the limit's copy below.
+                    unsafe { transfer::contiguous(exec, Dir::HostToDevice, first, dst, useful, s) }
+                })?)
+            }
+            Executor::Cpu => None,
+        };
         let pairs: Vec<(u64, u64)> = (sources.iter().enumerate())
             .map(|(i, &src)| (src, dst + (i * entry) as u64))
             .collect();
@@ -379,6 +402,15 @@ impl Setup<'_> {
         )];
         for (name, t) in others {
             rows.push(row("", name, useful, t, false));
+        }
+        if let Some(t) = floor {
+            rows.push(row(
+                "",
+                "floor: an empty gather launch + the contiguous H2D copy",
+                useful,
+                t,
+                false,
+            ));
         }
         rows.extend([
             row(

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use kvtier::cuda::{CudaGraph, OwnedStream};
-use kvtier::{CudaDevice, Executor, Stream, SwapInEngine, SwapInStrategy};
+use kvtier::{CopyMethod, CudaDevice, Executor, Stream, SwapInEngine, SwapInStrategy};
 
 use super::snapshot::{Snapshot, Verdict, settle};
 use super::swap_in::{Loaded, Path, SwapCase};
@@ -28,7 +28,15 @@ pub(super) fn check(dut: &Executor, seed: u64) -> Row {
     run_cases(name, seed, 4, |s| {
         // Clean cases only: odd seeds are the hostile ones.
         let clean = s.wrapping_mul(2);
-        let mut checks = vec![("gather", gather(dut, clean)?)];
+        // The gather as the tier picks its method, then with each method
+        // (each its own kernel; the bulk one with shared memory and barriers).
+        let mut checks = vec![("gather", gather(dut, clean, None)?)];
+        for method in CopyMethod::ALL {
+            checks.push((
+                "gather, each copy method",
+                gather(dut, clean, Some(method))?,
+            ));
+        }
         for (strategy, plan) in [
             (SwapInStrategy::PlanThenCopy, false),
             (SwapInStrategy::OneBlockPerRequest, false),
@@ -111,10 +119,10 @@ impl<'a> Recorded<'a> {
     }
 }
 
-fn gather(dut: &Executor, seed: u64) -> kvtier::Result<Verdict> {
+fn gather(dut: &Executor, seed: u64, method: Option<CopyMethod>) -> kvtier::Result<Verdict> {
     let case = GatherCase::random(seed)?;
     let under_test = case.load(dut)?;
-    let recorded = Recorded::record(dut, |s| case.call(&under_test, s))?;
+    let recorded = Recorded::record(dut, |s| case.call_with(&under_test, method, s))?;
     for replay in 0..REPLAYS {
         // The replay's top-k, and the same case with it for the CPU.
         let mut reference = case.clone();
@@ -126,8 +134,9 @@ fn gather(dut: &Executor, seed: u64) -> kvtier::Result<Verdict> {
         let cpu = reference.load(&Executor::cpu())?;
         let report = settle(reference.call(&cpu, Stream::null()), || Ok(()))?;
         let want = reference.snapshot(&cpu, report)?;
-        if let v @ Verdict::Differ(_) = Snapshot::compare(&want, &got) {
-            return Ok(v);
+        if let Verdict::Differ(d) = Snapshot::compare(&want, &got) {
+            let how = method.map(|m| format!("{m:?}: ")).unwrap_or_default();
+            return Ok(Verdict::Differ(format!("{how}{d}")));
         }
     }
     Ok(Verdict::Same { note: None })

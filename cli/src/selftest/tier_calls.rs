@@ -209,7 +209,7 @@ impl GatherCase {
 
     /// The per-layer call with `method` (None: the one `Tier::gather`
     /// picks).
-    fn call_with(
+    pub fn call_with(
         &self,
         l: &LoadedGather,
         method: Option<CopyMethod>,
