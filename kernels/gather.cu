@@ -175,6 +175,7 @@ __device__ __forceinline__ void gather_bulk_runs(const kvt_gather_params& p) {
         kvt::bulk::barrier_init(&bars[0], 1);
         kvt::bulk::barrier_init(&bars[1], 1);
         kvt::bulk::fence_barrier_init();
+        kvt::bulk::fence_async_shared();  // the barriers, initialised, as the engine sees them
     }
     __syncwarp();
 
@@ -262,15 +263,17 @@ __device__ __forceinline__ void gather_bulk_runs(const kvt_gather_params& p) {
         if (lane == 0) kvt::bulk::wait_read<0>();
         __syncwarp();
         // Padding and refused rows: zeros, written by the lanes and fenced
-        // so the engine's store sees them.
-        const uint32_t units = entry >> 4;
-        for (uint32_t z = zeros; z != 0; z &= z - 1) {
-            char* row = stage + (uint32_t)(__ffs((int)z) - 1) * entry;
-            for (uint32_t u = lane; u < units; u += KVT_WARP)
-                kvt::bulk::st_shared16(row + 16u * u, make_uint4(0, 0, 0, 0));
+        // so the engine's store sees them (`zeros` is the warp's).
+        if (zeros != 0) {
+            const uint32_t units = entry >> 4;
+            for (uint32_t z = zeros; z != 0; z &= z - 1) {
+                char* row = stage + (uint32_t)(__ffs((int)z) - 1) * entry;
+                for (uint32_t u = lane; u < units; u += KVT_WARP)
+                    kvt::bulk::st_shared16(row + 16u * u, make_uint4(0, 0, 0, 0));
+            }
+            kvt::bulk::fence_async_shared();
+            __syncwarp();
         }
-        kvt::bulk::fence_async_shared();
-        __syncwarp();
         // One bulk load a run of neighbours, counted on the stage's barrier
         // (a group with nothing to load completes its phase on the arrival).
         if (lane == 0) kvt::bulk::arrive_expect_bytes(&bars[s], (uint32_t)__popc(rows) * entry);

@@ -181,6 +181,7 @@ __device__ __forceinline__ void writeback_bulk_runs(const kvt_writeback_params& 
         kvt::bulk::barrier_init(&bars[0], 1);
         kvt::bulk::barrier_init(&bars[1], 1);
         kvt::bulk::fence_barrier_init();
+        kvt::bulk::fence_async_shared();  // the barriers, initialised, as the engine sees them
     }
     __syncwarp();
 

@@ -56,9 +56,12 @@ pub enum CopyMethod {
     /// long (selections with locality, a prefill written in order). Entries
     /// must be whole 16-byte units at 16-byte aligned addresses (656, 512,
     /// 1152 bytes in page-aligned pools); a group with a row that is not
-    /// moves as `MergedRuns` (in the gather, so does a call whose `out` is
-    /// not), and so does every call on a GPU before sm_90 or whose blocks'
-    /// stages ([`CopyMethod::bulk_smem_bytes`]) exceed its shared memory.
+    /// moves as `MergedRuns` (a call whose entries are not, or, in the
+    /// gather, whose `out` or layer offset is not, runs the `MergedRuns`
+    /// kernel), and so does every call on a GPU before sm_90 or whose
+    /// blocks' stages ([`CopyMethod::bulk_smem_bytes`]: 16 entries a warp, 8
+    /// warps) exceed a block's shared memory (entries above about 1.8 KiB
+    /// on an H100).
     /// The swap-in moves its misses as `LineAligned` under it. No GPU has
     /// timed it yet, so the measured table never picks it.
     BulkRuns,

@@ -208,37 +208,23 @@ pub(crate) unsafe fn launch(dev: &CudaDevice, p: &kvt_gather_params, stream: Str
     }
     // The copy method is a kernel of its own (kernels/gather.cu).
     // A warp of the merged-runs kernel takes a group of KVT_COPY_RUN_ROWS rows.
-    if p.flags & KVT_COPY_BULK_RUNS != 0 {
+    // The bulk kernel where the engine can take the whole call's rows (its
+    // groups of misaligned regions move as merged runs inside it); the
+    // merged-runs kernel where it cannot, or the GPU has no engine.
+    let groups = p.batch as u64 * p.k.div_ceil(KVT_COPY_RUN_ROWS) as u64;
+    if p.flags & KVT_COPY_BULK_RUNS != 0
+        && (p.entry_bytes | p.out as u32 | p.layer_offset as u32) & 15 == 0
+    {
         let warps_per_block = Kernel::GatherBulkRuns.block_threads() / 32;
         let smem = CopyMethod::bulk_smem_bytes(p.entry_bytes, warps_per_block);
-        if dev.bulk_copy() && smem <= dev.max_dynamic_smem() as u64 {
-            let groups = p.batch as u64 * p.k.div_ceil(KVT_COPY_RUN_ROWS) as u64;
-            // Shared memory, not registers, decides how many blocks an SM
-            // holds: at most as many as fit, so the grid is one wave.
-            let fit = (dev.max_dynamic_smem() as u64 / smem.max(1)).max(1) as u32;
-            let grid = dev
-                .grid_for_rows(Kernel::GatherBulkRuns, groups)
-                .min(dev.sm_count() * fit)
-                .max(1);
-            // SAFETY: per this function's contract; the kernel's shared
-            // memory is what it carves (CopyMethod::bulk_smem_bytes).
-            return unsafe {
-                dev.launch(
-                    Kernel::GatherBulkRuns,
-                    grid,
-                    BLOCK_THREADS,
-                    smem as u32,
-                    p,
-                    stream,
-                )
-            };
+        // SAFETY: per this function's contract; the kernel carves `smem`.
+        if let Some(r) = unsafe { dev.launch_bulk(Kernel::GatherBulkRuns, groups, smem, p, stream) }
+        {
+            return r;
         }
     }
     let (kernel, warps) = if p.flags & (KVT_COPY_MERGED_RUNS | KVT_COPY_BULK_RUNS) != 0 {
-        (
-            Kernel::GatherMergedRuns,
-            p.batch as u64 * p.k.div_ceil(KVT_COPY_RUN_ROWS) as u64,
-        )
+        (Kernel::GatherMergedRuns, groups)
     } else if p.flags & KVT_COPY_LINE_ALIGNED != 0 {
         (Kernel::GatherLineAligned, rows)
     } else {

@@ -211,29 +211,17 @@ pub(crate) unsafe fn launch(
     // A warp of the merged-runs and bulk kernels takes a group of
     // KVT_COPY_RUN_ROWS rows.
     let groups = p.num_layers as u64 * p.num_items.div_ceil(KVT_COPY_RUN_ROWS) as u64;
-    if p.flags & KVT_COPY_BULK_RUNS != 0 {
+    // The bulk kernel where the engine can take whole rows (its groups with
+    // a misaligned row move as merged runs inside it); the merged-runs
+    // kernel where it cannot, or the GPU has no engine.
+    if p.flags & KVT_COPY_BULK_RUNS != 0 && p.entry_bytes.is_multiple_of(16) {
         let warps_per_block = Kernel::WritebackBulkRuns.block_threads() / 32;
         let smem = CopyMethod::bulk_smem_bytes(p.entry_bytes, warps_per_block);
-        if dev.bulk_copy() && smem <= dev.max_dynamic_smem() as u64 {
-            // Shared memory, not registers, decides how many blocks an SM
-            // holds: at most as many as fit, so the grid is one wave.
-            let fit = (dev.max_dynamic_smem() as u64 / smem.max(1)).max(1) as u32;
-            let grid = dev
-                .grid_for_rows(Kernel::WritebackBulkRuns, groups)
-                .min(dev.sm_count() * fit)
-                .max(1);
-            // SAFETY: per this function's contract; the kernel's shared
-            // memory is what it carves (CopyMethod::bulk_smem_bytes).
-            return unsafe {
-                dev.launch(
-                    Kernel::WritebackBulkRuns,
-                    grid,
-                    BLOCK_THREADS,
-                    smem as u32,
-                    p,
-                    stream,
-                )
-            };
+        // SAFETY: per this function's contract; the kernel carves `smem`.
+        if let Some(r) =
+            unsafe { dev.launch_bulk(Kernel::WritebackBulkRuns, groups, smem, p, stream) }
+        {
+            return r;
         }
     }
     let (kernel, warps) = if p.flags & (KVT_COPY_MERGED_RUNS | KVT_COPY_BULK_RUNS) != 0 {

@@ -813,40 +813,52 @@ fn production_shape() {
 struct ShiftedPool {
     mem: Aligned,
     region_bytes: usize,
+    /// Bytes from one region's start to the next's.
+    stride: usize,
 }
 
 impl ShiftedPool {
     fn new(setup: &Setup, shift: usize) -> Self {
+        let region_bytes = setup.layout.region_bytes() as usize;
+        Self::with_stride(setup, shift, region_bytes)
+    }
+
+    /// Regions `stride` bytes apart, the first `shift` bytes past a 16-byte
+    /// boundary: with a stride of the region's bytes plus 8, every other
+    /// region of 16-byte entries is 16-byte aligned.
+    fn with_stride(setup: &Setup, shift: usize, stride: usize) -> Self {
         let l = setup.layout;
         let region_bytes = l.region_bytes() as usize;
-        let mut mem = Aligned::new(region_bytes * setup.n_regions as usize, shift, 0);
+        let mut mem = Aligned::new(stride * setup.n_regions as usize, shift, 0);
         let entry = l.entry_bytes() as usize;
         for r in 0..setup.n_regions {
             for layer in 0..l.layers() {
                 for t in 0..l.tokens_per_region() {
-                    let at = r as usize * region_bytes + l.entry_offset(layer, t).unwrap() as usize;
+                    let at = r as usize * stride + l.entry_offset(layer, t).unwrap() as usize;
                     mem.bytes_mut()[at..at + entry]
                         .copy_from_slice(&pattern_entry(r, layer, t, entry));
                 }
             }
         }
-        ShiftedPool { mem, region_bytes }
+        ShiftedPool {
+            mem,
+            region_bytes,
+            stride,
+        }
     }
     fn slot_table(&self, setup: &Setup) -> Vec<u64> {
         setup
             .bindings
             .iter()
             .map(|b| {
-                b.map(|r| self.mem.addr() + r as u64 * self.region_bytes as u64)
+                b.map(|r| self.mem.addr() + r as u64 * self.stride as u64)
                     .unwrap_or(0)
             })
             .collect()
     }
     fn regions(&self) -> Vec<Vec<u8>> {
-        self.mem
-            .bytes()
-            .chunks(self.region_bytes)
-            .map(|c| c.to_vec())
+        (self.mem.bytes().chunks(self.stride))
+            .map(|c| c[..self.region_bytes].to_vec())
             .collect()
     }
 }
@@ -925,6 +937,87 @@ fn regions_at_8_mod_16_take_the_head_and_tail_paths() {
         );
         assert_eq!(err, want_err);
     }
+}
+
+/// The bulk kernels with an aligned output and source rows and every other
+/// region 8 bytes off a 16-byte boundary: a warp moves the groups of the
+/// aligned regions through its stages and the others as the merged-runs
+/// kernels do, interleaved (one block strides over every group), and the
+/// results are the model's.
+#[test]
+fn bulk_kernels_move_groups_of_misaligned_regions_as_merged_runs() {
+    let bulk = kvtier::abi::KVT_COPY_BULK_RUNS;
+    let (mut staged, mut apart) = (0, 0);
+    for seed in seeds(0..40) {
+        let mut case = GatherCase::with_runs(seed, RUNS, HOSTILE);
+        case.out_offset = 0;
+        let l = case.setup.layout;
+        let pool = ShiftedPool::with_stride(&case.setup, 0, l.region_bytes() as usize + 8);
+        let slots = pool.slot_table(&case.setup);
+        let out = Aligned::new(case.out_bytes(), 0, 0xAB);
+        let mut err = ErrorWord::clear();
+        let p = gather_params(&case, &slots, &out, &mut err, bulk);
+        let mut loads = vec![pool.mem.range()];
+        loads.extend(gather_meta(&p));
+        let stores = [out.range()];
+        set_schedule(seed % 4);
+        let report = unsafe {
+            gather_fn()(
+                &p,
+                1,
+                BLOCK,
+                loads.as_ptr(),
+                loads.len(),
+                stores.as_ptr(),
+                1,
+            )
+        };
+        assert!(report.clean(), "{report:?} for {case:?}");
+        let (want, want_err) = case.expected();
+        assert!(
+            out.bytes() == want,
+            "gather differs from the model for {case:?}"
+        );
+        assert_eq!(err, want_err);
+        if l.entry_bytes().is_multiple_of(16) && report.bulk_stores > 0 && report.stores > 0 {
+            staged += 1;
+        }
+
+        let wb = WritebackCase::with_runs(seed, RUNS, HOSTILE, true);
+        let l = wb.setup.layout;
+        let pool = ShiftedPool::with_stride(&wb.setup, 0, l.region_bytes() as usize + 8);
+        let slots = pool.slot_table(&wb.setup);
+        let src: Vec<Aligned> = wb.src.iter().map(|b| Aligned::from(b)).collect();
+        let table: Vec<u64> = src.iter().map(Aligned::addr).collect();
+        let mut err = ErrorWord::clear();
+        let p = writeback_params(&wb, &slots, &table, &mut err, bulk);
+        let mut loads: Vec<Range> = src.iter().map(Aligned::range).collect();
+        loads.extend(writeback_meta(&p));
+        let stores = [pool.mem.range()];
+        let report = unsafe {
+            writeback_fn()(
+                &p,
+                1,
+                BLOCK,
+                loads.as_ptr(),
+                loads.len(),
+                stores.as_ptr(),
+                1,
+            )
+        };
+        assert!(report.clean(), "{report:?} for {wb:?}");
+        let (want, want_err) = wb.expected();
+        assert!(
+            pool.regions() == want,
+            "writeback differs from the model for {wb:?}"
+        );
+        assert_eq!(err, want_err);
+        if l.entry_bytes().is_multiple_of(16) && report.bulk_stores > 0 && report.stores > 0 {
+            apart += 1;
+        }
+    }
+    // the cases did mix staged groups with groups moved apart
+    assert!(staged > 0 && apart > 0, "{staged} {apart}");
 }
 
 /// The harness itself can fail: a misaligned output and a pool range that
@@ -1612,11 +1705,12 @@ fn emulate_planted_at(variant: u32, block: u32, out: *mut u32, bytes: usize) -> 
 }
 
 /// The emulator judges the bulk engine as the GPU would fail it: a store
-/// issued before the loads' barrier completed writes what the stage held
-/// (and the loads never waited for are counted), shared stores that reach a
-/// bulk store without the proxy fence, a stage written again before its
-/// store has read it, and a thread that ends with a store it never waited
-/// for are each counted as misuse; the correct order moves the rows.
+/// with no wait for the loads writes what the stage held (and the loads
+/// never waited for are counted); a store issued before the wait, shared
+/// stores that reach a bulk store without the proxy fence, a stage written
+/// again before its store has read it (through the tracked store or a
+/// plain one), and a thread that ends with a store it never waited for are
+/// each counted as misuse; the correct order moves the rows.
 /// Planted in tests/kernel_emu/planted.cu.
 #[test]
 fn the_emulator_catches_planted_bulk_copy_bugs() {
@@ -1664,6 +1758,16 @@ fn the_emulator_catches_planted_bulk_copy_bugs() {
     assert!(
         r.bulk_misuse > 0,
         "the stage written while its store reads it: {r:?}"
+    );
+    let (r, _) = run(18);
+    assert!(
+        r.bulk_misuse > 0,
+        "a store issued before the loads' wait: {r:?}"
+    );
+    let (r, _) = run(19);
+    assert!(
+        r.bulk_misuse > 0,
+        "a plain store into the stage under a store: {r:?}"
     );
 }
 

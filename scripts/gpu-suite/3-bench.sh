@@ -60,6 +60,11 @@ elif [ "$quick" = 1 ]; then
     bench "swap-in-realistic-h${hm%%:*}" 120 --scenario swap-in --entry 656 --hot "${hm%%:*}" \
       --misses "${hm##*:}" --batch 1,8,64,256 --max-seconds 1
   done
+  # batch 2 and 4, between the batch-1 rows (where one launch was up to 1.9x
+  # slower with hundreds of misses) and batch 8, where the default turns to
+  # it (SwapInStrategy::default_for): whether 8 is the right threshold
+  bench swap-in-small-batch 45 --scenario swap-in --entry 656 --hot 4096 --misses 2,274 --batch 2,4 \
+    --max-seconds 0.5
   bench swap-in-dsv4-c4 60 "${dsv4_c4[@]}" --batch 1,32,128 --max-seconds 0.5
   bench swap-in-m3-kv 60 "${m3_kv[@]}" --batch 1,32,128 --max-seconds 0.5
   bench gather 120 --scenario gather --context 131072 --batch 1,8,64 --k 256,2048 --max-seconds 0.5

@@ -49,3 +49,10 @@ profile ncu-gather-e656-b8-k2048 60 kvt_gather --scenario gather --entry 656 --b
 profile ncu-gather-e656-b64-k2048 60 kvt_gather --scenario gather --entry 656 --batch 64 --k 2048 --context 131072 --indices uniform
 profile ncu-gather-e1152-b1-k256 60 kvt_gather --scenario gather --entry 1152 --batch 1 --k 256 --context 131072 --indices uniform
 profile ncu-writeback-prefill-8192 60 kvt_writeback --scenario writeback --prefill-tokens 8192 --entry 656
+# The bulk-copy gather (CopyMethod::BulkRuns, first timed by the quick pass):
+# one bulk operation a row with uniform indices, runs of neighbours with
+# locality, where the engine's per-operation cost shows
+profile ncu-gather-bulk-e656-b64-k2048-uniform 60 kvt_gather_bulk_runs --scenario gather --entry 656 --batch 64 \
+  --k 2048 --context 131072 --indices uniform
+profile ncu-gather-bulk-e656-b64-k2048-locality 60 kvt_gather_bulk_runs --scenario gather --entry 656 --batch 64 \
+  --k 2048 --context 131072 --indices locality

@@ -372,11 +372,16 @@ impl Kernels {
                 }
                 .call("cuFuncSetAttribute")?;
             }
-            if k == Kernel::SwapInCompactPlan {
-                // Two blocks of it share an SM only with the most of the
-                // SM's L1/shared split given to shared memory (2 x 74 KiB
-                // at top-k 2048 over a hot buffer of 8192); the driver takes
-                // the preference as a hint.
+            if matches!(
+                k,
+                Kernel::SwapInCompactPlan | Kernel::GatherBulkRuns | Kernel::WritebackBulkRuns
+            ) {
+                // Two blocks of the compact planner share an SM only with
+                // the most of the SM's L1/shared split given to shared
+                // memory (2 x 74 KiB at top-k 2048 over a hot buffer of
+                // 8192), and the bulk kernels' blocks are as many as their
+                // stages fit (launch_bulk counts the whole of it); the
+                // driver takes the preference as a hint.
                 // SAFETY: `f` is a function of the loaded module.
                 unsafe {
                     result::function::set_function_attribute(

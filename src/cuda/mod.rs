@@ -173,6 +173,10 @@ pub struct CudaDevice {
     /// The loaded kernels have the bulk-copy engine (`cp.async.bulk`): the
     /// same condition, code for compute_90 or later on an sm_90 or later GPU.
     bulk_copy: bool,
+    /// Shared memory of one SM, and what the driver reserves of it for each
+    /// resident block: how many blocks of a given dynamic size fit an SM.
+    smem_per_sm: usize,
+    smem_reserved_per_block: usize,
 }
 
 impl CudaDevice {
@@ -210,6 +214,16 @@ impl CudaDevice {
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .call("cuDeviceGetAttribute")? as usize;
+        let smem_per_sm = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            )
+            .call("cuDeviceGetAttribute")? as usize;
+        let smem_reserved_per_block = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+            )
+            .call("cuDeviceGetAttribute")? as usize;
         let kernels = kernels::Kernels::load(smem_optin)?;
         let (_, ptx) = loaded_arch(kernels.function(Kernel::SwapInCopy))?;
         Ok(Arc::new(CudaDevice {
@@ -220,6 +234,8 @@ impl CudaDevice {
             sm_count,
             dependent_launch: compute_capability.0 >= 9 && ptx >= 90,
             bulk_copy: compute_capability.0 >= 9 && ptx >= 90,
+            smem_per_sm,
+            smem_reserved_per_block,
         }))
     }
 
@@ -456,6 +472,37 @@ impl CudaDevice {
         let needed = rows.div_ceil(warps_per_block);
         let resident = self.sm_count as u64 * self.kernels.blocks_per_sm(kernel) as u64;
         needed.min(resident).max(1) as u32
+    }
+
+    /// Launches a kernel of the `BulkRuns` copy method (one warp a group of
+    /// `groups` groups, grid-stride) with `smem` bytes of dynamic shared
+    /// memory a block, on at most as many blocks as are resident at once:
+    /// what registers allow and what the SM's shared memory holds at that
+    /// size (its blocks take the whole carveout). `None` where the GPU has
+    /// no bulk-copy engine or a block's stages exceed a block's shared
+    /// memory; the caller then runs its merged-runs kernel.
+    ///
+    /// # Safety
+    /// As for [`CudaDevice::launch`]; `kernel` carves `smem` bytes.
+    pub(crate) unsafe fn launch_bulk<P>(
+        &self,
+        kernel: Kernel,
+        groups: u64,
+        smem: u64,
+        params: &P,
+        stream: Stream,
+    ) -> Option<Result<()>> {
+        if !self.bulk_copy || smem > self.max_dynamic_smem() as u64 {
+            return None;
+        }
+        let fit =
+            (self.smem_per_sm as u64 / (smem + self.smem_reserved_per_block as u64)).max(1) as u32;
+        let grid = self
+            .grid_for_rows(kernel, groups)
+            .min(self.sm_count * fit)
+            .max(1);
+        // SAFETY: per this function's contract.
+        Some(unsafe { self.launch(kernel, grid, BLOCK_THREADS, smem as u32, params, stream) })
     }
 
     /// Dynamic shared memory per block the swap-in kernels may use.

@@ -205,10 +205,14 @@ enum class At { Ready, Barrier, WarpOp, Done };
 
 // A bulk load waiting on its barrier, and a bulk store waiting in its
 // thread's bulk group (with the shared bytes it read, once it has).
+// Each keeps the shared bytes it found at issue: shared memory that changes
+// under an operation before it lands (a load) or reads it (a store) was
+// written by some thread while the engine owned it, by whatever store.
 struct BulkLoad {
     unsigned char* dst;
     const unsigned char* src;
     unsigned bytes;
+    std::vector<unsigned char> at_issue;
 };
 struct BulkStore {
     unsigned char* dst;
@@ -216,6 +220,7 @@ struct BulkStore {
     unsigned bytes;
     bool read = false;
     std::vector<unsigned char> data;
+    std::vector<unsigned char> at_issue;
 };
 // An mbarrier: arrivals a phase, arrivals still owed, bytes expected and not
 // yet landed (expect_tx adds, landing loads subtract), completed phases.
@@ -256,7 +261,7 @@ struct RaceSync {
 };
 
 thread_local std::vector<Fiber>* g_fibers;
-thread_local std::vector<MBar>* g_mbars;
+thread_local std::deque<MBar>* g_mbars;  // a deque: barriers keep their addresses
 thread_local size_t g_smem_bytes;
 thread_local RaceSync* g_race;
 thread_local void* g_scheduler_race;
@@ -404,6 +409,16 @@ bool being_stored(const void* p, unsigned bytes) {
     return false;
 }
 
+// Whether [p, p + bytes) of shared memory is the destination of a bulk load
+// that has not landed (its bytes are not there yet, and will overwrite).
+bool being_loaded(const void* p, unsigned bytes) {
+    const uintptr_t a = (uintptr_t)p;
+    for (const MBar& m : *g_mbars)
+        for (const BulkLoad& l : m.loads)
+            if (overlaps(a, a + bytes, (uintptr_t)l.dst, (uintptr_t)l.dst + l.bytes)) return true;
+    return false;
+}
+
 MBar* find_mbar(const void* bar) {
     for (MBar& m : *g_mbars)
         if (m.addr == (uintptr_t)bar) return &m;
@@ -491,6 +506,8 @@ extern "C" bool kvt_emu_mbar_try_wait(void* bar, unsigned parity) {
                 return false;
             }
             landing.swap(m->loads);
+            for (const BulkLoad& l : landing)
+                if (memcmp(l.dst, l.at_issue.data(), l.bytes) != 0) g_report.bulk_misuse++;
             m->tx = 0;
             m->pending = m->expected;
             m->phase++;
@@ -511,9 +528,12 @@ extern "C" void kvt_emu_bulk_load(void* smem_dst, const void* src, unsigned byte
     g_report.bulk_loads++;
     MBar* m = find_mbar(bar);
     const bool shape = bulk_shape(smem_dst, src, bytes) && in_smem(smem_dst, bytes);
-    if (!shape || unfenced(smem_dst, bytes) || being_stored(smem_dst, bytes)) g_report.bulk_misuse++;
+    if (!shape || unfenced(smem_dst, bytes) || being_stored(smem_dst, bytes) || being_loaded(smem_dst, bytes))
+        g_report.bulk_misuse++;
     if (!shape || m == nullptr || !bulk_global(g_load_ranges, g_n_load, src, bytes)) return;
-    m->loads.push_back(BulkLoad{static_cast<unsigned char*>(smem_dst), static_cast<const unsigned char*>(src), bytes});
+    unsigned char* dst = static_cast<unsigned char*>(smem_dst);
+    m->loads.push_back(
+        BulkLoad{dst, static_cast<const unsigned char*>(src), bytes, std::vector<unsigned char>(dst, dst + bytes)});
 }
 
 extern "C" void kvt_emu_bulk_store(void* dst, const void* smem_src, unsigned bytes) {
@@ -521,10 +541,12 @@ extern "C" void kvt_emu_bulk_store(void* dst, const void* smem_src, unsigned byt
     Bookkeeping b;
     g_report.bulk_stores++;
     const bool shape = bulk_shape(dst, smem_src, bytes) && in_smem(smem_src, bytes);
-    if (!shape || unfenced(smem_src, bytes)) g_report.bulk_misuse++;
+    // (a store of bytes whose load has not landed: issued before the wait)
+    if (!shape || unfenced(smem_src, bytes) || being_loaded(smem_src, bytes)) g_report.bulk_misuse++;
     if (!shape || !bulk_global(g_store_ranges, g_n_store, dst, bytes)) return;
-    (*g_fibers)[g_current].open_group.push_back(
-        BulkStore{static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(smem_src), bytes, false, {}});
+    const unsigned char* src = static_cast<const unsigned char*>(smem_src);
+    (*g_fibers)[g_current].open_group.push_back(BulkStore{static_cast<unsigned char*>(dst), src, bytes, false, {},
+                                                          std::vector<unsigned char>(src, src + bytes)});
 }
 
 extern "C" void kvt_emu_bulk_commit() {
@@ -549,6 +571,11 @@ extern "C" void kvt_emu_bulk_wait(unsigned newest_pending, bool read_only) {
     for (BulkStore* s : reads) {
         s->data.assign(s->src, s->src + s->bytes);
         s->read = true;
+    }
+    {
+        Bookkeeping b;
+        for (BulkStore* s : reads)
+            if (s->data != s->at_issue) g_report.bulk_misuse++;  // written while the store owned it
     }
     if (read_only) return;
     {
@@ -575,7 +602,7 @@ extern "C" void kvt_emu_st_shared(void* p, const void* v, unsigned bytes) {
             g_report.bulk_misuse++;
             return;
         }
-        if (being_stored(p, bytes)) g_report.bulk_misuse++;
+        if (being_stored(p, bytes) || being_loaded(p, bytes)) g_report.bulk_misuse++;
     }
     memcpy(p, v, bytes);
     Bookkeeping b;
@@ -689,7 +716,7 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
         race.warp.assign(2 * warps, 0);
         race.warp_gen.assign(warps, 0);
         g_race = &race;
-        std::vector<MBar> mbars;
+        std::deque<MBar> mbars;
         g_mbars = &mbars;
         for (unsigned t = 0; t < block; ++t) {
             init_fiber(fibers[t], stacks[t].data());

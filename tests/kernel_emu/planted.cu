@@ -40,6 +40,8 @@ struct kvt_planted_params {
 #define KVT_PLANTED_BULK_NO_FENCE 15      // the zeros reach the store without the proxy fence
 #define KVT_PLANTED_BULK_NO_WAIT_ALL 16   // ends without waiting for its store
 #define KVT_PLANTED_BULK_REUSE 17         // writes the stage again before its store has read it
+#define KVT_PLANTED_BULK_STORE_FIRST 18   // stores, then waits for the loads' barrier
+#define KVT_PLANTED_BULK_PLAIN_REUSE 19   // as 17 with a plain shared store, which the emulator does not track
 
 extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
     using namespace kvt;
@@ -117,7 +119,9 @@ extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
         case KVT_PLANTED_BULK_NO_WAIT:
         case KVT_PLANTED_BULK_NO_FENCE:
         case KVT_PLANTED_BULK_NO_WAIT_ALL:
-        case KVT_PLANTED_BULK_REUSE: {
+        case KVT_PLANTED_BULK_REUSE:
+        case KVT_PLANTED_BULK_STORE_FIRST:
+        case KVT_PLANTED_BULK_PLAIN_REUSE: {
             if (tid >= KVT_WARP) break;
             uint64_t* bar = reinterpret_cast<uint64_t*>(kvt_dynamic_smem);
             char* stage = reinterpret_cast<char*>(kvt_dynamic_smem) + 16;
@@ -132,13 +136,17 @@ extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
             if (lane == 0) {
                 bulk::arrive_expect_bytes(bar, 192);
                 for (uint32_t r = 0; r < 3; ++r) bulk::load(stage + 64 * r, p.out + 16 * r, 64, bar);
-                if (p.variant != KVT_PLANTED_BULK_NO_WAIT) bulk::wait(bar, 0);
+                const bool first = p.variant == KVT_PLANTED_BULK_STORE_FIRST;
+                if (p.variant != KVT_PLANTED_BULK_NO_WAIT && !first) bulk::wait(bar, 0);
                 bulk::store(p.out + 128, stage, 256);
                 bulk::commit();
+                if (first) bulk::wait(bar, 0);
             }
             __syncwarp();
             if (p.variant == KVT_PLANTED_BULK_REUSE && lane < 4)
                 bulk::st_shared16(stage + 16 * lane, make_uint4(7, 7, 7, 7));
+            if (p.variant == KVT_PLANTED_BULK_PLAIN_REUSE && lane < 4)
+                reinterpret_cast<volatile uint32_t*>(stage)[4 * lane] = 7;
             if (lane == 0 && p.variant != KVT_PLANTED_BULK_NO_WAIT_ALL) bulk::wait_all();
             break;
         }
