@@ -328,6 +328,48 @@ mod tests {
     }
 
     #[test]
+    fn the_bulk_method_is_chosen_where_a_run_shows_it_clearly_faster() {
+        let p = |k: u32| format!(r#"{{"batch":64,"entry":656,"k":{k}}}"#);
+        let (gl, gb) = (
+            bench_label(CopyPath::Gather, CopyMethod::LineAligned),
+            bench_label(CopyPath::Gather, CopyMethod::BulkRuns),
+        );
+        let (ww, wb) = (
+            bench_label(CopyPath::Writeback, CopyMethod::WarpVectors),
+            bench_label(CopyPath::Writeback, CopyMethod::BulkRuns),
+        );
+        let wp = r#"{"entry":656,"layers":1,"phase":"prefill","tokens":8192}"#;
+        let t = table(&[
+            // the gather's rule at 656 B is line-aligned: bulk replaces it
+            // at k 2048, is level at k 256 (overlapping quartiles)
+            line("gather", gl, &p(2048), 10.0, 11.0),
+            line("gather", gb, &p(2048), 7.0, 8.0),
+            line("gather", gl, &p(256), 10.0, 11.0),
+            line("gather", gb, &p(256), 10.5, 11.5),
+            // the writeback's rule is warp vectors: bulk slower keeps it
+            line("writeback", ww, wp, 10.0, 11.0),
+            line("writeback", wb, wp, 12.0, 13.0),
+        ]);
+        let got: Vec<(CopyPath, u64, &str)> = t
+            .choices
+            .iter()
+            .map(|c| (c.path, c.min_rows, c.method.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (CopyPath::Gather, 64 * 256, "line-aligned"),
+                (CopyPath::Gather, 64 * 2048, "bulk-runs"),
+                (CopyPath::Writeback, 8192, "warp-vectors"),
+            ]
+        );
+        assert_eq!(
+            kvtier::copy_choice::method_by_name("bulk-runs"),
+            Some(CopyMethod::BulkRuns)
+        );
+    }
+
+    #[test]
     fn a_row_without_its_shape_is_refused_and_one_without_quartiles_skipped() {
         let bad = line("gather", "kvtier gather", r#"{"entry":656}"#, 1.0, 2.0);
         let e = derive(&records(&[bad])).unwrap_err().to_string();
