@@ -178,6 +178,10 @@ typedef struct kvt_writeback_params {
                                        kvt_swap_in_copy_line_aligned as the copy kernel and, with
                                        KVT_SWAP_COPY_IN_PLAN, of the few-miss planners' _lines_plan builds
                                        (no kernel reads it) */
+#define KVT_SWAP_COPY_BULK 1024u    /* the launcher's choice of the copy method KVT_COPY_BULK_RUNS: of
+                                       kvt_swap_in_copy_bulk as the copy kernel (set with
+                                       KVT_SWAP_COPY_LINES, which the planners' own copies take; no kernel
+                                       reads it) */
 
 /* Largest number of resolved top-k entries per row (top_k * block_tokens) and
  * largest hot buffer a swap-in accepts. */

@@ -2,6 +2,7 @@
 // (SGLang HiSparse semantics), split into per-request planning and one wide
 // copy over every miss of the batch; the same copy kernel replays a caller's
 // miss plan on its own (SGLang's copy_cache_planned_mla).
+#include "bulk.cuh"
 #include "swap_in.cuh"
 
 namespace kvt {
@@ -381,7 +382,26 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_PLAN_THREADS, 1)
 // the default keeps its registers, as the gather's and writeback's methods.
 namespace kvt {
 namespace swap {
-template <bool Lines>
+// Whether the bulk-copy engine can move every miss of `p` whole: rows of one
+// value piece (no scale piece) of whole 16-byte units, pages and buffers
+// 16-byte aligned. The same on the host (swap_in::cuda::bulk_rows).
+__device__ __forceinline__ bool bulk_rows(const kvt_swap_in_params& p) {
+    const kvt_item_layout& L = p.items;
+    const uint64_t bases = p.host_cache[0] | p.device_buffer[0] | p.host_cache[1] | p.device_buffer[1];
+    return L.scale_bytes == 0 && (L.value_bytes & 15u) == 0 && (L.page_bytes & 15u) == 0 && (bases & 15u) == 0;
+}
+// Shared memory of kvt_swap_in_copy_bulk past the prefix sums (its first
+// bulk_copy_at bytes): two barriers a warp, rounded to 128 bytes, then two
+// stages a warp of one value piece a plane.
+__device__ __forceinline__ uint32_t bulk_copy_at(uint32_t batch, uint32_t warps) {
+    return (4u * (batch + 1u + warps) + 127u) & ~127u;
+}
+// A row's value piece in a buffer of layout L.
+__device__ __forceinline__ uint64_t value_at(const kvt_item_layout& L, uint64_t base, uint64_t row) {
+    return base + (row >> L.page_shift) * L.page_bytes + (row & ((1ull << L.page_shift) - 1)) * L.value_bytes;
+}
+
+template <bool Lines, bool Bulk = false>
 __device__ __forceinline__ void copy_planned(const kvt_swap_in_params& p) {
     // Launched as a dependent of the plan kernel on sm_90: nothing is read
     // before the plan kernel has completed.
@@ -421,6 +441,72 @@ __device__ __forceinline__ void copy_planned(const kvt_swap_in_params& p) {
     __syncthreads();
 
     const uint32_t lane = tid % KVT_WARP;
+#ifdef KVT_HAS_BULK
+    // The bulk copy: lane 0 of each warp moves its misses with the engine,
+    // a bulk load a plane from the host row into a stage of the warp's, then
+    // a bulk store from there into the device row; the next miss's loads are
+    // issued before the warp waits for this one's, so two misses are in
+    // flight a warp, with no registers held for the bytes.
+    if (Bulk && bulk_rows(p)) {
+        if (lane != 0) return;
+        const kvt_item_layout& L = p.items;
+        const uint32_t planes = p.host_cache[1] != 0 ? 2u : 1u;
+        const uint32_t warp = tid / KVT_WARP, warps = nthreads / KVT_WARP;
+        char* area = reinterpret_cast<char*>(kvt_dynamic_smem) + bulk_copy_at(B, warps);
+        uint64_t* bars = reinterpret_cast<uint64_t*>(area) + 2 * warp;
+        const uint32_t stage_bytes = planes * L.value_bytes;
+        char* stages = area + bulk_barrier_bytes(warps) + (uint64_t)warp * 2u * stage_bytes;
+        bulk::barrier_init(&bars[0], 1);
+        bulk::barrier_init(&bars[1], 1);
+        bulk::fence_barrier_init();
+        bulk::fence_async_shared();
+        uint32_t filled = 0;
+        int64_t waiting = -1;  // the device row of the miss whose loads are in flight
+        auto store_waiting = [&]() {
+            if (waiting < 0) return;
+            const uint32_t s = (filled - 1) & 1u;
+            bulk::wait(&bars[s], ((filled - 1) >> 1) & 1u);
+            for (uint32_t k = 0; k < planes; ++k)
+                bulk::store(reinterpret_cast<char*>(value_at(L, p.device_buffer[k], (uint64_t)waiting)),
+                            stages + s * stage_bytes + k * L.value_bytes, L.value_bytes);
+            bulk::commit();
+            waiting = -1;
+        };
+        for (uint32_t g = global_warp(); g < total; g += grid_warps()) {
+            uint32_t lo_r = 0, hi_r = B;
+            while (hi_r - lo_r > 1) {
+                const uint32_t mid = (lo_r + hi_r) / 2;
+                if (prefix[mid] <= g)
+                    lo_r = mid;
+                else
+                    hi_r = mid;
+            }
+            const uint32_t m = g - prefix[lo_r];
+            const uint64_t at = (uint64_t)lo_r * p.plan_stride + m;
+            const int64_t src = ld(reinterpret_cast<const int64_t*>(p.plan_src) + at);
+            const int64_t dst = ld(reinterpret_cast<const int32_t*>(p.plan_dst) + at);
+            if (!in_rows(src, p.host_rows) || !in_rows(dst, p.device_rows)) {
+                report(err, in_rows(src, p.host_rows) ? KVT_ERR_SWAP_DEVICE_LOC : KVT_ERR_SWAP_HOST_LOC,
+                       (lo_r << 16) | m, in_rows(src, p.host_rows) ? dst : src);
+                continue;
+            }
+            const uint32_t s = filled & 1u;
+            // the store that last read this stage, two misses back, is the newest
+            bulk::wait_read<0>();
+            bulk::arrive_expect_bytes(&bars[s], stage_bytes);
+            for (uint32_t k = 0; k < planes; ++k)
+                bulk::load(stages + s * stage_bytes + k * L.value_bytes,
+                           reinterpret_cast<const char*>(value_at(L, p.host_cache[k], (uint64_t)src)), L.value_bytes,
+                           &bars[s]);
+            store_waiting();
+            waiting = dst;
+            ++filled;
+        }
+        store_waiting();
+        bulk::wait_all();
+        return;
+    }
+#endif
     for (uint32_t g = global_warp(); g < total; g += grid_warps()) {
         uint32_t lo_r = 0, hi_r = B;  // the row r with prefix[r] <= g < prefix[r + 1]
         while (hi_r - lo_r > 1) {
@@ -445,4 +531,18 @@ extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_swap_in_copy
 extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS)
     kvt_swap_in_copy_line_aligned(const kvt_swap_in_params p) {
     kvt::swap::copy_planned<true>(p);
+}
+// kvt_swap_in_copy_bulk — kvt_swap_in_copy with the copy method
+// KVT_COPY_BULK_RUNS (KVT_SWAP_COPY_BULK), sm_90 and later: the same reads,
+// writes, reports and mapping, each miss moved by lane 0 of its warp with
+// the bulk-copy engine (a bulk load a plane into the warp's shared memory,
+// then a bulk store) where every row is one value piece of whole 16-byte
+// units at 16-byte aligned addresses (bulk_rows), else as
+// kvt_swap_in_copy_line_aligned.
+// Assumes: as kvt_swap_in_copy, with dynamic shared memory of
+//          bulk_copy_at(batch, warps) + bulk_barrier_bytes(warps) +
+//          warps * 2 * planes * value_bytes bytes (swap_in::copy_smem_bytes_for).
+// Without the bulk engine (the sm_80 build), kvt_swap_in_copy_line_aligned.
+extern "C" __global__ void __launch_bounds__(KVT_BLOCK_THREADS) kvt_swap_in_copy_bulk(const kvt_swap_in_params p) {
+    kvt::swap::copy_planned<true, true>(p);
 }

@@ -6,7 +6,7 @@
 
 use crate::abi::{
     KVT_COPY_BULK_RUNS, KVT_COPY_LINE_ALIGNED, KVT_COPY_MERGED_RUNS, KVT_COPY_RUN_ROWS,
-    KVT_SWAP_COPY_LINES,
+    KVT_SWAP_COPY_BULK, KVT_SWAP_COPY_LINES,
 };
 
 /// A warp's way of moving an entry (the `KVT_COPY_*` flags of the kernels).
@@ -62,8 +62,13 @@ pub enum CopyMethod {
     /// blocks' stages ([`CopyMethod::bulk_smem_bytes`]: 16 entries a warp, 8
     /// warps) exceed a block's shared memory (entries above about 1.8 KiB
     /// on an H100).
-    /// The swap-in moves its misses as `LineAligned` under it. No GPU has
-    /// timed it yet, so the measured table never picks it.
+    /// The swap-in's copy kernel moves each miss with it too (a bulk load a
+    /// plane into the warp's shared memory, then a bulk store), where rows
+    /// are one value piece of whole 16-byte units (DeepSeek's 656-byte MLA
+    /// rows, MiniMax-M3's K and V; not V4's C4 rows, whose 8-byte scale
+    /// pieces move as `LineAligned`), and the planners' own copies as
+    /// `LineAligned`. No GPU has timed it yet, so the measured table never
+    /// picks it.
     BulkRuns,
 }
 
@@ -129,14 +134,15 @@ impl CopyMethod {
 
     /// The swap-in parameters' flag for the method (`kvt_swap_in_params`
     /// keeps its own flag set; the launcher picks the copy kernel by it).
-    /// `MergedRuns` and `BulkRuns` have no swap-in kernel: their misses
-    /// move as `MergedRuns`' rows outside runs do, `LineAligned`.
+    /// `MergedRuns` has no swap-in kernel: its misses move as its rows
+    /// outside runs do, `LineAligned`. `BulkRuns` has a copy kernel
+    /// (`kvt_swap_in_copy_bulk`); the planners' own copies under it are
+    /// `LineAligned`.
     pub(crate) fn swap_in_flags(self) -> u32 {
         match self {
             CopyMethod::WarpVectors => 0,
-            CopyMethod::LineAligned | CopyMethod::MergedRuns | CopyMethod::BulkRuns => {
-                KVT_SWAP_COPY_LINES
-            }
+            CopyMethod::LineAligned | CopyMethod::MergedRuns => KVT_SWAP_COPY_LINES,
+            CopyMethod::BulkRuns => KVT_SWAP_COPY_LINES | KVT_SWAP_COPY_BULK,
         }
     }
 }

@@ -1257,7 +1257,7 @@ fn emulate_swap(
         // The host launches no copy kernel for a skip-IO swap-in, nor
         // where the plan kernel copies every miss.
         if p.flags & (kvtier::abi::KVT_SWAP_COPY_IN_PLAN | kvtier::abi::KVT_SWAP_SKIP_IO) == 0 {
-            let smem = kvtier::swap_in::copy_smem_bytes(batch as u32);
+            let smem = kvtier::swap_in::copy_smem_bytes_for(&p);
             reports.push(unsafe {
                 swap_fn(b"kvt_emu_swap_in_copy")(
                     &p,
@@ -1308,7 +1308,7 @@ fn emulate_replay(case: &ReplayCase, grid: u32, copy: CopyMethod) -> (ReplayOutc
                 &p,
                 grid,
                 BLOCK,
-                kvtier::swap_in::copy_smem_bytes(case.count.len() as u32),
+                kvtier::swap_in::copy_smem_bytes_for(&p),
                 loads.as_ptr(),
                 loads.len(),
                 stores.as_ptr(),
@@ -1447,6 +1447,43 @@ fn swap_in_kernels_on_bigger_hot_buffers() {
     if !race_detector() {
         swap_agrees(&SwapCase::random(5, SWAP_MEDIUM, HOSTILE, None));
     }
+}
+
+/// The swap-in's bulk copy kernel moves each miss with one bulk load and one
+/// bulk store a plane where every row is one value piece of whole 16-byte
+/// units at 16-byte aligned addresses, and as the line-aligned kernel where
+/// not (rows with a scale piece, as V4's C4 rows): over random plan
+/// replays, bulk loads only for such rows, a store for each, whole planes,
+/// and the device rows the CPU executor's.
+#[test]
+fn the_swap_in_bulk_copy_moves_each_miss_with_one_load_and_store_a_plane() {
+    let (mut staged, mut apart) = (0, 0);
+    for seed in seeds(0..60) {
+        let case = ReplayCase::random(seed, false);
+        if case.count.is_empty() || case.skip_io {
+            continue;
+        }
+        let cells = case.count.len() as u64 * case.capacity as u64;
+        let grid = grid_schedules(cells)[0].0;
+        set_schedule(2);
+        let (got, report) = emulate_replay(&case, grid, CopyMethod::BulkRuns);
+        assert!(report.clean(), "{report:?} for {case:?}");
+        assert_eq!(got, case.run_cpu(), "{case:?}");
+        let l = case.layout.to_abi();
+        let whole = l.scale_bytes == 0
+            && l.value_bytes.is_multiple_of(16)
+            && l.page_bytes.is_multiple_of(16);
+        let planes = case.host.len() as u64;
+        if report.bulk_loads > 0 {
+            staged += 1;
+            assert!(whole, "{case:?}");
+            assert_eq!(report.bulk_loads, report.bulk_stores, "{case:?}");
+            assert_eq!(report.bulk_loads % planes, 0, "{case:?}");
+        } else {
+            apart += 1;
+        }
+    }
+    assert!(staged > 0 && apart > 0, "{staged} staged, {apart} not");
 }
 
 #[test]

@@ -224,9 +224,10 @@ pub enum Kernel {
     SwapInFewMissLinesPlan = 15,
     GatherBulkRuns = 16,
     WritebackBulkRuns = 17,
+    SwapInCopyBulk = 18,
 }
 
-const KERNELS: usize = 18;
+const KERNELS: usize = 19;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -248,6 +249,7 @@ impl Kernel {
         Kernel::SwapInFewMissLinesPlan,
         Kernel::GatherBulkRuns,
         Kernel::WritebackBulkRuns,
+        Kernel::SwapInCopyBulk,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -271,6 +273,7 @@ impl Kernel {
             Kernel::SwapInFewMissLinesPlan => "kvt_swap_in_few_miss_lines_plan",
             Kernel::GatherBulkRuns => "kvt_gather_bulk_runs",
             Kernel::WritebackBulkRuns => "kvt_writeback_bulk_runs",
+            Kernel::SwapInCopyBulk => "kvt_swap_in_copy_bulk",
         }
     }
 
@@ -302,6 +305,7 @@ impl Kernel {
                 | Kernel::SwapInFewMissLinesPlan
                 | Kernel::GatherBulkRuns
                 | Kernel::WritebackBulkRuns
+                | Kernel::SwapInCopyBulk
         )
     }
 }

@@ -8,7 +8,7 @@
 
 use crate::abi::{
     KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_COMPACT_PLAN, KVT_SWAP_COMPACT_THREADS,
-    KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_COPY_LINES, KVT_SWAP_FEW_MISS_512,
+    KVT_SWAP_COPY_BULK, KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_COPY_LINES, KVT_SWAP_FEW_MISS_512,
     KVT_SWAP_FEW_MISS_512_THREADS, KVT_SWAP_FEW_MISS_INLINE, KVT_SWAP_FEW_MISS_THREADS,
     KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO, kvt_spec_swap_in_params,
     kvt_swap_in_params,
@@ -89,19 +89,64 @@ pub fn few_miss_512_blocks_per_sm(dev: &CudaDevice, entries: u32, hot: u32) -> R
     )
 }
 
-/// The copy kernel of `p`'s copy method (`KVT_SWAP_COPY_LINES`: the
-/// line-aligned one).
+/// The copy kernel of `p`'s copy method (`KVT_SWAP_COPY_BULK`: the bulk
+/// one; `KVT_SWAP_COPY_LINES`: the line-aligned one).
 fn copy_kernel(p: &kvt_swap_in_params) -> Kernel {
-    if p.flags & KVT_SWAP_COPY_LINES != 0 {
+    if p.flags & KVT_SWAP_COPY_BULK != 0 {
+        Kernel::SwapInCopyBulk
+    } else if p.flags & KVT_SWAP_COPY_LINES != 0 {
         Kernel::SwapInCopyLineAligned
     } else {
         Kernel::SwapInCopy
     }
 }
 
-/// Bytes of dynamic shared memory `kvt_swap_in_copy` (either method) uses.
+/// Bytes of dynamic shared memory `kvt_swap_in_copy` and its line-aligned
+/// build use: the rows' prefix sums and a word a warp.
 pub fn copy_smem_bytes(batch: u32) -> usize {
     4 * (batch as usize + 1 + (BLOCK_THREADS / 32) as usize)
+}
+
+/// Bytes of dynamic shared memory the copy kernel of `p`'s method uses:
+/// [`copy_smem_bytes`], and for `kvt_swap_in_copy_bulk` (rounded up to 128
+/// bytes) two barriers a warp, rounded up to 128 bytes, then two stages a
+/// warp of one value piece a plane (`bulk_copy_at` and the kernel's carving
+/// in `kernels/swap_in.cu`).
+pub fn copy_smem_bytes_for(p: &kvt_swap_in_params) -> usize {
+    let prefix = copy_smem_bytes(p.batch);
+    if p.flags & KVT_SWAP_COPY_BULK == 0 {
+        return prefix;
+    }
+    let warps = (BLOCK_THREADS / 32) as usize;
+    let planes = if p.host_cache[1] != 0 { 2 } else { 1 };
+    prefix.next_multiple_of(128)
+        + (warps * 16).next_multiple_of(128)
+        + warps * 2 * planes * p.items.value_bytes as usize
+}
+
+/// Whether the bulk-copy engine can move every miss of `p` whole (the
+/// kernel's `bulk_rows`): rows of one value piece of whole 16-byte units,
+/// pages and buffers 16-byte aligned.
+fn bulk_rows(p: &kvt_swap_in_params) -> bool {
+    let l = &p.items;
+    let bases = p.host_cache[0] | p.device_buffer[0] | p.host_cache[1] | p.device_buffer[1];
+    l.scale_bytes == 0
+        && l.value_bytes.is_multiple_of(16)
+        && l.page_bytes.is_multiple_of(16)
+        && bases.is_multiple_of(16)
+}
+
+/// `p` as the copy kernel runs it on `dev`: with the bulk method only where
+/// the GPU has the engine, the rows suit it and its stages fit a block's
+/// shared memory; the line-aligned kernel otherwise.
+fn copy_params(dev: &CudaDevice, p: &kvt_swap_in_params) -> kvt_swap_in_params {
+    let mut q = *p;
+    if q.flags & KVT_SWAP_COPY_BULK != 0
+        && !(dev.bulk_copy() && bulk_rows(p) && copy_smem_bytes_for(p) <= dev.max_dynamic_smem())
+    {
+        q.flags &= !KVT_SWAP_COPY_BULK;
+    }
+    q
 }
 
 fn fits(dev: &CudaDevice, smem: usize, what: impl FnOnce() -> String) -> Result<()> {
@@ -178,17 +223,18 @@ pub(super) unsafe fn launch(
     // SAFETY: per this function's contract; grid = one block per row.
     unsafe { dev.launch(kernel, p.batch, threads, smem as u32, p, stream)? };
     if p.flags & (KVT_SWAP_COPY_IN_PLAN | KVT_SWAP_SKIP_IO) == 0 {
-        let copy = copy_kernel(p);
-        let grid = dev.grid_for_rows(copy, p.batch as u64 * p.entries as u64);
-        let smem = copy_smem_bytes(p.batch) as u32;
+        let q = copy_params(dev, p);
+        let copy = copy_kernel(&q);
+        let grid = dev.grid_for_rows(copy, q.batch as u64 * q.entries as u64);
+        let smem = copy_smem_bytes_for(&q) as u32;
         // SAFETY: the plan kernel was enqueued just before on the same
         // stream; the copy kernel waits for it (grid_dependency_wait), a
         // no-op after an ordinary launch.
         unsafe {
             if dependent {
-                dev.launch_dependent(copy, grid, BLOCK_THREADS, smem, p, stream)?
+                dev.launch_dependent(copy, grid, BLOCK_THREADS, smem, &q, stream)?
             } else {
-                dev.launch(copy, grid, BLOCK_THREADS, smem, p, stream)?
+                dev.launch(copy, grid, BLOCK_THREADS, smem, &q, stream)?
             }
         };
     }
@@ -211,15 +257,16 @@ pub(super) unsafe fn launch_replay(
     if p.batch == 0 {
         return Ok(());
     }
-    let smem = copy_smem_bytes(p.batch);
-    fits(dev, smem, || format!("a plan of {} rows", p.batch))?;
-    let copy = copy_kernel(p);
-    let mut grid = dev.grid_for_rows(copy, p.batch as u64 * p.plan_capacity as u64);
+    let q = copy_params(dev, p);
+    let smem = copy_smem_bytes_for(&q);
+    fits(dev, smem, || format!("a plan of {} rows", q.batch))?;
+    let copy = copy_kernel(&q);
+    let mut grid = dev.grid_for_rows(copy, q.batch as u64 * q.plan_capacity as u64);
     if let Some(w) = warps {
         grid = grid.min(w.div_ceil(BLOCK_THREADS / 32).max(1));
     }
     // SAFETY: per this function's contract.
-    unsafe { dev.launch(copy, grid, BLOCK_THREADS, smem as u32, p, stream) }
+    unsafe { dev.launch(copy, grid, BLOCK_THREADS, smem as u32, &q, stream) }
 }
 
 /// Enqueues a speculative swap-in on `stream`: one block per batch row.

@@ -116,8 +116,8 @@ mod speculative;
 pub use args::{IndexBuf, MissPlan, QueryKind, SwapInArgs};
 pub use counters::{MAX_COUNTED_LAYERS, SwapInCounters};
 pub use cuda::{
-    compact_planner_blocks_per_sm, compact_smem_bytes, copy_smem_bytes, few_miss_512_blocks_per_sm,
-    few_miss_512_smem_bytes, few_miss_smem_bytes, plan_smem_bytes,
+    compact_planner_blocks_per_sm, compact_smem_bytes, copy_smem_bytes, copy_smem_bytes_for,
+    few_miss_512_blocks_per_sm, few_miss_512_smem_bytes, few_miss_smem_bytes, plan_smem_bytes,
 };
 pub use items::{KvBuffers, KvPlane};
 pub use replay::PlannedCopyArgs;
@@ -565,8 +565,10 @@ impl SwapInEngine {
     /// kernel (at most [`FEW_MISS_INLINE`] misses) move as `WarpVectors`
     /// under every method: the latency regime, a pass or two of a warp.
     /// `FewMissOneLaunch`, copying every miss in its planning blocks, takes
-    /// the method for those copies (`MergedRuns` as `LineAligned`: a row's
-    /// misses are seldom neighbours in the pool); the other strategies with
+    /// the method for those copies (`MergedRuns` and `BulkRuns` as
+    /// `LineAligned`: a row's misses are seldom neighbours in the pool); the
+    /// copy kernel takes `BulkRuns` as its own bulk-copy build where the
+    /// GPU and the rows allow it; the other strategies with
     /// no copy kernel (`OneBlockPerRequest`, `CompactOneLaunch`,
     /// `FewMiss512OneLaunch`) move every row as `WarpVectors`. The CPU executor
     /// has one way.

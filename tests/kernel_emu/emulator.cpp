@@ -890,6 +890,9 @@ extern "C" uint32_t kvt_emu_hash_size(uint32_t entries, uint32_t spread) {
 extern "C" kvt_emu_report kvt_emu_swap_in_copy(const kvt_swap_in_params* p, unsigned grid, unsigned block,
                                                size_t smem_bytes, const kvt_emu_range* loads, size_t n_loads,
                                                const kvt_emu_range* stores, size_t n_stores) {
+    if (p->flags & KVT_SWAP_COPY_BULK)
+        return run<kvt_swap_in_params, kvt_swap_in_copy_bulk>(p, grid, block, smem_bytes, loads, n_loads, stores,
+                                                               n_stores);
     if (p->flags & KVT_SWAP_COPY_LINES)
         return run<kvt_swap_in_params, kvt_swap_in_copy_line_aligned>(p, grid, block, smem_bytes, loads, n_loads,
                                                                       stores, n_stores);

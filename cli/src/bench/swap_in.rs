@@ -11,7 +11,9 @@
 //!    and where rows miss more
 //!    than the few-miss planner copies itself, its copy kernel with the
 //!    line-aligned copy method (CopyMethod::LineAligned), and at every point
-//!    the one-launch planner copying with that method; on sm_90
+//!    the one-launch planner copying with that method; where rows miss
+//!    more than the planner copies itself on sm_90, its copy kernel with
+//!    the bulk-copy method (CopyMethod::BulkRuns); on sm_90
 //!    also the same two kernels with the copy launched the
 //!    ordinary way, after the plan kernel, instead of as its programmatic
 //!    dependent (what the dependent launch gains);
@@ -886,6 +888,22 @@ impl State {
             }
             _ => None,
         };
+        // The same planner's copy kernel moving each miss with the bulk-copy
+        // engine (CopyMethod::BulkRuns, sm_90; elsewhere, and for rows with
+        // a scale piece, the line-aligned kernel runs under that name).
+        let few_miss_bulk = match exec {
+            Executor::Cuda(dev)
+                if dev.bulk_copy()
+                    && misses.len() > FEW_MISS_INLINE as usize * q.batch as usize =>
+            {
+                Some(other_with(
+                    SwapInStrategy::FewMiss,
+                    CopyMethod::BulkRuns,
+                    "few-miss planner, bulk copy",
+                )?)
+            }
+            _ => None,
+        };
         // The one-launch planner copying every miss with its rows' passes
         // aligned the same way, at every point: its copies are the planning
         // blocks' own, with 2 misses too.
@@ -1033,6 +1051,10 @@ impl State {
                         CopyMethod::LineAligned,
                         "kvtier plan replay (the copy kernel alone), line-aligned copy",
                     ),
+                    (
+                        CopyMethod::BulkRuns,
+                        "kvtier plan replay (the copy kernel alone), bulk copy",
+                    ),
                 ] {
                     // SAFETY: the state's buffers, alive until after the timing.
                     let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
@@ -1090,6 +1112,14 @@ impl State {
             rows.push(row(
                 "",
                 "kvtier swap-in, few-miss planner, line-aligned copy",
+                t,
+                false,
+            ));
+        }
+        if let Some(t) = few_miss_bulk {
+            rows.push(row(
+                "",
+                "kvtier swap-in, few-miss planner, bulk copy",
                 t,
                 false,
             ));

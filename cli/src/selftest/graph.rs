@@ -50,7 +50,18 @@ pub(super) fn check(dut: &Executor, seed: u64) -> Row {
             (SwapInStrategy::FewMissOneLaunch, false),
             (SwapInStrategy::FewMiss512OneLaunch, false),
         ] {
-            checks.push(("swap-in", swap_in(dut, clean, strategy, plan)?));
+            checks.push((
+                "swap-in",
+                swap_in(dut, clean, strategy, plan, CopyMethod::WarpVectors)?,
+            ));
+        }
+        // the copy kernels of the other methods (the bulk one stages in
+        // shared memory and waits on barriers)
+        for copy in [CopyMethod::LineAligned, CopyMethod::BulkRuns] {
+            checks.push((
+                "swap-in, copy method",
+                swap_in(dut, clean, SwapInStrategy::FewMiss, false, copy)?,
+            ));
         }
         for all_layers in [false, true] {
             let what = if all_layers {
@@ -147,6 +158,7 @@ fn swap_in(
     seed: u64,
     strategy: SwapInStrategy,
     plan: bool,
+    copy: CopyMethod,
 ) -> kvtier::Result<Verdict> {
     let mut case = SwapCase::random(Path::Dsa, seed);
     // Every real row copies: no timing probe, no padding row count.
@@ -160,7 +172,7 @@ fn swap_in(
     }
     let (on_cpu, under_test) = (Loaded::new(&cpu, &case)?, Loaded::new(dut, &case)?);
     let recorded = Recorded::record(dut, |s| {
-        engines[1].run_with(&under_test.args(&case), strategy, s)
+        engines[1].run_with_copy(&under_test.args(&case), strategy, copy, s)
     })?;
     for replay in 0..REPLAYS {
         // New queries against the state the earlier replays left.
@@ -178,7 +190,9 @@ fn swap_in(
         let want = on_cpu.snapshot(report)?;
         if let Verdict::Differ(d) = Snapshot::compare(&want, &got) {
             let plan = if plan { ", caller's miss plan" } else { "" };
-            return Ok(Verdict::Differ(format!("{strategy:?}{plan}: {d}")));
+            return Ok(Verdict::Differ(format!(
+                "{strategy:?} ({copy:?}){plan}: {d}"
+            )));
         }
     }
     Ok(Verdict::Same { note: None })
