@@ -81,55 +81,76 @@ __device__ __forceinline__ void gather(const kvt_gather_params& p) {
 // partial, where one row a warp splits a line at every row edge (656 B =
 // 5 lines + 16 B), and a pass carries up to 2 KiB of the run where one row
 // leaves most of it empty.
+// One group of a run-merging gather (gather_merged_runs, gather_bulk_runs):
+// group g's batch row, first column and row count, and, from each lane's
+// checks of its column (reported as kvt_gather reports them), the rows that
+// move, the rows that continue a run, the lane's token and the request's
+// region base. Every lane calls it (a shuffle and two ballots).
+struct GatherGroup {
+    uint32_t b, j0, n;
+    uint32_t rows, join_mask;
+    int32_t token;
+    uint64_t base;
+};
+__device__ __forceinline__ GatherGroup gather_group(const kvt_gather_params& p, uint32_t g, uint32_t groups_per_row,
+                                                   uint32_t lane, bool merge) {
+    GatherGroup G;
+    G.b = g / groups_per_row;
+    G.j0 = (g - G.b * groups_per_row) * KVT_COPY_RUN_ROWS;
+    G.n = min(KVT_COPY_RUN_ROWS, p.k - G.j0);
+    const uint32_t b = G.b;
+    const uint32_t j = G.j0 + lane;  // lane's column, a row of the group when lane < n
+    const bool mine = lane < G.n;
+    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
+
+    // The row's slot and length are the group's; each lane loads its own
+    // column's index alongside them, and checks and reports its row as
+    // kvt_gather does (positions order the error word, not lanes).
+    const int32_t slot = kvt::ld(reinterpret_cast<const int32_t*>(p.req_slots) + b);
+    const int32_t seq_len = kvt::ld(reinterpret_cast<const int32_t*>(p.seq_lens) + b);
+    const int32_t token =
+        mine ? kvt::ld(reinterpret_cast<const int32_t*>(p.topk) + (uint64_t)b * p.topk_stride + j) : -1;
+    const uint64_t base = (slot >= 0 && (uint32_t)slot < p.num_slots)
+                              ? kvt::ld(reinterpret_cast<const uint64_t*>(p.slot_bases) + slot)
+                              : 0;
+    bool moves = false;
+    if (mine && slot != -1) {
+        const uint32_t position = (b << 16) | j;
+        if (base == 0) {
+            kvt::report(err, KVT_ERR_GATHER_SLOT, position, slot);
+        } else if (seq_len < 0 || (uint32_t)seq_len > p.tokens_per_region) {
+            kvt::report(err, KVT_ERR_GATHER_SEQ_LEN, position, seq_len);
+        } else if (token >= 0 && token < seq_len) {
+            moves = true;
+        } else if (token != -1) {
+            kvt::report(err, KVT_ERR_GATHER_INDEX, position, token);
+        }
+    }
+
+    // A row joins the run of the row before it when both move and its
+    // token is the next one (both below seq_len: no overflow).
+    const int32_t before = (int32_t)kvt::warp_read((uint32_t)token, lane == 0 ? 0 : lane - 1);
+    G.rows = kvt::warp_ballot(moves);
+    const bool joins = merge && moves && lane > 0 && ((G.rows >> (lane - 1)) & 1u) != 0 && token == before + 1;
+    G.join_mask = kvt::warp_ballot(joins);
+    G.token = token;
+    G.base = base;
+    return G;
+}
+
 __device__ __forceinline__ void gather_merged_runs(const kvt_gather_params& p) {
     const uint32_t lane = threadIdx.x % KVT_WARP;
     // k <= 65536 and batch < 65536: groups < 2^29
     const uint32_t groups_per_row = (p.k + KVT_COPY_RUN_ROWS - 1) / KVT_COPY_RUN_ROWS;
     const uint32_t groups = p.batch * groups_per_row;
-    const int32_t* req_slots = reinterpret_cast<const int32_t*>(p.req_slots);
-    const int32_t* seq_lens = reinterpret_cast<const int32_t*>(p.seq_lens);
-    const int32_t* topk = reinterpret_cast<const int32_t*>(p.topk);
-    const uint64_t* slot_bases = reinterpret_cast<const uint64_t*>(p.slot_bases);
-    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
     const bool merge = p.entry_bytes <= KVT_RUN_MAX_ENTRY;
 
     for (uint32_t g = kvt::global_warp(); g < groups; g += kvt::grid_warps()) {
-        const uint32_t b = g / groups_per_row;
-        const uint32_t j0 = (g - b * groups_per_row) * KVT_COPY_RUN_ROWS;
-        const uint32_t n = min(KVT_COPY_RUN_ROWS, p.k - j0);
-        const uint32_t j = j0 + lane;  // lane's column, a row of the group when lane < n
-        const bool mine = lane < n;
-        char* group_out = reinterpret_cast<char*>(p.out) + ((uint64_t)b * p.k + j0) * p.entry_bytes;
-
-        // The row's slot and length are the group's; each lane loads its own
-        // column's index alongside them, and checks and reports its row as
-        // kvt_gather does (positions order the error word, not lanes).
-        const int32_t slot = kvt::ld(req_slots + b);
-        const int32_t seq_len = kvt::ld(seq_lens + b);
-        const int32_t token = mine ? kvt::ld(topk + (uint64_t)b * p.topk_stride + j) : -1;
-        const uint64_t base =
-            (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(slot_bases + slot) : 0;
-        bool moves = false;
-        if (mine && slot != -1) {
-            const uint32_t position = (b << 16) | j;
-            if (base == 0) {
-                kvt::report(err, KVT_ERR_GATHER_SLOT, position, slot);
-            } else if (seq_len < 0 || (uint32_t)seq_len > p.tokens_per_region) {
-                kvt::report(err, KVT_ERR_GATHER_SEQ_LEN, position, seq_len);
-            } else if (token >= 0 && token < seq_len) {
-                moves = true;
-            } else if (token != -1) {
-                kvt::report(err, KVT_ERR_GATHER_INDEX, position, token);
-            }
-        }
-
-        // A row joins the run of the row before it when both move and its
-        // token is the next one (both below seq_len: no overflow).
-        const int32_t before = (int32_t)kvt::warp_read((uint32_t)token, lane == 0 ? 0 : lane - 1);
-        const uint32_t rows = kvt::warp_ballot(moves);
-        const bool joins =
-            merge && moves && lane > 0 && ((rows >> (lane - 1)) & 1u) != 0 && token == before + 1;
-        const uint32_t join_mask = kvt::warp_ballot(joins);
+        const GatherGroup G = gather_group(p, g, groups_per_row, lane, merge);
+        const uint32_t n = G.n, rows = G.rows, join_mask = G.join_mask;
+        const int32_t token = G.token;
+        const uint64_t base = G.base;
+        char* group_out = reinterpret_cast<char*>(p.out) + ((uint64_t)G.b * p.k + G.j0) * p.entry_bytes;
 
         kvt::for_each_run(rows, join_mask, [&](uint32_t first, uint32_t count) {
             const uint32_t t = kvt::warp_read((uint32_t)token, first);
@@ -181,11 +202,6 @@ __device__ __forceinline__ void gather_bulk_runs(const kvt_gather_params& p) {
 
     const uint32_t groups_per_row = (p.k + KVT_COPY_RUN_ROWS - 1) / KVT_COPY_RUN_ROWS;
     const uint32_t groups = p.batch * groups_per_row;
-    const int32_t* req_slots = reinterpret_cast<const int32_t*>(p.req_slots);
-    const int32_t* seq_lens = reinterpret_cast<const int32_t*>(p.seq_lens);
-    const int32_t* topk = reinterpret_cast<const int32_t*>(p.topk);
-    const uint64_t* slot_bases = reinterpret_cast<const uint64_t*>(p.slot_bases);
-    kvt_error_word* err = reinterpret_cast<kvt_error_word*>(p.error);
     const bool merge = entry <= KVT_RUN_MAX_ENTRY;
 
     // Stages filled so far: the next is stage `filled & 1`, the (filled >> 1)th
@@ -207,37 +223,12 @@ __device__ __forceinline__ void gather_bulk_runs(const kvt_gather_params& p) {
     };
 
     for (uint32_t g = kvt::global_warp(); g < groups; g += kvt::grid_warps()) {
-        const uint32_t b = g / groups_per_row;
-        const uint32_t j0 = (g - b * groups_per_row) * KVT_COPY_RUN_ROWS;
-        const uint32_t n = min(KVT_COPY_RUN_ROWS, p.k - j0);
-        const uint32_t j = j0 + lane;
-        const bool mine = lane < n;
-        char* group_out = reinterpret_cast<char*>(p.out) + ((uint64_t)b * p.k + j0) * entry;
-
-        // The checks and reports of gather_merged_runs, row for row.
-        const int32_t slot = kvt::ld(req_slots + b);
-        const int32_t seq_len = kvt::ld(seq_lens + b);
-        const int32_t token = mine ? kvt::ld(topk + (uint64_t)b * p.topk_stride + j) : -1;
-        const uint64_t base =
-            (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(slot_bases + slot) : 0;
-        bool moves = false;
-        if (mine && slot != -1) {
-            const uint32_t position = (b << 16) | j;
-            if (base == 0) {
-                kvt::report(err, KVT_ERR_GATHER_SLOT, position, slot);
-            } else if (seq_len < 0 || (uint32_t)seq_len > p.tokens_per_region) {
-                kvt::report(err, KVT_ERR_GATHER_SEQ_LEN, position, seq_len);
-            } else if (token >= 0 && token < seq_len) {
-                moves = true;
-            } else if (token != -1) {
-                kvt::report(err, KVT_ERR_GATHER_INDEX, position, token);
-            }
-        }
-        const int32_t before = (int32_t)kvt::warp_read((uint32_t)token, lane == 0 ? 0 : lane - 1);
-        const uint32_t rows = kvt::warp_ballot(moves);
-        const bool joins =
-            merge && moves && lane > 0 && ((rows >> (lane - 1)) & 1) != 0 && token == before + 1;
-        const uint32_t join_mask = kvt::warp_ballot(joins);
+        // the checks, reports and runs of gather_merged_runs
+        const GatherGroup G = gather_group(p, g, groups_per_row, lane, merge);
+        const uint32_t n = G.n, rows = G.rows, join_mask = G.join_mask;
+        const int32_t token = G.token;
+        const uint64_t base = G.base;
+        char* group_out = reinterpret_cast<char*>(p.out) + ((uint64_t)G.b * p.k + G.j0) * entry;
         const uint32_t zeros = ((1u << n) - 1u) & ~rows;
         const char* layer = reinterpret_cast<const char*>(base + p.layer_offset);
 
