@@ -401,6 +401,20 @@ __device__ __forceinline__ uint64_t value_at(const kvt_item_layout& L, uint64_t 
     return base + (row >> L.page_shift) * L.page_bytes + (row & ((1ull << L.page_shift) - 1)) * L.value_bytes;
 }
 
+// The row r of miss g: prefix[r] <= g < prefix[r + 1] (prefix holds the
+// rows' exclusive sums of misses, B of them).
+__device__ __forceinline__ uint32_t row_of(const uint32_t* prefix, uint32_t B, uint32_t g) {
+    uint32_t lo = 0, hi = B;
+    while (hi - lo > 1) {
+        const uint32_t mid = (lo + hi) / 2;
+        if (prefix[mid] <= g)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 template <bool Lines, bool Bulk = false>
 __device__ __forceinline__ void copy_planned(const kvt_swap_in_params& p) {
     // Launched as a dependent of the plan kernel on sm_90: nothing is read
@@ -473,14 +487,7 @@ __device__ __forceinline__ void copy_planned(const kvt_swap_in_params& p) {
             waiting = -1;
         };
         for (uint32_t g = global_warp(); g < total; g += grid_warps()) {
-            uint32_t lo_r = 0, hi_r = B;
-            while (hi_r - lo_r > 1) {
-                const uint32_t mid = (lo_r + hi_r) / 2;
-                if (prefix[mid] <= g)
-                    lo_r = mid;
-                else
-                    hi_r = mid;
-            }
+            const uint32_t lo_r = row_of(prefix, B, g);
             const uint32_t m = g - prefix[lo_r];
             const uint64_t at = (uint64_t)lo_r * p.plan_stride + m;
             const int64_t src = ld(reinterpret_cast<const int64_t*>(p.plan_src) + at);
@@ -508,14 +515,7 @@ __device__ __forceinline__ void copy_planned(const kvt_swap_in_params& p) {
     }
 #endif
     for (uint32_t g = global_warp(); g < total; g += grid_warps()) {
-        uint32_t lo_r = 0, hi_r = B;  // the row r with prefix[r] <= g < prefix[r + 1]
-        while (hi_r - lo_r > 1) {
-            const uint32_t mid = (lo_r + hi_r) / 2;
-            if (prefix[mid] <= g)
-                lo_r = mid;
-            else
-                hi_r = mid;
-        }
+        const uint32_t lo_r = row_of(prefix, B, g);
         const uint32_t m = g - prefix[lo_r];
         const uint64_t at = (uint64_t)lo_r * p.plan_stride + m;
         copy_row<KVT_UNROLL, Lines>(p, err, ld(reinterpret_cast<const int64_t*>(p.plan_src) + at),
