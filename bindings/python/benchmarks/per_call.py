@@ -1,6 +1,6 @@
 """Per-call cost of kvtier's SGLang entry points, in eager mode.
 
-    python bindings/python/benchmarks/per_call.py [--device cpu|torch-cpu|cuda] [--json FILE]
+    python bindings/python/benchmarks/per_call.py [--device cpu|torch-cpu|cuda] [--reader R] [--sglang] [--json FILE]
 
 Each case is one layer's call as SGLang's coordinator makes it: one request,
 top-k 4, a hot buffer of 4 slots (the issue's setting; SGLang builds fresh
@@ -12,20 +12,35 @@ uses torch CUDA tensors (needs torch and a GPU; the time is the host's:
 checks and the kernel launch, not the kernel). Each
 case is timed as the median of 7 runs of N calls; `floor` is an empty Python
 function call with the same arguments, for scale.
+
+`--reader` picks how kvtier reads plain torch tensors (`auto`: torch's DLPack
+C exchange table where torch has one; `to_dlpack`; `methods`). `--sglang`
+adds SGLang's own entry point (`sglang.kernels.ops.kvcache.hisparse`, from
+whatever SGLang is importable) called the same way: on `cuda` its real JIT
+kernel; on `torch-cpu`, where its kernel cannot run, its Python wrapper and
+tvm-ffi call with the kernel's function replaced by one of the same
+signature, compiled here with g++ against tvm-ffi, that reads the arguments
+its host code reads and returns (no CUDA call, no launch: a lower bound of
+SGLang's cost on a GPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 
 import kvtier
+import kvtier._swap_in
 from kvtier.sglang import (
     copy_cache_planned_mla,
     load_blocks_to_device_buffer_mha,
@@ -118,10 +133,69 @@ def cases(s):
             ("copy_cache_planned_mla", replay), ("floor: an empty Python call, same arguments", floor)]
 
 
+# The host side of SGLang's HiSparse kernel entry (hisparse.cuh's
+# load_cache_to_device_buffer: 13 tensors, two ints, three tensors), without
+# the kernel: reads what its host code reads (shapes, strides, data pointers,
+# two dtypes) and returns.
+SGLANG_STUB = r"""
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/function.h>
+using tvm::ffi::TensorView;
+static volatile int64_t sink;
+static int64_t p(const TensorView& t) { return reinterpret_cast<int64_t>(t.data_ptr()); }
+void load_cache_to_device_buffer(TensorView top_k, TensorView tokens, TensorView host_locs, TensorView locs,
+    TensorView host_k, TensorView host_v, TensorView device_k, TensorView device_v, TensorView out, TensorView req,
+    TensorView seq, TensorView lru, TensorView num_real, int64_t page_size, int64_t item_size_bytes,
+    TensorView miss_src, TensorView miss_dst, TensorView miss_count) {
+  sink = top_k.shape()[0] + host_locs.shape()[1] + tokens.strides()[0] + lru.strides()[0] + top_k.strides()[0] +
+         out.strides()[0] + page_size + item_size_bytes + p(top_k) + p(tokens) + p(host_locs) + p(locs) + p(host_k) +
+         p(device_k) + p(out) + p(req) + p(seq) + p(lru) + p(num_real) + seq.dtype().bits + req.dtype().bits +
+         host_v.ndim() + device_v.ndim() + miss_src.ndim() + miss_dst.ndim() + miss_count.ndim();
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(load_cache_to_device_buffer, load_cache_to_device_buffer);
+"""
+
+
+def sglang_case(s, device):
+    """(name, call) of SGLang's own MLA entry point (see the module doc)."""
+    from sglang.kernels.ops.kvcache import hisparse
+
+    name = "sglang: load_cache_to_device_buffer_mla"
+    if device != "cuda":
+        import tvm_ffi
+        from tvm_ffi import libinfo
+
+        build = tempfile.mkdtemp(prefix="kvtier-sglang-stub-")
+        src, lib = os.path.join(build, "stub.cc"), os.path.join(build, "stub.so")
+        with open(src, "w") as f:
+            f.write(SGLANG_STUB)
+        libdir = os.path.dirname(libinfo.find_libtvm_ffi())
+        subprocess.run(["g++", "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{libinfo.find_include_path()}",
+                        f"-I{libinfo.find_dlpack_include_path()}", src, f"-L{libdir}", "-ltvm_ffi",
+                        f"-Wl,-rpath,{libdir}", "-o", lib], check=True)
+        module = tvm_ffi.load_module(lib)
+        # cached as SGLang caches its module, so the lookup costs what SGLang's does
+        hisparse._jit_sparse_module = functools.cache(lambda *a, **k: module)
+        name += " (its kernel function a no-op stub: no launch)"
+
+    def call():
+        hisparse.load_cache_to_device_buffer_mla(
+            top_k_tokens=s["topk"][:1], device_buffer_tokens=s["tokens"][:1], host_cache_locs=s["host_locs"][:1],
+            device_buffer_locs=s["locs"][:1], host_cache=s["host"], device_buffer=s["device"],
+            top_k_device_locs=s["out"][:1, :K], req_pool_indices=s["req"][:1], seq_lens=s["seq"][:1],
+            lru_slots=s["lru"][:1], item_size_bytes=ITEM, num_top_k=K, hot_buffer_size=HOT, page_size=1,
+            block_size=960, num_real_reqs=s["num_real"], skip_io=False)
+
+    return name, call
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cpu", "torch-cpu", "cuda"], default="cpu")
     ap.add_argument("--calls", type=int, default=2000, help="calls per run (7 runs per case)")
+    ap.add_argument("--reader", choices=["auto", "to_dlpack", "methods"], default="auto",
+                    help="how kvtier reads plain torch tensors")
+    ap.add_argument("--sglang", action="store_true", help="also time SGLang's own entry point (see above)")
     ap.add_argument("--json", help="also write one JSON line per case to this file")
     a = ap.parse_args()
     if a.device == "cuda":
@@ -136,8 +210,19 @@ def main() -> None:
     else:
         xp, dev, sync = None, "cpu", (lambda: None)
     s = arrays(xp, dev)
+    reader = kvtier._swap_in.native().tensor_reader(a.reader) if xp is not None else None
+    todo = cases(s)
+    if a.sglang:
+        if xp is None:
+            ap.error("--sglang takes torch tensors (--device torch-cpu or cuda)")
+        todo.insert(-1, sglang_case(s, a.device))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
+                                capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
     rows = []
-    for name, call in cases(s):
+    for name, call in todo:
         for _ in range(50):
             call()
         sync()
@@ -153,7 +238,10 @@ def main() -> None:
                    max_us=round(max(runs), 3), kvtier=kvtier.version(), python=platform.python_version(),
                    numpy=np.__version__, machine=platform.machine(), cpu=platform.processor() or "")
         if xp is not None:
-            row["torch"] = xp.__version__
+            row["torch"], row["reader"] = xp.__version__, reader
+        if a.sglang:
+            row["sglang"] = sys.modules["sglang"].__version__
+        row["commit"] = commit
         rows.append(row)
         print(f"{name:46s} median {row['median_us']:7.2f} us  (min {row['min_us']:.2f}, max {row['max_us']:.2f})")
     if a.json:

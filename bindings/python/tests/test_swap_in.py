@@ -232,6 +232,8 @@ def test_arguments_are_checked_before_anything_runs():
                                    seq_lens=np.full(2, 8, np.int32), top_k_tokens=np.zeros((2, 3), np.int32),
                                    top_k_device_locs=np.zeros((2, 3), np.int32))
     assert "`item_size_bytes`" in refused(c, item_size_bytes=0)
+    assert "`item_size_bytes`: True is not a positive int" in refused(c, item_size_bytes=True)
+    assert "`item_size_bytes`: 4294967296 is outside 1..=4294967295" in refused(c, item_size_bytes=2**32)
     # the library's own checks come back with its message
     msg = refused(c, num_top_k=3, hot_buffer_size=2)
     assert "hot_buffer_size" in msg, msg

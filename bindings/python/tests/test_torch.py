@@ -11,6 +11,7 @@ from conftest import ITEM, worked_example
 
 torch = pytest.importorskip("torch")
 
+import kvtier._swap_in  # noqa: E402
 import kvtier.sglang  # noqa: E402
 from kvtier import KvtierError  # noqa: E402
 from kvtier.sglang import copy_cache_planned_mla  # noqa: E402
@@ -145,11 +146,35 @@ READS = {
 }
 
 
+@pytest.fixture
+def reader():
+    """Sets how plain tensors are read (kvtier._native.tensor_reader); the
+    fastest again afterwards."""
+    native = kvtier._swap_in.native()
+    yield native.tensor_reader
+    native.tensor_reader("auto")
+
+
+def test_plain_tensors_are_read_through_torchs_exchange_table_where_it_has_one(reader):
+    # torch 2.10+ has the table (tvm-ffi installs one on older torch)
+    expect = "exchange" if hasattr(torch.Tensor, "__dlpack_c_exchange_api__") else "to_dlpack"
+    assert reader() == expect
+    assert reader("to_dlpack") == "to_dlpack" and reader("methods") == "methods"
+    assert reader("auto") == expect
+    with pytest.raises(KvtierError, match="`reader`"):
+        reader("fast")
+
+
 @pytest.mark.parametrize("read", READS)
-def test_a_tensor_read_through_dlpack_is_read_as_through_its_methods(read):
+def test_a_tensor_read_through_dlpack_is_read_as_through_its_methods(read, reader):
+    """Every reader sees every argument alike: the exchange table (where
+    torch has one), to_dlpack, the methods of a plain tensor, and those of a
+    subclass (always read through its methods)."""
     arg, make = READS[read]
     seen = []
-    for wrap in (lambda t: t, lambda t: t.as_subclass(ByMethods)):
+    for how, wrap in (("auto", lambda t: t), ("to_dlpack", lambda t: t), ("methods", lambda t: t),
+                      ("auto", lambda t: t.as_subclass(ByMethods))):
+        reader(how)
         c = to_torch(worked_example([4, 2, 7]))
         kw = c.kwargs(**({arg: make(c)} if arg else {}))
         kw = {k: wrap(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
@@ -159,7 +184,7 @@ def test_a_tensor_read_through_dlpack_is_read_as_through_its_methods(read):
         except KvtierError as e:
             got = str(e)
         seen.append((got, kw["top_k_device_locs"].tolist(), c.lru.tolist(), c.tokens.tolist()))
-    assert seen[0] == seen[1]
+    assert seen[1:] == seen[:1] * 3, seen
 
 
 def test_cpu_tensors_with_a_wrong_dtype_or_layout_are_refused():

@@ -27,26 +27,13 @@ from __future__ import annotations
 
 from .. import _lib
 from .._lib import KvtierError
-from .._swap_in import copy_planned, spec_swap_in, swap_in
+from .._swap_in import STRATEGIES, copy_planned, native, spec_swap_in
 from ._config import current_config
 from . import trace
 from .counters import counted_layer, layer_number, per_step
 
-
-def _strategy() -> str:
-    cfg = current_config()
-    return cfg.strategy if cfg is not None else "default"
-
-
-def _item_bytes(items) -> int:
-    """Bytes a row of an item layout carries (value and scale)."""
-    return int(items[1]) + int(items[2])
-
-
-def _layer(device_buffer):
-    """The layer a swap-in into `device_buffer` counts as (None: not counted)."""
-    cfg = current_config()
-    return counted_layer(device_buffer, cfg is None or cfg.counters)
+# The largest item size the library's layouts take (a u32).
+_MAX_ITEM_BYTES = 2**32 - 1
 
 
 def _record(device_buffer, **call) -> None:
@@ -62,24 +49,37 @@ def _positive(value, arg: str) -> None:
         raise KvtierError(f"invalid argument `{arg}`: {value!r} is not a positive int")
 
 
-def _mla_swap_in(items, *, top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache,
-                 device_buffer, top_k_device_locs, req_pool_indices, seq_lens, lru_slots, num_top_k,
-                 hot_buffer_size, page_size, block_size, num_real_reqs, miss_src, miss_dst, miss_count,
-                 skip_io) -> None:
-    """The MLA swap-ins' body, the entry point's arguments by SGLang's names
-    (``hot_buffer_size`` is the library's ``hot``: SGLang's word for the
-    slots a request keeps on the GPU)."""
-    per_step()
+def _item_size(value, arg: str = "item_size_bytes") -> int:
+    """A row size the library's layouts take: a positive int of at most 32 bits."""
+    _positive(value, arg)
+    if value > _MAX_ITEM_BYTES:
+        raise KvtierError(f"invalid argument `{arg}`: {value} is outside 1..={_MAX_ITEM_BYTES}")
+    return value
+
+
+def _run(items, item_bytes, page_size, block_size, top_k, tokens, host_locs, locs, host, device, out, req, seq,
+         lru, k, hot, num_real, miss_src, miss_dst, miss_count, skip_io, block_tokens, host_v, device_v) -> None:
+    """Every swap-in entry point's body, its arguments positional: the
+    per-call path of a served layer, which eager mode pays on every call
+    (see docs/sglang.md's per-call cost). ``items`` is a layout the entry
+    point built from checked values, ``item_bytes`` the bytes a token moves
+    (a trace's header); ``hot`` is SGLang's ``hot_buffer_size``, its word
+    for the slots a request keeps on the GPU."""
     _positive(page_size, "page_size")
     _positive(block_size, "block_size")
-    _record(device_buffer, top_k_tokens=top_k_tokens, num_top_k=num_top_k, req_pool_indices=req_pool_indices,
-            seq_lens=seq_lens, num_real_reqs=num_real_reqs, device_buffer_tokens=device_buffer_tokens,
-            lru_slots=lru_slots, hot=hot_buffer_size, item_bytes=_item_bytes(items))
-    swap_in(
-        top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer,
-        top_k_device_locs, req_pool_indices, seq_lens, lru_slots, items, num_top_k, hot_buffer_size,
-        num_real_reqs=num_real_reqs, miss_src=miss_src, miss_dst=miss_dst, miss_count=miss_count,
-        skip_io=bool(skip_io), strategy=_strategy(), layer=_layer(device_buffer),
+    if trace.recorder() is not None:
+        _record(device, top_k_tokens=top_k, num_top_k=k, req_pool_indices=req, seq_lens=seq, num_real_reqs=num_real,
+                device_buffer_tokens=tokens, lru_slots=lru, hot=hot, block_tokens=block_tokens, item_bytes=item_bytes)
+    per_step()
+    cfg = current_config()
+    if cfg is None:
+        strategy, layer = _lib.DEFAULT, counted_layer(device, True)
+    else:
+        strategy, layer = STRATEGIES[cfg.strategy], counted_layer(device, cfg.counters)
+    native().swap_in(
+        top_k, tokens, host_locs, locs, host, device, out, req, seq, lru, items, k, hot, num_real, miss_src,
+        miss_dst, miss_count, bool(skip_io), None, strategy, block_tokens, host_v, device_v,
+        -1 if layer is None else layer,
     )
 
 
@@ -109,16 +109,10 @@ def load_cache_to_device_buffer_mla(
     host and device caches linear rows of ``item_size_bytes``. With
     ``miss_src``/``miss_dst``/``miss_count`` the misses are recorded there (for
     :func:`copy_cache_planned_mla`); ``skip_io`` moves no KV bytes."""
-    _positive(item_size_bytes, "item_size_bytes")
-    _mla_swap_in(
-        _lib.linear_items(item_size_bytes),
-        top_k_tokens=top_k_tokens, device_buffer_tokens=device_buffer_tokens, host_cache_locs=host_cache_locs,
-        device_buffer_locs=device_buffer_locs, host_cache=host_cache, device_buffer=device_buffer,
-        top_k_device_locs=top_k_device_locs, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
-        lru_slots=lru_slots, num_top_k=num_top_k, hot_buffer_size=hot_buffer_size, page_size=page_size,
-        block_size=block_size, num_real_reqs=num_real_reqs, miss_src=miss_src, miss_dst=miss_dst,
-        miss_count=miss_count, skip_io=skip_io,
-    )
+    _run(_lib.linear_items(_item_size(item_size_bytes)), item_size_bytes, page_size, block_size, top_k_tokens,
+         device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer, top_k_device_locs,
+         req_pool_indices, seq_lens, lru_slots, num_top_k, hot_buffer_size, num_real_reqs, miss_src, miss_dst,
+         miss_count, skip_io, 0, None, None)
 
 
 def load_cache_to_device_buffer_dsv4_mla(
@@ -152,15 +146,9 @@ def load_cache_to_device_buffer_dsv4_mla(
             f"invalid argument `item_size_bytes`: {item_size_bytes!r}; DeepSeek-V4's C4 token is "
             f"{_lib.DSV4_VALUE_BYTES} + {_lib.DSV4_SCALE_BYTES} = {_lib.DSV4_ITEM_BYTES} bytes"
         )
-    _mla_swap_in(
-        _lib.dsv4_items(),
-        top_k_tokens=top_k_tokens, device_buffer_tokens=device_buffer_tokens, host_cache_locs=host_cache_locs,
-        device_buffer_locs=device_buffer_locs, host_cache=host_cache, device_buffer=device_buffer,
-        top_k_device_locs=top_k_device_locs, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
-        lru_slots=lru_slots, num_top_k=num_top_k, hot_buffer_size=hot_buffer_size, page_size=page_size,
-        block_size=block_size, num_real_reqs=num_real_reqs, miss_src=miss_src, miss_dst=miss_dst,
-        miss_count=miss_count, skip_io=skip_io,
-    )
+    _run(_lib.dsv4_items(), item_size_bytes, page_size, block_size, top_k_tokens, device_buffer_tokens,
+         host_cache_locs, device_buffer_locs, host_cache, device_buffer, top_k_device_locs, req_pool_indices, seq_lens,
+         lru_slots, num_top_k, hot_buffer_size, num_real_reqs, miss_src, miss_dst, miss_count, skip_io, 0, None, None)
 
 
 def load_blocks_to_device_buffer_mha(
@@ -189,24 +177,15 @@ def load_blocks_to_device_buffer_mha(
     (tokens past the sequence and -1 blocks give -1) into
     ``top_k_device_locs[b, :blocks × sparse_block_size]``, and each miss
     copies its K and V rows (``item_size_bytes`` each)."""
-    per_step()
-    _positive(page_size, "page_size")
-    _positive(block_size, "block_size")
-    _positive(item_size_bytes, "item_size_bytes")
+    items = _lib.linear_items(_item_size(item_size_bytes))
     _positive(sparse_block_size, "sparse_block_size")
     shape = getattr(top_k_blocks, "shape", ())
     if len(shape) != 2:
         raise KvtierError(f"invalid argument `top_k_blocks`: has shape {list(shape)}; it must be 2-D")
-    _record(device_buffer_k, top_k_tokens=top_k_blocks, num_top_k=int(shape[1]), req_pool_indices=req_pool_indices,
-            seq_lens=seq_lens, num_real_reqs=num_real_reqs, device_buffer_tokens=device_buffer_tokens,
-            lru_slots=lru_slots, hot=hot_buffer_size, block_tokens=sparse_block_size, item_bytes=2 * item_size_bytes)
-    swap_in(
-        top_k_blocks, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache_k, device_buffer_k,
-        top_k_device_locs, req_pool_indices, seq_lens, lru_slots, _lib.linear_items(item_size_bytes),
-        int(shape[1]), hot_buffer_size, num_real_reqs=num_real_reqs, skip_io=bool(skip_io), strategy=_strategy(),
-        block_tokens=sparse_block_size, host_cache_v=host_cache_v, device_buffer_v=device_buffer_v,
-        layer=_layer(device_buffer_k),
-    )
+    _run(items, 2 * item_size_bytes, page_size, block_size, top_k_blocks, device_buffer_tokens, host_cache_locs,
+         device_buffer_locs, host_cache_k, device_buffer_k, top_k_device_locs, req_pool_indices, seq_lens, lru_slots,
+         int(shape[1]), hot_buffer_size, num_real_reqs, None, None, None, skip_io, sparse_block_size, host_cache_v,
+         device_buffer_v)
 
 
 def copy_cache_planned_mla(

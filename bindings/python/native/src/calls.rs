@@ -12,7 +12,7 @@ use kvtier::ffi::{
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 
-use crate::view::{DType, Device, View, view};
+use crate::view::{DType, Device, View, exchange_current_stream, view};
 use crate::{Handle, engine_handle, engram_handle, ensure_capacity, invalid, library, status};
 
 const INDEX_INT32: u32 = 1;
@@ -283,6 +283,10 @@ fn raw_stream(py: Python<'_>, gpu: i32, stream: Arg<'_, '_>) -> PyResult<usize> 
 
 /// torch's current raw stream on `gpu`.
 fn current_stream(py: Python<'_>, gpu: i32) -> PyResult<usize> {
+    // torch's DLPack exchange table, where it has one: no Python call
+    if let Some(s) = exchange_current_stream(py, gpu)? {
+        return Ok(s);
+    }
     // torch._C._cuda_getCurrentRawStream: an int, no Stream object made;
     // looked up once (an import and two attribute reads cost about a
     // microsecond a call). None where this torch has no such function.

@@ -1,7 +1,8 @@
 //! `kvtier._native`: the Python package's per-layer calls (the swap-in and
 //! the miss-plan replay), with every argument check in Rust so that a call
 //! costs microseconds whatever the arrays are. numpy arrays are read from
-//! the array object itself; torch tensors through their methods.
+//! the array object itself; torch tensors through torch's DLPack C exchange
+//! table where it has one (see the view module).
 //!
 //! The calls go through the C ABI of the `libkvtier.so` the package has
 //! loaded (its function addresses are handed over by [`bind`]), so the
@@ -146,6 +147,26 @@ fn engine_handle(executor: i32) -> PyResult<Handle> {
 
 /// The engine of `executor` ("the process's engine"), as an address for
 /// ctypes (`kvt_swap_in_check`, `kvt_swap_in_reserve`).
+/// How plain torch tensors are read now ("exchange", "to_dlpack" or
+/// "methods"), after setting it to `reader` ("auto", "to_dlpack",
+/// "methods") if given: for the tests that compare the readers, and for
+/// the per-call benchmark.
+#[pyfunction]
+#[pyo3(signature = (reader=None))]
+fn tensor_reader(py: Python<'_>, reader: Option<&str>) -> PyResult<&'static str> {
+    if let Some(r) = reader {
+        view::TensorReader::of_name(r)
+            .ok_or_else(|| {
+                invalid(
+                    "reader",
+                    format!("{r:?} is not one of auto, to_dlpack, methods"),
+                )
+            })?
+            .set();
+    }
+    view::tensor_reader_in_use(py)
+}
+
 #[pyfunction]
 fn engine(executor: i32) -> PyResult<usize> {
     engine_handle(executor).map(|h| h as usize)
@@ -305,6 +326,7 @@ fn status(s: KvtStatus) -> PyResult<()> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bind, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor_reader, m)?)?;
     m.add_function(wrap_pyfunction!(engine, m)?)?;
     m.add_function(wrap_pyfunction!(engines, m)?)?;
     m.add_function(wrap_pyfunction!(calls::swap_in, m)?)?;

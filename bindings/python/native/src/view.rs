@@ -1,10 +1,14 @@
 //! A common view of the arrays a call takes: numpy arrays (read from the
-//! array object itself, no Python calls) and torch tensors (from the DLPack
-//! description torch exports, one call; through their methods where it has
-//! none). Anything else is refused.
+//! array object itself, no Python calls) and torch tensors (through torch's
+//! DLPack C exchange table, no Python call; from the DLPack capsule
+//! `to_dlpack` makes where torch has no table, one call; through their
+//! methods where it has neither). Anything else is refused.
 
 use numpy::npyffi::flags::{NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE};
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
@@ -221,29 +225,101 @@ fn numpy_view<'a, 'py>(
     Ok(v)
 }
 
+/// How plain torch tensors are read ([`TensorReader`]): the fastest this
+/// torch offers unless a test asks for another.
+static READER: AtomicU8 = AtomicU8::new(TensorReader::Auto as u8);
+
+/// The ways a plain `torch.Tensor` can be read, fastest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TensorReader {
+    /// The exchange table where torch has one, else `to_dlpack`.
+    Auto = 0,
+    /// `torch.utils.dlpack.to_dlpack`: one Python call a tensor.
+    ToDlpack = 1,
+    /// The tensor's methods: eight Python calls a tensor.
+    Methods = 2,
+}
+
+impl TensorReader {
+    pub fn of_name(name: &str) -> Option<TensorReader> {
+        match name {
+            "auto" => Some(TensorReader::Auto),
+            "to_dlpack" => Some(TensorReader::ToDlpack),
+            "methods" => Some(TensorReader::Methods),
+            _ => None,
+        }
+    }
+
+    pub fn set(self) {
+        READER.store(self as u8, Ordering::Relaxed);
+    }
+
+    fn current() -> TensorReader {
+        match READER.load(Ordering::Relaxed) {
+            1 => TensorReader::ToDlpack,
+            2 => TensorReader::Methods,
+            _ => TensorReader::Auto,
+        }
+    }
+}
+
+/// What a plain torch tensor is read through now: "exchange" (torch's C
+/// exchange table), "to_dlpack" or "methods".
+pub fn tensor_reader_in_use(py: Python<'_>) -> PyResult<&'static str> {
+    Ok(match TensorReader::current() {
+        TensorReader::Methods => "methods",
+        TensorReader::ToDlpack => "to_dlpack",
+        TensorReader::Auto => match torch_tensor_type(py)? {
+            Some(t)
+                if exchange_api(t.bind(py))
+                    .and_then(|a| a.dltensor_from_py_object_no_sync)
+                    .is_some() =>
+            {
+                "exchange"
+            }
+            _ => "to_dlpack",
+        },
+    })
+}
+
 /// A torch tensor's view. Reading it through its methods takes eight Python
 /// calls a tensor (about 2.2 us on this project's CI machine, 13 tensors a
-/// swap-in); its DLPack description (`torch.utils.dlpack.to_dlpack`) holds
-/// the same facts and costs one (0.8 us). Subclasses of torch.Tensor take
-/// the method path: they may report other facts than their storage's (a
-/// subclass overriding `device`, say). So does a tensor DLPack does not
-/// export (torch raises: a meta tensor), or one on a device other than the
-/// CPU or CUDA, with the method path's messages.
+/// swap-in); its DLPack capsule (`torch.utils.dlpack.to_dlpack`) holds the
+/// same facts and costs one (0.2-0.8 us); torch's DLPack C exchange table
+/// (`torch.Tensor.__dlpack_c_exchange_api__`, the one tvm-ffi and so
+/// SGLang's kernels read tensors through) fills them in with no Python call
+/// and no allocation. Subclasses of torch.Tensor take the method path: they
+/// may report other facts than their storage's (a subclass overriding
+/// `device`, say). So does a tensor DLPack does not export (torch raises: a
+/// meta tensor), or one on a device other than the CPU or CUDA, with the
+/// method path's messages.
 fn torch_view<'a, 'py>(
     obj: &'a Bound<'py, PyAny>,
     name: &'static str,
     tensor: &Bound<'py, PyAny>,
 ) -> PyResult<View<'a, 'py>> {
-    if obj.get_type().is(tensor)
-        && let Some(v) = dlpack_view(obj, name)?
-    {
-        return Ok(v);
+    if obj.get_type().is(tensor) {
+        let read = match TensorReader::current() {
+            TensorReader::Auto => {
+                match exchange_api(tensor).and_then(|a| a.dltensor_from_py_object_no_sync) {
+                    Some(f) => exchange_view(obj, name, f)?,
+                    None => dlpack_view(obj, name)?,
+                }
+            }
+            TensorReader::ToDlpack => dlpack_view(obj, name)?,
+            TensorReader::Methods => None,
+        };
+        if let Some(v) = read {
+            return Ok(v);
+        }
     }
     torch_view_by_methods(obj, name)
 }
 
 // DLPack's C structs (dlpack.h: DLManagedTensor, the "dltensor" capsule's
-// pointer, which torch's `to_dlpack` has made since DLPack 0.2).
+// pointer, which torch's `to_dlpack` has made since DLPack 0.2; the
+// exchange table of DLPack 1.x).
 #[repr(C)]
 struct DlDevice {
     device_type: i32,
@@ -257,7 +333,7 @@ struct DlDataType {
 }
 #[repr(C)]
 struct DlTensor {
-    data: *mut std::ffi::c_void,
+    data: *mut c_void,
     device: DlDevice,
     ndim: i32,
     dtype: DlDataType,
@@ -265,11 +341,126 @@ struct DlTensor {
     strides: *const i64,
     byte_offset: u64,
 }
+#[repr(C)]
+struct DlPackVersion {
+    major: u32,
+    minor: u32,
+}
+#[repr(C)]
+struct ExchangeHeader {
+    version: DlPackVersion,
+    prev_api: *const ExchangeHeader,
+}
+/// DLPack 1.x's `DLPackExchangeAPI`: a table a framework keeps for the
+/// process's lifetime. Fills a caller's DLTensor with no allocation, valid
+/// until control returns to Python.
+type FromPyObjectFn = unsafe extern "C" fn(*mut c_void, *mut DlTensor) -> c_int;
+/// Writes the framework's current stream of a device (torch's current CUDA stream).
+type CurrentStreamFn = unsafe extern "C" fn(c_int, i32, *mut *mut c_void) -> c_int;
+#[repr(C)]
+struct ExchangeApi {
+    header: ExchangeHeader,
+    managed_tensor_allocator: *const c_void,
+    managed_tensor_from_py_object_no_sync: *const c_void,
+    managed_tensor_to_py_object_no_sync: *const c_void,
+    dltensor_from_py_object_no_sync: Option<FromPyObjectFn>,
+    current_work_stream: Option<CurrentStreamFn>,
+}
 const DL_CPU: i32 = 1;
 const DL_CUDA: i32 = 2;
 const DL_INT: u8 = 0;
 const DL_UINT: u8 = 1;
 const DL_BFLOAT: u8 = 4;
+
+/// torch's exchange table, read from `torch.Tensor.__dlpack_c_exchange_api__`
+/// (a "dlpack_exchange_api" capsule: torch's own from 2.10 on, or the one
+/// tvm-ffi installs on older torch) and kept once found; None where there is
+/// none (looked up again at the next call: tvm-ffi may install one later),
+/// or where its DLPack major version is not 1 (none of its chain is).
+fn exchange_api(tensor: &Bound<'_, PyAny>) -> Option<&'static ExchangeApi> {
+    static API: AtomicPtr<ExchangeApi> = AtomicPtr::new(std::ptr::null_mut());
+    let p = API.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: stored below from a table the framework keeps for the
+        // process's lifetime.
+        return Some(unsafe { &*p });
+    }
+    let capsule = tensor
+        .getattr(pyo3::intern!(tensor.py(), "__dlpack_c_exchange_api__"))
+        .ok()?;
+    // SAFETY: a "dlpack_exchange_api" capsule holds a DLPackExchangeAPI
+    // pointer that stays valid for the process's lifetime (dlpack.h);
+    // headers are walked through their prev_api chain until major 1.
+    unsafe {
+        let mut h =
+            pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), c"dlpack_exchange_api".as_ptr())
+                as *const ExchangeHeader;
+        if h.is_null() {
+            pyo3::ffi::PyErr_Clear();
+            return None;
+        }
+        while !h.is_null() && (*h).version.major != 1 {
+            h = (*h).prev_api;
+        }
+        if h.is_null() {
+            return None;
+        }
+        API.store(h as *mut ExchangeApi, Ordering::Release);
+        Some(&*(h as *const ExchangeApi))
+    }
+}
+
+/// A plain tensor's view through the exchange table; None where torch
+/// refuses it (the method path then gives the message).
+fn exchange_view<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+    name: &'static str,
+    from_py_object: FromPyObjectFn,
+) -> PyResult<Option<View<'a, 'py>>> {
+    let mut t = DlTensor {
+        data: std::ptr::null_mut(),
+        device: DlDevice {
+            device_type: 0,
+            device_id: 0,
+        },
+        ndim: 0,
+        dtype: DlDataType {
+            code: 0,
+            bits: 0,
+            lanes: 0,
+        },
+        shape: std::ptr::null(),
+        strides: std::ptr::null(),
+        byte_offset: 0,
+    };
+    // SAFETY: `obj` is a live torch.Tensor, the type the table was read
+    // from; the function fills `t`, whose shape and strides stay valid
+    // until control returns to Python: they are read into the view before.
+    unsafe {
+        if from_py_object(obj.as_ptr().cast(), &mut t) != 0 {
+            pyo3::ffi::PyErr_Clear();
+            return Ok(None);
+        }
+        view_of_dltensor(obj, name, &t)
+    }
+}
+
+/// torch's current stream on CUDA device `gpu` through the exchange table,
+/// None where torch has none.
+pub fn exchange_current_stream(py: Python<'_>, gpu: i32) -> PyResult<Option<usize>> {
+    let Some(tensor) = torch_tensor_type(py)? else {
+        return Ok(None);
+    };
+    let Some(f) = exchange_api(tensor.bind(py)).and_then(|a| a.current_work_stream) else {
+        return Ok(None);
+    };
+    let mut stream: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the table's function, with the GIL held; it writes one pointer.
+    if unsafe { f(DL_CUDA, gpu, &mut stream) } != 0 {
+        return Err(PyErr::fetch(py));
+    }
+    Ok(Some(stream as usize))
+}
 
 fn dlpack_view<'a, 'py>(
     obj: &'a Bound<'py, PyAny>,
@@ -298,50 +489,65 @@ fn dlpack_view<'a, 'py>(
             pyo3::ffi::PyErr_Clear();
             return Ok(None);
         }
-        let t = &*p;
-        let device = match t.device.device_type {
-            DL_CPU => Device::Cpu,
-            DL_CUDA => Device::Cuda(t.device.device_id),
-            _ => return Ok(None),
-        };
-        if !t.dtype.bits.is_multiple_of(8) {
-            return Ok(None); // (packed sub-byte types: torch's element_size says)
-        }
-        let nd = t.ndim.max(0) as usize;
-        let dtype = match (t.dtype.code, t.dtype.bits, t.dtype.lanes) {
-            (DL_INT, 16, 1) => DType::I16,
-            (DL_INT, 32, 1) => DType::I32,
-            (DL_INT, 64, 1) => DType::I64,
-            (DL_UINT, 8, 1) => DType::U8,
-            (DL_BFLOAT, 16, 1) => DType::BF16,
-            _ => DType::Other,
-        };
-        let item = (t.dtype.bits as usize / 8) * t.dtype.lanes as usize;
-        let ptr = (t.data as u64).wrapping_add(t.byte_offset);
-        let dims: &[i64] = if nd == 0 {
-            &[]
-        } else {
-            std::slice::from_raw_parts(t.shape, nd)
-        };
-        if nd > 0 && t.strides.is_null() {
-            return Ok(None); // (a compact tensor without strides: not torch's)
-        }
-        let strides: &[i64] = if nd == 0 {
-            &[]
-        } else {
-            std::slice::from_raw_parts(t.strides, nd)
-        };
-        let mut v = View::new(name, obj, ptr, nd, item, dtype, device);
-        v.contiguous = c_contiguous(dims, strides);
-        for (axis, (&n, &s)) in dims.iter().zip(strides).enumerate() {
-            if s < 0 {
-                return Err(refuse(format!("`{name}` has a negative stride")));
-            }
-            add_axis(&mut v, axis, n.max(0) as usize, s as usize);
-        }
-        finish(&mut v);
-        Ok(Some(v))
+        view_of_dltensor(obj, name, &*p)
     }
+}
+
+/// The view a DLTensor describes; None for what only the method path
+/// describes right (a device other than the CPU or CUDA, sub-byte types, a
+/// tensor without strides).
+///
+/// # Safety
+/// `t`'s shape and strides arrays hold `t.ndim` values (or are null where
+/// said), readable for this call.
+unsafe fn view_of_dltensor<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+    name: &'static str,
+    t: &DlTensor,
+) -> PyResult<Option<View<'a, 'py>>> {
+    let device = match t.device.device_type {
+        DL_CPU => Device::Cpu,
+        DL_CUDA => Device::Cuda(t.device.device_id),
+        _ => return Ok(None),
+    };
+    if !t.dtype.bits.is_multiple_of(8) {
+        return Ok(None); // (packed sub-byte types: torch's element_size says)
+    }
+    let nd = t.ndim.max(0) as usize;
+    let dtype = match (t.dtype.code, t.dtype.bits, t.dtype.lanes) {
+        (DL_INT, 16, 1) => DType::I16,
+        (DL_INT, 32, 1) => DType::I32,
+        (DL_INT, 64, 1) => DType::I64,
+        (DL_UINT, 8, 1) => DType::U8,
+        (DL_BFLOAT, 16, 1) => DType::BF16,
+        _ => DType::Other,
+    };
+    let item = (t.dtype.bits as usize / 8) * t.dtype.lanes as usize;
+    let ptr = (t.data as u64).wrapping_add(t.byte_offset);
+    if nd > 0 && (t.shape.is_null() || t.strides.is_null()) {
+        return Ok(None); // (a compact tensor without strides: not torch's)
+    }
+    // SAFETY: the caller's promise: ndim values each, non-null (above).
+    let (dims, strides): (&[i64], &[i64]) = if nd == 0 {
+        (&[], &[])
+    } else {
+        unsafe {
+            (
+                std::slice::from_raw_parts(t.shape, nd),
+                std::slice::from_raw_parts(t.strides, nd),
+            )
+        }
+    };
+    let mut v = View::new(name, obj, ptr, nd, item, dtype, device);
+    v.contiguous = c_contiguous(dims, strides);
+    for (axis, (&n, &s)) in dims.iter().zip(strides).enumerate() {
+        if s < 0 {
+            return Err(refuse(format!("`{name}` has a negative stride")));
+        }
+        add_axis(&mut v, axis, n.max(0) as usize, s as usize);
+    }
+    finish(&mut v);
+    Ok(Some(v))
 }
 
 /// torch's `is_contiguous()` from a shape and strides in elements: every
