@@ -477,18 +477,34 @@ def test_the_measurements_pages_per_call_figures_are_the_measured_ones():
 
 def test_the_sglang_pages_torch_per_call_figures_are_the_measured_ones():
     """Medians of each case's three runs; the range over the four swap-in
-    entry points."""
-    def cases(build):
+    entry points (the recorded plan's call included)."""
+    def cases(reader):
         runs = defaultdict(list)
-        for r in lines(".", f"python-per-call-torch-cpu-{build}.jsonl"):
+        for r in lines(".", f"python-per-call-torch-cpu-{reader}.jsonl"):
+            assert r["reader"] == reader and r["device"] == "torch-cpu", r
             runs[r["case"]].append(r["median_us"])
+        assert all(len(v) == 3 for v in runs.values()), runs
         return {k: statistics.median(v) for k, v in runs.items()}
 
-    methods, dlpack = cases("methods"), cases("dlpack")
-    swap = {b: [v for k, v in c.items() if k.startswith("load_")] for b, c in (("m", methods), ("d", dlpack))}
+    readers = ("exchange", "to_dlpack", "methods")
+    by = {b: cases(b) for b in readers}
+    swap = {b: [v for k, v in by[b].items() if k.startswith("load_")] for b in readers}
+    sglang = [v for b in readers for k, v in by[b].items() if k.startswith("sglang:")]
     floor = "floor: an empty Python call, same arguments"
     text = " ".join(page("docs/sglang.md").split())
-    assert (f"a swap-in call took {rng(swap['m'], 1, ' µs')} reading each tensor through its methods and "
-            f"{rng(swap['d'], 1, ' µs')} through DLPack, a replay {methods['copy_cache_planned_mla']:.1f} and "
-            f"{dlpack['copy_cache_planned_mla']:.1f} µs, against {methods[floor]:.1f} and {dlpack[floor]:.1f} µs for "
-            f"the empty call") in text
+    assert (f"a swap-in call took {rng(swap['exchange'], 1, ' µs')} through the exchange table, "
+            f"{rng(swap['to_dlpack'], 1, ' µs')} through `to_dlpack` and {rng(swap['methods'], 1, ' µs')} through "
+            f"the tensors' methods. A replay took {by['exchange']['copy_cache_planned_mla']:.1f}, "
+            f"{by['to_dlpack']['copy_cache_planned_mla']:.1f} and {by['methods']['copy_cache_planned_mla']:.1f} µs. "
+            f"The empty call took {by['exchange'][floor]:.1f}, {by['to_dlpack'][floor]:.1f} and "
+            f"{by['methods'][floor]:.1f} µs.") in text
+    assert len(sglang) == 3, sglang
+    assert f"SGLang 0.5.23's own entry point, timed in the same runs: {rng(sglang, 1, ' µs')}." in text
+    mla = by["exchange"]["load_cache_to_device_buffer_mla"]
+    assert f"the CPU executor's work included, took {mla:.1f} µs: level with it." in text
+    assert abs(mla - max(sglang)) < 0.5, "the page's 'level with it' no longer holds"
+    numpy = {r["case"]: r["median_us"] for r in lines(".", "python-per-call-cpu.jsonl")}
+    loads = [v for k, v in numpy.items() if k.startswith("load_")]
+    assert (f"on numpy arrays: {min(loads):.1f} to {max(loads):.1f} µs, against {numpy[floor]:.1f} µs for the "
+            f"empty call") in text
+    assert f"A replay costs {numpy['copy_cache_planned_mla']:.1f} µs." in text
