@@ -127,5 +127,33 @@ __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
     }
 }
 
+// A warp's two stages of `stage_bytes` and their two barriers, carved from a
+// block's area laid out as bulk_smem_bytes sizes it: every warp's two
+// barriers first (bulk_barrier_bytes), then every warp's two stages. The
+// stages alternate: fill k uses stage k % 2, and its loads complete the
+// phase of parity (k / 2) % 2 of that stage's barrier.
+struct WarpStages {
+    uint64_t* bars;
+    char* stages;
+    uint32_t stage_bytes;
+
+    __device__ __forceinline__ WarpStages(char* area, uint32_t warp, uint32_t warps, uint32_t bytes)
+        : bars(reinterpret_cast<uint64_t*>(area) + 2 * warp),
+          stages(area + bulk_barrier_bytes(warps) + (uint64_t)warp * 2u * bytes),
+          stage_bytes(bytes) {}
+    // By one thread of the warp, before the warp's first use (then a
+    // __syncwarp where other lanes touch the stages).
+    __device__ __forceinline__ void init() const {
+        barrier_init(&bars[0], 1);
+        barrier_init(&bars[1], 1);
+        fence_barrier_init();
+        fence_async_shared();  // the barriers, initialised, as the engine sees them
+    }
+    // Fill `fill`'s stage and barrier, and the parity its loads complete.
+    __device__ __forceinline__ char* stage(uint32_t fill) const { return stages + (fill & 1u) * stage_bytes; }
+    __device__ __forceinline__ uint64_t* bar(uint32_t fill) const { return &bars[fill & 1u]; }
+    __device__ __forceinline__ void wait_loaded(uint32_t fill) const { wait(bar(fill), (fill >> 1) & 1u); }
+};
+
 }  // namespace kvt::bulk
 #endif

@@ -185,19 +185,10 @@ __device__ __forceinline__ void gather_bulk_runs(const kvt_gather_params& p) {
         return;
     }
     const uint32_t lane = threadIdx.x % KVT_WARP;
-    const uint32_t warp = threadIdx.x / KVT_WARP;
-    const uint32_t warps = blockDim.x / KVT_WARP;
     const uint32_t entry = p.entry_bytes;
-    const uint32_t stage_bytes = KVT_COPY_RUN_ROWS * entry;
-    uint64_t* bars = reinterpret_cast<uint64_t*>(kvt_dynamic_smem) + 2 * warp;
-    char* stages = reinterpret_cast<char*>(kvt_dynamic_smem) + bulk_barrier_bytes(warps) +
-                   (uint64_t)warp * 2u * stage_bytes;
-    if (lane == 0) {
-        kvt::bulk::barrier_init(&bars[0], 1);
-        kvt::bulk::barrier_init(&bars[1], 1);
-        kvt::bulk::fence_barrier_init();
-        kvt::bulk::fence_async_shared();  // the barriers, initialised, as the engine sees them
-    }
+    const kvt::bulk::WarpStages st(reinterpret_cast<char*>(kvt_dynamic_smem), threadIdx.x / KVT_WARP,
+                                   blockDim.x / KVT_WARP, KVT_COPY_RUN_ROWS * entry);
+    if (lane == 0) st.init();
     __syncwarp();
 
     const uint32_t groups_per_row = (p.k + KVT_COPY_RUN_ROWS - 1) / KVT_COPY_RUN_ROWS;
@@ -213,10 +204,9 @@ __device__ __forceinline__ void gather_bulk_runs(const kvt_gather_params& p) {
     // Lane 0 stores the waiting group once its loads have landed.
     auto store_waiting = [&]() {
         if (waiting_out == nullptr) return;
-        const uint32_t s = (filled - 1) & 1u;
         if (lane == 0) {
-            kvt::bulk::wait(&bars[s], ((filled - 1) >> 1) & 1u);
-            kvt::bulk::store(waiting_out, stages + s * stage_bytes, waiting_bytes);
+            st.wait_loaded(filled - 1);
+            kvt::bulk::store(waiting_out, st.stage(filled - 1), waiting_bytes);
             kvt::bulk::commit();
         }
         waiting_out = nullptr;
@@ -247,8 +237,7 @@ __device__ __forceinline__ void gather_bulk_runs(const kvt_gather_params& p) {
             continue;
         }
 
-        const uint32_t s = filled & 1u;
-        char* stage = stages + s * stage_bytes;
+        char* stage = st.stage(filled);
         // The store that last read this stage, two groups back, is the
         // newest: it must have read it all before anything is written there.
         if (lane == 0) kvt::bulk::wait_read<0>();
@@ -267,11 +256,11 @@ __device__ __forceinline__ void gather_bulk_runs(const kvt_gather_params& p) {
         }
         // One bulk load a run of neighbours, counted on the stage's barrier
         // (a group with nothing to load completes its phase on the arrival).
-        if (lane == 0) kvt::bulk::arrive_expect_bytes(&bars[s], (uint32_t)__popc(rows) * entry);
+        if (lane == 0) kvt::bulk::arrive_expect_bytes(st.bar(filled), (uint32_t)__popc(rows) * entry);
         kvt::for_each_run(rows, join_mask, [&](uint32_t first, uint32_t count) {
             const uint32_t t = kvt::warp_read((uint32_t)token, first);
             if (lane == 0)
-                kvt::bulk::load(stage + first * entry, layer + (uint64_t)t * entry, count * entry, &bars[s]);
+                kvt::bulk::load(stage + first * entry, layer + (uint64_t)t * entry, count * entry, st.bar(filled));
         });
         // This group's loads are in flight: store the other stage's group.
         store_waiting();

@@ -466,23 +466,18 @@ __device__ __forceinline__ void copy_planned(const kvt_swap_in_params& p) {
         const kvt_item_layout& L = p.items;
         const uint32_t planes = p.host_cache[1] != 0 ? 2u : 1u;
         const uint32_t warp = tid / KVT_WARP, warps = nthreads / KVT_WARP;
-        char* area = reinterpret_cast<char*>(kvt_dynamic_smem) + bulk_copy_at(B, warps);
-        uint64_t* bars = reinterpret_cast<uint64_t*>(area) + 2 * warp;
         const uint32_t stage_bytes = planes * L.value_bytes;
-        char* stages = area + bulk_barrier_bytes(warps) + (uint64_t)warp * 2u * stage_bytes;
-        bulk::barrier_init(&bars[0], 1);
-        bulk::barrier_init(&bars[1], 1);
-        bulk::fence_barrier_init();
-        bulk::fence_async_shared();
+        const bulk::WarpStages st(reinterpret_cast<char*>(kvt_dynamic_smem) + bulk_copy_at(B, warps), warp, warps,
+                                  stage_bytes);
+        st.init();
         uint32_t filled = 0;
         int64_t waiting = -1;  // the device row of the miss whose loads are in flight
         auto store_waiting = [&]() {
             if (waiting < 0) return;
-            const uint32_t s = (filled - 1) & 1u;
-            bulk::wait(&bars[s], ((filled - 1) >> 1) & 1u);
+            st.wait_loaded(filled - 1);
             for (uint32_t k = 0; k < planes; ++k)
                 bulk::store(reinterpret_cast<char*>(value_at(L, p.device_buffer[k], (uint64_t)waiting)),
-                            stages + s * stage_bytes + k * L.value_bytes, L.value_bytes);
+                            st.stage(filled - 1) + k * L.value_bytes, L.value_bytes);
             bulk::commit();
             waiting = -1;
         };
@@ -497,14 +492,13 @@ __device__ __forceinline__ void copy_planned(const kvt_swap_in_params& p) {
                        (lo_r << 16) | m, in_rows(src, p.host_rows) ? dst : src);
                 continue;
             }
-            const uint32_t s = filled & 1u;
             // the store that last read this stage, two misses back, is the newest
             bulk::wait_read<0>();
-            bulk::arrive_expect_bytes(&bars[s], stage_bytes);
+            bulk::arrive_expect_bytes(st.bar(filled), stage_bytes);
             for (uint32_t k = 0; k < planes; ++k)
-                bulk::load(stages + s * stage_bytes + k * L.value_bytes,
+                bulk::load(st.stage(filled) + k * L.value_bytes,
                            reinterpret_cast<const char*>(value_at(L, p.host_cache[k], (uint64_t)src)), L.value_bytes,
-                           &bars[s]);
+                           st.bar(filled));
             store_waiting();
             waiting = dst;
             ++filled;

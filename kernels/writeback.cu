@@ -81,6 +81,79 @@ __device__ __forceinline__ void writeback(const kvt_writeback_params& p) {
     }
 }
 
+// One warp's group of KVT_COPY_RUN_ROWS consecutive items of one layer, as
+// the run-merging writebacks (merged runs, bulk runs) see it: which lanes'
+// items move (`rows`), which join the run of the item before (`join_mask`),
+// and each lane's source and pool row addresses (valid where its item moves).
+struct WritebackGroup {
+    uint32_t rows, join_mask;
+    uint64_t src, dst;
+};
+
+// Group g (of groups_per_layer a layer): lane l loads item i0 + l's three
+// indices together (each inside its array), then checks and reports them
+// as kvt_writeback does. An item joins the run of the item before it when
+// both move to one slot and its token and source row are the next ones
+// (both checked in range: no overflow). The indices die here: what the runs
+// need of them is each row's two addresses.
+__device__ __forceinline__ WritebackGroup writeback_group(const kvt_writeback_params& p, const WritebackArrays& a,
+                                                         uint64_t g, uint32_t groups_per_layer, uint32_t lane,
+                                                         bool merge) {
+    const uint32_t layer_i = (uint32_t)(g / groups_per_layer);
+    const uint32_t i0 = (uint32_t)(g - (uint64_t)layer_i * groups_per_layer) * KVT_COPY_RUN_ROWS;
+    const uint32_t n = min(KVT_COPY_RUN_ROWS, p.num_items - i0);
+    const uint32_t item = i0 + lane;  // lane's item, one of the group's when lane < n
+    const bool mine = lane < n;
+
+    int32_t slot = -1, token = 0;
+    int64_t src_row = 0;
+    if (mine) {
+        slot = kvt::ld(a.item_slots + item);
+        token = kvt::ld(a.item_tokens + item);
+        src_row = kvt::ld(a.item_src_rows + item);
+    }
+    uint64_t base = 0;
+    bool moves = false;
+    if (slot != -1) {
+        base = (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(a.slot_bases + slot) : 0;
+        if (base == 0) {
+            kvt::report(a.err, KVT_ERR_WRITEBACK_SLOT, item, slot);
+        } else if (token < 0 || (uint32_t)token >= p.tokens_per_region) {
+            kvt::report(a.err, KVT_ERR_WRITEBACK_TOKEN, item, token);
+        } else if (src_row < 0 || (uint64_t)src_row >= p.src_rows) {
+            kvt::report(a.err, KVT_ERR_WRITEBACK_SRC_ROW, item, src_row);
+        } else {
+            moves = true;
+        }
+    }
+
+    const uint32_t prev = lane == 0 ? 0 : lane - 1;
+    const int32_t slot_before = (int32_t)kvt::warp_read((uint32_t)slot, prev);
+    const int32_t token_before = (int32_t)kvt::warp_read((uint32_t)token, prev);
+    const int64_t row_before = (int64_t)kvt::warp_read64((uint64_t)src_row, prev);
+    WritebackGroup G;
+    G.rows = kvt::warp_ballot(moves);
+    const bool joins = merge && moves && lane > 0 && ((G.rows >> prev) & 1u) != 0 && slot == slot_before &&
+                       token == token_before + 1 && src_row == row_before + 1;
+    G.join_mask = kvt::warp_ballot(joins);
+    G.src = G.dst = 0;
+    if (G.rows == 0) return G;
+    const uint64_t src_buf = a.src_layer_bases != nullptr ? kvt::ld(a.src_layer_bases + layer_i) : p.src_base;
+    G.src = src_buf + (uint64_t)src_row * p.entry_bytes;
+    G.dst = base + (uint64_t)(p.first_layer + layer_i) * p.layer_bytes + (uint64_t)token * p.entry_bytes;
+    return G;
+}
+
+// A group's runs, moved by the warp with its passes aligned to the pool's
+// lines (whole lines inside a run, partial ones only at its ends).
+__device__ __forceinline__ void writeback_group_runs(const WritebackGroup& G, uint32_t entry, uint32_t lane) {
+    kvt::for_each_run(G.rows, G.join_mask, [&](uint32_t first, uint32_t count) {
+        kvt::warp_copy_entry_lines<kvt::DeviceToPool, KVT_UNROLL, true>(
+            reinterpret_cast<const char*>(kvt::warp_read64(G.src, first)),
+            reinterpret_cast<char*>(kvt::warp_read64(G.dst, first)), count * entry, lane);
+    });
+}
+
 // The writeback with CopyMethod::MergedRuns: the same checks, reports and
 // pool contents, items taken KVT_COPY_RUN_ROWS at a time from one layer.
 // Consecutive items of one slot with consecutive tokens and consecutive
@@ -97,60 +170,8 @@ __device__ __forceinline__ void writeback_merged_runs(const kvt_writeback_params
     const bool merge = p.entry_bytes <= KVT_RUN_MAX_ENTRY;
 
     for (uint64_t g = kvt::global_warp(); g < groups; g += kvt::grid_warps()) {
-        const uint32_t layer_i = (uint32_t)(g / groups_per_layer);
-        const uint32_t i0 = (uint32_t)(g - (uint64_t)layer_i * groups_per_layer) * KVT_COPY_RUN_ROWS;
-        const uint32_t n = min(KVT_COPY_RUN_ROWS, p.num_items - i0);
-        const uint32_t item = i0 + lane;  // lane's item, one of the group's when lane < n
-        const bool mine = lane < n;
-
-        // Each lane loads its item's three indices together (each inside its
-        // array), then checks and reports them as kvt_writeback does.
-        int32_t slot = -1, token = 0;
-        int64_t src_row = 0;
-        if (mine) {
-            slot = kvt::ld(a.item_slots + item);
-            token = kvt::ld(a.item_tokens + item);
-            src_row = kvt::ld(a.item_src_rows + item);
-        }
-        uint64_t base = 0;
-        bool moves = false;
-        if (slot != -1) {
-            base = (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(a.slot_bases + slot) : 0;
-            if (base == 0) {
-                kvt::report(a.err, KVT_ERR_WRITEBACK_SLOT, item, slot);
-            } else if (token < 0 || (uint32_t)token >= p.tokens_per_region) {
-                kvt::report(a.err, KVT_ERR_WRITEBACK_TOKEN, item, token);
-            } else if (src_row < 0 || (uint64_t)src_row >= p.src_rows) {
-                kvt::report(a.err, KVT_ERR_WRITEBACK_SRC_ROW, item, src_row);
-            } else {
-                moves = true;
-            }
-        }
-
-        // An item joins the run of the item before it when both move to one
-        // slot and its token and source row are the next ones (both checked
-        // in range: no overflow).
-        const uint32_t prev = lane == 0 ? 0 : lane - 1;
-        const int32_t slot_before = (int32_t)kvt::warp_read((uint32_t)slot, prev);
-        const int32_t token_before = (int32_t)kvt::warp_read((uint32_t)token, prev);
-        const int64_t row_before = (int64_t)kvt::warp_read64((uint64_t)src_row, prev);
-        const uint32_t rows = kvt::warp_ballot(moves);
-        const bool joins = merge && moves && lane > 0 && ((rows >> prev) & 1u) != 0 && slot == slot_before &&
-                           token == token_before + 1 && src_row == row_before + 1;
-        const uint32_t join_mask = kvt::warp_ballot(joins);
-        if (rows == 0) continue;
-
-        // Each lane's row addresses (the indices die here: what the runs
-        // need of them is the run's first row's two addresses).
-        const uint64_t src_buf = a.src_layer_bases != nullptr ? kvt::ld(a.src_layer_bases + layer_i) : p.src_base;
-        const uint64_t src = src_buf + (uint64_t)src_row * p.entry_bytes;
-        const uint64_t dst =
-            base + (uint64_t)(p.first_layer + layer_i) * p.layer_bytes + (uint64_t)token * p.entry_bytes;
-        kvt::for_each_run(rows, join_mask, [&](uint32_t first, uint32_t count) {
-            kvt::warp_copy_entry_lines<kvt::DeviceToPool, KVT_UNROLL, true>(
-                reinterpret_cast<const char*>(kvt::warp_read64(src, first)),
-                reinterpret_cast<char*>(kvt::warp_read64(dst, first)), count * p.entry_bytes, lane);
-        });
+        const WritebackGroup G = writeback_group(p, a, g, groups_per_layer, lane, merge);
+        if (G.rows != 0) writeback_group_runs(G, p.entry_bytes, lane);
     }
 }
 
@@ -170,19 +191,10 @@ __device__ __forceinline__ void writeback_bulk_runs(const kvt_writeback_params& 
         return;
     }
     const uint32_t lane = threadIdx.x % KVT_WARP;
-    const uint32_t warp = threadIdx.x / KVT_WARP;
-    const uint32_t warps = blockDim.x / KVT_WARP;
     const uint32_t entry = p.entry_bytes;
-    const uint32_t stage_bytes = KVT_COPY_RUN_ROWS * entry;
-    uint64_t* bars = reinterpret_cast<uint64_t*>(kvt_dynamic_smem) + 2 * warp;
-    char* stages = reinterpret_cast<char*>(kvt_dynamic_smem) + bulk_barrier_bytes(warps) +
-                   (uint64_t)warp * 2u * stage_bytes;
-    if (lane == 0) {
-        kvt::bulk::barrier_init(&bars[0], 1);
-        kvt::bulk::barrier_init(&bars[1], 1);
-        kvt::bulk::fence_barrier_init();
-        kvt::bulk::fence_async_shared();  // the barriers, initialised, as the engine sees them
-    }
+    const kvt::bulk::WarpStages st(reinterpret_cast<char*>(kvt_dynamic_smem), threadIdx.x / KVT_WARP,
+                                   blockDim.x / KVT_WARP, KVT_COPY_RUN_ROWS * entry);
+    if (lane == 0) st.init();
     __syncwarp();
 
     const uint32_t groups_per_layer =
@@ -198,9 +210,8 @@ __device__ __forceinline__ void writeback_bulk_runs(const kvt_writeback_params& 
     uint64_t waiting_dst = 0;
     auto store_waiting = [&]() {
         if (waiting_rows == 0) return;
-        const uint32_t s = (filled - 1) & 1u;
-        char* stage = stages + s * stage_bytes;
-        if (lane == 0) kvt::bulk::wait(&bars[s], ((filled - 1) >> 1) & 1u);
+        char* stage = st.stage(filled - 1);
+        if (lane == 0) st.wait_loaded(filled - 1);
         kvt::for_each_run(waiting_rows, waiting_joins, [&](uint32_t first, uint32_t count) {
             const uint64_t dst = kvt::warp_read64(waiting_dst, first);
             if (lane == 0) kvt::bulk::store(reinterpret_cast<char*>(dst), stage + first * entry, count * entry);
@@ -210,71 +221,31 @@ __device__ __forceinline__ void writeback_bulk_runs(const kvt_writeback_params& 
     };
 
     for (uint64_t g = kvt::global_warp(); g < groups; g += kvt::grid_warps()) {
-        const uint32_t layer_i = (uint32_t)(g / groups_per_layer);
-        const uint32_t i0 = (uint32_t)(g - (uint64_t)layer_i * groups_per_layer) * KVT_COPY_RUN_ROWS;
-        const uint32_t n = min(KVT_COPY_RUN_ROWS, p.num_items - i0);
-        const uint32_t item = i0 + lane;
-        const bool mine = lane < n;
-
-        // The checks and reports of writeback_merged_runs, item for item.
-        int32_t slot = -1, token = 0;
-        int64_t src_row = 0;
-        if (mine) {
-            slot = kvt::ld(a.item_slots + item);
-            token = kvt::ld(a.item_tokens + item);
-            src_row = kvt::ld(a.item_src_rows + item);
-        }
-        uint64_t base = 0;
-        bool moves = false;
-        if (slot != -1) {
-            base = (slot >= 0 && (uint32_t)slot < p.num_slots) ? kvt::ld(a.slot_bases + slot) : 0;
-            if (base == 0) {
-                kvt::report(a.err, KVT_ERR_WRITEBACK_SLOT, item, slot);
-            } else if (token < 0 || (uint32_t)token >= p.tokens_per_region) {
-                kvt::report(a.err, KVT_ERR_WRITEBACK_TOKEN, item, token);
-            } else if (src_row < 0 || (uint64_t)src_row >= p.src_rows) {
-                kvt::report(a.err, KVT_ERR_WRITEBACK_SRC_ROW, item, src_row);
-            } else {
-                moves = true;
-            }
-        }
-        const uint32_t prev = lane == 0 ? 0 : lane - 1;
-        const int32_t slot_before = (int32_t)kvt::warp_read((uint32_t)slot, prev);
-        const int32_t token_before = (int32_t)kvt::warp_read((uint32_t)token, prev);
-        const int64_t row_before = (int64_t)kvt::warp_read64((uint64_t)src_row, prev);
-        const uint32_t rows = kvt::warp_ballot(moves);
-        const bool joins = merge && moves && lane > 0 && ((rows >> prev) & 1u) != 0 && slot == slot_before &&
-                           token == token_before + 1 && src_row == row_before + 1;
-        const uint32_t join_mask = kvt::warp_ballot(joins);
+        // The checks, reports and runs of writeback_merged_runs.
+        const WritebackGroup G = writeback_group(p, a, g, groups_per_layer, lane, merge);
+        const uint32_t rows = G.rows, join_mask = G.join_mask;
         if (rows == 0) continue;
-
-        const uint64_t src_buf = a.src_layer_bases != nullptr ? kvt::ld(a.src_layer_bases + layer_i) : p.src_base;
-        const uint64_t src = src_buf + (uint64_t)src_row * entry;
-        const uint64_t dst = base + (uint64_t)(p.first_layer + layer_i) * p.layer_bytes + (uint64_t)token * entry;
-        if (kvt::warp_ballot(moves && ((src | dst) & 15u) != 0) != 0) {
+        const uint64_t src = G.src, dst = G.dst;
+        if (kvt::warp_ballot(((rows >> lane) & 1u) != 0 && ((src | dst) & 15u) != 0) != 0) {
             // A row the engine cannot move (the contract promises 8 bytes
             // of alignment): this group moves as writeback_merged_runs.
-            kvt::for_each_run(rows, join_mask, [&](uint32_t first, uint32_t count) {
-                kvt::warp_copy_entry_lines<kvt::DeviceToPool, KVT_UNROLL, true>(
-                    reinterpret_cast<const char*>(kvt::warp_read64(src, first)),
-                    reinterpret_cast<char*>(kvt::warp_read64(dst, first)), count * entry, lane);
-            });
+            writeback_group_runs(G, entry, lane);
             continue;
         }
 
-        const uint32_t s = filled & 1u;
-        char* stage = stages + s * stage_bytes;
+        char* stage = st.stage(filled);
         // The stores that last read this stage, two groups back, are the
         // newest group: they must have read it all before it is loaded again.
         if (lane == 0) {
             kvt::bulk::wait_read<0>();
-            kvt::bulk::arrive_expect_bytes(&bars[s], (uint32_t)__popc(rows) * entry);
+            kvt::bulk::arrive_expect_bytes(st.bar(filled), (uint32_t)__popc(rows) * entry);
         }
         __syncwarp();
         kvt::for_each_run(rows, join_mask, [&](uint32_t first, uint32_t count) {
             const uint64_t from = kvt::warp_read64(src, first);
             if (lane == 0)
-                kvt::bulk::load(stage + first * entry, reinterpret_cast<const char*>(from), count * entry, &bars[s]);
+                kvt::bulk::load(stage + first * entry, reinterpret_cast<const char*>(from), count * entry,
+                                st.bar(filled));
         });
         // This group's loads are in flight: store the other stage's group.
         store_waiting();
