@@ -47,6 +47,29 @@ def test_a_recorded_call_holds_the_rows_and_the_state_replay_needs(tmp_path):
     assert second == {"layer": layer, "rows": [{"req": 0, "seq": 9, "topk": [6, 8]}]}
 
 
+def test_a_call_the_per_step_hooks_stop_is_not_recorded(tmp_path, monkeypatch):
+    """The bad-index poll runs first and may raise (mode "raise"): a call it
+    stops never ran, so the trace holds nothing of it."""
+    from kvtier.sglang import bad_indices
+
+    def stop():
+        raise KvtierError("bad indices on cuda:0 (1 new): planted", "BAD_INDICES")
+
+    c = worked_example([4, 2, 7])
+    trace.configure({"path": str(tmp_path / "t.jsonl")})
+    try:
+        monkeypatch.setattr(bad_indices, "maybe_poll", stop)
+        with pytest.raises(KvtierError, match="planted"):
+            load_cache_to_device_buffer_mla(**c.kwargs())
+        assert c.out.tolist() == [[-7, -7, -7]], "nothing ran"
+        monkeypatch.undo()
+        load_cache_to_device_buffer_mla(**c.kwargs())
+    finally:
+        trace.configure(None)
+    header, only = lines(tmp_path / "t.jsonl")
+    assert only["rows"][0]["topk"] == [4, 2, 7] and "state" in only["rows"][0], "the call that ran, as a first call"
+
+
 def test_sampling_and_the_size_limit(tmp_path, caplog):
     c = worked_example([4, 2, 7])
     trace.configure({"path": str(tmp_path / "a.jsonl"), "rows_every": 2})

@@ -63,10 +63,11 @@ def _executor_and_address(device_buffer):
     object that is neither a numpy array nor a torch tensor."""
     torch = sys.modules.get("torch")
     if torch is not None and type(device_buffer) is torch.Tensor:
-        # the swap-in's per-call path: two method calls (a plain tensor's
-        # get_device() is its CUDA ordinal, -1 off a GPU)
-        ordinal = device_buffer.get_device()
-        return ("cpu" if ordinal < 0 else ordinal), device_buffer.data_ptr()
+        # the swap-in's per-call path: an attribute and two method calls
+        # (get_device() is a CUDA tensor's ordinal)
+        if device_buffer.is_cuda:
+            return device_buffer.get_device(), device_buffer.data_ptr()
+        return "cpu", device_buffer.data_ptr()
     interface = getattr(device_buffer, "__array_interface__", None)
     if interface is not None and not hasattr(device_buffer, "data_ptr"):
         return "cpu", interface["data"][0]

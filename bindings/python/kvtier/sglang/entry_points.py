@@ -57,20 +57,27 @@ def _item_size(value, arg: str = "item_size_bytes") -> int:
     return value
 
 
-def _run(items, item_bytes, page_size, block_size, top_k, tokens, host_locs, locs, host, device, out, req, seq,
-         lru, k, hot, num_real, miss_src, miss_dst, miss_count, skip_io, block_tokens, host_v, device_v) -> None:
-    """Every swap-in entry point's body, its arguments positional: the
-    per-call path of a served layer, which eager mode pays on every call
-    (see docs/sglang.md's per-call cost). ``items`` is a layout the entry
-    point built from checked values, ``item_bytes`` the bytes a token moves
-    (a trace's header); ``hot`` is SGLang's ``hot_buffer_size``, its word
-    for the slots a request keeps on the GPU."""
+def _begin(page_size, block_size) -> None:
+    """What every swap-in entry point does first: the per-step hooks (the
+    bad-index poll, which may raise, and the counters' export), then the
+    launch shapes SGLang passes checked."""
+    per_step()
     _positive(page_size, "page_size")
     _positive(block_size, "block_size")
+
+
+def _run(items, item_bytes, top_k, tokens, host_locs, locs, host, device, out, req, seq, lru, k, hot, num_real,
+         miss_src, miss_dst, miss_count, skip_io, block_tokens, host_v, device_v) -> None:
+    """Every swap-in entry point's body after its checks (`_begin` first),
+    its arguments positional: the per-call path of a served layer, which
+    eager mode pays on every call (see docs/sglang.md's per-call cost).
+    ``items`` is a layout the entry point built from checked values,
+    ``item_bytes`` the bytes a token moves (a trace's header); ``hot`` is
+    SGLang's ``hot_buffer_size``, its word for the slots a request keeps on
+    the GPU."""
     if trace.recorder() is not None:
         _record(device, top_k_tokens=top_k, num_top_k=k, req_pool_indices=req, seq_lens=seq, num_real_reqs=num_real,
                 device_buffer_tokens=tokens, lru_slots=lru, hot=hot, block_tokens=block_tokens, item_bytes=item_bytes)
-    per_step()
     cfg = current_config()
     if cfg is None:
         strategy, layer = _lib.DEFAULT, counted_layer(device, True)
@@ -109,10 +116,11 @@ def load_cache_to_device_buffer_mla(
     host and device caches linear rows of ``item_size_bytes``. With
     ``miss_src``/``miss_dst``/``miss_count`` the misses are recorded there (for
     :func:`copy_cache_planned_mla`); ``skip_io`` moves no KV bytes."""
-    _run(_lib.linear_items(_item_size(item_size_bytes)), item_size_bytes, page_size, block_size, top_k_tokens,
-         device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache, device_buffer, top_k_device_locs,
-         req_pool_indices, seq_lens, lru_slots, num_top_k, hot_buffer_size, num_real_reqs, miss_src, miss_dst,
-         miss_count, skip_io, 0, None, None)
+    items = _lib.linear_items(_item_size(item_size_bytes))
+    _begin(page_size, block_size)
+    _run(items, item_size_bytes, top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs, host_cache,
+         device_buffer, top_k_device_locs, req_pool_indices, seq_lens, lru_slots, num_top_k, hot_buffer_size,
+         num_real_reqs, miss_src, miss_dst, miss_count, skip_io, 0, None, None)
 
 
 def load_cache_to_device_buffer_dsv4_mla(
@@ -146,9 +154,10 @@ def load_cache_to_device_buffer_dsv4_mla(
             f"invalid argument `item_size_bytes`: {item_size_bytes!r}; DeepSeek-V4's C4 token is "
             f"{_lib.DSV4_VALUE_BYTES} + {_lib.DSV4_SCALE_BYTES} = {_lib.DSV4_ITEM_BYTES} bytes"
         )
-    _run(_lib.dsv4_items(), item_size_bytes, page_size, block_size, top_k_tokens, device_buffer_tokens,
-         host_cache_locs, device_buffer_locs, host_cache, device_buffer, top_k_device_locs, req_pool_indices, seq_lens,
-         lru_slots, num_top_k, hot_buffer_size, num_real_reqs, miss_src, miss_dst, miss_count, skip_io, 0, None, None)
+    _begin(page_size, block_size)
+    _run(_lib.dsv4_items(), item_size_bytes, top_k_tokens, device_buffer_tokens, host_cache_locs, device_buffer_locs,
+         host_cache, device_buffer, top_k_device_locs, req_pool_indices, seq_lens, lru_slots, num_top_k,
+         hot_buffer_size, num_real_reqs, miss_src, miss_dst, miss_count, skip_io, 0, None, None)
 
 
 def load_blocks_to_device_buffer_mha(
@@ -177,15 +186,15 @@ def load_blocks_to_device_buffer_mha(
     (tokens past the sequence and -1 blocks give -1) into
     ``top_k_device_locs[b, :blocks × sparse_block_size]``, and each miss
     copies its K and V rows (``item_size_bytes`` each)."""
+    _begin(page_size, block_size)
     items = _lib.linear_items(_item_size(item_size_bytes))
     _positive(sparse_block_size, "sparse_block_size")
     shape = getattr(top_k_blocks, "shape", ())
     if len(shape) != 2:
         raise KvtierError(f"invalid argument `top_k_blocks`: has shape {list(shape)}; it must be 2-D")
-    _run(items, 2 * item_size_bytes, page_size, block_size, top_k_blocks, device_buffer_tokens, host_cache_locs,
-         device_buffer_locs, host_cache_k, device_buffer_k, top_k_device_locs, req_pool_indices, seq_lens, lru_slots,
-         int(shape[1]), hot_buffer_size, num_real_reqs, None, None, None, skip_io, sparse_block_size, host_cache_v,
-         device_buffer_v)
+    _run(items, 2 * item_size_bytes, top_k_blocks, device_buffer_tokens, host_cache_locs, device_buffer_locs,
+         host_cache_k, device_buffer_k, top_k_device_locs, req_pool_indices, seq_lens, lru_slots, int(shape[1]),
+         hot_buffer_size, num_real_reqs, None, None, None, skip_io, sparse_block_size, host_cache_v, device_buffer_v)
 
 
 def copy_cache_planned_mla(

@@ -12,7 +12,7 @@ use kvtier::ffi::{
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 
-use crate::view::{DType, Device, View, exchange_current_stream, view};
+use crate::view::{DType, Device, View, exchange_current_stream, new_call, view};
 use crate::{Handle, engine_handle, engram_handle, ensure_capacity, invalid, library, status};
 
 const INDEX_INT32: u32 = 1;
@@ -25,6 +25,7 @@ type Arg<'a, 'py> = Option<&'a Bound<'py, PyAny>>;
 fn views<'a, 'py, const N: usize>(
     args: [(&'static str, Arg<'a, 'py>); N],
 ) -> PyResult<[Option<View<'a, 'py>>; N]> {
+    new_call();
     let mut out: [Option<View<'a, 'py>>; N] = [const { None }; N];
     for (slot, (name, obj)) in out.iter_mut().zip(args) {
         if let Some(obj) = obj.filter(|o| !o.is_none()) {
@@ -926,6 +927,7 @@ pub fn engram_gather<'py>(
     out_rows: Arg<'_, 'py>,
     stream: Arg<'_, 'py>,
 ) -> PyResult<()> {
+    new_call();
     let ids = view(ids, "ids")?;
     let out = view(out, "out")?;
     let out_rows = match out_rows.filter(|o| !o.is_none()) {

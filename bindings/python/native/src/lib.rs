@@ -145,8 +145,6 @@ fn engine_handle(executor: i32) -> PyResult<Handle> {
     handle_in(&ENGINES, executor, library()?.create)
 }
 
-/// The engine of `executor` ("the process's engine"), as an address for
-/// ctypes (`kvt_swap_in_check`, `kvt_swap_in_reserve`).
 /// How plain torch tensors are read now ("exchange", "to_dlpack" or
 /// "methods"), after setting it to `reader` ("auto", "to_dlpack",
 /// "methods") if given: for the tests that compare the readers, and for
@@ -167,6 +165,8 @@ fn tensor_reader(py: Python<'_>, reader: Option<&str>) -> PyResult<&'static str>
     view::tensor_reader_in_use(py)
 }
 
+/// The engine of `executor` ("the process's engine"), as an address for
+/// ctypes (`kvt_swap_in_check`, `kvt_swap_in_reserve`).
 #[pyfunction]
 fn engine(executor: i32) -> PyResult<usize> {
     engine_handle(executor).map(|h| h as usize)

@@ -7,7 +7,7 @@
 use numpy::npyffi::flags::{NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE};
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -372,10 +372,22 @@ const DL_INT: u8 = 0;
 const DL_UINT: u8 = 1;
 const DL_BFLOAT: u8 = 4;
 
+/// The calls of the extension module so far ([`new_call`]), and the call
+/// in which torch was last found to have no exchange table.
+static CALLS: AtomicU64 = AtomicU64::new(0);
+static NO_TABLE_IN_CALL: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Marks the start of a call of the extension module: torch's exchange
+/// table, where it has none, is looked for again once per call, not once a
+/// tensor (a failed attribute lookup costs what `to_dlpack` saves).
+pub fn new_call() {
+    CALLS.fetch_add(1, Ordering::Relaxed);
+}
+
 /// torch's exchange table, read from `torch.Tensor.__dlpack_c_exchange_api__`
 /// (a "dlpack_exchange_api" capsule: torch's own from 2.10 on, or the one
 /// tvm-ffi installs on older torch) and kept once found; None where there is
-/// none (looked up again at the next call: tvm-ffi may install one later),
+/// none (looked for again in the next call: tvm-ffi may install one later),
 /// or where its DLPack major version is not 1 (none of its chain is).
 fn exchange_api(tensor: &Bound<'_, PyAny>) -> Option<&'static ExchangeApi> {
     static API: AtomicPtr<ExchangeApi> = AtomicPtr::new(std::ptr::null_mut());
@@ -385,9 +397,18 @@ fn exchange_api(tensor: &Bound<'_, PyAny>) -> Option<&'static ExchangeApi> {
         // process's lifetime.
         return Some(unsafe { &*p });
     }
-    let capsule = tensor
-        .getattr(pyo3::intern!(tensor.py(), "__dlpack_c_exchange_api__"))
-        .ok()?;
+    let call = CALLS.load(Ordering::Relaxed);
+    if NO_TABLE_IN_CALL.load(Ordering::Relaxed) == call {
+        return None;
+    }
+    let no_table = || {
+        NO_TABLE_IN_CALL.store(call, Ordering::Relaxed);
+        None
+    };
+    let Ok(capsule) = tensor.getattr(pyo3::intern!(tensor.py(), "__dlpack_c_exchange_api__"))
+    else {
+        return no_table();
+    };
     // SAFETY: a "dlpack_exchange_api" capsule holds a DLPackExchangeAPI
     // pointer that stays valid for the process's lifetime (dlpack.h);
     // headers are walked through their prev_api chain until major 1.
@@ -397,13 +418,13 @@ fn exchange_api(tensor: &Bound<'_, PyAny>) -> Option<&'static ExchangeApi> {
                 as *const ExchangeHeader;
         if h.is_null() {
             pyo3::ffi::PyErr_Clear();
-            return None;
+            return no_table();
         }
         while !h.is_null() && (*h).version.major != 1 {
             h = (*h).prev_api;
         }
         if h.is_null() {
-            return None;
+            return no_table();
         }
         API.store(h as *mut ExchangeApi, Ordering::Release);
         Some(&*(h as *const ExchangeApi))
@@ -446,8 +467,12 @@ fn exchange_view<'a, 'py>(
 }
 
 /// torch's current stream on CUDA device `gpu` through the exchange table,
-/// None where torch has none.
+/// None where torch has none or plain tensors are read another way (the
+/// calls then look the stream up as they did before the table).
 pub fn exchange_current_stream(py: Python<'_>, gpu: i32) -> PyResult<Option<usize>> {
+    if TensorReader::current() != TensorReader::Auto {
+        return Ok(None);
+    }
     let Some(tensor) = torch_tensor_type(py)? else {
         return Ok(None);
     };
