@@ -36,6 +36,7 @@ pub const KVT_SWAP_COMPACT_PLAN: u32 = 128;
 pub const KVT_SWAP_FEW_MISS_512: u32 = 256;
 pub const KVT_SWAP_COPY_LINES: u32 = 512;
 pub const KVT_SWAP_COPY_BULK: u32 = 1024;
+pub const KVT_SWAP_FUSED_LOADS: u32 = 2048;
 pub const KVT_SWAP_MAX_TOP_K: u32 = 4096;
 pub const KVT_SWAP_MAX_HOT: u32 = 16384;
 pub const KVT_SWAP_PLAN_THREADS: u32 = 512;

@@ -135,7 +135,12 @@ namespace few {
 // flight (a 656-byte row: two passes where warp vectors take one); a kernel
 // of its own, since a branch between the two copies in one kernel spilled
 // 136 bytes a thread at 64 registers, and two vectors a lane 76 to 124.
-template <class B, bool Lines = false>
+// Fused: the row's slots, LRU order and query loaded in one pass (each
+// thread issues all its loads of the three before it consumes any: one
+// device round trip where the three loops below take three), where the
+// slots' rows are 16-byte vectors and the query holds tokens; elsewhere
+// the three loops (kvt_swap_in_few_miss_fused_plan).
+template <class B, bool Lines = false, bool Fused = false>
 __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
     constexpr uint32_t kWarps = B::kWarps;
     constexpr uint32_t kMaxEntryChunks = B::kChunks;
@@ -200,52 +205,99 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
     // loaded together; tokens of the LRU part go into the hash table.
     const int32_t newest = (int32_t)(seq - 1);
     constexpr uint32_t kLoads = 4;
-    if (H % 4 == 0 && aligned16(rq.btok) && aligned16(rq.bloc)) {
-        // Four slots a load (SGLang's rows are 16-byte aligned): a quarter
-        // of the loads and of their address arithmetic (two in flight: HOT
-        // 8192 in one pass; four would spill).
-        batched<2>(
-            tid, H / 4, nthreads,
-            [&](uint32_t q) { return SlotRow4{ld(as_vec(rq.btok) + q), ld(as_vec(rq.bloc) + q)}; },
-            [&](uint32_t q, const SlotRow4& r) {
-                as_vec(s.slot_tok())[q] = r.tokens;
-                as_vec(s.slot_loc())[q] = r.locs;
-            });
-    } else {
-        batched<kLoads>(
-            tid, H, nthreads, [&](uint32_t slot) { return SlotRow{ld(rq.btok + slot), ld(rq.bloc + slot)}; },
-            [&](uint32_t slot, const SlotRow& r) {
-                s.slot_tok()[slot] = r.token;
-                s.slot_loc()[slot] = r.loc;
-            });
-    }
-    if (tid == 0) s.slot_loc()[H] = ld(rq.bloc + H);
     bool lru_bad = false;
-    batched<kLoads>(
-        tid, H, nthreads, [&](uint32_t pos) { return ld(rq.lru + pos); },
-        [&](uint32_t pos, int16_t slot) {
-            bool ok = slot >= 0 && (uint32_t)slot < H;
-            if (ok) {
-                const uint32_t bit = 1u << (slot & 31);
-                ok = (atomicOr(&s.bitmap()[slot >> 5], bit) & bit) == 0;
+    // An LRU position's slot, checked (a permutation of [0, hot): each slot
+    // once), and a query entry classified and its token hashed.
+    auto lru_entry = [&](uint32_t pos, int16_t slot) {
+        bool ok = slot >= 0 && (uint32_t)slot < H;
+        if (ok) {
+            const uint32_t bit = 1u << (slot & 31);
+            ok = (atomicOr(&s.bitmap()[slot >> 5], bit) & bit) == 0;
+        }
+        lru_bad |= !ok;
+        s.lru_old()[pos] = ok ? (uint16_t)slot : 0;
+    };
+    auto insert = [&](uint32_t i, const QueryEntry& q) {
+        const int64_t t = classify(p, err, rq.topk, row_pos, seq, i, q);
+        const int32_t tok = t == -1 ? kPad : t < 0 ? kBad : t == newest ? kNewest : (int32_t)t;
+        s.e_tok()[i] = tok;
+        s.e_val()[i] = kNone;
+        if (tok >= 0 && hash.insert(tok, (int32_t)i)) s.duplicates()[0] = 1;
+    };
+    if (Fused && H % 4 == 0 && aligned16(rq.btok) && aligned16(rq.bloc) && !(p.flags & KVT_SWAP_QUERY_BLOCKS)) {
+        // A pass: two vectors of four slots, four LRU positions and two
+        // query entries a thread (HOT 8192 and K 2048 in one pass), all
+        // loaded before any is used.
+        const uint32_t H4 = H / 4;
+        for (uint32_t base = 0; base * 2 < H4 || base * 4 < H || base * 2 < E; base += nthreads) {
+            SlotRow4 sr[2] = {};
+            int16_t lr[4] = {};
+            QueryEntry qe[2] = {};
+#pragma unroll
+            for (uint32_t k = 0; k < 2; ++k) {
+                const uint32_t q = base * 2 + k * nthreads + tid;
+                if (q < H4) sr[k] = SlotRow4{ld(as_vec(rq.btok) + q), ld(as_vec(rq.bloc) + q)};
             }
-            lru_bad |= !ok;
-            s.lru_old()[pos] = ok ? (uint16_t)slot : 0;
-        });
-    {
-        auto insert = [&](uint32_t i, const QueryEntry& q) {
-            const int64_t t = classify(p, err, rq.topk, row_pos, seq, i, q);
-            const int32_t tok = t == -1 ? kPad : t < 0 ? kBad : t == newest ? kNewest : (int32_t)t;
-            s.e_tok()[i] = tok;
-            s.e_val()[i] = kNone;
-            if (tok >= 0 && hash.insert(tok, (int32_t)i)) s.duplicates()[0] = 1;
-        };
-        // One loop per query kind: in a shared one the compiler computes a
-        // block query's division for every entry of a token query too.
-        if (p.flags & KVT_SWAP_QUERY_BLOCKS)
-            batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return query_entry(p, rq.topk, i); }, insert);
-        else
-            batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return token_entry(rq.topk, i); }, insert);
+#pragma unroll
+            for (uint32_t k = 0; k < 4; ++k) {
+                const uint32_t pos = base * 4 + k * nthreads + tid;
+                if (pos < H) lr[k] = ld(rq.lru + pos);
+            }
+#pragma unroll
+            for (uint32_t k = 0; k < 2; ++k) {
+                const uint32_t i = base * 2 + k * nthreads + tid;
+                if (i < E) qe[k] = token_entry(rq.topk, i);
+            }
+#pragma unroll
+            for (uint32_t k = 0; k < 2; ++k) {
+                const uint32_t q = base * 2 + k * nthreads + tid;
+                if (q < H4) {
+                    as_vec(s.slot_tok())[q] = sr[k].tokens;
+                    as_vec(s.slot_loc())[q] = sr[k].locs;
+                }
+            }
+#pragma unroll
+            for (uint32_t k = 0; k < 4; ++k) {
+                const uint32_t pos = base * 4 + k * nthreads + tid;
+                if (pos < H) lru_entry(pos, lr[k]);
+            }
+#pragma unroll
+            for (uint32_t k = 0; k < 2; ++k) {
+                const uint32_t i = base * 2 + k * nthreads + tid;
+                if (i < E) insert(i, qe[k]);
+            }
+        }
+        if (tid == 0) s.slot_loc()[H] = ld(rq.bloc + H);
+    } else {
+        if (H % 4 == 0 && aligned16(rq.btok) && aligned16(rq.bloc)) {
+            // Four slots a load (SGLang's rows are 16-byte aligned): a quarter
+            // of the loads and of their address arithmetic (two in flight: HOT
+            // 8192 in one pass; four would spill).
+            batched<2>(
+                tid, H / 4, nthreads,
+                [&](uint32_t q) { return SlotRow4{ld(as_vec(rq.btok) + q), ld(as_vec(rq.bloc) + q)}; },
+                [&](uint32_t q, const SlotRow4& r) {
+                    as_vec(s.slot_tok())[q] = r.tokens;
+                    as_vec(s.slot_loc())[q] = r.locs;
+                });
+        } else {
+            batched<kLoads>(
+                tid, H, nthreads, [&](uint32_t slot) { return SlotRow{ld(rq.btok + slot), ld(rq.bloc + slot)}; },
+                [&](uint32_t slot, const SlotRow& r) {
+                    s.slot_tok()[slot] = r.token;
+                    s.slot_loc()[slot] = r.loc;
+                });
+        }
+        if (tid == 0) s.slot_loc()[H] = ld(rq.bloc + H);
+        batched<kLoads>(tid, H, nthreads, [&](uint32_t pos) { return ld(rq.lru + pos); }, lru_entry);
+        {
+            // One loop per query kind: in a shared one the compiler computes a
+            // block query's division for every entry of a token query too.
+            if (p.flags & KVT_SWAP_QUERY_BLOCKS)
+                batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return query_entry(p, rq.topk, i); }, insert);
+            else
+                batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return token_entry(rq.topk, i); }, insert);
+        }
     }
     if (__syncthreads_or(lru_bad)) {  // lru_slots is not a permutation of [0, hot)
         row.refuse(KVT_ERR_SWAP_LRU, 0);
@@ -500,4 +552,16 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_512_THREADS, 2)
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     kvt_swap_in_few_miss_lines_plan(const kvt_swap_in_params p) {
     kvt::swap::few::plan<kvt::swap::few::Wide, true>(p);
+}
+
+// kvt_swap_in_few_miss_fused_plan — kvt_swap_in_few_miss_plan with a row's
+// slots, LRU order and query loaded in one pass where its slots' rows are
+// 16-byte aligned and its query holds tokens (the three loops of the plain
+// build elsewhere): the same contract, reads, writes and results, one
+// device round trip before the hash is built instead of three. A build of
+// its own for the GPU to time beside kvt_swap_in_few_miss_plan (the
+// launcher's choice under KVT_SWAP_FUSED_LOADS); 64 registers, no spill.
+extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
+    kvt_swap_in_few_miss_fused_plan(const kvt_swap_in_params p) {
+    kvt::swap::few::plan<kvt::swap::few::Wide, false, true>(p);
 }

@@ -479,6 +479,19 @@ impl Tier {
             .run_with_copy(args, strategy, copy, stream)
     }
 
+    /// [`Tier::swap_in_with_copy`] with the few-miss planner's fused-load
+    /// build ([`crate::SwapInEngine::run_fused_loads`]), for the benchmark.
+    #[doc(hidden)]
+    pub fn swap_in_fused_loads(
+        &self,
+        args: &SwapInArgs<'_>,
+        strategy: SwapInStrategy,
+        stream: Stream,
+    ) -> Result<()> {
+        self.swap_in_engine()?
+            .run_fused_loads(args, strategy, CopyMethod::WarpVectors, stream)
+    }
+
     /// The sync point: waits for the device, then reports (and clears) the
     /// bad indices that kernels recorded since the last check (gathers,
     /// writebacks and swap-ins together). A no-op for the CPU executor, which

@@ -326,11 +326,13 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor) {
         skip_io: false,
         record_plan: true,
         copy: kvtier::CopyMethod::WarpVectors,
+        fused_loads: false,
     };
     let probe = SwapOptions {
         skip_io: true,
         record_plan: true,
         copy: kvtier::CopyMethod::WarpVectors,
+        fused_loads: false,
     };
     for opts in [SwapOptions::default(), record, probe] {
         let cpu = case.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
@@ -343,6 +345,18 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor) {
                     "CUDA ({strategy:?}, {opts:?}) and CPU differ for {case:?}"
                 );
             }
+        }
+        // the few-miss planner's fused-load build
+        for strategy in [SwapInStrategy::FewMiss, SwapInStrategy::FewMissOneLaunch] {
+            let opts = SwapOptions {
+                fused_loads: true,
+                ..opts
+            };
+            let got = case.run_with(gpu, strategy, opts);
+            assert!(
+                got == cpu,
+                "CUDA ({strategy:?}, {opts:?}) and CPU differ for {case:?}"
+            );
         }
     }
 }
@@ -1048,6 +1062,7 @@ fn two_streams_share_the_error_word_and_counters() {
         record_plan: true,
         skip_io: false,
         copy: kvtier::CopyMethod::WarpVectors,
+        fused_loads: false,
     };
     let (want_a, want_b) = (a.expected_with(record), b.expected_with(record));
     let sum = |x: SwapInCounters, y: SwapInCounters| SwapInCounters {

@@ -1175,14 +1175,18 @@ fn emulate_swap(
     let p = {
         let mut args = case.host_args(&mut s, opts);
         args.layer = Some(0);
-        emulation_params_with_copy(
+        let mut p = emulation_params_with_copy(
             &args,
             strategy,
             opts.copy,
             scratch,
             &mut err as *mut ErrorWord as u64,
         )
-        .unwrap()
+        .unwrap();
+        if opts.fused_loads {
+            p.flags |= kvtier::abi::KVT_SWAP_FUSED_LOADS; // as SwapInEngine::run_fused_loads
+        }
+        p
     };
     let index_bytes = |wide: bool| if wide { 8 } else { 4 } * batch;
     let mut loads = vec![
@@ -1229,6 +1233,8 @@ fn emulate_swap(
             (
                 if lines {
                     &b"kvt_emu_swap_in_few_miss_lines_plan"[..]
+                } else if p.flags & kvtier::abi::KVT_SWAP_FUSED_LOADS != 0 {
+                    &b"kvt_emu_swap_in_few_miss_fused_plan"[..]
                 } else {
                     &b"kvt_emu_swap_in_few_miss_plan"[..]
                 },
@@ -1328,13 +1334,20 @@ fn swap_agrees(case: &SwapCase) {
     let plain = SwapOptions::default();
     let record = SwapOptions {
         record_plan: true,
-        skip_io: false,
-        copy: kvtier::CopyMethod::WarpVectors,
+        ..plain
     };
     let probe = SwapOptions {
         record_plan: true,
         skip_io: true,
-        copy: kvtier::CopyMethod::WarpVectors,
+        ..plain
+    };
+    let fused = SwapOptions {
+        fused_loads: true,
+        ..plain
+    };
+    let fused_recording = SwapOptions {
+        fused_loads: true,
+        ..record
     };
     let lines = SwapOptions {
         copy: kvtier::CopyMethod::LineAligned,
@@ -1378,6 +1391,9 @@ fn swap_agrees(case: &SwapCase) {
         // ... with the rows' passes aligned to 128-byte host lines
         (SwapInStrategy::FewMissOneLaunch, 0, lines_recording),
         (SwapInStrategy::FewMiss512OneLaunch, 0, lines),
+        // the few-miss planner's fused-load build, both ways
+        (SwapInStrategy::FewMiss, grids(rows)[2], fused_recording),
+        (SwapInStrategy::FewMissOneLaunch, 0, fused),
     ];
     // under the race detector, each kernel once: the plan and copy kernels
     // recording, one block per request probing, the few-miss and compact
@@ -1385,9 +1401,9 @@ fn swap_agrees(case: &SwapCase) {
     // few-miss planner both ways, the line-aligned copy kernel after the
     // first planner and after the compact one, and each few-miss planner
     // copying every miss itself (recording), and each with line-aligned
-    // copies
+    // copies, and the fused-load build recording
     let runs: Vec<_> = if race_detector() {
-        [4, 5, 7, 9, 10, 12, 13, 16, 17, 18, 20, 23, 26, 27, 28]
+        [4, 5, 7, 9, 10, 12, 13, 16, 17, 18, 20, 23, 26, 27, 28, 29]
             .map(|i| runs[i])
             .to_vec()
     } else {
@@ -2119,6 +2135,52 @@ fn the_race_detector_catches_planted_races_and_the_kernels_have_none() {
     );
 }
 
+/// The few-miss planner's fused-load build at production shapes: K 2048 over
+/// HOT 4096 and 8192, so that each thread's one pass holds its second query
+/// entry, its four LRU positions and (at 8192) its second vector of slots,
+/// in two rows of which the second's slot rows are not 16-byte aligned (the
+/// plain loops); outputs, state, plan and bytes the CPU executor's, five
+/// barriers a block as the plain build.
+#[test]
+fn fused_loads_match_at_production_shapes() {
+    for (hot, misses) in [(4096usize, 2usize), (8192, 410)] {
+        let shape = SwapShape {
+            batch: Some(2),
+            short_share: 0.0,
+            ..SwapShape::tokens(hot, 2048, 656, 2, hot + 4096)
+        };
+        let mut case = SwapCase::shaped(misses as u64, shape, Some(misses));
+        case.num_real = None;
+        for opts in [
+            SwapOptions::default(),
+            SwapOptions {
+                record_plan: true,
+                ..SwapOptions::default()
+            },
+        ] {
+            let want = case.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
+            set_schedule(2);
+            for strategy in [SwapInStrategy::FewMiss, SwapInStrategy::FewMissOneLaunch] {
+                let fused = SwapOptions {
+                    fused_loads: true,
+                    ..opts
+                };
+                let (got, reports) = emulate_swap(&case, strategy, 4, fused);
+                assert!(reports.iter().all(|r| r.clean()), "{reports:?}");
+                assert!(
+                    got == want,
+                    "{strategy:?}, HOT {hot}, {misses} misses, {opts:?}"
+                );
+                assert_eq!(
+                    reports[0].barriers,
+                    2 * 5,
+                    "{strategy:?}, HOT {hot}: two blocks"
+                );
+            }
+        }
+    }
+}
+
 /// Barriers and warp operations per planning block, for a row of K 2048
 /// over HOT 4096 with 2 and with 410 misses, for both planners (printed with
 /// --nocapture): the few-miss planner passes five barriers on a long row,
@@ -2206,6 +2268,7 @@ fn plan_kernels_let_a_successor_start_only_when_the_copy_kernel_follows() {
         record_plan: true,
         skip_io: true,
         copy: kvtier::CopyMethod::WarpVectors,
+        fused_loads: false,
     };
     set_schedule(0);
     for (strategy, opts, follows) in [

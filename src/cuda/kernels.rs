@@ -225,9 +225,10 @@ pub enum Kernel {
     GatherBulkRuns = 16,
     WritebackBulkRuns = 17,
     SwapInCopyBulk = 18,
+    SwapInFewMissFusedPlan = 19,
 }
 
-const KERNELS: usize = 19;
+const KERNELS: usize = 20;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -250,6 +251,7 @@ impl Kernel {
         Kernel::GatherBulkRuns,
         Kernel::WritebackBulkRuns,
         Kernel::SwapInCopyBulk,
+        Kernel::SwapInFewMissFusedPlan,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -274,6 +276,7 @@ impl Kernel {
             Kernel::GatherBulkRuns => "kvt_gather_bulk_runs",
             Kernel::WritebackBulkRuns => "kvt_writeback_bulk_runs",
             Kernel::SwapInCopyBulk => "kvt_swap_in_copy_bulk",
+            Kernel::SwapInFewMissFusedPlan => "kvt_swap_in_few_miss_fused_plan",
         }
     }
 
@@ -282,9 +285,9 @@ impl Kernel {
         match self {
             Kernel::SwapInPlan => crate::abi::KVT_SWAP_PLAN_THREADS,
             Kernel::SpecSwapIn => crate::abi::KVT_SPEC_THREADS,
-            Kernel::SwapInFewMissPlan | Kernel::SwapInFewMissLinesPlan => {
-                crate::abi::KVT_SWAP_FEW_MISS_THREADS
-            }
+            Kernel::SwapInFewMissPlan
+            | Kernel::SwapInFewMissLinesPlan
+            | Kernel::SwapInFewMissFusedPlan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
             Kernel::SwapInCompactPlan => crate::abi::KVT_SWAP_COMPACT_THREADS,
             Kernel::SwapInFewMiss512Plan => crate::abi::KVT_SWAP_FEW_MISS_512_THREADS,
             Kernel::ErrorTake => 32,
@@ -303,6 +306,7 @@ impl Kernel {
                 | Kernel::SwapInCompactPlan
                 | Kernel::SwapInFewMiss512Plan
                 | Kernel::SwapInFewMissLinesPlan
+                | Kernel::SwapInFewMissFusedPlan
                 | Kernel::GatherBulkRuns
                 | Kernel::WritebackBulkRuns
                 | Kernel::SwapInCopyBulk

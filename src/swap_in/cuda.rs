@@ -10,8 +10,8 @@ use crate::abi::{
     KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_COMPACT_PLAN, KVT_SWAP_COMPACT_THREADS,
     KVT_SWAP_COPY_BULK, KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_COPY_LINES, KVT_SWAP_FEW_MISS_512,
     KVT_SWAP_FEW_MISS_512_THREADS, KVT_SWAP_FEW_MISS_INLINE, KVT_SWAP_FEW_MISS_THREADS,
-    KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO, kvt_spec_swap_in_params,
-    kvt_swap_in_params,
+    KVT_SWAP_FUSED_LOADS, KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO,
+    kvt_spec_swap_in_params, kvt_swap_in_params,
 };
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
@@ -204,6 +204,8 @@ pub(super) unsafe fn launch(
         (
             if lines {
                 Kernel::SwapInFewMissLinesPlan
+            } else if p.flags & KVT_SWAP_FUSED_LOADS != 0 {
+                Kernel::SwapInFewMissFusedPlan
             } else {
                 Kernel::SwapInFewMissPlan
             },

@@ -581,15 +581,55 @@ impl SwapInEngine {
     ) -> Result<()> {
         let mut p = args::check(&self.target(), args, strategy)?;
         p.flags |= copy.swap_in_flags();
+        // SAFETY: `p` is `check`'s, for this engine.
+        unsafe { self.launch(&p, strategy, stream) }
+    }
+
+    /// [`SwapInEngine::run_with_copy`] with the 1024-thread few-miss
+    /// planner's fused-load build (`kvt_swap_in_few_miss_fused_plan`, taken
+    /// by `FewMiss` and `FewMissOneLaunch`): a row's slots, LRU order and
+    /// query are loaded in one pass (one device round trip before the hash
+    /// is built, where the plain build takes three), where the slots' rows
+    /// are 16-byte aligned and the query holds tokens. The same outputs,
+    /// state, plan and reports. For the benchmark, which times it beside the
+    /// plain build: no GPU has, so no default takes it. The CPU executor has
+    /// one way.
+    #[doc(hidden)]
+    pub fn run_fused_loads(
+        &self,
+        args: &SwapInArgs<'_>,
+        strategy: SwapInStrategy,
+        copy: CopyMethod,
+        stream: Stream,
+    ) -> Result<()> {
+        let mut p = args::check(&self.target(), args, strategy)?;
+        p.flags |= copy.swap_in_flags() | crate::abi::KVT_SWAP_FUSED_LOADS;
+        // SAFETY: `p` is `check`'s, for this engine (the flag only picks a
+        // build of the planner `check` asked for).
+        unsafe { self.launch(&p, strategy, stream) }
+    }
+
+    /// Runs checked parameters on this engine's executor.
+    ///
+    /// # Safety
+    /// `p` must come from `args::check` for this engine (its buffers checked
+    /// for this executor, its scratch this engine's), flags added only to
+    /// pick a copy method or planner build.
+    unsafe fn launch(
+        &self,
+        p: &crate::abi::kvt_swap_in_params,
+        strategy: SwapInStrategy,
+        stream: Stream,
+    ) -> Result<()> {
         match &self.exec {
             // SAFETY: `check` checked every host buffer against its shape.
-            Executor::Cpu => unsafe { cpu::run(&p) }.into_result(),
+            Executor::Cpu => unsafe { cpu::run(p) }.into_result(),
             // SAFETY: `check` checked every buffer is device memory of the
             // right size; the scratch is this engine's and fits batch ×
             // entries (or the caller's plan was checked instead).
             Executor::Cuda(dev) => unsafe {
                 let dependent = strategy != SwapInStrategy::PlanThenCopyInOrder;
-                cuda::launch(dev, &p, dependent, stream)
+                cuda::launch(dev, p, dependent, stream)
             },
         }
     }

@@ -202,6 +202,8 @@ pub struct SwapOptions {
     pub record_plan: bool,
     /// How the copy kernel moves the misses (`SwapInEngine::run_with_copy`).
     pub copy: kvtier::CopyMethod,
+    /// The few-miss planner's fused-load build (`SwapInEngine::run_fused_loads`).
+    pub fused_loads: bool,
 }
 
 /// Value the miss-plan buffers hold before a run.
@@ -795,7 +797,11 @@ impl SwapCase {
                 let res = {
                     let mut args = self.host_args(&mut s, opts);
                     args.layer = Some(0);
-                    engine.run_with_copy(&args, strategy, opts.copy, Stream::null())
+                    if opts.fused_loads {
+                        engine.run_fused_loads(&args, strategy, opts.copy, Stream::null())
+                    } else {
+                        engine.run_with_copy(&args, strategy, opts.copy, Stream::null())
+                    }
                 };
                 let counters = engine.counters().unwrap().map(|c| c[0]);
                 self.outcome(&s, reported(&res), opts, counters)
@@ -898,7 +904,11 @@ impl SwapCase {
                     count: d_plan_count.as_buf_mut(),
                 }),
             };
-            engine.run_with_copy(&args, strategy, opts.copy, stream.stream())
+            if opts.fused_loads {
+                engine.run_fused_loads(&args, strategy, opts.copy, stream.stream())
+            } else {
+                engine.run_with_copy(&args, strategy, opts.copy, stream.stream())
+            }
         };
         let res = res.and_then(|_| finish(engine));
         s.out = d_out.to_vec().unwrap();

@@ -801,25 +801,31 @@ impl State {
             Ok(())
         };
         let loc = exec.location();
-        let time_strategy =
-            |strategy: SwapInStrategy, copy: CopyMethod| -> kvtier::Result<(Stats, Vec<i32>)> {
-                spoil()?;
-                let t = b.time(&clock, Timing::Device, reset, |s| {
-                    // SAFETY: the buffers above live until after the timing.
-                    let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
-                    self.tier.swap_in_with_copy(&a, strategy, copy, s)
-                })?;
-                self.tier.check(clock.stream())?;
-                Ok((t, out.to_vec()?))
-            };
+        // `copy` None: the few-miss planner's fused-load build, its misses
+        // moved as WarpVectors.
+        let time_strategy = |strategy: SwapInStrategy,
+                             copy: Option<CopyMethod>|
+         -> kvtier::Result<(Stats, Vec<i32>)> {
+            spoil()?;
+            let t = b.time(&clock, Timing::Device, reset, |s| {
+                // SAFETY: the buffers above live until after the timing.
+                let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
+                match copy {
+                    Some(copy) => self.tier.swap_in_with_copy(&a, strategy, copy, s),
+                    None => self.tier.swap_in_fused_loads(&a, strategy, s),
+                }
+            })?;
+            self.tier.check(clock.stream())?;
+            Ok((t, out.to_vec()?))
+        };
         let (kv, out_kvtier) =
-            time_strategy(SwapInStrategy::PlanThenCopy, CopyMethod::WarpVectors)?;
+            time_strategy(SwapInStrategy::PlanThenCopy, Some(CopyMethod::WarpVectors))?;
         self.verify("the kvtier swap-in", &misses, device_buffer)?;
         // Another strategy or copy method on the same state: its bytes
         // checked and its page table the same as the first's.
-        let other_with = |strategy: SwapInStrategy,
-                          copy: CopyMethod,
-                          what: &str|
+        let other_build = |strategy: SwapInStrategy,
+                           copy: Option<CopyMethod>,
+                           what: &str|
          -> kvtier::Result<Stats> {
             let (t, out_other) = time_strategy(strategy, copy)?;
             self.verify(
@@ -833,6 +839,9 @@ impl State {
                 )));
             }
             Ok(t)
+        };
+        let other_with = |strategy: SwapInStrategy, copy: CopyMethod, what: &str| {
+            other_build(strategy, Some(copy), what)
         };
         let other = |strategy: SwapInStrategy, what: &str| {
             other_with(strategy, CopyMethod::WarpVectors, what)
@@ -914,6 +923,24 @@ impl State {
                 "few-miss planner, one launch, line-aligned copy",
             )?),
             _ => None,
+        };
+        // The few-miss planner's fused-load build (a row's slots, LRU order
+        // and query loaded in one pass), as the plan-and-copy default below
+        // batch 8 and as the one-launch default from 8 on sm_90.
+        let fused = match exec {
+            Executor::Cuda(_) => Some((
+                other_build(
+                    SwapInStrategy::FewMiss,
+                    None,
+                    "few-miss planner, fused loads",
+                )?,
+                other_build(
+                    SwapInStrategy::FewMissOneLaunch,
+                    None,
+                    "few-miss planner, one launch, fused loads",
+                )?,
+            )),
+            Executor::Cpu => None,
         };
         // Where the copy kernel is a programmatic dependent of the plan
         // kernel (sm_90), the same two kernels launched one after the other:
@@ -1143,6 +1170,20 @@ impl State {
                 "",
                 "kvtier swap-in, few-miss planner, blocks of 512 threads, one launch",
                 one_512,
+                false,
+            ));
+        }
+        if let Some((two, one)) = fused {
+            rows.push(row(
+                "",
+                "kvtier swap-in, few-miss planner, fused loads",
+                two,
+                false,
+            ));
+            rows.push(row(
+                "",
+                "kvtier swap-in, few-miss planner, one launch, fused loads",
+                one,
                 false,
             ));
         }
