@@ -559,8 +559,10 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
 // 16-byte aligned and its query holds tokens (the three loops of the plain
 // build elsewhere): the same contract, reads, writes and results, one
 // device round trip before the hash is built instead of three. A build of
-// its own for the GPU to time beside kvt_swap_in_few_miss_plan (the
-// launcher's choice under KVT_SWAP_FUSED_LOADS); 64 registers, no spill.
+// its own, timed beside kvt_swap_in_few_miss_plan (the launcher's choice
+// under KVT_SWAP_FUSED_LOADS); 64 registers, no spill. On an H200
+// (bench/results/h200-2026-11-28) level with the plain build at 82 of 92
+// comparisons, behind at 9 (HOT 8192, batch 1-10): not a default.
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     kvt_swap_in_few_miss_fused_plan(const kvt_swap_in_params p) {
     kvt::swap::few::plan<kvt::swap::few::Wide, false, true>(p);
