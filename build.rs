@@ -6,6 +6,10 @@
 //! and the CUDA executor returns `Error::KernelsNotBuilt`, which says how to
 //! get nvcc. `KVTIER_REQUIRE_KERNELS=1` turns a missing nvcc into a build
 //! failure (CI sets it). A kernel that fails to compile always fails the build.
+//! `KVTIER_ARCHS` (a comma list of those above, e.g. `90`) builds SASS for
+//! those only, PTX of the newest: a smaller fatbin for binaries that run on
+//! one GPU generation (the GPU bundle, `scripts/gpu-bundle.sh`); the wheel
+//! and CI build every one.
 
 use std::env;
 use std::fmt::Write as _;
@@ -29,6 +33,7 @@ fn main() {
         "PATH",
         "KVTIER_REQUIRE_KERNELS",
         "KVTIER_SKIP_KERNELS",
+        "KVTIER_ARCHS",
     ] {
         println!("cargo::rerun-if-env-changed={var}");
     }
@@ -96,6 +101,21 @@ fn choose_archs(supported: &[u32], compiler: &str) -> (Vec<u32>, u32) {
         .copied()
         .filter(|a| supported.contains(a))
         .collect();
+    if let Ok(only) = env::var("KVTIER_ARCHS") {
+        let only: Vec<u32> = only
+            .split(',')
+            .map(|a| match a.trim().parse::<u32>() {
+                Ok(a) if ARCHS.contains(&a) && archs.contains(&a) => a,
+                _ => panic!(
+                    "kvtier: KVTIER_ARCHS={only:?}: {a:?} is not one of {archs:?} ({compiler} \
+                     builds those of {ARCHS:?})"
+                ),
+            })
+            .collect();
+        let archs: Vec<u32> = archs.into_iter().filter(|a| only.contains(a)).collect();
+        let ptx = *archs.last().unwrap();
+        return (archs, ptx);
+    }
     if !archs.contains(&80) || !archs.contains(&90) {
         panic!(
             "kvtier: {compiler} cannot target sm_80 and sm_90 (it lists {supported:?}); \

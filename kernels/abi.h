@@ -182,8 +182,10 @@ typedef struct kvt_writeback_params {
                                        kvt_swap_in_copy_bulk as the copy kernel (set with
                                        KVT_SWAP_COPY_LINES, which the planners' own copies take; no kernel
                                        reads it) */
-#define KVT_SWAP_FUSED_LOADS 2048u  /* the launcher's choice of kvt_swap_in_few_miss_fused_plan as the
-                                       1024-thread few-miss planner (no kernel reads it) */
+#define KVT_SWAP_FIXED_SHAPE 2048u  /* the launcher's choice of the 1024-thread few-miss planner's
+                                       fixed-shape builds, kvt_swap_in_few_miss_k2048_h{4096,8192}_plan,
+                                       for rows of 2048 entries over 4096 or 8192 slots (no kernel
+                                       reads it) */
 
 /* Largest number of resolved top-k entries per row (top_k * block_tokens) and
  * largest hot buffer a swap-in accepts. */

@@ -135,12 +135,11 @@ namespace few {
 // flight (a 656-byte row: two passes where warp vectors take one); a kernel
 // of its own, since a branch between the two copies in one kernel spilled
 // 136 bytes a thread at 64 registers, and two vectors a lane 76 to 124.
-// Fused: the row's slots, LRU order and query loaded in one pass (each
-// thread issues all its loads of the three before it consumes any: one
-// device round trip where the three loops below take three), where the
-// slots' rows are 16-byte vectors and the query holds tokens; elsewhere
-// the three loops (kvt_swap_in_few_miss_fused_plan).
-template <class B, bool Lines = false, bool Fused = false>
+// FixedE, FixedH (0: read from p): the row's entries and hot slots as
+// constants, with blockDim.x as the build's threads: the shared-memory
+// carve-up, the hash table's size, every loop's trip count and chunk range
+// fold into the code (kvt_swap_in_few_miss_k2048_h4096_plan and _h8192_).
+template <class B, bool Lines = false, uint32_t FixedE = 0, uint32_t FixedH = 0>
 __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
     constexpr uint32_t kWarps = B::kWarps;
     constexpr uint32_t kMaxEntryChunks = B::kChunks;
@@ -148,10 +147,11 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
     using Chunks = WarpChunks<kWarps>;
     const uint32_t b = blockIdx.x;
     const uint32_t tid = threadIdx.x;
-    const uint32_t nthreads = blockDim.x;
+    static_assert((FixedE == 0) == (FixedH == 0), "both shapes fixed, or neither");
+    const uint32_t nthreads = FixedE ? kWarps * KVT_WARP : blockDim.x;
     const uint32_t warp = tid / KVT_WARP, lane = tid % KVT_WARP, below = lanes_below(lane);
-    const uint32_t E = p.entries;
-    const uint32_t H = p.hot;
+    const uint32_t E = FixedE ? FixedE : p.entries;
+    const uint32_t H = FixedH ? FixedH : p.hot;
     const PlanRow row(p, b);
     const Reporter& err = row.err;
     const uint32_t row_pos = row.pos;
@@ -224,80 +224,34 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
         s.e_val()[i] = kNone;
         if (tok >= 0 && hash.insert(tok, (int32_t)i)) s.duplicates()[0] = 1;
     };
-    if (Fused && H % 4 == 0 && aligned16(rq.btok) && aligned16(rq.bloc) && !(p.flags & KVT_SWAP_QUERY_BLOCKS)) {
-        // A pass: two vectors of four slots, four LRU positions and two
-        // query entries a thread (HOT 8192 and K 2048 in one pass), all
-        // loaded before any is used.
-        const uint32_t H4 = H / 4;
-        for (uint32_t base = 0; base * 2 < H4 || base * 4 < H || base * 2 < E; base += nthreads) {
-            SlotRow4 sr[2] = {};
-            int16_t lr[4] = {};
-            QueryEntry qe[2] = {};
-#pragma unroll
-            for (uint32_t k = 0; k < 2; ++k) {
-                const uint32_t q = base * 2 + k * nthreads + tid;
-                if (q < H4) sr[k] = SlotRow4{ld(as_vec(rq.btok) + q), ld(as_vec(rq.bloc) + q)};
-            }
-#pragma unroll
-            for (uint32_t k = 0; k < 4; ++k) {
-                const uint32_t pos = base * 4 + k * nthreads + tid;
-                if (pos < H) lr[k] = ld(rq.lru + pos);
-            }
-#pragma unroll
-            for (uint32_t k = 0; k < 2; ++k) {
-                const uint32_t i = base * 2 + k * nthreads + tid;
-                if (i < E) qe[k] = token_entry(rq.topk, i);
-            }
-#pragma unroll
-            for (uint32_t k = 0; k < 2; ++k) {
-                const uint32_t q = base * 2 + k * nthreads + tid;
-                if (q < H4) {
-                    as_vec(s.slot_tok())[q] = sr[k].tokens;
-                    as_vec(s.slot_loc())[q] = sr[k].locs;
-                }
-            }
-#pragma unroll
-            for (uint32_t k = 0; k < 4; ++k) {
-                const uint32_t pos = base * 4 + k * nthreads + tid;
-                if (pos < H) lru_entry(pos, lr[k]);
-            }
-#pragma unroll
-            for (uint32_t k = 0; k < 2; ++k) {
-                const uint32_t i = base * 2 + k * nthreads + tid;
-                if (i < E) insert(i, qe[k]);
-            }
-        }
-        if (tid == 0) s.slot_loc()[H] = ld(rq.bloc + H);
+    if (H % 4 == 0 && aligned16(rq.btok) && aligned16(rq.bloc)) {
+        // Four slots a load (SGLang's rows are 16-byte aligned): a quarter
+        // of the loads and of their address arithmetic (two in flight: HOT
+        // 8192 in one pass; four would spill).
+        batched<2>(
+            tid, H / 4, nthreads,
+            [&](uint32_t q) { return SlotRow4{ld(as_vec(rq.btok) + q), ld(as_vec(rq.bloc) + q)}; },
+            [&](uint32_t q, const SlotRow4& r) {
+                as_vec(s.slot_tok())[q] = r.tokens;
+                as_vec(s.slot_loc())[q] = r.locs;
+            });
     } else {
-        if (H % 4 == 0 && aligned16(rq.btok) && aligned16(rq.bloc)) {
-            // Four slots a load (SGLang's rows are 16-byte aligned): a quarter
-            // of the loads and of their address arithmetic (two in flight: HOT
-            // 8192 in one pass; four would spill).
-            batched<2>(
-                tid, H / 4, nthreads,
-                [&](uint32_t q) { return SlotRow4{ld(as_vec(rq.btok) + q), ld(as_vec(rq.bloc) + q)}; },
-                [&](uint32_t q, const SlotRow4& r) {
-                    as_vec(s.slot_tok())[q] = r.tokens;
-                    as_vec(s.slot_loc())[q] = r.locs;
-                });
-        } else {
-            batched<kLoads>(
-                tid, H, nthreads, [&](uint32_t slot) { return SlotRow{ld(rq.btok + slot), ld(rq.bloc + slot)}; },
-                [&](uint32_t slot, const SlotRow& r) {
-                    s.slot_tok()[slot] = r.token;
-                    s.slot_loc()[slot] = r.loc;
-                });
-        }
-        if (tid == 0) s.slot_loc()[H] = ld(rq.bloc + H);
-        batched<kLoads>(tid, H, nthreads, [&](uint32_t pos) { return ld(rq.lru + pos); }, lru_entry);
-        {
-            // One loop per query kind: in a shared one the compiler computes a
-            // block query's division for every entry of a token query too.
-            if (p.flags & KVT_SWAP_QUERY_BLOCKS)
-                batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return query_entry(p, rq.topk, i); }, insert);
-            else
-                batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return token_entry(rq.topk, i); }, insert);
-        }
+        batched<kLoads>(
+            tid, H, nthreads, [&](uint32_t slot) { return SlotRow{ld(rq.btok + slot), ld(rq.bloc + slot)}; },
+            [&](uint32_t slot, const SlotRow& r) {
+                s.slot_tok()[slot] = r.token;
+                s.slot_loc()[slot] = r.loc;
+            });
+    }
+    if (tid == 0) s.slot_loc()[H] = ld(rq.bloc + H);
+    batched<kLoads>(tid, H, nthreads, [&](uint32_t pos) { return ld(rq.lru + pos); }, lru_entry);
+    {
+        // One loop per query kind: in a shared one the compiler computes a
+        // block query's division for every entry of a token query too.
+        if (p.flags & KVT_SWAP_QUERY_BLOCKS)
+            batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return query_entry(p, rq.topk, i); }, insert);
+        else
+            batched<kLoads>(tid, E, nthreads, [&](uint32_t i) { return token_entry(rq.topk, i); }, insert);
     }
     if (__syncthreads_or(lru_bad)) {  // lru_slots is not a permutation of [0, hot)
         row.refuse(KVT_ERR_SWAP_LRU, 0);
@@ -554,16 +508,39 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     kvt::swap::few::plan<kvt::swap::few::Wide, true>(p);
 }
 
-// kvt_swap_in_few_miss_fused_plan — kvt_swap_in_few_miss_plan with a row's
-// slots, LRU order and query loaded in one pass where its slots' rows are
-// 16-byte aligned and its query holds tokens (the three loops of the plain
-// build elsewhere): the same contract, reads, writes and results, one
-// device round trip before the hash is built instead of three. A build of
-// its own, timed beside kvt_swap_in_few_miss_plan (the launcher's choice
-// under KVT_SWAP_FUSED_LOADS); 64 registers, no spill. On an H200
-// (bench/results/h200-2026-11-28) level with the plain build at 82 of 92
-// comparisons, behind at 9 (HOT 8192, batch 1-10): not a default.
+// kvt_swap_in_few_miss_k2048_h4096_plan, kvt_swap_in_few_miss_k2048_h8192_plan
+// — kvt_swap_in_few_miss_plan built for rows of 2048 entries over 4096 or
+// 8192 slots (DeepSeek-V3.2's and GLM-5's top-k over SGLang's hot buffers of
+// 2x and 4x top-k), the launcher's choice under KVT_SWAP_FIXED_SHAPE for
+// exactly those shapes (the plain build elsewhere). The same contract,
+// reads, writes and reports.
+// Why: at batch 1 and at batch 256 with 2 misses a row the plain build is
+// bound by the instructions it issues (Nsight Compute on an H100,
+// bench/results/h100-2026-11-27/profile-planners: 66.5k warp instructions
+// for one row, 67.7k a row at batch 256, no source line above 10 %), and
+// SGLang's kernel, compiled per top-k and hot size as these are, was faster
+// at batch 256 on the H200 of 2026-11-28 (29.5 against 37.7 us at HOT 4096).
+// With the shapes and the block's threads constants, the carve-up of shared
+// memory, the hash table's size and mask, the chunk ranges and the loops'
+// trip counts are no longer computed per thread, and a lane keeps two
+// chunks of entries in registers instead of four. Timed beside the plain
+// build by the benchmark; no default takes it until a GPU run says so.
+// Assumes: entries == 2048, hot == 4096 or 8192 (the kernel's name), and as
+//          kvt_swap_in_few_miss_plan.
+namespace kvt {
+namespace swap {
+namespace few {
+using Fixed2048 = Build<KVT_SWAP_FEW_MISS_THREADS, 4, 2048>;
+}  // namespace few
+}  // namespace swap
+}  // namespace kvt
+
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
-    kvt_swap_in_few_miss_fused_plan(const kvt_swap_in_params p) {
-    kvt::swap::few::plan<kvt::swap::few::Wide, false, true>(p);
+    kvt_swap_in_few_miss_k2048_h4096_plan(const kvt_swap_in_params p) {
+    kvt::swap::few::plan<kvt::swap::few::Fixed2048, false, 2048, 4096>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
+    kvt_swap_in_few_miss_k2048_h8192_plan(const kvt_swap_in_params p) {
+    kvt::swap::few::plan<kvt::swap::few::Fixed2048, false, 2048, 8192>(p);
 }

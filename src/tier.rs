@@ -479,17 +479,17 @@ impl Tier {
             .run_with_copy(args, strategy, copy, stream)
     }
 
-    /// [`Tier::swap_in_with_copy`] with the few-miss planner's fused-load
-    /// build ([`crate::SwapInEngine::run_fused_loads`]), for the benchmark.
+    /// [`Tier::swap_in_with_copy`] with the few-miss planner's fixed-shape
+    /// builds ([`crate::SwapInEngine::run_fixed_shape`]), for the benchmark.
     #[doc(hidden)]
-    pub fn swap_in_fused_loads(
+    pub fn swap_in_fixed_shape(
         &self,
         args: &SwapInArgs<'_>,
         strategy: SwapInStrategy,
         stream: Stream,
     ) -> Result<()> {
         self.swap_in_engine()?
-            .run_fused_loads(args, strategy, CopyMethod::WarpVectors, stream)
+            .run_fixed_shape(args, strategy, CopyMethod::WarpVectors, stream)
     }
 
     /// The sync point: waits for the device, then reports (and clears) the

@@ -92,7 +92,7 @@ fn a_swap_in_check_allocates_nothing() {
                 skip_io: false,
                 record_plan,
                 copy: kvtier::CopyMethod::WarpVectors,
-                fused_loads: false,
+                fixed_shape: false,
             },
         );
         for strategy in [

@@ -225,10 +225,11 @@ pub enum Kernel {
     GatherBulkRuns = 16,
     WritebackBulkRuns = 17,
     SwapInCopyBulk = 18,
-    SwapInFewMissFusedPlan = 19,
+    SwapInFewMissK2048H4096Plan = 19,
+    SwapInFewMissK2048H8192Plan = 20,
 }
 
-const KERNELS: usize = 20;
+const KERNELS: usize = 21;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -251,7 +252,8 @@ impl Kernel {
         Kernel::GatherBulkRuns,
         Kernel::WritebackBulkRuns,
         Kernel::SwapInCopyBulk,
-        Kernel::SwapInFewMissFusedPlan,
+        Kernel::SwapInFewMissK2048H4096Plan,
+        Kernel::SwapInFewMissK2048H8192Plan,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -276,7 +278,8 @@ impl Kernel {
             Kernel::GatherBulkRuns => "kvt_gather_bulk_runs",
             Kernel::WritebackBulkRuns => "kvt_writeback_bulk_runs",
             Kernel::SwapInCopyBulk => "kvt_swap_in_copy_bulk",
-            Kernel::SwapInFewMissFusedPlan => "kvt_swap_in_few_miss_fused_plan",
+            Kernel::SwapInFewMissK2048H4096Plan => "kvt_swap_in_few_miss_k2048_h4096_plan",
+            Kernel::SwapInFewMissK2048H8192Plan => "kvt_swap_in_few_miss_k2048_h8192_plan",
         }
     }
 
@@ -287,7 +290,8 @@ impl Kernel {
             Kernel::SpecSwapIn => crate::abi::KVT_SPEC_THREADS,
             Kernel::SwapInFewMissPlan
             | Kernel::SwapInFewMissLinesPlan
-            | Kernel::SwapInFewMissFusedPlan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
+            | Kernel::SwapInFewMissK2048H4096Plan
+            | Kernel::SwapInFewMissK2048H8192Plan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
             Kernel::SwapInCompactPlan => crate::abi::KVT_SWAP_COMPACT_THREADS,
             Kernel::SwapInFewMiss512Plan => crate::abi::KVT_SWAP_FEW_MISS_512_THREADS,
             Kernel::ErrorTake => 32,
@@ -306,7 +310,8 @@ impl Kernel {
                 | Kernel::SwapInCompactPlan
                 | Kernel::SwapInFewMiss512Plan
                 | Kernel::SwapInFewMissLinesPlan
-                | Kernel::SwapInFewMissFusedPlan
+                | Kernel::SwapInFewMissK2048H4096Plan
+                | Kernel::SwapInFewMissK2048H8192Plan
                 | Kernel::GatherBulkRuns
                 | Kernel::WritebackBulkRuns
                 | Kernel::SwapInCopyBulk
@@ -437,8 +442,11 @@ mod tests {
         match BUILD {
             KernelBuild::Built { sass, ptx, .. } => {
                 let images = fatbin_images(fatbin().unwrap()).unwrap();
-                for s in ["sm_80", "sm_90"] {
-                    assert!(sass.contains(&s), "{sass:?}");
+                // every build but one restricted by KVTIER_ARCHS (build.rs)
+                if option_env!("KVTIER_ARCHS").is_none() {
+                    for s in ["sm_80", "sm_90"] {
+                        assert!(sass.contains(&s), "{sass:?}");
+                    }
                 }
                 for s in sass {
                     let arch: u32 = s.trim_start_matches("sm_").parse().unwrap();

@@ -10,7 +10,7 @@ use crate::abi::{
     KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_COMPACT_PLAN, KVT_SWAP_COMPACT_THREADS,
     KVT_SWAP_COPY_BULK, KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_COPY_LINES, KVT_SWAP_FEW_MISS_512,
     KVT_SWAP_FEW_MISS_512_THREADS, KVT_SWAP_FEW_MISS_INLINE, KVT_SWAP_FEW_MISS_THREADS,
-    KVT_SWAP_FUSED_LOADS, KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO,
+    KVT_SWAP_FIXED_SHAPE, KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO,
     kvt_spec_swap_in_params, kvt_swap_in_params,
 };
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
@@ -149,6 +149,24 @@ fn copy_params(dev: &CudaDevice, p: &kvt_swap_in_params) -> kvt_swap_in_params {
     q
 }
 
+/// The 1024-thread few-miss planner's build for `p`: with
+/// `KVT_SWAP_FIXED_SHAPE`, the fixed-shape build of its shape where there is
+/// one ([`super::FIXED_SHAPES`]), else the plain build.
+fn few_miss_build(p: &kvt_swap_in_params) -> Kernel {
+    if p.flags & KVT_SWAP_FIXED_SHAPE == 0 {
+        return Kernel::SwapInFewMissPlan;
+    }
+    // in the order of FIXED_SHAPES
+    const BUILDS: [Kernel; super::FIXED_SHAPES.len()] = [
+        Kernel::SwapInFewMissK2048H4096Plan,
+        Kernel::SwapInFewMissK2048H8192Plan,
+    ];
+    super::FIXED_SHAPES
+        .iter()
+        .position(|&shape| shape == (p.entries, p.hot))
+        .map_or(Kernel::SwapInFewMissPlan, |i| BUILDS[i])
+}
+
 fn fits(dev: &CudaDevice, smem: usize, what: impl FnOnce() -> String) -> Result<()> {
     let max = dev.max_dynamic_smem();
     if smem > max {
@@ -204,10 +222,8 @@ pub(super) unsafe fn launch(
         (
             if lines {
                 Kernel::SwapInFewMissLinesPlan
-            } else if p.flags & KVT_SWAP_FUSED_LOADS != 0 {
-                Kernel::SwapInFewMissFusedPlan
             } else {
-                Kernel::SwapInFewMissPlan
+                few_miss_build(p)
             },
             KVT_SWAP_FEW_MISS_THREADS,
             few_miss_smem_bytes(p.entries, p.hot),

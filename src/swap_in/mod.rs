@@ -293,6 +293,12 @@ fn default_of(arch: Option<u32>, batch: usize, few_miss_fits: bool) -> SwapInStr
 /// chose it (batches 2 to 7 were not timed).
 pub const ONE_LAUNCH_FROM_BATCH: usize = 8;
 
+/// The row shapes (entries, hot slots) the 1024-thread few-miss planner has
+/// fixed-shape builds of ([`SwapInEngine::run_fixed_shape`]): top-k 2048
+/// over hot buffers of 4096 and 8192 slots.
+#[doc(hidden)]
+pub const FIXED_SHAPES: [(u32, u32); 2] = [(2048, 4096), (2048, 8192)];
+
 /// The most misses a [`SwapInStrategy::FewMiss`] planning block copies
 /// itself.
 pub const FEW_MISS_INLINE: u32 = crate::abi::KVT_SWAP_FEW_MISS_INLINE;
@@ -583,25 +589,23 @@ impl SwapInEngine {
     }
 
     /// [`SwapInEngine::run_with_copy`] with the 1024-thread few-miss
-    /// planner's fused-load build (`kvt_swap_in_few_miss_fused_plan`, taken
-    /// by `FewMiss` and `FewMissOneLaunch`): a row's slots, LRU order and
-    /// query are loaded in one pass (one device round trip before the hash
-    /// is built, where the plain build takes three), where the slots' rows
-    /// are 16-byte aligned and the query holds tokens. The same outputs,
-    /// state, plan and reports. For the benchmark, which times it beside the
-    /// plain build; no default takes it: on an H200 (2026-11-28, 46 swap-in
-    /// points, both strategies) it was level with the plain build at 82 of
-    /// 92 comparisons, ahead at 1 and behind at 9 (HOT 8192, batch 1-10).
-    /// The CPU executor has one way.
+    /// planner's fixed-shape builds (`kvt_swap_in_few_miss_k2048_h4096_plan`
+    /// and `_h8192_plan`, taken by `FewMiss` and `FewMissOneLaunch` for rows
+    /// of exactly a shape of [`FIXED_SHAPES`]; the plain build elsewhere):
+    /// the shapes and the block's threads are constants of the build, so
+    /// the planner computes no carve-up, hash size or loop bound per
+    /// thread. The same outputs, state, plan and reports. For the benchmark,
+    /// which times it beside the plain build; no default takes it before a
+    /// GPU run has. The CPU executor has one way.
     #[doc(hidden)]
-    pub fn run_fused_loads(
+    pub fn run_fixed_shape(
         &self,
         args: &SwapInArgs<'_>,
         strategy: SwapInStrategy,
         copy: CopyMethod,
         stream: Stream,
     ) -> Result<()> {
-        let flags = copy.swap_in_flags() | crate::abi::KVT_SWAP_FUSED_LOADS;
+        let flags = copy.swap_in_flags() | crate::abi::KVT_SWAP_FIXED_SHAPE;
         self.run_flagged(args, strategy, flags, stream)
     }
 

@@ -202,8 +202,8 @@ pub struct SwapOptions {
     pub record_plan: bool,
     /// How the copy kernel moves the misses (`SwapInEngine::run_with_copy`).
     pub copy: kvtier::CopyMethod,
-    /// The few-miss planner's fused-load build (`SwapInEngine::run_fused_loads`).
-    pub fused_loads: bool,
+    /// The few-miss planner's fixed-shape builds (`SwapInEngine::run_fixed_shape`).
+    pub fixed_shape: bool,
 }
 
 /// Value the miss-plan buffers hold before a run.
@@ -604,6 +604,12 @@ impl SwapCase {
         }
     }
 
+    /// `self` with bad input mixed in as [`SwapCase::random`] mixes it.
+    pub fn spoiled(mut self, seed: u64, h: Hostility) -> Self {
+        self.spoil(&mut StdRng::seed_from_u64(seed), h);
+        self
+    }
+
     /// Mixes bad input into a valid case.
     fn spoil(&mut self, rng: &mut StdRng, h: Hostility) {
         let (batch, k, hot) = (self.batch(), self.k, self.hot);
@@ -797,8 +803,8 @@ impl SwapCase {
                 let res = {
                     let mut args = self.host_args(&mut s, opts);
                     args.layer = Some(0);
-                    if opts.fused_loads {
-                        engine.run_fused_loads(&args, strategy, opts.copy, Stream::null())
+                    if opts.fixed_shape {
+                        engine.run_fixed_shape(&args, strategy, opts.copy, Stream::null())
                     } else {
                         engine.run_with_copy(&args, strategy, opts.copy, Stream::null())
                     }
@@ -904,8 +910,8 @@ impl SwapCase {
                     count: d_plan_count.as_buf_mut(),
                 }),
             };
-            if opts.fused_loads {
-                engine.run_fused_loads(&args, strategy, opts.copy, stream.stream())
+            if opts.fixed_shape {
+                engine.run_fixed_shape(&args, strategy, opts.copy, stream.stream())
             } else {
                 engine.run_with_copy(&args, strategy, opts.copy, stream.stream())
             }

@@ -865,12 +865,20 @@ extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_lines_plan(const kvt_swap_in_
                                                                     stores, n_stores);
 }
 
-extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_fused_plan(const kvt_swap_in_params* p, unsigned grid,
-                                                              unsigned block, size_t smem_bytes,
-                                                              const kvt_emu_range* loads, size_t n_loads,
-                                                              const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_swap_in_params, kvt_swap_in_few_miss_fused_plan>(p, grid, block, smem_bytes, loads, n_loads,
-                                                                    stores, n_stores);
+extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_k2048_h4096_plan(const kvt_swap_in_params* p, unsigned grid,
+                                                                    unsigned block, size_t smem_bytes,
+                                                                    const kvt_emu_range* loads, size_t n_loads,
+                                                                    const kvt_emu_range* stores, size_t n_stores) {
+    return run<kvt_swap_in_params, kvt_swap_in_few_miss_k2048_h4096_plan>(p, grid, block, smem_bytes, loads,
+                                                                          n_loads, stores, n_stores);
+}
+
+extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_k2048_h8192_plan(const kvt_swap_in_params* p, unsigned grid,
+                                                                    unsigned block, size_t smem_bytes,
+                                                                    const kvt_emu_range* loads, size_t n_loads,
+                                                                    const kvt_emu_range* stores, size_t n_stores) {
+    return run<kvt_swap_in_params, kvt_swap_in_few_miss_k2048_h8192_plan>(p, grid, block, smem_bytes, loads,
+                                                                          n_loads, stores, n_stores);
 }
 
 extern "C" kvt_emu_report kvt_emu_swap_in_compact_plan(const kvt_swap_in_params* p, unsigned grid,

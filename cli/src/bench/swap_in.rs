@@ -801,7 +801,7 @@ impl State {
             Ok(())
         };
         let loc = exec.location();
-        // `copy` None: the few-miss planner's fused-load build, its misses
+        // `copy` None: the few-miss planner's fixed-shape build, its misses
         // moved as WarpVectors.
         let time_strategy = |strategy: SwapInStrategy,
                              copy: Option<CopyMethod>|
@@ -812,7 +812,7 @@ impl State {
                 let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
                 match copy {
                     Some(copy) => self.tier.swap_in_with_copy(&a, strategy, copy, s),
-                    None => self.tier.swap_in_fused_loads(&a, strategy, s),
+                    None => self.tier.swap_in_fixed_shape(&a, strategy, s),
                 }
             })?;
             self.tier.check(clock.stream())?;
@@ -924,23 +924,25 @@ impl State {
             )?),
             _ => None,
         };
-        // The few-miss planner's fused-load build (a row's slots, LRU order
-        // and query loaded in one pass), as the plan-and-copy default below
-        // batch 8 and as the one-launch default from 8 on sm_90.
-        let fused = match exec {
-            Executor::Cuda(_) => Some((
+        // The few-miss planner's fixed-shape build (top-k and hot buffer
+        // constants of the build), as the plan-and-copy default below batch
+        // 8 and as the one-launch default from 8 on sm_90, at the shapes it
+        // has builds of.
+        let fixed_shape = (self.entries() as u32, self.hot);
+        let fixed = match exec {
+            Executor::Cuda(_) if kvtier::swap_in::FIXED_SHAPES.contains(&fixed_shape) => Some((
                 other_build(
                     SwapInStrategy::FewMiss,
                     None,
-                    "few-miss planner, fused loads",
+                    "few-miss planner, fixed-shape build",
                 )?,
                 other_build(
                     SwapInStrategy::FewMissOneLaunch,
                     None,
-                    "few-miss planner, one launch, fused loads",
+                    "few-miss planner, one launch, fixed-shape build",
                 )?,
             )),
-            Executor::Cpu => None,
+            _ => None,
         };
         // Where the copy kernel is a programmatic dependent of the plan
         // kernel (sm_90), the same two kernels launched one after the other:
@@ -1173,16 +1175,16 @@ impl State {
                 false,
             ));
         }
-        if let Some((two, one)) = fused {
+        if let Some((two, one)) = fixed {
             rows.push(row(
                 "",
-                "kvtier swap-in, few-miss planner, fused loads",
+                "kvtier swap-in, few-miss planner, fixed-shape build",
                 two,
                 false,
             ));
             rows.push(row(
                 "",
-                "kvtier swap-in, few-miss planner, one launch, fused loads",
+                "kvtier swap-in, few-miss planner, one launch, fixed-shape build",
                 one,
                 false,
             ));
