@@ -186,6 +186,12 @@ typedef struct kvt_writeback_params {
                                        fixed-shape builds, kvt_swap_in_few_miss_k2048_h{4096,8192}_plan,
                                        for rows of 2048 entries over 4096 or 8192 slots (no kernel
                                        reads it) */
+#define KVT_SWAP_CLUSTER_COPY 4096u /* with KVT_SWAP_SKIP_INLINE: the launcher's choice of
+                                       kvt_swap_in_few_miss_cluster_plan in clusters of
+                                       KVT_SWAP_CLUSTER blocks a row (sm_90 and later), no copy kernel;
+                                       the planner reads it (it lets no dependent start) */
+#define KVT_SWAP_CLUSTER 8u          /* blocks a row of kvt_swap_in_few_miss_cluster_plan (the most a
+                                       cluster of any sm_90 GPU may hold) */
 
 /* Largest number of resolved top-k entries per row (top_k * block_tokens) and
  * largest hot buffer a swap-in accepts. */

@@ -536,4 +536,56 @@ __device__ __forceinline__ void allow_dependents() {
 #endif
 }
 
+// Thread-block clusters (sm_90 and later; the host launches a kernel that
+// calls these in clusters only there, src/cuda/mod.rs
+// CudaDevice::launch_clustered). cluster_sync() is a barrier over every
+// thread of every block of the cluster, with release and acquire semantics
+// at cluster scope: what any of them wrote before it, global memory
+// included, is visible to all of them after it. Every thread of the
+// cluster must reach it, so a kernel calls it on a path no thread leaves.
+// Before sm_90 the kernels that call them are never launched: they are a
+// rank of 0 in a cluster of 1, and no barrier.
+__device__ __forceinline__ uint32_t cluster_rank() {
+#if defined(KVT_HOST_EMULATION)
+    return kvt_emu_cluster_rank();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t r;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+#else
+    return 0;
+#endif
+}
+__device__ __forceinline__ uint32_t cluster_size() {
+#if defined(KVT_HOST_EMULATION)
+    return kvt_emu_cluster_size();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t n;
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return n;
+#else
+    return 1;
+#endif
+}
+// The cluster's index in the grid (blockIdx.x / cluster_size(), read from
+// its own register, which the compiler may read again instead of holding).
+__device__ __forceinline__ uint32_t cluster_id() {
+#if defined(KVT_HOST_EMULATION)
+    return blockIdx.x / kvt_emu_cluster_size();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t c;
+    asm("mov.u32 %0, %%clusterid.x;" : "=r"(c));
+    return c;
+#else
+    return blockIdx.x;
+#endif
+}
+__device__ __forceinline__ void cluster_sync() {
+#if defined(KVT_HOST_EMULATION)
+    kvt_emu_cluster_sync();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
 }  // namespace kvt

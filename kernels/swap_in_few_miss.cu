@@ -139,13 +139,16 @@ namespace few {
 // constants, with blockDim.x as the build's threads: the shared-memory
 // carve-up, the hash table's size, every loop's trip count and chunk range
 // fold into the code (kvt_swap_in_few_miss_k2048_h4096_plan and _h8192_).
-template <class B, bool Lines = false, uint32_t FixedE = 0, uint32_t FixedH = 0>
-__device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
+// b: the batch row (the block's index, but in a cluster a row's).
+// Clustered: rank 0 of kvt_swap_in_few_miss_cluster_plan, whose other
+// blocks copy a row of more misses than its copy list holds (no copy kernel
+// follows, and it never copies from its plan row itself).
+template <class B, bool Lines = false, uint32_t FixedE = 0, uint32_t FixedH = 0, bool Clustered = false>
+__device__ __forceinline__ bool plan(const kvt_swap_in_params& p, const uint32_t b = blockIdx.x) {
     constexpr uint32_t kWarps = B::kWarps;
     constexpr uint32_t kMaxEntryChunks = B::kChunks;
     // A warp's run of 32-item chunks, over this block's warps.
     using Chunks = WarpChunks<kWarps>;
-    const uint32_t b = blockIdx.x;
     const uint32_t tid = threadIdx.x;
     static_assert((FixedE == 0) == (FixedH == 0), "both shapes fixed, or neither");
     const uint32_t nthreads = FixedE ? kWarps * KVT_WARP : blockDim.x;
@@ -162,11 +165,11 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
     count_call(p, real);
     if (b >= real) {  // padding: outputs -1, state and plan row untouched
         row.pad();
-        return;
+        return false;
     }
     if (rid < 0 || rid >= (int64_t)p.num_requests) {
         row.refuse(KVT_ERR_SWAP_REQ, rid);
-        return;
+        return false;
     }
 
     const Smem<B> s(E, H);
@@ -187,18 +190,18 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
     }
     if (__syncthreads_or(named)) {
         row.refuse(KVT_ERR_SWAP_DUP_REQ, rid);
-        return;
+        return false;
     }
     if (seq < 0 || seq > (int64_t)p.max_tokens) {
         row.refuse(KVT_ERR_SWAP_SEQ_LEN, seq);
-        return;
+        return false;
     }
 
     const RequestRows rq(p, b, rid);
 
     if (!long_row) {
         short_row(p, row, rq, seq);
-        return;
+        return false;
     }
 
     // Long sequence. The row's slots (in slot order), LRU order and query are
@@ -255,7 +258,7 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
     }
     if (__syncthreads_or(lru_bad)) {  // lru_slots is not a permutation of [0, hot)
         row.refuse(KVT_ERR_SWAP_LRU, 0);
-        return;
+        return false;
     }
 
     // Slots in LRU order: a slot whose token is in the query is a hit (the
@@ -439,24 +442,30 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
         const uint32_t i = (ec.first + k) * KVT_WARP + lane;
         st(row.out + i, s.e_val()[hash.find(s.e_tok()[i])]);
     }
-    // The copy kernel follows unless no bytes move or this block copies
-    // every miss; it waits for this grid to complete before it reads the plan.
-    if (!(p.flags & (KVT_SWAP_SKIP_IO | KVT_SWAP_COPY_IN_PLAN))) allow_dependents();
+    // The copy kernel follows unless no bytes move, this block copies every
+    // miss or its cluster does; it waits for this grid to complete before
+    // it reads the plan.
+    if (!Clustered && !(p.flags & (KVT_SWAP_SKIP_IO | KVT_SWAP_COPY_IN_PLAN))) allow_dependents();
     // Two 16-byte vectors a lane in flight: a row of up to 1 KiB (656-byte DSA
     // items, DeepSeek-V4's 576 + 8) in one pass over the link; three or four
     // would spill at 64 registers. With KVT_SWAP_COPY_IN_PLAN (one launch) a
     // row of more misses than the shared copy list holds is copied from its
     // plan row, which this block wrote before the barrier above: its copy
     // starts as soon as its own plan is done, while other rows still plan.
-    const bool copy_all = (p.flags & KVT_SWAP_COPY_IN_PLAN) && !(p.flags & KVT_SWAP_SKIP_IO);
+    const bool copy_all = !Clustered && (p.flags & KVT_SWAP_COPY_IN_PLAN) && !(p.flags & KVT_SWAP_SKIP_IO);
     // (One copy loop for both lists: a second inlined copy_row made the
     // kernel 600 instructions longer.)
+    // Clustered: the plan row and count are written (before the barrier
+    // above); the cluster's other blocks may read them. (A cluster barrier
+    // after this block's copy loop spilled 68 bytes a thread on sm_90.)
+    if (Clustered) cluster_sync();
     if (copy_here || copy_all)
         for (uint32_t m = warp; m < n_load; m += kWarps) {
             const int64_t src = copy_here ? s.copy_src()[m] : ld(row.plan_src + m);
             const int32_t dst = copy_here ? s.copy_dst()[m] : ld(row.plan_dst + m);
             copy_row<Lines ? 1 : 2, Lines>(p, err, src, dst, row_pos | m, lane);
         }
+    return Clustered;
 }
 }  // namespace few
 }  // namespace swap
@@ -543,4 +552,73 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     kvt_swap_in_few_miss_k2048_h8192_plan(const kvt_swap_in_params p) {
     kvt::swap::few::plan<kvt::swap::few::Fixed2048, false, 2048, 8192>(p);
+}
+
+namespace kvt {
+namespace swap {
+namespace few {
+// The share of row b's misses of a block of rank 1 or more of its cluster,
+// once rank 0 has planned the row (kvt_swap_in_few_miss_cluster_plan): miss
+// m goes to warp m % ((size - 1) * warps) of those blocks, read from the
+// plan row as the copy kernel reads it. Rows rank 0 copies itself (at most
+// KVT_SWAP_FEW_MISS_INLINE misses), padding, refused and short rows, and
+// probes move nothing here.
+template <class B>
+__device__ __forceinline__ void cluster_copy(const kvt_swap_in_params& p) {
+    const uint32_t rank = cluster_rank() - 1, size = cluster_size() - 1, b = cluster_id();
+    if (p.flags & KVT_SWAP_SKIP_IO) return;
+    const PlanRow row(p, b);
+    if (b >= real_rows(p, row.err, false)) return;  // padding: the plan row is not this call's
+    const int32_t n = ld(row.plan_count + b);
+    if (n <= (int32_t)KVT_SWAP_FEW_MISS_INLINE || (uint32_t)n > p.plan_capacity) return;
+    const uint32_t warp = threadIdx.x / KVT_WARP, lane = threadIdx.x % KVT_WARP;
+    for (uint32_t m = rank * B::kWarps + warp; m < (uint32_t)n; m += size * B::kWarps)
+        copy_row<2>(p, row.err, ld(row.plan_src + m), ld(row.plan_dst + m), row.pos | m, lane);
+}
+}  // namespace few
+}  // namespace swap
+}  // namespace kvt
+
+// kvt_swap_in_few_miss_cluster_plan — kvt_swap_in_few_miss_plan and the copy
+// kernel after it in one launch, for small batches (sm_90 and later): a
+// thread-block cluster a batch row (gridDim.x == batch * cluster size). Its
+// rank 0 plans the row as kvt_swap_in_few_miss_plan does and passes a
+// cluster barrier once the row's plan is written, then copies the row's
+// misses itself when they are at most KVT_SWAP_FEW_MISS_INLINE; the other
+// blocks of the cluster wait at the barrier and copy a share each of a row
+// of more, from the plan row rank 0 wrote. The same contract, outputs,
+// state, plan and reports as kvt_swap_in_few_miss_plan followed by
+// kvt_swap_in_copy with KVT_SWAP_SKIP_INLINE.
+// Why: below batch 8 the few-miss planner hands a row of more than 32 misses
+// to the copy kernel, which costs a launch even when no row has that many
+// (FewMiss against FewMissOneLaunch on the H200 of 2026-11-28, 2 misses at
+// batch 1: 21.1 against 19.1 us), while one block copying a row's hundreds
+// of misses alone is latency-bound (410 misses at batch 1: 42.4 us one
+// launch, 27.5 with the copy kernel). A cluster is scheduled whole, so its
+// blocks may wait for their rank 0 (blocks of one grid may not wait for each
+// other), and its barrier orders rank 0's plan before their reads: the miss
+// copy spreads over the cluster's SMs without a second launch, and a row of
+// a few misses leaves the cluster's other blocks idle for the time of a
+// plan. 64 registers, no spill (sm_80, sm_90).
+// Reads:   as kvt_swap_in_few_miss_plan and kvt_swap_in_copy.
+// Writes:  as kvt_swap_in_few_miss_plan and kvt_swap_in_copy.
+// Assumes: a cluster launch (src/cuda/mod.rs CudaDevice::launch_clustered)
+//          in clusters of at least 2 blocks (KVT_SWAP_CLUSTER on a GPU) of
+//          KVT_SWAP_FEW_MISS_THREADS threads, dynamic shared memory of
+//          few_miss_smem_bytes, KVT_SWAP_SKIP_INLINE and
+//          KVT_SWAP_CLUSTER_COPY set, KVT_SWAP_COPY_IN_PLAN not, and as
+//          kvt_swap_in_few_miss_plan.
+extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
+    kvt_swap_in_few_miss_cluster_plan(const kvt_swap_in_params p) {
+    using namespace kvt::swap::few;
+    // Rank 0 plans, passing the cluster barrier once the plan row is
+    // written (and copying a row of few misses itself after it), or after
+    // it left the plan early (padding, refused and short rows); the others
+    // copy a row of more misses after the barrier.
+    if (kvt::cluster_rank() == 0) {
+        if (!plan<Wide, false, 0, 0, true>(p, kvt::cluster_id())) kvt::cluster_sync();
+        return;
+    }
+    kvt::cluster_sync();
+    cluster_copy<Wide>(p);
 }

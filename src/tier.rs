@@ -492,6 +492,13 @@ impl Tier {
             .run_fixed_shape(args, strategy, CopyMethod::WarpVectors, stream)
     }
 
+    /// The few-miss planner's cluster build
+    /// ([`crate::SwapInEngine::run_cluster_copy`]), for the benchmark.
+    #[doc(hidden)]
+    pub fn swap_in_cluster_copy(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
+        self.swap_in_engine()?.run_cluster_copy(args, stream)
+    }
+
     /// The sync point: waits for the device, then reports (and clears) the
     /// bad indices that kernels recorded since the last check (gathers,
     /// writebacks and swap-ins together). A no-op for the CPU executor, which

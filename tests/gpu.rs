@@ -340,12 +340,14 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor, pairs: Pairs) {
         record_plan: true,
         copy: CopyMethod::WarpVectors,
         fixed_shape: false,
+        cluster_copy: false,
     };
     let probe = SwapOptions {
         skip_io: true,
         record_plan: true,
         copy: CopyMethod::WarpVectors,
         fixed_shape: false,
+        cluster_copy: false,
     };
     let copied_by = [
         SwapInStrategy::PlanThenCopy,
@@ -373,6 +375,17 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor, pairs: Pairs) {
                 );
             }
         }
+        // the few-miss planner's cluster build (one launch in clusters of
+        // KVT_SWAP_CLUSTER blocks a row)
+        let clustered = SwapOptions {
+            cluster_copy: true,
+            ..opts
+        };
+        let got = case.run_with(gpu, SwapInStrategy::FewMiss, clustered);
+        assert!(
+            got == cpu,
+            "CUDA (the cluster build, {clustered:?}) and CPU differ for {case:?}"
+        );
         // the few-miss planner's fixed-shape builds (the plain build at
         // other shapes)
         for strategy in [SwapInStrategy::FewMiss, SwapInStrategy::FewMissOneLaunch] {
@@ -1107,6 +1120,7 @@ fn two_streams_share_the_error_word_and_counters() {
         skip_io: false,
         copy: kvtier::CopyMethod::WarpVectors,
         fixed_shape: false,
+        cluster_copy: false,
     };
     let (want_a, want_b) = (a.expected_with(record), b.expected_with(record));
     let sum = |x: SwapInCounters, y: SwapInCounters| SwapInCounters {

@@ -93,6 +93,7 @@ fn a_swap_in_check_allocates_nothing() {
                 record_plan,
                 copy: kvtier::CopyMethod::WarpVectors,
                 fixed_shape: false,
+                cluster_copy: false,
             },
         );
         for strategy in [

@@ -49,6 +49,7 @@ struct Report {
     bulk_loads: u64,
     bulk_stores: u64,
     bulk_misuse: u64,
+    cluster_barriers: u64,
 }
 
 impl Report {
@@ -1186,6 +1187,14 @@ fn emulate_swap(
         if opts.fixed_shape {
             p.flags |= kvtier::abi::KVT_SWAP_FIXED_SHAPE; // as SwapInEngine::run_fixed_shape
         }
+        if opts.cluster_copy {
+            assert_eq!(
+                strategy,
+                SwapInStrategy::FewMiss,
+                "the cluster build is FewMiss's"
+            );
+            p.flags |= kvtier::abi::KVT_SWAP_CLUSTER_COPY; // as SwapInEngine::run_cluster_copy
+        }
         p
     };
     let index_bytes = |wide: bool| if wide { 8 } else { 4 } * batch;
@@ -1254,6 +1263,41 @@ fn emulate_swap(
                 kvtier::swap_in::plan_smem_bytes(e as u32, case.hot as u32),
             )
         };
+        if p.flags & kvtier::abi::KVT_SWAP_CLUSTER_COPY != 0 {
+            // The cluster build in clusters of `copy_grid` blocks a row (2
+            // for 0; the GPU's are KVT_SWAP_CLUSTER), and no copy kernel.
+            let cluster = copy_grid.max(2);
+            type ClusterFn = unsafe extern "C" fn(
+                *const kvt_swap_in_params,
+                u32,
+                u32,
+                usize,
+                u32,
+                *const Range,
+                usize,
+                *const Range,
+                usize,
+            ) -> Report;
+            let f: libloading::Symbol<'static, ClusterFn> =
+                unsafe { emulator().get(b"kvt_emu_swap_in_few_miss_cluster_plan") }.unwrap();
+            reports.push(unsafe {
+                f(
+                    &p,
+                    batch as u32 * cluster,
+                    threads,
+                    smem,
+                    cluster,
+                    loads.as_ptr(),
+                    loads.len(),
+                    stores.as_ptr(),
+                    stores.len(),
+                )
+            });
+            let report = (!err.is_clear()).then(|| kvtier::BadIndexReport::decode(&err));
+            let w: Vec<u64> = counters.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+            let counted = kvtier::SwapInCounters::from_words(&w);
+            return (case.outcome(&s, report, opts, Some(counted)), reports);
+        }
         reports.push(unsafe {
             swap_fn(plan)(
                 &p,
@@ -1355,6 +1399,18 @@ fn swap_agrees(case: &SwapCase) {
         copy: kvtier::CopyMethod::LineAligned,
         ..record
     };
+    let cluster = SwapOptions {
+        cluster_copy: true,
+        ..plain
+    };
+    let cluster_recording = SwapOptions {
+        cluster_copy: true,
+        ..record
+    };
+    let cluster_probe = SwapOptions {
+        cluster_copy: true,
+        ..probe
+    };
     let rows = case.batch() as u64 * case.entries() as u64;
     let runs = [
         (SwapInStrategy::PlanThenCopy, 1, plain),
@@ -1389,6 +1445,11 @@ fn swap_agrees(case: &SwapCase) {
         // ... with the rows' passes aligned to 128-byte host lines
         (SwapInStrategy::FewMissOneLaunch, 0, lines_recording),
         (SwapInStrategy::FewMiss512OneLaunch, 0, lines),
+        // the few-miss planner's cluster build, in clusters of 2, 4 and 3
+        // blocks a row (the grid column here)
+        (SwapInStrategy::FewMiss, 2, cluster),
+        (SwapInStrategy::FewMiss, 4, cluster_recording),
+        (SwapInStrategy::FewMiss, 3, cluster_probe),
     ];
     // under the race detector, each kernel once: the plan and copy kernels
     // recording, one block per request probing, the few-miss and compact
@@ -1396,10 +1457,10 @@ fn swap_agrees(case: &SwapCase) {
     // few-miss planner both ways, the line-aligned copy kernel after the
     // first planner and after the compact one, and each few-miss planner
     // copying every miss itself (recording), and each with line-aligned
-    // copies (the fixed-shape builds run at their shapes only:
-    // fixed_shape_builds_match_at_their_shapes)
+    // copies, and the cluster build recording (the fixed-shape builds run at
+    // their shapes only: fixed_shape_builds_match_at_their_shapes)
     let runs: Vec<_> = if race_detector() {
-        [4, 5, 7, 9, 10, 12, 13, 16, 17, 18, 20, 23, 26, 27, 28]
+        [4, 5, 7, 9, 10, 12, 13, 16, 17, 18, 20, 23, 26, 27, 28, 30]
             .map(|i| runs[i])
             .to_vec()
     } else {
@@ -1954,6 +2015,86 @@ fn planted_shared_memory_orderings() {
     }
 }
 
+/// Thread-block clusters (kernels/common.cuh `cluster_sync`, planted in
+/// tests/kernel_emu/planted.cu): the blocks of a cluster run together, each
+/// knows its rank and the cluster's size, and a cluster barrier orders one
+/// block's global stores before another's loads, under every schedule;
+/// without the barrier a block reads what its neighbour has not written
+/// yet, and a rank that ends before the barrier is a divergent barrier. The
+/// race detector's test runs variants 20 and 21 in child processes through
+/// `KVT_EMU_PLANTED` (21 is a race between blocks).
+#[test]
+fn the_emulator_runs_clusters_and_catches_a_missing_cluster_barrier() {
+    let variants: Vec<u32> = match std::env::var("KVT_EMU_PLANTED") {
+        Ok(v) => vec![v.parse().expect("KVT_EMU_PLANTED is a variant number")],
+        Err(_) => vec![20, 21, 22],
+    };
+    type ClusterFn = unsafe extern "C" fn(
+        *const PlantedParams,
+        u32,
+        u32,
+        u32,
+        *const Range,
+        usize,
+        *const Range,
+        usize,
+    ) -> Report;
+    let f: libloading::Symbol<'static, ClusterFn> =
+        unsafe { emulator().get(b"kvt_emu_planted_cluster") }.unwrap();
+    let block = 64u32;
+    for variant in variants {
+        for (cluster, schedule) in [(2u32, 0u64), (4, 2), (4, 3)] {
+            let grid = 3 * cluster;
+            let (n, g) = (block as usize, grid as usize);
+            let mut out = vec![0u32; 2 * g * n + g];
+            let p = PlantedParams {
+                out: out.as_mut_ptr(),
+                variant,
+            };
+            let mem = [range(out.as_ptr() as u64, 4 * out.len())];
+            set_schedule(schedule);
+            let r = unsafe { f(&p, grid, block, cluster, mem.as_ptr(), 1, mem.as_ptr(), 1) };
+            let written = |b: usize, t: usize| 7 * b as u32 + t as u32 + 1;
+            let next = |b: usize| {
+                let c = cluster as usize;
+                b - b % c + (b % c + 1) % c
+            };
+            let read_right =
+                (0..g).all(|b| (0..n).all(|t| out[(g + b) * n + t] == written(next(b), t)));
+            let ranks: Vec<u32> = (0..g)
+                .map(|b| 100 * (b as u32 % cluster) + cluster)
+                .collect();
+            assert_eq!(&out[2 * g * n..], &ranks[..], "variant {variant}");
+            let what =
+                format!("variant {variant}, clusters of {cluster}, schedule {schedule}: {r:?}");
+            match variant {
+                20 => {
+                    assert!(r.clean() && read_right, "{what}");
+                    assert_eq!(r.cluster_barriers, (grid / cluster) as u64, "{what}");
+                }
+                21 => {
+                    assert!(r.clean() && r.cluster_barriers == 0, "{what}");
+                    assert!(
+                        !read_right,
+                        "the blocks read their neighbours unordered, yet right: {what}"
+                    );
+                }
+                22 => assert!(r.divergent_barrier > 0, "{what}"),
+                _ => {}
+            }
+        }
+    }
+    // a grid that is not whole clusters is refused, as the driver refuses it
+    let mut out = vec![0u32; 64];
+    let p = PlantedParams {
+        out: out.as_mut_ptr(),
+        variant: 20,
+    };
+    let mem = [range(out.as_ptr() as u64, 4 * out.len())];
+    let r = unsafe { f(&p, 3, 8, 2, mem.as_ptr(), 1, mem.as_ptr(), 1) };
+    assert!(!r.clean() && r.loads == 0 && r.stores == 0, "{r:?}");
+}
+
 /// Taking the error word while kernels report into it (R6): 255 threads
 /// each report four times (three kinds) while thread 0 takes the word once, under
 /// the shuffled schedules, which switch threads at every atomic and global
@@ -2109,6 +2250,28 @@ fn the_race_detector_catches_planted_races_and_the_kernels_have_none() {
             );
         }
     }
+    // a cluster barrier orders the blocks of a cluster; without it they race
+    for (variant, racy) in [(20, false), (21, true)] {
+        let (code, races, stderr) = child(
+            &[
+                "--exact",
+                "the_emulator_runs_clusters_and_catches_a_missing_cluster_barrier",
+                "--test-threads=1",
+            ],
+            Some(variant),
+        );
+        if racy {
+            assert!(
+                code == Some(66) && races > 0 && stderr.contains("kvt_planted_cluster"),
+                "planted variant {variant}: a race between a cluster's blocks the detector missed (exit {code:?}):\n{stderr}"
+            );
+        } else {
+            assert!(
+                code == Some(0) && races == 0,
+                "planted variant {variant} is ordered by its cluster barrier, yet (exit {code:?}):\n{stderr}"
+            );
+        }
+    }
     // the planted global-memory race (variant 3) is one case of this test
     let (code, races, stderr) = child(
         &[
@@ -2187,6 +2350,62 @@ fn fixed_shape_builds_match_at_their_shapes() {
                         "{strategy:?}, HOT {hot}: three blocks"
                     );
                 }
+            }
+        }
+    }
+}
+
+/// The few-miss planner's cluster build at production shapes (K 2048 over
+/// HOT 4096, 656-byte rows), in clusters of 4 blocks a row: 410 misses a row
+/// (every block of the cluster copies its share after the cluster barrier)
+/// and 2 (rank 0 copies them itself), valid and with a few bad entries;
+/// recording the plan and probing; outputs, state, plan, bytes and reports
+/// the CPU executor's, one cluster barrier a row, and as many block
+/// barriers as the plain planner's.
+#[test]
+fn cluster_build_matches_at_production_shapes() {
+    let few_bad = Hostility {
+        bad: 0.002,
+        padding: 0.01,
+    };
+    for (seed, misses, h) in [(11u64, 410usize, CLEAN), (12, 2, CLEAN), (13, 410, few_bad)] {
+        let shape = SwapShape {
+            batch: Some(2),
+            short_share: 0.0,
+            ..SwapShape::tokens(4096, 2048, 656, 2, 4096 + 4096)
+        };
+        let clean = h.bad == 0.0 && h.padding == 0.0;
+        let mut case = SwapCase::shaped(seed, shape, Some(misses)).spoiled(seed, h);
+        case.num_real = None;
+        let record = SwapOptions {
+            record_plan: true,
+            cluster_copy: true,
+            ..SwapOptions::default()
+        };
+        for opts in [
+            SwapOptions {
+                cluster_copy: true,
+                ..SwapOptions::default()
+            },
+            record,
+            SwapOptions {
+                skip_io: true,
+                ..record
+            },
+        ] {
+            let want = case.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
+            set_schedule(2 + seed % 2);
+            let (got, reports) = emulate_swap(&case, SwapInStrategy::FewMiss, 4, opts);
+            assert!(got == want, "{misses} misses, {h:?}, {opts:?}");
+            assert_eq!(reports.len(), 1, "one launch: {reports:?}");
+            if clean {
+                assert!(reports[0].clean(), "{reports:?}");
+                assert_eq!(reports[0].cluster_barriers, 2, "a cluster barrier a row");
+                assert_eq!(
+                    reports[0].barriers,
+                    2 * 5,
+                    "five block barriers a row's rank 0"
+                );
             }
         }
     }
@@ -2280,6 +2499,7 @@ fn plan_kernels_let_a_successor_start_only_when_the_copy_kernel_follows() {
         skip_io: true,
         copy: kvtier::CopyMethod::WarpVectors,
         fixed_shape: false,
+        cluster_copy: false,
     };
     set_schedule(0);
     for (strategy, opts, follows) in [

@@ -227,9 +227,10 @@ pub enum Kernel {
     SwapInCopyBulk = 18,
     SwapInFewMissK2048H4096Plan = 19,
     SwapInFewMissK2048H8192Plan = 20,
+    SwapInFewMissClusterPlan = 21,
 }
 
-const KERNELS: usize = 21;
+const KERNELS: usize = 22;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -254,6 +255,7 @@ impl Kernel {
         Kernel::SwapInCopyBulk,
         Kernel::SwapInFewMissK2048H4096Plan,
         Kernel::SwapInFewMissK2048H8192Plan,
+        Kernel::SwapInFewMissClusterPlan,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -280,6 +282,7 @@ impl Kernel {
             Kernel::SwapInCopyBulk => "kvt_swap_in_copy_bulk",
             Kernel::SwapInFewMissK2048H4096Plan => "kvt_swap_in_few_miss_k2048_h4096_plan",
             Kernel::SwapInFewMissK2048H8192Plan => "kvt_swap_in_few_miss_k2048_h8192_plan",
+            Kernel::SwapInFewMissClusterPlan => "kvt_swap_in_few_miss_cluster_plan",
         }
     }
 
@@ -291,7 +294,8 @@ impl Kernel {
             Kernel::SwapInFewMissPlan
             | Kernel::SwapInFewMissLinesPlan
             | Kernel::SwapInFewMissK2048H4096Plan
-            | Kernel::SwapInFewMissK2048H8192Plan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
+            | Kernel::SwapInFewMissK2048H8192Plan
+            | Kernel::SwapInFewMissClusterPlan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
             Kernel::SwapInCompactPlan => crate::abi::KVT_SWAP_COMPACT_THREADS,
             Kernel::SwapInFewMiss512Plan => crate::abi::KVT_SWAP_FEW_MISS_512_THREADS,
             Kernel::ErrorTake => 32,
@@ -312,6 +316,7 @@ impl Kernel {
                 | Kernel::SwapInFewMissLinesPlan
                 | Kernel::SwapInFewMissK2048H4096Plan
                 | Kernel::SwapInFewMissK2048H8192Plan
+                | Kernel::SwapInFewMissClusterPlan
                 | Kernel::GatherBulkRuns
                 | Kernel::WritebackBulkRuns
                 | Kernel::SwapInCopyBulk

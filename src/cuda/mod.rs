@@ -173,6 +173,9 @@ pub struct CudaDevice {
     /// The loaded kernels have the bulk-copy engine (`cp.async.bulk`): the
     /// same condition, code for compute_90 or later on an sm_90 or later GPU.
     bulk_copy: bool,
+    /// Kernels may be launched in thread-block clusters
+    /// ([`CudaDevice::launch_clustered`]): the same condition again.
+    cluster_launch: bool,
     /// Shared memory of one SM, and what the driver reserves of it for each
     /// resident block: how many blocks of a given dynamic size fit an SM.
     smem_per_sm: usize,
@@ -234,6 +237,7 @@ impl CudaDevice {
             sm_count,
             dependent_launch: compute_capability.0 >= 9 && ptx >= 90,
             bulk_copy: compute_capability.0 >= 9 && ptx >= 90,
+            cluster_launch: compute_capability.0 >= 9 && ptx >= 90,
             smem_per_sm,
             smem_reserved_per_block,
         }))
@@ -260,6 +264,13 @@ impl CudaDevice {
     /// later); elsewhere a call of it runs `MergedRuns`.
     pub fn bulk_copy(&self) -> bool {
         self.bulk_copy
+    }
+
+    /// Whether kernels may be launched in thread-block clusters (sm_90 and
+    /// later, code for compute_90 or later); elsewhere the swap-in's cluster
+    /// build is not launched.
+    pub fn cluster_launch(&self) -> bool {
+        self.cluster_launch
     }
 
     /// Streaming multiprocessors.
@@ -576,6 +587,69 @@ impl CudaDevice {
         value.programmaticStreamSerializationAllowed = 1;
         let mut attr = sys::CUlaunchAttribute {
             id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: stream.raw(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut args = [params as *const P as *mut c_void];
+        // SAFETY: per this function's contract; the config, its attribute
+        // and the parameter bytes are read before cuLaunchKernelEx returns.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.kernels.function(kernel),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .call("cuLaunchKernelEx")
+    }
+
+    /// [`CudaDevice::launch`] in thread-block clusters: `clusters` of
+    /// `cluster` blocks each (a grid of their product). The blocks of a
+    /// cluster are scheduled together, on SMs of one GPC, and may wait for
+    /// each other at a cluster barrier (`kvt::cluster_sync`,
+    /// `kernels/common.cuh`).
+    ///
+    /// # Safety
+    /// As for [`CudaDevice::launch`]; [`CudaDevice::cluster_launch`] holds,
+    /// and `kernel` is written for clusters of `cluster` blocks.
+    pub(crate) unsafe fn launch_clustered<P>(
+        &self,
+        kernel: Kernel,
+        (clusters, cluster): (u32, u32),
+        block: u32,
+        smem: u32,
+        params: &P,
+        stream: Stream,
+    ) -> Result<()> {
+        debug_assert!(self.cluster_launch && cluster > 0);
+        let grid = clusters.checked_mul(cluster).ok_or_else(|| {
+            crate::error::invalid(
+                "batch",
+                format!("{clusters} clusters of {cluster} blocks are too many"),
+            )
+        })?;
+        let _bound = self.bind()?;
+        // SAFETY: a zeroed union is a valid value; one field is set.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.clusterDim.x = cluster;
+        value.clusterDim.y = 1;
+        value.clusterDim.z = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
             pad: [0; 4],
             value,
         };

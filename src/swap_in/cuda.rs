@@ -2,16 +2,18 @@
 //! `kvt_swap_in_few_miss_plan`, `kvt_swap_in_few_miss_512_plan` or
 //! `kvt_swap_in_compact_plan`) then
 //! `kvt_swap_in_copy` (or `kvt_swap_in_copy_line_aligned`, the copy method
-//! `LineAligned`) for a swap-in, either copy kernel alone for a plan replay,
+//! `LineAligned`) for a swap-in (or `kvt_swap_in_few_miss_cluster_plan` alone,
+//! in clusters), either copy kernel alone for a plan replay,
 //! `kvt_spec_swap_in` for a speculative swap-in, on the caller's stream; and
 //! the shared memory each needs.
 
 use crate::abi::{
-    KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_COMPACT_PLAN, KVT_SWAP_COMPACT_THREADS,
-    KVT_SWAP_COPY_BULK, KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_COPY_LINES, KVT_SWAP_FEW_MISS_512,
-    KVT_SWAP_FEW_MISS_512_THREADS, KVT_SWAP_FEW_MISS_INLINE, KVT_SWAP_FEW_MISS_THREADS,
-    KVT_SWAP_FIXED_SHAPE, KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO,
-    kvt_spec_swap_in_params, kvt_swap_in_params,
+    KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_CLUSTER, KVT_SWAP_CLUSTER_COPY,
+    KVT_SWAP_COMPACT_PLAN, KVT_SWAP_COMPACT_THREADS, KVT_SWAP_COPY_BULK, KVT_SWAP_COPY_IN_PLAN,
+    KVT_SWAP_COPY_LINES, KVT_SWAP_FEW_MISS_512, KVT_SWAP_FEW_MISS_512_THREADS,
+    KVT_SWAP_FEW_MISS_INLINE, KVT_SWAP_FEW_MISS_THREADS, KVT_SWAP_FIXED_SHAPE,
+    KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO, kvt_spec_swap_in_params,
+    kvt_swap_in_params,
 };
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
@@ -199,6 +201,36 @@ pub(super) unsafe fn launch(
 ) -> Result<()> {
     if p.batch == 0 {
         return Ok(());
+    }
+    // The few-miss planner's cluster build (KVT_SWAP_CLUSTER_COPY, asked
+    // for with the plain few-miss planner only): one launch where the GPU
+    // launches clusters; elsewhere the flag goes and the planner and the
+    // copy kernel run.
+    let plain_few_miss = p.flags & KVT_SWAP_SKIP_INLINE != 0
+        && p.flags & (KVT_SWAP_FEW_MISS_512 | KVT_SWAP_COMPACT_PLAN | KVT_SWAP_COPY_IN_PLAN) == 0;
+    if p.flags & KVT_SWAP_CLUSTER_COPY != 0 {
+        if plain_few_miss && dev.cluster_launch() {
+            let smem = few_miss_smem_bytes(p.entries, p.hot);
+            fits(dev, smem, || {
+                format!("{} entries with a hot buffer of {}", p.entries, p.hot)
+            })?;
+            // SAFETY: per this function's contract; the kernel is written
+            // for clusters of KVT_SWAP_CLUSTER blocks, a cluster a row.
+            return unsafe {
+                dev.launch_clustered(
+                    Kernel::SwapInFewMissClusterPlan,
+                    (p.batch, KVT_SWAP_CLUSTER),
+                    KVT_SWAP_FEW_MISS_THREADS,
+                    smem as u32,
+                    p,
+                    stream,
+                )
+            };
+        }
+        let mut q = *p;
+        q.flags &= !KVT_SWAP_CLUSTER_COPY;
+        // SAFETY: per this function's contract (the same call without the flag).
+        return unsafe { launch(dev, &q, dependent, stream) };
     }
     // The argument checks asked for the few-miss planner only where its
     // state fits this GPU's shared memory. Copying every miss with the

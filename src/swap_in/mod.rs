@@ -609,6 +609,28 @@ impl SwapInEngine {
         self.run_flagged(args, strategy, flags, stream)
     }
 
+    /// [`SwapInStrategy::FewMiss`] in one launch on GPUs that launch
+    /// thread-block clusters (sm_90 and later: `CudaDevice::cluster_launch`):
+    /// `kvt_swap_in_few_miss_cluster_plan`, a cluster of
+    /// `KVT_SWAP_CLUSTER` blocks a batch row, whose first block plans the
+    /// row (copying a row of at most [`FEW_MISS_INLINE`] misses itself) and
+    /// whose other blocks copy the misses of a row of more, once the plan is
+    /// written (a cluster barrier), instead of a copy kernel launched after
+    /// the plan.
+    /// Elsewhere the few-miss planner and its copy kernel. The same
+    /// outputs, state, plan and reports. For the benchmark, which times it
+    /// beside `FewMiss` and `FewMissOneLaunch`: no default takes it before a
+    /// GPU has timed it. The CPU executor has one way.
+    #[doc(hidden)]
+    pub fn run_cluster_copy(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
+        self.run_flagged(
+            args,
+            SwapInStrategy::FewMiss,
+            crate::abi::KVT_SWAP_CLUSTER_COPY,
+            stream,
+        )
+    }
+
     /// Checks `args` for `strategy`, adds `flags` (the launcher's choices of
     /// a copy method or a planner build, which change which kernel runs,
     /// never what it may touch) and runs the call on this engine's executor.

@@ -204,6 +204,9 @@ pub struct SwapOptions {
     pub copy: kvtier::CopyMethod,
     /// The few-miss planner's fixed-shape builds (`SwapInEngine::run_fixed_shape`).
     pub fixed_shape: bool,
+    /// The few-miss planner's cluster build (`SwapInEngine::run_cluster_copy`:
+    /// `FewMiss` whatever the strategy named, its misses as `WarpVectors`).
+    pub cluster_copy: bool,
 }
 
 /// Value the miss-plan buffers hold before a run.
@@ -803,7 +806,9 @@ impl SwapCase {
                 let res = {
                     let mut args = self.host_args(&mut s, opts);
                     args.layer = Some(0);
-                    if opts.fixed_shape {
+                    if opts.cluster_copy {
+                        engine.run_cluster_copy(&args, Stream::null())
+                    } else if opts.fixed_shape {
                         engine.run_fixed_shape(&args, strategy, opts.copy, Stream::null())
                     } else {
                         engine.run_with_copy(&args, strategy, opts.copy, Stream::null())
@@ -910,7 +915,9 @@ impl SwapCase {
                     count: d_plan_count.as_buf_mut(),
                 }),
             };
-            if opts.fixed_shape {
+            if opts.cluster_copy {
+                engine.run_cluster_copy(&args, stream.stream())
+            } else if opts.fixed_shape {
                 engine.run_fixed_shape(&args, strategy, opts.copy, stream.stream())
             } else {
                 engine.run_with_copy(&args, strategy, opts.copy, stream.stream())

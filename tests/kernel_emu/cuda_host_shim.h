@@ -171,6 +171,9 @@ extern "C" void kvt_emu_store(void* p, const void* v, unsigned bytes);
 // griddepcontrol.launch_dependents: counted, so the tests see which launches
 // let a programmatic successor start.
 extern "C" void kvt_emu_allow_dependents();
+extern "C" void kvt_emu_cluster_sync();
+extern "C" unsigned kvt_emu_cluster_rank();
+extern "C" unsigned kvt_emu_cluster_size();
 
 // The bulk-copy engine and its barriers (kernels/bulk.cuh). A bulk load is
 // performed when a thread waits on its barrier's phase, a bulk store's read

@@ -3,6 +3,7 @@
 // access checked. Built and loaded by tests/kernel_emulation.rs; see
 // cuda_host_shim.h for why this computes what the GPU computes.
 #include <string.h>
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -28,11 +29,13 @@
 // it for everything after it (each arriving thread releases one sync object
 // per barrier, each leaving thread acquires it), __syncwarp does the same
 // for its lanes, and an atomic is an atomic (the shim's use __atomic
-// builtins). Votes and shuffles order no memory, as on the hardware. Blocks
-// are ordered one after another (the scheduler acquires every thread's end
-// and each thread of the next block acquires the scheduler's start), so
-// races between blocks are not looked for; launches are ordered the same
-// way. The emulator's own state (the report, the fibers' records, the
+// builtins). Votes and shuffles order no memory, as on the hardware. A
+// cluster barrier orders everything before it for everything after it in
+// every block of the cluster, the same way. Clusters (single blocks, for a
+// launch without clusters) are ordered one after another (the scheduler
+// acquires every thread's end and each thread of the next acquires the
+// scheduler's start), so races between blocks are looked for only within
+// a cluster; launches are ordered the same way. The emulator's own state (the report, the fibers' records, the
 // schedule's generator) is excluded from checking.
 #if defined(__SANITIZE_THREAD__)
 #include <sanitizer/tsan_interface.h>
@@ -99,6 +102,7 @@ struct kvt_emu_report {
     uint64_t bulk_loads;           // bulk loads (global -> shared) issued
     uint64_t bulk_stores;          // bulk stores (shared -> global) issued
     uint64_t bulk_misuse;          // misuses of the bulk engine or its barriers (kernels/bulk.cuh)
+    uint64_t cluster_barriers;     // cluster barriers passed, summed over clusters
 };
 
 // Per host thread: test threads emulate independent launches concurrently.
@@ -201,7 +205,7 @@ constexpr unsigned char kGuardFill = 0x5A;
 constexpr unsigned kWarp = 32;
 
 // Where a fiber stands between switches.
-enum class At { Ready, Barrier, WarpOp, Done };
+enum class At { Ready, Barrier, ClusterBarrier, WarpOp, Done };
 
 // A bulk load waiting on its barrier, and a bulk store waiting in its
 // thread's bulk group (with the shared bytes it read, once it has).
@@ -277,6 +281,13 @@ thread_local ucontext_t g_scheduler;
 thread_local unsigned g_current;
 thread_local void (*g_run_thread)(const void*);
 thread_local const void* g_params;
+// The cluster the scheduler runs (blocks of one cluster run together, their
+// threads' fibers interleaved): this fiber's rank in it, its size, and the
+// race detector's sync objects of its barrier (two, alternated by
+// generation, as a block's).
+thread_local unsigned g_cluster_rank, g_cluster_size;
+thread_local char g_cluster_sync[2];
+thread_local unsigned g_cluster_gen;
 
 // Not instrumented either: it returns (to the scheduler) after switching to
 // the scheduler's fiber. The kernel it calls is.
@@ -349,6 +360,21 @@ extern "C" int kvt_emu_syncthreads(int kind, int pred) {
     race_acquire(sync);
     return (int)f.result;
 }
+
+// A cluster-wide barrier (barrier.cluster.arrive.release then
+// wait.acquire): every thread of every block of the cluster waits for all
+// the others, and what each did before it is visible to all after it.
+extern "C" void kvt_emu_cluster_sync() {
+    Bookkeeping b;
+    Fiber& f = (*g_fibers)[g_current];
+    f.at = At::ClusterBarrier;
+    void* sync = &g_cluster_sync[g_cluster_gen & 1];
+    race_release(sync);
+    switch_out();
+    race_acquire(sync);
+}
+extern "C" unsigned kvt_emu_cluster_rank() { return g_cluster_rank; }
+extern "C" unsigned kvt_emu_cluster_size() { return g_cluster_size; }
 
 // A warp operation: the calling lane waits until every lane of `mask` (of its
 // warp) has reached one, then gets its result as the hardware computes it.
@@ -681,11 +707,36 @@ static void call_kernel(const void* p) {
     Kernel(*static_cast<const Params*>(p));
 }
 
-// Runs `grid` blocks of `block` threads; each block's threads are fibers.
+// One block of the cluster being run: its shared memory, threads, barrier
+// state and mbarriers.
+struct BlockState {
+    std::vector<unsigned char> smem;
+    std::vector<Fiber> fibers;
+    RaceSync race;
+    std::deque<MBar> mbars;
+};
+
+// Points the emulator's per-thread state at block `r` of the cluster that
+// starts at block `first`.
+static void enter_block(std::vector<BlockState>& blocks, unsigned first, unsigned r) {
+    BlockState& bs = blocks[r];
+    blockIdx = dim3{first + r, 0, 0};
+    kvt_emu_smem = bs.smem.data();
+    g_fibers = &bs.fibers;
+    g_race = &bs.race;
+    g_mbars = &bs.mbars;
+    g_cluster_rank = r;
+}
+
+// Runs `grid` blocks of `block` threads in clusters of `cluster` blocks (a
+// divisor of `grid`, as the driver requires): each block's threads are
+// fibers, and the blocks of a cluster run together, so that a cluster
+// barrier can hold them all and the race detector sees their accesses side
+// by side (blocks of different clusters run one after another).
 template <class Params, void (*Kernel)(Params)>
 static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t smem_bytes,
                           const kvt_emu_range* loads, size_t n_loads, const kvt_emu_range* stores,
-                          size_t n_stores) {
+                          size_t n_stores, unsigned cluster = 1) {
     g_load_ranges = loads;
     g_n_load = n_loads;
     g_store_ranges = stores;
@@ -693,42 +744,54 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
     // the scheduler's work is the emulator's, not the kernel's
     Bookkeeping b;
     g_report = kvt_emu_report{};
+    if (cluster == 0 || grid % cluster != 0) {  // the driver refuses such a launch
+        g_report.divergent_barrier++;
+        return g_report;
+    }
     gridDim = dim3{grid, 1, 1};
     blockDim = dim3{block, 1, 1};
+    g_cluster_size = cluster;
 
-    std::vector<unsigned char> smem(smem_bytes + kSmemGuard);
-    std::vector<std::vector<char>> stacks(block, std::vector<char>(kStack));
-    std::vector<Fiber> fibers(block);
+    // Stacks are mapped, not filled: a cluster of 1024-thread blocks takes
+    // 128 KiB a thread of address space and only the pages its frames touch.
+    const size_t stack_bytes = (size_t)cluster * block * kStack;
+    char* stack_base = (char*)mmap(nullptr, stack_bytes, PROT_READ | PROT_WRITE,
+                                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stack_base == (char*)MAP_FAILED) abort();
+    std::vector<BlockState> blocks(cluster);
+    for (BlockState& bs : blocks) {
+        bs.smem.resize(smem_bytes + kSmemGuard);
+        bs.fibers.resize(block);
+    }
     g_run_thread = call_kernel<Params, Kernel>;
     g_params = p;
-    kvt_emu_smem = smem.data();
     g_smem_bytes = smem_bytes;
     g_rng = g_schedule * 0x9E3779B97F4A7C15ull + 1;
 
-    std::vector<unsigned> order(block);
+    const unsigned threads = cluster * block;
+    std::vector<unsigned> order(threads);
     const unsigned warps = (block + kWarp - 1) / kWarp;
     g_scheduler_race = race_this_fiber();
-    for (unsigned b = 0; b < grid; ++b) {
-        blockIdx = dim3{b, 0, 0};
-        memset(smem.data(), kSmemFill, smem_bytes);
-        memset(smem.data() + smem_bytes, kGuardFill, kSmemGuard);
-        RaceSync race;
-        race.warp.assign(2 * warps, 0);
-        race.warp_gen.assign(warps, 0);
-        g_race = &race;
-        std::deque<MBar> mbars;
-        g_mbars = &mbars;
-        for (unsigned t = 0; t < block; ++t) {
-            init_fiber(fibers[t], stacks[t].data());
-            fibers[t].race = race_new_fiber();
+    for (unsigned first = 0; first < grid; first += cluster) {
+        for (unsigned r = 0; r < cluster; ++r) {
+            BlockState& bs = blocks[r];
+            memset(bs.smem.data(), kSmemFill, smem_bytes);
+            memset(bs.smem.data() + smem_bytes, kGuardFill, kSmemGuard);
+            bs.race = RaceSync{};
+            bs.race.warp.assign(2 * warps, 0);
+            bs.race.warp_gen.assign(warps, 0);
+            bs.mbars.clear();
+            for (unsigned t = 0; t < block; ++t) {
+                init_fiber(bs.fibers[t], stack_base + ((size_t)r * block + t) * kStack);
+                bs.fibers[t].race = race_new_fiber();
+            }
+            race_release(&bs.race.block_start);
         }
-        race_release(&race.block_start);
-        g_fibers = &fibers;
         while (true) {
-            // One pass: every ready thread runs to its next switch.
-            for (unsigned i = 0; i < block; ++i) order[i] = g_schedule == 1 ? block - 1 - i : i;
+            // One pass: every ready thread of the cluster runs to its next switch.
+            for (unsigned i = 0; i < threads; ++i) order[i] = g_schedule == 1 ? threads - 1 - i : i;
             if (g_schedule > 1) {
-                for (unsigned i = block - 1; i > 0; --i) {
+                for (unsigned i = threads - 1; i > 0; --i) {
                     const unsigned j = (unsigned)(next_random() % (i + 1));
                     const unsigned tmp = order[i];
                     order[i] = order[j];
@@ -736,61 +799,96 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
                 }
             }
             bool ran = false;
-            for (unsigned i = 0; i < block; ++i) {
-                const unsigned t = order[i];
-                if (fibers[t].at != At::Ready) continue;
+            for (unsigned i = 0; i < threads; ++i) {
+                const unsigned r = order[i] / block, t = order[i] % block;
+                Fiber& f = blocks[r].fibers[t];
+                if (f.at != At::Ready) continue;
+                enter_block(blocks, first, r);
                 g_current = t;
                 threadIdx = dim3{t, 0, 0};
-                race_enter(fibers[t].race);
-                swapcontext(&g_scheduler, &fibers[t].ctx);
+                race_enter(f.race);
+                swapcontext(&g_scheduler, &f.ctx);
                 ran = true;
             }
             bool released = false;
-            for (unsigned w = 0; w * kWarp < block; ++w) released |= complete_warp_op(fibers, w, false);
+            for (unsigned r = 0; r < cluster; ++r) {
+                enter_block(blocks, first, r);
+                for (unsigned w = 0; w < warps; ++w) released |= complete_warp_op(blocks[r].fibers, w, false);
+            }
             if (ran || released) continue;
             // Nobody can move: every live thread waits at a barrier or in a
             // warp operation some lane of its mask will never reach.
-            unsigned done = 0, waiting = 0, count = 0;
+            unsigned done = 0, at_cluster = 0;
             bool stuck = false;
-            for (const Fiber& f : fibers) {
-                done += f.at == At::Done;
-                stuck |= f.at == At::WarpOp;
-                if (f.at == At::Barrier) {
-                    waiting++;
-                    count += f.vote;
+            for (const BlockState& bs : blocks)
+                for (const Fiber& f : bs.fibers) {
+                    done += f.at == At::Done;
+                    at_cluster += f.at == At::ClusterBarrier;
+                    stuck |= f.at == At::WarpOp;
                 }
-            }
-            if (done == block) break;
+            if (done == threads) break;
             if (stuck) {
-                for (unsigned w = 0; w * kWarp < block; ++w) complete_warp_op(fibers, w, true);
+                for (unsigned r = 0; r < cluster; ++r) {
+                    enter_block(blocks, first, r);
+                    for (unsigned w = 0; w < warps; ++w) complete_warp_op(blocks[r].fibers, w, true);
+                }
                 continue;
             }
-            // Some threads ended while others wait at a barrier: the kernel
+            // A block barrier completes once every live thread of its block
+            // waits at one; some threads ended while others wait: the kernel
             // left a barrier under a condition that was not block-uniform.
-            if (done != 0) g_report.divergent_barrier++;
-            g_report.barriers++;
-            race.barrier_gen++;
-            for (Fiber& f : fibers) {
-                if (f.at != At::Barrier) continue;
-                f.result = f.op == 1 ? count != 0 : f.op == 2 ? count == waiting : f.op == 3 ? count : 0;
-                f.at = At::Ready;
+            bool passed = false;
+            for (BlockState& bs : blocks) {
+                unsigned bdone = 0, waiting = 0, count = 0;
+                for (const Fiber& f : bs.fibers) {
+                    bdone += f.at == At::Done;
+                    if (f.at == At::Barrier) {
+                        waiting++;
+                        count += f.vote;
+                    }
+                }
+                if (waiting == 0 || bdone + waiting != block) continue;
+                if (bdone != 0) g_report.divergent_barrier++;
+                g_report.barriers++;
+                bs.race.barrier_gen++;
+                for (Fiber& f : bs.fibers) {
+                    if (f.at != At::Barrier) continue;
+                    f.result = f.op == 1 ? count != 0 : f.op == 2 ? count == waiting : f.op == 3 ? count : 0;
+                    f.at = At::Ready;
+                }
+                passed = true;
+            }
+            if (passed) continue;
+            // Every live thread waits at the cluster barrier, or some wait at
+            // a block barrier their block's others will never reach (they
+            // wait at the cluster's): divergent either way where not every
+            // thread of the cluster is there. The cluster barrier completes.
+            if (done + at_cluster != threads || done != 0) g_report.divergent_barrier++;
+            g_report.cluster_barriers++;
+            g_cluster_gen++;
+            for (BlockState& bs : blocks)
+                for (Fiber& f : bs.fibers)
+                    if (f.at == At::ClusterBarrier || f.at == At::Barrier) f.at = At::Ready;
+        }
+        for (unsigned r = 0; r < cluster; ++r) {
+            BlockState& bs = blocks[r];
+            // bulk loads no thread ever waited for
+            for (const MBar& m : bs.mbars)
+                if (!m.loads.empty()) g_report.bulk_misuse++;
+            race_acquire(&bs.race.block_end);
+            for (Fiber& f : bs.fibers) race_free_fiber(f.race);
+            for (size_t i = 0; i < kSmemGuard; ++i) {
+                if (bs.smem[smem_bytes + i] != kGuardFill) {
+                    g_report.smem_overflow++;
+                    break;
+                }
             }
         }
-        // bulk loads no thread ever waited for
-        for (const MBar& m : mbars)
-            if (!m.loads.empty()) g_report.bulk_misuse++;
         g_mbars = nullptr;
         g_fibers = nullptr;
-        race_acquire(&race.block_end);
-        for (Fiber& f : fibers) race_free_fiber(f.race);
         g_race = nullptr;
-        for (size_t i = 0; i < kSmemGuard; ++i) {
-            if (smem[smem_bytes + i] != kGuardFill) {
-                g_report.smem_overflow++;
-                break;
-            }
-        }
     }
+    munmap(stack_base, stack_bytes);
     return g_report;
 }
 
@@ -881,6 +979,14 @@ extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_k2048_h8192_plan(const kvt_sw
                                                                           n_loads, stores, n_stores);
 }
 
+extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_cluster_plan(const kvt_swap_in_params* p, unsigned grid,
+                                                               unsigned block, size_t smem_bytes, unsigned cluster,
+                                                               const kvt_emu_range* loads, size_t n_loads,
+                                                               const kvt_emu_range* stores, size_t n_stores) {
+    return run<kvt_swap_in_params, kvt_swap_in_few_miss_cluster_plan>(p, grid, block, smem_bytes, loads, n_loads,
+                                                                      stores, n_stores, cluster);
+}
+
 extern "C" kvt_emu_report kvt_emu_swap_in_compact_plan(const kvt_swap_in_params* p, unsigned grid,
                                                        unsigned block, size_t smem_bytes,
                                                        const kvt_emu_range* loads, size_t n_loads,
@@ -921,6 +1027,13 @@ extern "C" kvt_emu_report kvt_emu_spec_swap_in(const kvt_spec_swap_in_params* p,
                                                const kvt_emu_range* stores, size_t n_stores) {
     return run<kvt_spec_swap_in_params, kvt_spec_swap_in>(p, grid, block, smem_bytes, loads, n_loads, stores,
                                                           n_stores);
+}
+
+extern "C" kvt_emu_report kvt_emu_planted_cluster(const kvt_planted_params* p, unsigned grid, unsigned block,
+                                                  unsigned cluster, const kvt_emu_range* loads, size_t n_loads,
+                                                  const kvt_emu_range* stores, size_t n_stores) {
+    return run<kvt_planted_params, kvt_planted_cluster>(p, grid, block, 0, loads, n_loads, stores, n_stores,
+                                                        cluster);
 }
 
 extern "C" kvt_emu_report kvt_emu_planted(const kvt_planted_params* p, unsigned block, const kvt_emu_range* loads,

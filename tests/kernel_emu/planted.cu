@@ -154,3 +154,25 @@ extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
             atomicAdd(p.out, 1u);
     }
 }
+
+// Thread-block clusters (kvt::cluster_sync, kernels/common.cuh), a grid of
+// clusters of blockDim.x-thread blocks: thread t of block b writes
+// 7 b + t + 1 to out[b * blockDim.x + t], then reads the same thread's word
+// of the next block of its cluster (by rank, wrapping) into
+// out[(gridDim.x + b) * blockDim.x + t]; thread 0 of each block writes
+// 100 * rank + cluster size to out[2 * gridDim.x * blockDim.x + b].
+#define KVT_PLANTED_CLUSTER_SYNC 20       // a cluster barrier between (correct)
+#define KVT_PLANTED_CLUSTER_NO_SYNC 21    // none: a race between the blocks
+#define KVT_PLANTED_CLUSTER_DIVERGENT 22  // the last rank's blocks end before the barrier
+
+extern "C" __global__ void kvt_planted_cluster(const kvt_planted_params p) {
+    using namespace kvt;
+    const uint32_t t = threadIdx.x, b = blockIdx.x, n = blockDim.x;
+    const uint32_t rank = cluster_rank(), size = cluster_size();
+    const uint32_t next = b - rank + (rank + 1) % size;
+    st(p.out + b * n + t, 7 * b + t + 1);
+    if (t == 0) st(p.out + 2 * gridDim.x * n + b, 100 * rank + size);
+    if (p.variant == KVT_PLANTED_CLUSTER_DIVERGENT && rank == size - 1) return;
+    if (p.variant != KVT_PLANTED_CLUSTER_NO_SYNC) cluster_sync();
+    st(p.out + (gridDim.x + b) * n + t, ld(p.out + next * n + t));
+}

@@ -188,6 +188,35 @@ def test_the_readme_single_call_figures_are_the_measured_ones():
     assert f"({min(shares):.2f}-{max(shares):.2f} of one contiguous copy" in text
 
 
+# The H200 quick pass of 2026-11-28 (commit 4e141c1): its swap-in grids only.
+H200_RUN = "h200-2026-11-28"
+
+
+def test_the_readme_h200_swap_in_figures_are_the_measured_ones():
+    text = " ".join(latest_paragraph().split())
+    pts: dict = defaultdict(dict)
+    for name in ("sglang-grid", "production", "realistic-h4096", "realistic-h8192", "small-batch",
+                 "dsv4-c4", "m3-kv"):
+        for r in lines(H200_RUN, f"3-bench/swap-in-{name}.jsonl"):
+            assert r["commit"].startswith("4e141c1") and r["device"] == "NVIDIA H200 (sm_90)", r
+            pts[(name, *(r["params"][k] for k in ("entry", "hot", "batch", "misses")))][r["method"]] = r
+    calls = {}
+    for p, m in pts.items():
+        ours, theirs = m[ONE_LAUNCH if p[3] >= ONE_LAUNCH_FROM_BATCH else FEW_MISS], m[SGLANG]
+        apart = 1 if ours["q3_us"] < theirs["q1_us"] else -1 if ours["q1_us"] > theirs["q3_us"] else 0
+        calls[p] = (theirs["median_us"] / ours["median_us"], apart)
+    assert len(calls) == 46
+    speeds = sorted(v for v, _ in calls.values())
+    median = (speeds[22] + speeds[23]) / 2
+    faster, slower = sum(a == 1 for _, a in calls.values()), sum(a == -1 for _, a in calls.values())
+    assert f"the default is at median {median:.2f}× SGLang's kernel (faster at {faster}, slower at {slower})" in text
+    two = {(p[2], p[3]): v for p, (v, _) in calls.items() if p[0] == "production" and p[4] == 2}
+    assert (f"({two[(4096, 256)]:.2f}× at HOT 4096, {two[(8192, 256)]:.2f}× at 8192) and at batch 1 with 2 "
+            f"misses ({two[(4096, 1)]:.2f}× at HOT 4096)") in text
+    # the three slowest points are those the README names
+    assert speeds[:3] == sorted([two[(4096, 256)], two[(8192, 256)], two[(4096, 1)]])
+
+
 def test_the_readme_copy_findings_are_the_measured_ones():
     text = " ".join(latest_paragraph().split())
     gather: dict = defaultdict(dict)

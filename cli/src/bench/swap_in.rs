@@ -290,6 +290,16 @@ struct State {
     tier: Tier,
 }
 
+/// How a timed swap-in runs beside its strategy: with a copy method, or one
+/// of the few-miss planner's builds the benchmark times (hidden from the
+/// API docs: `SwapInEngine::run_fixed_shape`, `run_cluster_copy`).
+#[derive(Clone, Copy)]
+enum Build {
+    Copy(CopyMethod),
+    FixedShape,
+    Cluster,
+}
+
 /// One batch's queries and its row metadata.
 struct Queries {
     batch: u32,
@@ -801,30 +811,30 @@ impl State {
             Ok(())
         };
         let loc = exec.location();
-        // `copy` None: the few-miss planner's fixed-shape build, its misses
-        // moved as WarpVectors.
-        let time_strategy = |strategy: SwapInStrategy,
-                             copy: Option<CopyMethod>|
-         -> kvtier::Result<(Stats, Vec<i32>)> {
-            spoil()?;
-            let t = b.time(&clock, Timing::Device, reset, |s| {
-                // SAFETY: the buffers above live until after the timing.
-                let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
-                match copy {
-                    Some(copy) => self.tier.swap_in_with_copy(&a, strategy, copy, s),
-                    None => self.tier.swap_in_fixed_shape(&a, strategy, s),
-                }
-            })?;
-            self.tier.check(clock.stream())?;
-            Ok((t, out.to_vec()?))
-        };
-        let (kv, out_kvtier) =
-            time_strategy(SwapInStrategy::PlanThenCopy, Some(CopyMethod::WarpVectors))?;
+        let time_strategy =
+            |strategy: SwapInStrategy, copy: Build| -> kvtier::Result<(Stats, Vec<i32>)> {
+                spoil()?;
+                let t = b.time(&clock, Timing::Device, reset, |s| {
+                    // SAFETY: the buffers above live until after the timing.
+                    let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
+                    match copy {
+                        Build::Copy(copy) => self.tier.swap_in_with_copy(&a, strategy, copy, s),
+                        Build::FixedShape => self.tier.swap_in_fixed_shape(&a, strategy, s),
+                        Build::Cluster => self.tier.swap_in_cluster_copy(&a, s),
+                    }
+                })?;
+                self.tier.check(clock.stream())?;
+                Ok((t, out.to_vec()?))
+            };
+        let (kv, out_kvtier) = time_strategy(
+            SwapInStrategy::PlanThenCopy,
+            Build::Copy(CopyMethod::WarpVectors),
+        )?;
         self.verify("the kvtier swap-in", &misses, device_buffer)?;
         // Another strategy or copy method on the same state: its bytes
         // checked and its page table the same as the first's.
         let other_build = |strategy: SwapInStrategy,
-                           copy: Option<CopyMethod>,
+                           copy: Build,
                            what: &str|
          -> kvtier::Result<Stats> {
             let (t, out_other) = time_strategy(strategy, copy)?;
@@ -841,7 +851,7 @@ impl State {
             Ok(t)
         };
         let other_with = |strategy: SwapInStrategy, copy: CopyMethod, what: &str| {
-            other_build(strategy, Some(copy), what)
+            other_build(strategy, Build::Copy(copy), what)
         };
         let other = |strategy: SwapInStrategy, what: &str| {
             other_with(strategy, CopyMethod::WarpVectors, what)
@@ -933,15 +943,25 @@ impl State {
             Executor::Cuda(_) if kvtier::swap_in::FIXED_SHAPES.contains(&fixed_shape) => Some((
                 other_build(
                     SwapInStrategy::FewMiss,
-                    None,
+                    Build::FixedShape,
                     "few-miss planner, fixed-shape build",
                 )?,
                 other_build(
                     SwapInStrategy::FewMissOneLaunch,
-                    None,
+                    Build::FixedShape,
                     "few-miss planner, one launch, fixed-shape build",
                 )?,
             )),
+            _ => None,
+        };
+        // The few-miss planner's cluster build (one launch, a cluster of
+        // blocks a row copying its misses), where the GPU launches clusters.
+        let cluster = match exec {
+            Executor::Cuda(dev) if dev.cluster_launch() => Some(other_build(
+                SwapInStrategy::FewMiss,
+                Build::Cluster,
+                "few-miss planner, cluster build",
+            )?),
             _ => None,
         };
         // Where the copy kernel is a programmatic dependent of the plan
@@ -1172,6 +1192,14 @@ impl State {
                 "",
                 "kvtier swap-in, few-miss planner, blocks of 512 threads, one launch",
                 one_512,
+                false,
+            ));
+        }
+        if let Some(t) = cluster {
+            rows.push(row(
+                "",
+                "kvtier swap-in, few-miss planner, cluster build (one launch)",
+                t,
                 false,
             ));
         }

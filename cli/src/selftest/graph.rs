@@ -52,15 +52,21 @@ pub(super) fn check(dut: &Executor, seed: u64) -> Row {
         ] {
             checks.push((
                 "swap-in",
-                swap_in(dut, clean, strategy, plan, CopyMethod::WarpVectors)?,
+                swap_in(dut, clean, strategy, plan, Some(CopyMethod::WarpVectors))?,
             ));
         }
+        // the few-miss planner's cluster build: one launch in clusters
+        // (sm_90 and later), its blocks ordered by a cluster barrier
+        checks.push((
+            "swap-in, the few-miss planner's cluster build",
+            swap_in(dut, clean, SwapInStrategy::FewMiss, false, None)?,
+        ));
         // the copy kernels of the other methods (the bulk one stages in
         // shared memory and waits on barriers)
         for copy in [CopyMethod::LineAligned, CopyMethod::BulkRuns] {
             checks.push((
                 "swap-in, copy method",
-                swap_in(dut, clean, SwapInStrategy::FewMiss, false, copy)?,
+                swap_in(dut, clean, SwapInStrategy::FewMiss, false, Some(copy))?,
             ));
         }
         for all_layers in [false, true] {
@@ -153,12 +159,14 @@ fn gather(dut: &Executor, seed: u64, method: Option<CopyMethod>) -> kvtier::Resu
     Ok(Verdict::Same { note: None })
 }
 
+/// `copy` None: the few-miss planner's cluster build
+/// (`SwapInEngine::run_cluster_copy`, `strategy` FewMiss).
 fn swap_in(
     dut: &Executor,
     seed: u64,
     strategy: SwapInStrategy,
     plan: bool,
-    copy: CopyMethod,
+    copy: Option<CopyMethod>,
 ) -> kvtier::Result<Verdict> {
     let mut case = SwapCase::random(Path::Dsa, seed);
     // Every real row copies: no timing probe, no padding row count.
@@ -171,8 +179,9 @@ fn swap_in(
         engines.push(e);
     }
     let (on_cpu, under_test) = (Loaded::new(&cpu, &case)?, Loaded::new(dut, &case)?);
-    let recorded = Recorded::record(dut, |s| {
-        engines[1].run_with_copy(&under_test.args(&case), strategy, copy, s)
+    let recorded = Recorded::record(dut, |s| match copy {
+        Some(copy) => engines[1].run_with_copy(&under_test.args(&case), strategy, copy, s),
+        None => engines[1].run_cluster_copy(&under_test.args(&case), s),
     })?;
     for replay in 0..REPLAYS {
         // New queries against the state the earlier replays left.
@@ -191,7 +200,8 @@ fn swap_in(
         if let Verdict::Differ(d) = Snapshot::compare(&want, &got) {
             let plan = if plan { ", caller's miss plan" } else { "" };
             return Ok(Verdict::Differ(format!(
-                "{strategy:?} ({copy:?}){plan}: {d}"
+                "{strategy:?} ({}){plan}: {d}",
+                copy.map_or("cluster build".into(), |c| format!("{c:?}"))
             )));
         }
     }
