@@ -101,7 +101,11 @@ fn choose_archs(supported: &[u32], compiler: &str) -> (Vec<u32>, u32) {
         .copied()
         .filter(|a| supported.contains(a))
         .collect();
-    if let Ok(only) = env::var("KVTIER_ARCHS") {
+    // an empty value is no restriction
+    if let Some(only) = env::var("KVTIER_ARCHS")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    {
         let only: Vec<u32> = only
             .split(',')
             .map(|a| match a.trim().parse::<u32>() {

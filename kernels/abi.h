@@ -188,10 +188,11 @@ typedef struct kvt_writeback_params {
                                        reads it) */
 #define KVT_SWAP_CLUSTER_COPY 4096u /* with KVT_SWAP_SKIP_INLINE: the launcher's choice of
                                        kvt_swap_in_few_miss_cluster_plan in clusters of
-                                       KVT_SWAP_CLUSTER blocks a row (sm_90 and later), no copy kernel;
-                                       the planner reads it (it lets no dependent start) */
-#define KVT_SWAP_CLUSTER 8u          /* blocks a row of kvt_swap_in_few_miss_cluster_plan (the most a
-                                       cluster of any sm_90 GPU may hold) */
+                                       KVT_SWAP_CLUSTER blocks a row (sm_90 and later), no copy kernel
+                                       (no kernel reads it) */
+#define KVT_SWAP_CLUSTER 8u          /* blocks a row of kvt_swap_in_few_miss_cluster_plan: the portable
+                                       maximum cluster size (an H100 also takes 16 as a non-portable
+                                       one) */
 
 /* Largest number of resolved top-k entries per row (top_k * block_tokens) and
  * largest hot buffer a swap-in accepts. */

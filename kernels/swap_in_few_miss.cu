@@ -569,6 +569,9 @@ __device__ __forceinline__ void cluster_copy(const kvt_swap_in_params& p) {
     if (p.flags & KVT_SWAP_SKIP_IO) return;
     const PlanRow row(p, b);
     if (b >= real_rows(p, row.err, false)) return;  // padding: the plan row is not this call's
+    // Rank 0 wrote n, at most the row's entries (the plan capacity): the
+    // copy kernel's report of a count past it (a caller's replayed plan)
+    // has nothing to catch here, and such a count only copies nothing.
     const int32_t n = ld(row.plan_count + b);
     if (n <= (int32_t)KVT_SWAP_FEW_MISS_INLINE || (uint32_t)n > p.plan_capacity) return;
     const uint32_t warp = threadIdx.x / KVT_WARP, lane = threadIdx.x % KVT_WARP;

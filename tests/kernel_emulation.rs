@@ -2532,6 +2532,15 @@ fn plan_kernels_let_a_successor_start_only_when_the_copy_kernel_follows() {
             SwapOptions::default(),
             false,
         ),
+        // the cluster build: its own blocks copy, after a cluster barrier
+        (
+            SwapInStrategy::FewMiss,
+            SwapOptions {
+                cluster_copy: true,
+                ..SwapOptions::default()
+            },
+            false,
+        ),
     ] {
         let (_, reports) = emulate_swap(&case, strategy, 2, opts);
         let plan = &reports[0];

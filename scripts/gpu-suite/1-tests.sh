@@ -21,8 +21,12 @@ else
   # limit before swap_in_production_shapes had finished). The quick pass
   # runs the random-case tests on fewer seeds (KVTIER_GPU_TEST_SEEDS; every
   # strategy and copy method still runs on each).
-  tests=$("$bundle/bin/gpu-tests" --list --ignored 2>/dev/null | sed -n 's/: test$//p' | grep -v '^registration_' || true)
-  [ -n "$tests" ] || log "== gpu-tests: the test binary listed no test"
+  run gpu-tests-list 60 "$bundle/bin/gpu-tests" --list --ignored
+  tests=$(sed -n 's/: test$//p' "$logs/gpu-tests-list.log" | grep -v '^registration_' || true)
+  if [ -z "$tests" ]; then  # a failure, not a pass of no test
+    log "== gpu-tests: the test binary listed no test"
+    echo "gpu-tests-list 1 no test listed" >>"$logs/exit-codes.txt"
+  fi
   if [ "$quick" = 1 ]; then export KVTIER_GPU_TEST_SEEDS=${KVTIER_GPU_TEST_SEEDS:-25}; fi
   for t in $tests; do
     run "gpu-test-$t" 150 "$bundle/bin/gpu-tests" --ignored --exact "$t" --test-threads=1

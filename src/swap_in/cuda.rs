@@ -209,6 +209,9 @@ pub(super) unsafe fn launch(
     let plain_few_miss = p.flags & KVT_SWAP_SKIP_INLINE != 0
         && p.flags & (KVT_SWAP_FEW_MISS_512 | KVT_SWAP_COMPACT_PLAN | KVT_SWAP_COPY_IN_PLAN) == 0;
     if p.flags & KVT_SWAP_CLUSTER_COPY != 0 {
+        // its misses move as warp vectors: run_cluster_copy asks for no
+        // copy method's flags
+        debug_assert_eq!(p.flags & (KVT_SWAP_COPY_LINES | KVT_SWAP_COPY_BULK), 0);
         if plain_few_miss && dev.cluster_launch() {
             let smem = few_miss_smem_bytes(p.entries, p.hot);
             fits(dev, smem, || {
