@@ -1221,48 +1221,11 @@ fn emulate_swap(
     stores.extend(plan);
     let mut reports = Vec::new();
     if batch > 0 {
-        // The kernel the launch picks: the compact or few-miss planner
-        // where the argument checks asked for it (the 1024-thread few-miss
-        // planner's line-aligned build copying every miss with that method).
-        let lines = p.flags & kvtier::abi::KVT_SWAP_COPY_IN_PLAN != 0
-            && p.flags & kvtier::abi::KVT_SWAP_COPY_LINES != 0;
-        let (plan, threads, smem) = if p.flags & kvtier::abi::KVT_SWAP_FEW_MISS_512 != 0 {
-            (
-                &b"kvt_emu_swap_in_few_miss_512_plan"[..],
-                kvtier::abi::KVT_SWAP_FEW_MISS_512_THREADS,
-                kvtier::swap_in::few_miss_512_smem_bytes(e as u32, case.hot as u32),
-            )
-        } else if p.flags & kvtier::abi::KVT_SWAP_COMPACT_PLAN != 0 {
-            (
-                &b"kvt_emu_swap_in_compact_plan"[..],
-                kvtier::abi::KVT_SWAP_COMPACT_THREADS,
-                kvtier::swap_in::compact_smem_bytes(e as u32, case.hot as u32),
-            )
-        } else if p.flags & kvtier::abi::KVT_SWAP_SKIP_INLINE != 0 {
-            (
-                if lines {
-                    &b"kvt_emu_swap_in_few_miss_lines_plan"[..]
-                } else if p.flags & kvtier::abi::KVT_SWAP_FIXED_SHAPE != 0
-                    && (e as u32, case.hot as u32) == kvtier::swap_in::FIXED_SHAPES[0]
-                {
-                    &b"kvt_emu_swap_in_few_miss_k2048_h4096_plan"[..]
-                } else if p.flags & kvtier::abi::KVT_SWAP_FIXED_SHAPE != 0
-                    && (e as u32, case.hot as u32) == kvtier::swap_in::FIXED_SHAPES[1]
-                {
-                    &b"kvt_emu_swap_in_few_miss_k2048_h8192_plan"[..]
-                } else {
-                    &b"kvt_emu_swap_in_few_miss_plan"[..]
-                },
-                kvtier::abi::KVT_SWAP_FEW_MISS_THREADS,
-                kvtier::swap_in::few_miss_smem_bytes(e as u32, case.hot as u32),
-            )
-        } else {
-            (
-                &b"kvt_emu_swap_in_plan"[..],
-                kvtier::abi::KVT_SWAP_PLAN_THREADS,
-                kvtier::swap_in::plan_smem_bytes(e as u32, case.hot as u32),
-            )
-        };
+        // The plan kernel a launch picks (kvtier::swap_in::plan_kernel), as
+        // the emulator exports it: kvt_emu_ for kvt_.
+        let (kernel, threads, smem) = kvtier::swap_in::plan_kernel(&p);
+        let plan = format!("kvt_emu_{}", kernel.symbol().strip_prefix("kvt_").unwrap());
+        let plan = plan.as_bytes();
         if p.flags & kvtier::abi::KVT_SWAP_CLUSTER_COPY != 0 {
             // The cluster build in clusters of `copy_grid` blocks a row (2
             // for 0; the GPU's are KVT_SWAP_CLUSTER), and no copy kernel.
@@ -1293,26 +1256,26 @@ fn emulate_swap(
                     stores.len(),
                 )
             });
-            let report = (!err.is_clear()).then(|| kvtier::BadIndexReport::decode(&err));
-            let w: Vec<u64> = counters.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-            let counted = kvtier::SwapInCounters::from_words(&w);
-            return (case.outcome(&s, report, opts, Some(counted)), reports);
+        } else {
+            reports.push(unsafe {
+                swap_fn(plan)(
+                    &p,
+                    batch as u32,
+                    threads,
+                    smem,
+                    loads.as_ptr(),
+                    loads.len(),
+                    stores.as_ptr(),
+                    stores.len(),
+                )
+            });
         }
-        reports.push(unsafe {
-            swap_fn(plan)(
-                &p,
-                batch as u32,
-                threads,
-                smem,
-                loads.as_ptr(),
-                loads.len(),
-                stores.as_ptr(),
-                stores.len(),
-            )
-        });
         // The host launches no copy kernel for a skip-IO swap-in, nor
-        // where the plan kernel copies every miss.
-        if p.flags & (kvtier::abi::KVT_SWAP_COPY_IN_PLAN | kvtier::abi::KVT_SWAP_SKIP_IO) == 0 {
+        // where the plan kernel (or its cluster) copies every miss.
+        let copied_in_plan = kvtier::abi::KVT_SWAP_COPY_IN_PLAN
+            | kvtier::abi::KVT_SWAP_CLUSTER_COPY
+            | kvtier::abi::KVT_SWAP_SKIP_IO;
+        if p.flags & copied_in_plan == 0 {
             let smem = kvtier::swap_in::copy_smem_bytes_for(&p);
             reports.push(unsafe {
                 swap_fn(b"kvt_emu_swap_in_copy")(
@@ -2229,49 +2192,37 @@ fn the_race_detector_catches_planted_races_and_the_kernels_have_none() {
             .count();
         (out.status.code(), races, stderr)
     };
-    for (variant, racy) in [(5, false), (6, true), (7, false), (8, true)] {
-        let (code, races, stderr) = child(
-            &[
-                "--exact",
-                "planted_shared_memory_orderings",
-                "--test-threads=1",
-            ],
-            Some(variant),
-        );
-        if racy {
-            assert!(
-                code == Some(66) && races > 0 && stderr.contains("kvt_planted"),
-                "planted variant {variant}: a shared-memory race the detector missed (exit {code:?}):\n{stderr}"
-            );
-        } else {
-            assert!(
-                code == Some(0) && races == 0,
-                "planted variant {variant} is correctly ordered, yet (exit {code:?}):\n{stderr}"
-            );
+    // Each planted variant of `test` in a child of its own: the racy ones
+    // reported in a kernel whose name holds `kernel`, the ordered twins not.
+    let planted = |test: &str, variants: &[(u32, bool)], kernel: &str| {
+        for &(variant, racy) in variants {
+            let (code, races, stderr) =
+                child(&["--exact", test, "--test-threads=1"], Some(variant));
+            if racy {
+                assert!(
+                    code == Some(66) && races > 0 && stderr.contains(kernel),
+                    "planted variant {variant} of {test}: a race the detector missed (exit {code:?}):\n{stderr}"
+                );
+            } else {
+                assert!(
+                    code == Some(0) && races == 0,
+                    "planted variant {variant} of {test} is correctly ordered, yet (exit {code:?}):\n{stderr}"
+                );
+            }
         }
-    }
+    };
+    // shared memory read with no barrier, or with only a ballot between
+    planted(
+        "planted_shared_memory_orderings",
+        &[(5, false), (6, true), (7, false), (8, true)],
+        "kvt_planted",
+    );
     // a cluster barrier orders the blocks of a cluster; without it they race
-    for (variant, racy) in [(20, false), (21, true)] {
-        let (code, races, stderr) = child(
-            &[
-                "--exact",
-                "the_emulator_runs_clusters_and_catches_a_missing_cluster_barrier",
-                "--test-threads=1",
-            ],
-            Some(variant),
-        );
-        if racy {
-            assert!(
-                code == Some(66) && races > 0 && stderr.contains("kvt_planted_cluster"),
-                "planted variant {variant}: a race between a cluster's blocks the detector missed (exit {code:?}):\n{stderr}"
-            );
-        } else {
-            assert!(
-                code == Some(0) && races == 0,
-                "planted variant {variant} is ordered by its cluster barrier, yet (exit {code:?}):\n{stderr}"
-            );
-        }
-    }
+    planted(
+        "the_emulator_runs_clusters_and_catches_a_missing_cluster_barrier",
+        &[(20, false), (21, true)],
+        "kvt_planted_cluster",
+    );
     // the planted global-memory race (variant 3) is one case of this test
     let (code, races, stderr) = child(
         &[

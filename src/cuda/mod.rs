@@ -581,40 +581,16 @@ impl CudaDevice {
             // SAFETY: per this function's contract.
             return unsafe { self.launch(kernel, grid, block, smem, params, stream) };
         }
-        let _bound = self.bind()?;
         // SAFETY: a zeroed union is a valid value; one field is set.
         let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
         value.programmaticStreamSerializationAllowed = 1;
-        let mut attr = sys::CUlaunchAttribute {
+        let attr = sys::CUlaunchAttribute {
             id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
             pad: [0; 4],
             value,
         };
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: smem,
-            hStream: stream.raw(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        let mut args = [params as *const P as *mut c_void];
-        // SAFETY: per this function's contract; the config, its attribute
-        // and the parameter bytes are read before cuLaunchKernelEx returns.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                self.kernels.function(kernel),
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .call("cuLaunchKernelEx")
+        // SAFETY: per this function's contract.
+        unsafe { self.launch_with(kernel, grid, block, smem, attr, params, stream) }
     }
 
     /// [`CudaDevice::launch`] in thread-block clusters: `clusters` of
@@ -642,17 +618,38 @@ impl CudaDevice {
                 format!("{clusters} clusters of {cluster} blocks are too many"),
             )
         })?;
-        let _bound = self.bind()?;
         // SAFETY: a zeroed union is a valid value; one field is set.
         let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
         value.clusterDim.x = cluster;
         value.clusterDim.y = 1;
         value.clusterDim.z = 1;
-        let mut attr = sys::CUlaunchAttribute {
+        let attr = sys::CUlaunchAttribute {
             id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
             pad: [0; 4],
             value,
         };
+        // SAFETY: per this function's contract.
+        unsafe { self.launch_with(kernel, grid, block, smem, attr, params, stream) }
+    }
+
+    /// [`CudaDevice::launch`] with one launch attribute (`cuLaunchKernelEx`):
+    /// what the dependent and the clustered launches share.
+    ///
+    /// # Safety
+    /// As for [`CudaDevice::launch`], and `attr` is one the kernel is
+    /// written for.
+    #[allow(clippy::too_many_arguments)] // the launch's own parts, as cuLaunchKernelEx takes them
+    unsafe fn launch_with<P>(
+        &self,
+        kernel: Kernel,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        mut attr: sys::CUlaunchAttribute,
+        params: &P,
+        stream: Stream,
+    ) -> Result<()> {
+        let _bound = self.bind()?;
         let config = sys::CUlaunchConfig {
             gridDimX: grid,
             gridDimY: 1,

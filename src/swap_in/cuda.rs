@@ -183,6 +183,50 @@ fn fits(dev: &CudaDevice, smem: usize, what: impl FnOnce() -> String) -> Result<
     Ok(())
 }
 
+/// The plan kernel [`launch`] runs for `p`, its threads a block and its
+/// dynamic shared memory a block: the compact or few-miss planner (and
+/// which build of it) where the flags ask for it, else `kvt_swap_in_plan`.
+/// Public (hidden from the API docs) so that the kernel emulator's tests
+/// run the kernel a launch would, not a copy of this choice.
+#[doc(hidden)]
+pub fn plan_kernel(p: &kvt_swap_in_params) -> (Kernel, u32, usize) {
+    // The argument checks asked for the few-miss planner only where its
+    // state fits this GPU's shared memory. Copying every miss with the
+    // line-aligned method, the 1024-thread few-miss planner's line-aligned
+    // build (the 512-thread one has none: slower than the 1024-thread one
+    // on an H100, not worth the library's size).
+    let lines = p.flags & KVT_SWAP_COPY_IN_PLAN != 0 && p.flags & KVT_SWAP_COPY_LINES != 0;
+    if p.flags & KVT_SWAP_FEW_MISS_512 != 0 {
+        (
+            Kernel::SwapInFewMiss512Plan,
+            KVT_SWAP_FEW_MISS_512_THREADS,
+            few_miss_512_smem_bytes(p.entries, p.hot),
+        )
+    } else if p.flags & KVT_SWAP_COMPACT_PLAN != 0 {
+        (
+            Kernel::SwapInCompactPlan,
+            KVT_SWAP_COMPACT_THREADS,
+            compact_smem_bytes(p.entries, p.hot),
+        )
+    } else if p.flags & KVT_SWAP_SKIP_INLINE != 0 {
+        (
+            if lines {
+                Kernel::SwapInFewMissLinesPlan
+            } else {
+                few_miss_build(p)
+            },
+            KVT_SWAP_FEW_MISS_THREADS,
+            few_miss_smem_bytes(p.entries, p.hot),
+        )
+    } else {
+        (
+            Kernel::SwapInPlan,
+            KVT_SWAP_PLAN_THREADS,
+            plan_smem_bytes(p.entries, p.hot),
+        )
+    }
+}
+
 /// Enqueues the swap-in on `stream`: the plan kernel (the compact planner
 /// for `KVT_SWAP_COMPACT_PLAN`, else the few-miss planner for
 /// `KVT_SWAP_SKIP_INLINE`), then, unless the plan kernel
@@ -235,41 +279,7 @@ pub(super) unsafe fn launch(
         // SAFETY: per this function's contract (the same call without the flag).
         return unsafe { launch(dev, &q, dependent, stream) };
     }
-    // The argument checks asked for the few-miss planner only where its
-    // state fits this GPU's shared memory. Copying every miss with the
-    // line-aligned method, the 1024-thread few-miss planner's line-aligned
-    // build (the 512-thread one has none: slower than the 1024-thread one
-    // on an H100, not worth the library's size).
-    let lines = p.flags & KVT_SWAP_COPY_IN_PLAN != 0 && p.flags & KVT_SWAP_COPY_LINES != 0;
-    let (kernel, threads, smem) = if p.flags & KVT_SWAP_FEW_MISS_512 != 0 {
-        (
-            Kernel::SwapInFewMiss512Plan,
-            KVT_SWAP_FEW_MISS_512_THREADS,
-            few_miss_512_smem_bytes(p.entries, p.hot),
-        )
-    } else if p.flags & KVT_SWAP_COMPACT_PLAN != 0 {
-        (
-            Kernel::SwapInCompactPlan,
-            KVT_SWAP_COMPACT_THREADS,
-            compact_smem_bytes(p.entries, p.hot),
-        )
-    } else if p.flags & KVT_SWAP_SKIP_INLINE != 0 {
-        (
-            if lines {
-                Kernel::SwapInFewMissLinesPlan
-            } else {
-                few_miss_build(p)
-            },
-            KVT_SWAP_FEW_MISS_THREADS,
-            few_miss_smem_bytes(p.entries, p.hot),
-        )
-    } else {
-        (
-            Kernel::SwapInPlan,
-            KVT_SWAP_PLAN_THREADS,
-            plan_smem_bytes(p.entries, p.hot),
-        )
-    };
+    let (kernel, threads, smem) = plan_kernel(p);
     fits(dev, smem.max(copy_smem_bytes(p.batch)), || {
         format!("{} entries with a hot buffer of {}", p.entries, p.hot)
     })?;

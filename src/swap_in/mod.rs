@@ -117,7 +117,8 @@ pub use args::{IndexBuf, MissPlan, QueryKind, SwapInArgs};
 pub use counters::{MAX_COUNTED_LAYERS, SwapInCounters};
 pub use cuda::{
     compact_planner_blocks_per_sm, compact_smem_bytes, copy_smem_bytes, copy_smem_bytes_for,
-    few_miss_512_blocks_per_sm, few_miss_512_smem_bytes, few_miss_smem_bytes, plan_smem_bytes,
+    few_miss_512_blocks_per_sm, few_miss_512_smem_bytes, few_miss_smem_bytes, plan_kernel,
+    plan_smem_bytes,
 };
 pub use items::{KvBuffers, KvPlane};
 pub use replay::PlannedCopyArgs;

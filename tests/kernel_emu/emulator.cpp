@@ -932,52 +932,22 @@ extern "C" kvt_emu_report kvt_emu_writeback(const kvt_writeback_params* p, unsig
     return run<kvt_writeback_params, kvt_writeback>(p, grid, block, 0, loads, n_loads, stores, n_stores);
 }
 
-extern "C" kvt_emu_report kvt_emu_swap_in_plan(const kvt_swap_in_params* p, unsigned grid, unsigned block,
-                                               size_t smem_bytes, const kvt_emu_range* loads, size_t n_loads,
-                                               const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_swap_in_params, kvt_swap_in_plan>(p, grid, block, smem_bytes, loads, n_loads, stores,
-                                                     n_stores);
-}
-
-extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_plan(const kvt_swap_in_params* p, unsigned grid,
-                                                        unsigned block, size_t smem_bytes,
-                                                        const kvt_emu_range* loads, size_t n_loads,
-                                                        const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_swap_in_params, kvt_swap_in_few_miss_plan>(p, grid, block, smem_bytes, loads, n_loads, stores,
-                                                              n_stores);
-}
-
-extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_512_plan(const kvt_swap_in_params* p, unsigned grid,
-                                                            unsigned block, size_t smem_bytes,
-                                                            const kvt_emu_range* loads, size_t n_loads,
-                                                            const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_swap_in_params, kvt_swap_in_few_miss_512_plan>(p, grid, block, smem_bytes, loads, n_loads,
-                                                                  stores, n_stores);
-}
-
-extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_lines_plan(const kvt_swap_in_params* p, unsigned grid,
-                                                              unsigned block, size_t smem_bytes,
-                                                              const kvt_emu_range* loads, size_t n_loads,
-                                                              const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_swap_in_params, kvt_swap_in_few_miss_lines_plan>(p, grid, block, smem_bytes, loads, n_loads,
-                                                                    stores, n_stores);
-}
-
-extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_k2048_h4096_plan(const kvt_swap_in_params* p, unsigned grid,
-                                                                    unsigned block, size_t smem_bytes,
-                                                                    const kvt_emu_range* loads, size_t n_loads,
-                                                                    const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_swap_in_params, kvt_swap_in_few_miss_k2048_h4096_plan>(p, grid, block, smem_bytes, loads,
-                                                                          n_loads, stores, n_stores);
-}
-
-extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_k2048_h8192_plan(const kvt_swap_in_params* p, unsigned grid,
-                                                                    unsigned block, size_t smem_bytes,
-                                                                    const kvt_emu_range* loads, size_t n_loads,
-                                                                    const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_swap_in_params, kvt_swap_in_few_miss_k2048_h8192_plan>(p, grid, block, smem_bytes, loads,
-                                                                          n_loads, stores, n_stores);
-}
+// The swap-in's plan kernels, each as kvt_emu_<name> for kvt_<name> (the
+// names tests/kernel_emulation.rs derives from kvtier::swap_in::plan_kernel).
+#define KVT_EMU_SWAP_PLAN(name)                                                                        \
+    extern "C" kvt_emu_report kvt_emu_##name(const kvt_swap_in_params* p, unsigned grid, unsigned block,  \
+                                             size_t smem_bytes, const kvt_emu_range* loads,             \
+                                             size_t n_loads, const kvt_emu_range* stores, size_t n_stores) { \
+        return run<kvt_swap_in_params, kvt_##name>(p, grid, block, smem_bytes, loads, n_loads, stores,     \
+                                                   n_stores);                                            \
+    }
+KVT_EMU_SWAP_PLAN(swap_in_plan)
+KVT_EMU_SWAP_PLAN(swap_in_few_miss_plan)
+KVT_EMU_SWAP_PLAN(swap_in_few_miss_512_plan)
+KVT_EMU_SWAP_PLAN(swap_in_few_miss_lines_plan)
+KVT_EMU_SWAP_PLAN(swap_in_few_miss_k2048_h4096_plan)
+KVT_EMU_SWAP_PLAN(swap_in_few_miss_k2048_h8192_plan)
+KVT_EMU_SWAP_PLAN(swap_in_compact_plan)
 
 extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_cluster_plan(const kvt_swap_in_params* p, unsigned grid,
                                                                unsigned block, size_t smem_bytes, unsigned cluster,
@@ -985,14 +955,6 @@ extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_cluster_plan(const kvt_swap_i
                                                                const kvt_emu_range* stores, size_t n_stores) {
     return run<kvt_swap_in_params, kvt_swap_in_few_miss_cluster_plan>(p, grid, block, smem_bytes, loads, n_loads,
                                                                       stores, n_stores, cluster);
-}
-
-extern "C" kvt_emu_report kvt_emu_swap_in_compact_plan(const kvt_swap_in_params* p, unsigned grid,
-                                                       unsigned block, size_t smem_bytes,
-                                                       const kvt_emu_range* loads, size_t n_loads,
-                                                       const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_swap_in_params, kvt_swap_in_compact_plan>(p, grid, block, smem_bytes, loads, n_loads, stores,
-                                                             n_stores);
 }
 
 // The bulk kernels' shared memory, as they carve it (the launchers' figure,
