@@ -38,6 +38,7 @@ pub const KVT_SWAP_COPY_LINES: u32 = 512;
 pub const KVT_SWAP_COPY_BULK: u32 = 1024;
 pub const KVT_SWAP_FIXED_SHAPE: u32 = 2048;
 pub const KVT_SWAP_CLUSTER_COPY: u32 = 4096;
+pub const KVT_SWAP_CLUSTER_PLAN: u32 = 8192;
 pub const KVT_SWAP_CLUSTER: u32 = 8;
 pub const KVT_SWAP_MAX_TOP_K: u32 = 4096;
 pub const KVT_SWAP_MAX_HOT: u32 = 16384;

@@ -190,7 +190,12 @@ typedef struct kvt_writeback_params {
                                        kvt_swap_in_few_miss_cluster_plan in clusters of
                                        KVT_SWAP_CLUSTER blocks a row (sm_90 and later), no copy kernel
                                        (no kernel reads it) */
-#define KVT_SWAP_CLUSTER 8u          /* blocks a row of kvt_swap_in_few_miss_cluster_plan: the portable
+#define KVT_SWAP_CLUSTER_PLAN 8192u /* with KVT_SWAP_SKIP_INLINE: the launcher's choice of
+                                       kvt_swap_in_split_plan in clusters of KVT_SWAP_CLUSTER blocks a row
+                                       (sm_90 and later), each block planning a share of the row and
+                                       copying its misses, no copy kernel (no kernel reads it) */
+#define KVT_SWAP_CLUSTER 8u          /* blocks a row of kvt_swap_in_few_miss_cluster_plan and
+                                       kvt_swap_in_split_plan: the portable
                                        maximum cluster size (an H100 also takes 16 as a non-portable
                                        one) */
 

@@ -587,5 +587,56 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
+// cluster_sync() in two halves: a thread that has arrived may go on working
+// before it waits, and the wait returns once every thread of the cluster
+// has arrived (with what each wrote before arriving visible). Each thread
+// alternates arrive and wait (cluster_sync() is both); every thread of the
+// cluster reaches each.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(KVT_HOST_EMULATION)
+    kvt_emu_cluster_arrive();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+// An arrival that orders nothing (barrier.cluster.arrive.relaxed): for a
+// barrier that only keeps the cluster's blocks from exiting while others
+// may still read their shared memory (reads whose values the arriving
+// thread has used are complete), without the release's wait for the
+// thread's global stores (on sm_90 the release is a MEMBAR.ALL.GPU).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(KVT_HOST_EMULATION)
+    kvt_emu_cluster_arrive_relaxed();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(KVT_HOST_EMULATION)
+    kvt_emu_cluster_wait();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// Distributed shared memory: the address of `p` (this block's shared
+// memory) in the shared memory of the cluster's block `rank`, for ordinary
+// loads, stores and atomics. Blocks of one kernel carve their shared memory
+// the same way, so one array sits at the same offset in each. A block reads
+// another's shared memory only between cluster barriers that order the
+// owner's writes before it, and never after the owner may have exited: the
+// owner waits at a cluster barrier that every reader reaches after its last
+// access.
+template <class T>
+__device__ __forceinline__ T* cluster_map(T* p, uint32_t rank) {
+#if defined(KVT_HOST_EMULATION)
+    return static_cast<T*>(kvt_emu_cluster_map(p, rank));
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint64_t r;
+    asm("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
+    return reinterpret_cast<T*>(r);
+#else
+    return p;
+#endif
+}
 
 }  // namespace kvt

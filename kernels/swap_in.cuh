@@ -170,20 +170,24 @@ __device__ __forceinline__ QueryEntry query_entry(const kvt_swap_in_params& p, c
 // its column, a block query's bad block once, at its column). A block may
 // run past the sequence (its last block, or one the selector padded with):
 // those entries are padding; a token query naming a position past the
-// sequence is refused.
+// sequence is refused. `report_it` unset: the same result, reported by
+// another block (the split planner classifies every entry in each block).
 __device__ __forceinline__ int64_t classify(const kvt_swap_in_params& p, const Reporter& err, const int32_t* topk,
-                                            uint32_t row_pos, int64_t seq, uint32_t i, const QueryEntry& q) {
+                                            uint32_t row_pos, int64_t seq, uint32_t i, const QueryEntry& q,
+                                            bool report_it = true) {
     const bool blocks = p.flags & KVT_SWAP_QUERY_BLOCKS;
     if (q.bad) {
-        if (!blocks)
+        if (!report_it) {
+        } else if (!blocks) {
             report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, q.token);
-        else if (i % p.block_tokens == 0)
+        } else if (i % p.block_tokens == 0) {
             report(err, KVT_ERR_SWAP_TOKEN, row_pos | (i / p.block_tokens), ld(topk + i / p.block_tokens));
+        }
         return -2;
     }
     if (q.token >= seq) {
         if (blocks) return -1;
-        report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, q.token);
+        if (report_it) report(err, KVT_ERR_SWAP_TOKEN, row_pos | i, q.token);
         return -2;
     }
     return q.token;

@@ -499,6 +499,13 @@ impl Tier {
         self.swap_in_engine()?.run_cluster_copy(args, stream)
     }
 
+    /// The split planner in clusters
+    /// ([`crate::SwapInEngine::run_cluster_plan`]), for the benchmark.
+    #[doc(hidden)]
+    pub fn swap_in_cluster_plan(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
+        self.swap_in_engine()?.run_cluster_plan(args, stream)
+    }
+
     /// The sync point: waits for the device, then reports (and clears) the
     /// bad indices that kernels recorded since the last check (gathers,
     /// writebacks and swap-ins together). A no-op for the CPU executor, which

@@ -341,6 +341,7 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor, pairs: Pairs) {
         copy: CopyMethod::WarpVectors,
         fixed_shape: false,
         cluster_copy: false,
+        cluster_plan: false,
     };
     let probe = SwapOptions {
         skip_io: true,
@@ -348,6 +349,7 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor, pairs: Pairs) {
         copy: CopyMethod::WarpVectors,
         fixed_shape: false,
         cluster_copy: false,
+        cluster_plan: false,
     };
     let copied_by = [
         SwapInStrategy::PlanThenCopy,
@@ -385,6 +387,18 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor, pairs: Pairs) {
         assert!(
             got == cpu,
             "CUDA (the cluster build, {clustered:?}) and CPU differ for {case:?}"
+        );
+        // the split planner (a cluster of KVT_SWAP_CLUSTER blocks plans each
+        // row; the few-miss planner and its copy kernel where a block's
+        // state does not fit)
+        let split = SwapOptions {
+            cluster_plan: true,
+            ..opts
+        };
+        let got = case.run_with(gpu, SwapInStrategy::FewMiss, split);
+        assert!(
+            got == cpu,
+            "CUDA (the split planner, {split:?}) and CPU differ for {case:?}"
         );
         // the few-miss planner's fixed-shape builds (the plain build at
         // other shapes)
@@ -1121,6 +1135,7 @@ fn two_streams_share_the_error_word_and_counters() {
         copy: kvtier::CopyMethod::WarpVectors,
         fixed_shape: false,
         cluster_copy: false,
+        cluster_plan: false,
     };
     let (want_a, want_b) = (a.expected_with(record), b.expected_with(record));
     let sum = |x: SwapInCounters, y: SwapInCounters| SwapInCounters {

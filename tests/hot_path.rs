@@ -94,6 +94,7 @@ fn a_swap_in_check_allocates_nothing() {
                 copy: kvtier::CopyMethod::WarpVectors,
                 fixed_shape: false,
                 cluster_copy: false,
+                cluster_plan: false,
             },
         );
         for strategy in [

@@ -50,6 +50,7 @@ struct Report {
     bulk_stores: u64,
     bulk_misuse: u64,
     cluster_barriers: u64,
+    cluster_misuse: u64,
 }
 
 impl Report {
@@ -63,6 +64,7 @@ impl Report {
             && self.divergent_barrier == 0
             && self.divergent_warp == 0
             && self.bulk_misuse == 0
+            && self.cluster_misuse == 0
     }
 }
 
@@ -1195,6 +1197,14 @@ fn emulate_swap(
             );
             p.flags |= kvtier::abi::KVT_SWAP_CLUSTER_COPY; // as SwapInEngine::run_cluster_copy
         }
+        if opts.cluster_plan {
+            assert_eq!(
+                strategy,
+                SwapInStrategy::FewMiss,
+                "the split planner is FewMiss's"
+            );
+            p.flags |= kvtier::abi::KVT_SWAP_CLUSTER_PLAN; // as SwapInEngine::run_cluster_plan
+        }
         p
     };
     let index_bytes = |wide: bool| if wide { 8 } else { 4 } * batch;
@@ -1226,10 +1236,29 @@ fn emulate_swap(
         let (kernel, threads, smem) = kvtier::swap_in::plan_kernel(&p);
         let plan = format!("kvt_emu_{}", kernel.symbol().strip_prefix("kvt_").unwrap());
         let plan = plan.as_bytes();
-        if p.flags & kvtier::abi::KVT_SWAP_CLUSTER_COPY != 0 {
-            // The cluster build in clusters of `copy_grid` blocks a row (2
-            // for 0; the GPU's are KVT_SWAP_CLUSTER), and no copy kernel.
+        let clustered = kvtier::abi::KVT_SWAP_CLUSTER_COPY | kvtier::abi::KVT_SWAP_CLUSTER_PLAN;
+        if p.flags & clustered != 0 {
+            // The cluster build or the split planner in clusters of
+            // `copy_grid` blocks a row (2 for 0; the GPU's are
+            // KVT_SWAP_CLUSTER), and no copy kernel.
             let cluster = copy_grid.max(2);
+            let (symbol, smem): (&[u8], usize) =
+                if p.flags & kvtier::abi::KVT_SWAP_CLUSTER_PLAN != 0 {
+                    // the build for clusters of 2, or the launcher's
+                    let symbol: &[u8] = if cluster == 2 {
+                        b"kvt_emu_swap_in_split_c2_plan"
+                    } else {
+                        assert_eq!(
+                            cluster,
+                            kvtier::abi::KVT_SWAP_CLUSTER,
+                            "the split planner's clusters"
+                        );
+                        b"kvt_emu_swap_in_split_plan"
+                    };
+                    (symbol, kvtier::swap_in::split_smem_bytes(p.entries, p.hot))
+                } else {
+                    (b"kvt_emu_swap_in_few_miss_cluster_plan", smem)
+                };
             type ClusterFn = unsafe extern "C" fn(
                 *const kvt_swap_in_params,
                 u32,
@@ -1242,7 +1271,7 @@ fn emulate_swap(
                 usize,
             ) -> Report;
             let f: libloading::Symbol<'static, ClusterFn> =
-                unsafe { emulator().get(b"kvt_emu_swap_in_few_miss_cluster_plan") }.unwrap();
+                unsafe { emulator().get(symbol) }.unwrap();
             reports.push(unsafe {
                 f(
                     &p,
@@ -1272,9 +1301,8 @@ fn emulate_swap(
         }
         // The host launches no copy kernel for a skip-IO swap-in, nor
         // where the plan kernel (or its cluster) copies every miss.
-        let copied_in_plan = kvtier::abi::KVT_SWAP_COPY_IN_PLAN
-            | kvtier::abi::KVT_SWAP_CLUSTER_COPY
-            | kvtier::abi::KVT_SWAP_SKIP_IO;
+        let copied_in_plan =
+            kvtier::abi::KVT_SWAP_COPY_IN_PLAN | clustered | kvtier::abi::KVT_SWAP_SKIP_IO;
         if p.flags & copied_in_plan == 0 {
             let smem = kvtier::swap_in::copy_smem_bytes_for(&p);
             reports.push(unsafe {
@@ -1374,6 +1402,18 @@ fn swap_agrees(case: &SwapCase) {
         cluster_copy: true,
         ..probe
     };
+    let split = SwapOptions {
+        cluster_plan: true,
+        ..plain
+    };
+    let split_recording = SwapOptions {
+        cluster_plan: true,
+        ..record
+    };
+    let split_probe = SwapOptions {
+        cluster_plan: true,
+        ..probe
+    };
     let rows = case.batch() as u64 * case.entries() as u64;
     let runs = [
         (SwapInStrategy::PlanThenCopy, 1, plain),
@@ -1408,11 +1448,17 @@ fn swap_agrees(case: &SwapCase) {
         // ... with the rows' passes aligned to 128-byte host lines
         (SwapInStrategy::FewMissOneLaunch, 0, lines_recording),
         (SwapInStrategy::FewMiss512OneLaunch, 0, lines),
-        // the few-miss planner's cluster build, in clusters of 2, 4 and 3
+        // the few-miss planner's cluster build, in clusters of 2, 3 and 4
         // blocks a row (the grid column here)
         (SwapInStrategy::FewMiss, 2, cluster),
-        (SwapInStrategy::FewMiss, 4, cluster_recording),
-        (SwapInStrategy::FewMiss, 3, cluster_probe),
+        (SwapInStrategy::FewMiss, 3, cluster_recording),
+        (SwapInStrategy::FewMiss, 4, cluster_probe),
+        // the split planner, in its clusters of KVT_SWAP_CLUSTER blocks a
+        // row, and its build for clusters of 2 (the race detector's)
+        (SwapInStrategy::FewMiss, 8, split),
+        (SwapInStrategy::FewMiss, 8, split_recording),
+        (SwapInStrategy::FewMiss, 8, split_probe),
+        (SwapInStrategy::FewMiss, 2, split_recording),
     ];
     // under the race detector, each kernel once: the plan and copy kernels
     // recording, one block per request probing, the few-miss and compact
@@ -1421,11 +1467,16 @@ fn swap_agrees(case: &SwapCase) {
     // first planner and after the compact one, and each few-miss planner
     // copying every miss itself (recording), and each with line-aligned
     // copies, and the cluster build recording (the fixed-shape builds run at
-    // their shapes only: fixed_shape_builds_match_at_their_shapes)
+    // their shapes only: fixed_shape_builds_match_at_their_shapes), and the
+    // split planner recording in clusters of 2 (ThreadSanitizer tracks at
+    // most 8128 threads, and the child runs two tests at once: clusters of
+    // at most 3 blocks of 1024 threads here)
     let runs: Vec<_> = if race_detector() {
-        [4, 5, 7, 9, 10, 12, 13, 16, 17, 18, 20, 23, 26, 27, 28, 30]
-            .map(|i| runs[i])
-            .to_vec()
+        [
+            4, 5, 7, 9, 10, 12, 13, 16, 17, 18, 20, 23, 26, 27, 28, 30, 35,
+        ]
+        .map(|i| runs[i])
+        .to_vec()
     } else {
         runs.to_vec()
     };
@@ -1984,13 +2035,16 @@ fn planted_shared_memory_orderings() {
 /// block's global stores before another's loads, under every schedule;
 /// without the barrier a block reads what its neighbour has not written
 /// yet, and a rank that ends before the barrier is a divergent barrier. The
-/// race detector's test runs variants 20 and 21 in child processes through
-/// `KVT_EMU_PLANTED` (21 is a race between blocks).
+/// same through distributed shared memory (`cluster_map`, variants 23-25):
+/// ordered by the barrier; unordered without it; and a block that exits
+/// while another still maps its shared memory is a misuse (its bytes are
+/// gone). The race detector's test runs variants 20, 21, 23 and 24 in child
+/// processes through `KVT_EMU_PLANTED` (21 and 24 are races between blocks).
 #[test]
 fn the_emulator_runs_clusters_and_catches_a_missing_cluster_barrier() {
     let variants: Vec<u32> = match std::env::var("KVT_EMU_PLANTED") {
         Ok(v) => vec![v.parse().expect("KVT_EMU_PLANTED is a variant number")],
-        Err(_) => vec![20, 21, 22],
+        Err(_) => vec![20, 21, 22, 23, 24, 25],
     };
     type ClusterFn = unsafe extern "C" fn(
         *const PlantedParams,
@@ -2043,6 +2097,21 @@ fn the_emulator_runs_clusters_and_catches_a_missing_cluster_barrier() {
                     );
                 }
                 22 => assert!(r.divergent_barrier > 0, "{what}"),
+                23 => {
+                    assert!(r.clean() && read_right, "{what}");
+                    assert_eq!(r.cluster_barriers, 2 * (grid / cluster) as u64, "{what}");
+                }
+                24 => {
+                    assert!(r.clean(), "{what}");
+                    assert!(
+                        !read_right,
+                        "the blocks read their neighbours' shared memory unordered, yet right: {what}"
+                    );
+                }
+                25 => assert!(
+                    r.cluster_misuse > 0,
+                    "a block read the shared memory of a block that exited: {what}"
+                ),
                 _ => {}
             }
         }
@@ -2217,10 +2286,11 @@ fn the_race_detector_catches_planted_races_and_the_kernels_have_none() {
         &[(5, false), (6, true), (7, false), (8, true)],
         "kvt_planted",
     );
-    // a cluster barrier orders the blocks of a cluster; without it they race
+    // a cluster barrier orders the blocks of a cluster, their global memory
+    // and their shared memory read through cluster_map; without it they race
     planted(
         "the_emulator_runs_clusters_and_catches_a_missing_cluster_barrier",
-        &[(20, false), (21, true)],
+        &[(20, false), (21, true), (23, false), (24, true)],
         "kvt_planted_cluster",
     );
     // the planted global-memory race (variant 3) is one case of this test
@@ -2362,6 +2432,59 @@ fn cluster_build_matches_at_production_shapes() {
     }
 }
 
+/// The split planner at production shapes (K 2048 over HOT 4096, 656-byte
+/// rows) in its clusters of KVT_SWAP_CLUSTER blocks a row: 410 misses a row
+/// (every block copies the misses among its entries) and 2, valid and with
+/// a few bad entries; plain, recording the plan and probing; outputs, state,
+/// plan, bytes and reports the CPU executor's, one launch, and four cluster
+/// barriers a clean row (three before the copy, one before a block exits).
+#[test]
+fn split_planner_matches_at_production_shapes() {
+    let few_bad = Hostility {
+        bad: 0.002,
+        padding: 0.01,
+    };
+    let cluster = kvtier::abi::KVT_SWAP_CLUSTER;
+    for (seed, misses, h) in [(21u64, 410usize, CLEAN), (22, 2, few_bad)] {
+        let shape = SwapShape {
+            batch: Some(2),
+            short_share: 0.0,
+            ..SwapShape::tokens(4096, 2048, 656, 2, 4096 + 4096)
+        };
+        let clean = h.bad == 0.0 && h.padding == 0.0;
+        let mut case = SwapCase::shaped(seed, shape, Some(misses)).spoiled(seed, h);
+        case.num_real = None;
+        let plain = SwapOptions {
+            cluster_plan: true,
+            ..SwapOptions::default()
+        };
+        let record = SwapOptions {
+            record_plan: true,
+            ..plain
+        };
+        let probe = SwapOptions {
+            skip_io: true,
+            ..record
+        };
+        for opts in [plain, record, probe] {
+            let want = case.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
+            set_schedule(2 + seed % 2);
+            let (got, reports) = emulate_swap(&case, SwapInStrategy::FewMiss, cluster, opts);
+            assert!(got == want, "{misses} misses, {h:?}, {opts:?}");
+            assert_eq!(reports.len(), 1, "one launch: {reports:?}");
+            assert!(reports[0].cluster_misuse == 0, "{reports:?}");
+            if clean {
+                assert!(reports[0].clean(), "{reports:?}");
+                assert_eq!(
+                    reports[0].cluster_barriers,
+                    2 * 4,
+                    "four cluster barriers a row"
+                );
+            }
+        }
+    }
+}
+
 /// Barriers and warp operations per planning block, for a row of K 2048
 /// over HOT 4096 with 2 and with 410 misses, for both planners (printed with
 /// --nocapture): the few-miss planner passes five barriers on a long row,
@@ -2451,6 +2574,7 @@ fn plan_kernels_let_a_successor_start_only_when_the_copy_kernel_follows() {
         copy: kvtier::CopyMethod::WarpVectors,
         fixed_shape: false,
         cluster_copy: false,
+        cluster_plan: false,
     };
     set_schedule(0);
     for (strategy, opts, follows) in [

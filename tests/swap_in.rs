@@ -492,6 +492,7 @@ const RECORD: SwapOptions = SwapOptions {
     copy: kvtier::CopyMethod::WarpVectors,
     fixed_shape: false,
     cluster_copy: false,
+    cluster_plan: false,
 };
 const PROBE: SwapOptions = SwapOptions {
     skip_io: true,
@@ -499,6 +500,7 @@ const PROBE: SwapOptions = SwapOptions {
     copy: kvtier::CopyMethod::WarpVectors,
     fixed_shape: false,
     cluster_copy: false,
+    cluster_plan: false,
 };
 
 #[test]
@@ -674,7 +676,7 @@ proptest! {
     #[test]
     fn miss_plans_and_skip_io_match_the_model(seed in any::<u64>(), hostile in any::<bool>(), skip in any::<bool>()) {
         let c = SwapCase::random(seed, SWAP_SMALL, if hostile { HOSTILE } else { CLEAN }, None);
-        let opts = SwapOptions { skip_io: skip, record_plan: true, copy: kvtier::CopyMethod::WarpVectors, fixed_shape: false, cluster_copy: false };
+        let opts = SwapOptions { skip_io: skip, record_plan: true, copy: kvtier::CopyMethod::WarpVectors, fixed_shape: false, cluster_copy: false, cluster_plan: false };
         let got = c.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
         prop_assert_eq!(&got, &c.expected_with(opts));
         if skip {

@@ -228,9 +228,10 @@ pub enum Kernel {
     SwapInFewMissK2048H4096Plan = 19,
     SwapInFewMissK2048H8192Plan = 20,
     SwapInFewMissClusterPlan = 21,
+    SwapInSplitPlan = 22,
 }
 
-const KERNELS: usize = 22;
+const KERNELS: usize = 23;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -256,6 +257,7 @@ impl Kernel {
         Kernel::SwapInFewMissK2048H4096Plan,
         Kernel::SwapInFewMissK2048H8192Plan,
         Kernel::SwapInFewMissClusterPlan,
+        Kernel::SwapInSplitPlan,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -283,6 +285,7 @@ impl Kernel {
             Kernel::SwapInFewMissK2048H4096Plan => "kvt_swap_in_few_miss_k2048_h4096_plan",
             Kernel::SwapInFewMissK2048H8192Plan => "kvt_swap_in_few_miss_k2048_h8192_plan",
             Kernel::SwapInFewMissClusterPlan => "kvt_swap_in_few_miss_cluster_plan",
+            Kernel::SwapInSplitPlan => "kvt_swap_in_split_plan",
         }
     }
 
@@ -295,7 +298,8 @@ impl Kernel {
             | Kernel::SwapInFewMissLinesPlan
             | Kernel::SwapInFewMissK2048H4096Plan
             | Kernel::SwapInFewMissK2048H8192Plan
-            | Kernel::SwapInFewMissClusterPlan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
+            | Kernel::SwapInFewMissClusterPlan
+            | Kernel::SwapInSplitPlan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
             Kernel::SwapInCompactPlan => crate::abi::KVT_SWAP_COMPACT_THREADS,
             Kernel::SwapInFewMiss512Plan => crate::abi::KVT_SWAP_FEW_MISS_512_THREADS,
             Kernel::ErrorTake => 32,
@@ -317,6 +321,7 @@ impl Kernel {
                 | Kernel::SwapInFewMissK2048H4096Plan
                 | Kernel::SwapInFewMissK2048H8192Plan
                 | Kernel::SwapInFewMissClusterPlan
+                | Kernel::SwapInSplitPlan
                 | Kernel::GatherBulkRuns
                 | Kernel::WritebackBulkRuns
                 | Kernel::SwapInCopyBulk

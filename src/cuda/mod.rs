@@ -517,7 +517,7 @@ impl CudaDevice {
     }
 
     /// Dynamic shared memory per block the swap-in kernels may use.
-    pub(crate) fn max_dynamic_smem(&self) -> usize {
+    pub fn max_dynamic_smem(&self) -> usize {
         self.kernels.max_dynamic_smem()
     }
 

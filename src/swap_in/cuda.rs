@@ -9,11 +9,11 @@
 
 use crate::abi::{
     KVT_SPEC_SMEM_BYTES, KVT_SPEC_THREADS, KVT_SWAP_CLUSTER, KVT_SWAP_CLUSTER_COPY,
-    KVT_SWAP_COMPACT_PLAN, KVT_SWAP_COMPACT_THREADS, KVT_SWAP_COPY_BULK, KVT_SWAP_COPY_IN_PLAN,
-    KVT_SWAP_COPY_LINES, KVT_SWAP_FEW_MISS_512, KVT_SWAP_FEW_MISS_512_THREADS,
-    KVT_SWAP_FEW_MISS_INLINE, KVT_SWAP_FEW_MISS_THREADS, KVT_SWAP_FIXED_SHAPE,
-    KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO, kvt_spec_swap_in_params,
-    kvt_swap_in_params,
+    KVT_SWAP_CLUSTER_PLAN, KVT_SWAP_COMPACT_PLAN, KVT_SWAP_COMPACT_THREADS, KVT_SWAP_COPY_BULK,
+    KVT_SWAP_COPY_IN_PLAN, KVT_SWAP_COPY_LINES, KVT_SWAP_FEW_MISS_512,
+    KVT_SWAP_FEW_MISS_512_THREADS, KVT_SWAP_FEW_MISS_INLINE, KVT_SWAP_FEW_MISS_THREADS,
+    KVT_SWAP_FIXED_SHAPE, KVT_SWAP_PLAN_THREADS, KVT_SWAP_SKIP_INLINE, KVT_SWAP_SKIP_IO,
+    kvt_spec_swap_in_params, kvt_swap_in_params,
 };
 use crate::cuda::{BLOCK_THREADS, CudaDevice, Kernel, Stream};
 use crate::error::{Result, invalid};
@@ -42,6 +42,20 @@ pub fn few_miss_smem_bytes(entries: u32, hot: u32) -> usize {
 /// cells per entry (93 KiB at top-k 2048 over 4096 slots, against 125 KiB).
 pub fn few_miss_512_smem_bytes(entries: u32, hot: u32) -> usize {
     few_miss_smem_of(entries, hot, KVT_SWAP_FEW_MISS_512_THREADS, 2)
+}
+
+/// Bytes of dynamic shared memory each block of `kvt_swap_in_split_plan`
+/// uses for rows of `entries` entries over `hot` slots (the carve-up of
+/// `Smem` in kernels/swap_in_split.cu): the few-miss planner's state with
+/// a copy list of a block's misses (up to a row's) and the cluster's
+/// counts (149 KiB at top-k 2048 over 4096 slots, 190 KiB over 8192).
+pub fn split_smem_bytes(entries: u32, hot: u32) -> usize {
+    let (e, h) = (entries as usize, hot as usize);
+    let hash = (4 * e).next_power_of_two();
+    let warps = (KVT_SWAP_FEW_MISS_THREADS / 32) as usize;
+    let xchg = KVT_SWAP_CLUSTER as usize * 5;
+    let words = h + (h + 4) + e + xchg + 4 * warps + 4 + 2 * hash + 2 * e + h.div_ceil(32);
+    8 * e + 4 * words + 2 * (h + e)
 }
 
 fn few_miss_smem_of(entries: u32, hot: u32, threads: u32, spread: usize) -> usize {
@@ -252,6 +266,32 @@ pub(super) unsafe fn launch(
     // copy kernel run.
     let plain_few_miss = p.flags & KVT_SWAP_SKIP_INLINE != 0
         && p.flags & (KVT_SWAP_FEW_MISS_512 | KVT_SWAP_COMPACT_PLAN | KVT_SWAP_COPY_IN_PLAN) == 0;
+    if p.flags & KVT_SWAP_CLUSTER_PLAN != 0 {
+        // The split planner (KVT_SWAP_CLUSTER_PLAN, asked for with the plain
+        // few-miss planner only): one launch where the GPU launches
+        // clusters and a block's state fits; elsewhere the flag goes and
+        // the few-miss planner and the copy kernel run.
+        debug_assert_eq!(p.flags & (KVT_SWAP_COPY_LINES | KVT_SWAP_COPY_BULK), 0);
+        let smem = split_smem_bytes(p.entries, p.hot);
+        if plain_few_miss && dev.cluster_launch() && smem <= dev.max_dynamic_smem() {
+            // SAFETY: per this function's contract; the kernel is written
+            // for clusters of KVT_SWAP_CLUSTER blocks, a cluster a row.
+            return unsafe {
+                dev.launch_clustered(
+                    Kernel::SwapInSplitPlan,
+                    (p.batch, KVT_SWAP_CLUSTER),
+                    KVT_SWAP_FEW_MISS_THREADS,
+                    smem as u32,
+                    p,
+                    stream,
+                )
+            };
+        }
+        let mut q = *p;
+        q.flags &= !KVT_SWAP_CLUSTER_PLAN;
+        // SAFETY: per this function's contract (the same call without the flag).
+        return unsafe { launch(dev, &q, dependent, stream) };
+    }
     if p.flags & KVT_SWAP_CLUSTER_COPY != 0 {
         // its misses move as warp vectors: run_cluster_copy asks for no
         // copy method's flags

@@ -118,7 +118,7 @@ pub use counters::{MAX_COUNTED_LAYERS, SwapInCounters};
 pub use cuda::{
     compact_planner_blocks_per_sm, compact_smem_bytes, copy_smem_bytes, copy_smem_bytes_for,
     few_miss_512_blocks_per_sm, few_miss_512_smem_bytes, few_miss_smem_bytes, plan_kernel,
-    plan_smem_bytes,
+    plan_smem_bytes, split_smem_bytes,
 };
 pub use items::{KvBuffers, KvPlane};
 pub use replay::PlannedCopyArgs;
@@ -628,6 +628,26 @@ impl SwapInEngine {
             args,
             SwapInStrategy::FewMiss,
             crate::abi::KVT_SWAP_CLUSTER_COPY,
+            stream,
+        )
+    }
+
+    /// [`SwapInStrategy::FewMiss`] in one launch, planned by a thread-block
+    /// cluster a batch row on GPUs that launch them (sm_90 and later):
+    /// `kvt_swap_in_split_plan`, `KVT_SWAP_CLUSTER` blocks a row, each
+    /// resolving a share of the row's LRU positions and query entries and
+    /// copying the misses among its entries, the row's counts exchanged
+    /// through distributed shared memory. Elsewhere, or where a block's
+    /// state ([`split_smem_bytes`]) does not fit, the few-miss planner and
+    /// its copy kernel. The same outputs, state, plan and reports. For the
+    /// benchmark, which times it beside `FewMiss`: no default takes it
+    /// before a GPU has timed it. The CPU executor has one way.
+    #[doc(hidden)]
+    pub fn run_cluster_plan(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
+        self.run_flagged(
+            args,
+            SwapInStrategy::FewMiss,
+            crate::abi::KVT_SWAP_CLUSTER_PLAN,
             stream,
         )
     }

@@ -207,6 +207,9 @@ pub struct SwapOptions {
     /// The few-miss planner's cluster build (`SwapInEngine::run_cluster_copy`:
     /// `FewMiss` whatever the strategy named, its misses as `WarpVectors`).
     pub cluster_copy: bool,
+    /// The split planner in clusters (`SwapInEngine::run_cluster_plan`:
+    /// `FewMiss` whatever the strategy named, its misses as `WarpVectors`).
+    pub cluster_plan: bool,
 }
 
 /// Value the miss-plan buffers hold before a run.
@@ -806,7 +809,9 @@ impl SwapCase {
                 let res = {
                     let mut args = self.host_args(&mut s, opts);
                     args.layer = Some(0);
-                    if opts.cluster_copy {
+                    if opts.cluster_plan {
+                        engine.run_cluster_plan(&args, Stream::null())
+                    } else if opts.cluster_copy {
                         engine.run_cluster_copy(&args, Stream::null())
                     } else if opts.fixed_shape {
                         engine.run_fixed_shape(&args, strategy, opts.copy, Stream::null())
@@ -915,7 +920,9 @@ impl SwapCase {
                     count: d_plan_count.as_buf_mut(),
                 }),
             };
-            if opts.cluster_copy {
+            if opts.cluster_plan {
+                engine.run_cluster_plan(&args, stream.stream())
+            } else if opts.cluster_copy {
                 engine.run_cluster_copy(&args, stream.stream())
             } else if opts.fixed_shape {
                 engine.run_fixed_shape(&args, strategy, opts.copy, stream.stream())

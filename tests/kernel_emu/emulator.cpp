@@ -15,10 +15,14 @@
 #include "swap_in.cu"
 #include "swap_in_few_miss.cu"
 #include "swap_in_compact.cu"
+#include "swap_in_split.cu"
 #include "writeback.cu"
 #include "error_word.cu"
 #include "engram.cu"
 #include "planted.cu"
+
+struct BlockState;  // one block of the cluster being run (below)
+static void thread_ended();
 
 // ---- the race detector -----------------------------------------------------
 // Built with -fsanitize=thread (tests/kernel_emulation.rs, KVT_EMU_RACES=1),
@@ -103,6 +107,9 @@ struct kvt_emu_report {
     uint64_t bulk_stores;          // bulk stores (shared -> global) issued
     uint64_t bulk_misuse;          // misuses of the bulk engine or its barriers (kernels/bulk.cuh)
     uint64_t cluster_barriers;     // cluster barriers passed, summed over clusters
+    uint64_t cluster_misuse;       // cluster waits without an arrival, arrivals twice without a wait,
+                                   // mappings of another block's shared memory that is not shared
+                                   // memory, of a rank outside the cluster or of a block that exited
 };
 
 // Per host thread: test threads emulate independent launches concurrently.
@@ -202,10 +209,11 @@ constexpr size_t kStack = 128 * 1024;
 constexpr size_t kSmemGuard = 4096;
 constexpr unsigned char kSmemFill = 0xA5;
 constexpr unsigned char kGuardFill = 0x5A;
+constexpr unsigned char kExitedFill = 0xC3;  // shared memory of a block that exited
 constexpr unsigned kWarp = 32;
 
 // Where a fiber stands between switches.
-enum class At { Ready, Barrier, ClusterBarrier, WarpOp, Done };
+enum class At { Ready, Barrier, ClusterWait, WarpOp, Done };
 
 // A bulk load waiting on its barrier, and a bulk store waiting in its
 // thread's bulk group (with the shared bytes it read, once it has).
@@ -251,6 +259,7 @@ struct Fiber {
     std::deque<std::vector<BulkStore>> groups;   // committed bulk groups, oldest first
     std::vector<std::pair<uintptr_t, uintptr_t>> unfenced;  // its shared stores since its last proxy fence
     unsigned spins = 0;  // failed barrier waits in a row
+    unsigned arrivals = 0, waits = 0;  // its cluster arrivals and waits so far
 };
 
 // The sync objects of the race detector: two per barrier kind, alternated by
@@ -287,7 +296,10 @@ thread_local const void* g_params;
 // generation, as a block's).
 thread_local unsigned g_cluster_rank, g_cluster_size;
 thread_local char g_cluster_sync[2];
-thread_local unsigned g_cluster_gen;
+// Cluster barriers completed (every thread of the cluster arrived that many
+// times), and the cluster's blocks (for mapping another's shared memory).
+thread_local unsigned g_cluster_done;
+thread_local std::vector<::BlockState>* g_blocks;
 
 // Not instrumented either: it returns (to the scheduler) after switching to
 // the scheduler's fiber. The kernel it calls is.
@@ -305,6 +317,7 @@ void fiber_entry() {
         // its shared memory be freed) before they read it
         if (!f.open_group.empty() || !f.groups.empty()) g_report.bulk_misuse++;
         f.at = At::Done;
+        thread_ended();
     }
     // returning resumes uc_link, the scheduler
     race_enter(g_scheduler_race);
@@ -361,17 +374,41 @@ extern "C" int kvt_emu_syncthreads(int kind, int pred) {
     return (int)f.result;
 }
 
-// A cluster-wide barrier (barrier.cluster.arrive.release then
-// wait.acquire): every thread of every block of the cluster waits for all
-// the others, and what each did before it is visible to all after it.
-extern "C" void kvt_emu_cluster_sync() {
+// The cluster barrier (barrier.cluster.arrive.release, then
+// wait.acquire): an arrival releases what the thread did before it; a wait
+// returns once every thread of the cluster has arrived as often as the
+// waiter has, and acquires what they released. The race detector's sync
+// objects alternate by arrival (a thread cannot arrive twice more than
+// another has waited).
+static void cluster_arrive(bool release) {
     Bookkeeping b;
     Fiber& f = (*g_fibers)[g_current];
-    f.at = At::ClusterBarrier;
-    void* sync = &g_cluster_sync[g_cluster_gen & 1];
-    race_release(sync);
+    if (f.arrivals != f.waits) {  // arrived twice without a wait
+        g_report.cluster_misuse++;
+        return;
+    }
+    f.arrivals++;
+    if (release) race_release(&g_cluster_sync[f.arrivals & 1]);
+}
+extern "C" void kvt_emu_cluster_arrive() { cluster_arrive(true); }
+// barrier.cluster.arrive.relaxed: an arrival that releases nothing
+extern "C" void kvt_emu_cluster_arrive_relaxed() { cluster_arrive(false); }
+extern "C" void kvt_emu_cluster_wait() {
+    Bookkeeping b;
+    Fiber& f = (*g_fibers)[g_current];
+    if (f.waits == f.arrivals) {  // a wait without an arrival
+        g_report.cluster_misuse++;
+        return;
+    }
+    f.waits++;
+    f.at = At::ClusterWait;
+    void* sync = &g_cluster_sync[f.waits & 1];
     switch_out();
     race_acquire(sync);
+}
+extern "C" void kvt_emu_cluster_sync() {
+    kvt_emu_cluster_arrive();
+    kvt_emu_cluster_wait();
 }
 extern "C" unsigned kvt_emu_cluster_rank() { return g_cluster_rank; }
 extern "C" unsigned kvt_emu_cluster_size() { return g_cluster_size; }
@@ -714,7 +751,69 @@ struct BlockState {
     std::vector<Fiber> fibers;
     RaceSync race;
     std::deque<MBar> mbars;
+    unsigned ended = 0;  // threads done
+    bool exited = false;  // every thread done
 };
+
+// Called as each thread of block g_cluster_rank ends: a block whose threads
+// have all ended has exited, and its shared memory is gone for the
+// cluster's other blocks still running (overwritten).
+static void thread_ended() {
+    BlockState& bs = (*g_blocks)[g_cluster_rank];
+    if (++bs.ended != bs.fibers.size()) return;
+    bs.exited = true;
+    for (const BlockState& other : *g_blocks)
+        if (!other.exited) {
+            memset(bs.smem.data(), kExitedFill, g_smem_bytes);
+            return;
+        }
+}
+
+// Distributed shared memory (mapa): `p`, in the calling block's shared
+// memory, at the same offset in block `rank`'s. A block that has exited
+// keeps no shared memory: mapping it is a misuse, and its bytes are
+// overwritten when it exits (reads through an earlier mapping get garbage).
+extern "C" void* kvt_emu_cluster_map(const void* p, unsigned rank) {
+    Bookkeeping b;
+    const unsigned char* c = static_cast<const unsigned char*>(p);
+    if (rank >= g_cluster_size || c < kvt_emu_smem || c >= kvt_emu_smem + g_smem_bytes) {
+        g_report.cluster_misuse++;
+        return const_cast<void*>(p);
+    }
+    BlockState& target = (*g_blocks)[rank];
+    if (target.exited) g_report.cluster_misuse++;
+    return target.smem.data() + (c - kvt_emu_smem);
+}
+
+// Releases the threads waiting at a cluster barrier that every thread has
+// arrived at (`force`: when no thread can move otherwise, every waiter,
+// counted as a divergent barrier: on a GPU the cluster would hang). True
+// when some thread was released.
+static bool release_cluster_waits(std::vector<BlockState>& blocks, bool force) {
+    unsigned arrived = ~0u, waiting = 0, furthest = 0;
+    for (const BlockState& bs : blocks)
+        for (const Fiber& f : bs.fibers) {
+            arrived = std::min(arrived, f.arrivals);
+            if (f.at == At::ClusterWait) {
+                waiting++;
+                furthest = std::max(furthest, f.waits);
+            }
+        }
+    if (waiting == 0) return false;
+    if (force && furthest > arrived) {
+        g_report.divergent_barrier++;
+        arrived = furthest;
+    }
+    for (; g_cluster_done < arrived; ++g_cluster_done) g_report.cluster_barriers++;
+    bool released = false;
+    for (BlockState& bs : blocks)
+        for (Fiber& f : bs.fibers)
+            if (f.at == At::ClusterWait && f.waits <= g_cluster_done) {
+                f.at = At::Ready;
+                released = true;
+            }
+    return released;
+}
 
 // Points the emulator's per-thread state at block `r` of the cluster that
 // starts at block `first`.
@@ -726,6 +825,7 @@ static void enter_block(std::vector<BlockState>& blocks, unsigned first, unsigne
     g_race = &bs.race;
     g_mbars = &bs.mbars;
     g_cluster_rank = r;
+    g_blocks = &blocks;
 }
 
 // Runs `grid` blocks of `block` threads in clusters of `cluster` blocks (a
@@ -785,8 +885,11 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
                 init_fiber(bs.fibers[t], stack_base + ((size_t)r * block + t) * kStack);
                 bs.fibers[t].race = race_new_fiber();
             }
+            bs.ended = 0;
+            bs.exited = false;
             race_release(&bs.race.block_start);
         }
+        g_cluster_done = 0;
         while (true) {
             // One pass: every ready thread of the cluster runs to its next switch.
             for (unsigned i = 0; i < threads; ++i) order[i] = g_schedule == 1 ? threads - 1 - i : i;
@@ -815,15 +918,15 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
                 enter_block(blocks, first, r);
                 for (unsigned w = 0; w < warps; ++w) released |= complete_warp_op(blocks[r].fibers, w, false);
             }
+            released |= release_cluster_waits(blocks, false);
             if (ran || released) continue;
             // Nobody can move: every live thread waits at a barrier or in a
             // warp operation some lane of its mask will never reach.
-            unsigned done = 0, at_cluster = 0;
+            unsigned done = 0;
             bool stuck = false;
             for (const BlockState& bs : blocks)
                 for (const Fiber& f : bs.fibers) {
                     done += f.at == At::Done;
-                    at_cluster += f.at == At::ClusterBarrier;
                     stuck |= f.at == At::WarpOp;
                 }
             if (done == threads) break;
@@ -859,16 +962,15 @@ static kvt_emu_report run(const Params* p, unsigned grid, unsigned block, size_t
                 passed = true;
             }
             if (passed) continue;
-            // Every live thread waits at the cluster barrier, or some wait at
-            // a block barrier their block's others will never reach (they
-            // wait at the cluster's): divergent either way where not every
-            // thread of the cluster is there. The cluster barrier completes.
-            if (done + at_cluster != threads || done != 0) g_report.divergent_barrier++;
-            g_report.cluster_barriers++;
-            g_cluster_gen++;
+            // Some threads wait at a cluster barrier that threads which ended
+            // never arrived at, or at a block barrier their block's others
+            // will never reach (they wait at the cluster's): divergent
+            // either way; both are let go.
+            if (release_cluster_waits(blocks, true)) continue;
+            g_report.divergent_barrier++;
             for (BlockState& bs : blocks)
                 for (Fiber& f : bs.fibers)
-                    if (f.at == At::ClusterBarrier || f.at == At::Barrier) f.at = At::Ready;
+                    if (f.at == At::Barrier) f.at = At::Ready;
         }
         for (unsigned r = 0; r < cluster; ++r) {
             BlockState& bs = blocks[r];
@@ -957,6 +1059,28 @@ extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_cluster_plan(const kvt_swap_i
                                                                       stores, n_stores, cluster);
 }
 
+extern "C" kvt_emu_report kvt_emu_swap_in_split_plan(const kvt_swap_in_params* p, unsigned grid,
+                                                               unsigned block, size_t smem_bytes, unsigned cluster,
+                                                               const kvt_emu_range* loads, size_t n_loads,
+                                                               const kvt_emu_range* stores, size_t n_stores) {
+    return run<kvt_swap_in_params, kvt_swap_in_split_plan>(p, grid, block, smem_bytes, loads, n_loads,
+                                                                      stores, n_stores, cluster);
+}
+
+// The split planner in clusters of 2, for the race detector (a cluster of
+// KVT_SWAP_CLUSTER blocks of 1024 threads is more fibers than
+// ThreadSanitizer tracks, 8128, and two tests run at once).
+extern "C" __global__ void kvt_swap_in_split_c2_plan(const kvt_swap_in_params p) {
+    kvt::swap::split::plan<2>(p);
+}
+extern "C" kvt_emu_report kvt_emu_swap_in_split_c2_plan(const kvt_swap_in_params* p, unsigned grid,
+                                                               unsigned block, size_t smem_bytes, unsigned cluster,
+                                                               const kvt_emu_range* loads, size_t n_loads,
+                                                               const kvt_emu_range* stores, size_t n_stores) {
+    return run<kvt_swap_in_params, kvt_swap_in_split_c2_plan>(p, grid, block, smem_bytes, loads, n_loads,
+                                                                      stores, n_stores, cluster);
+}
+
 // The bulk kernels' shared memory, as they carve it (the launchers' figure,
 // CopyMethod::bulk_smem_bytes, is held equal to it by a test).
 extern "C" uint64_t kvt_emu_bulk_smem(uint32_t entry_bytes, uint32_t warps) {
@@ -994,7 +1118,7 @@ extern "C" kvt_emu_report kvt_emu_spec_swap_in(const kvt_spec_swap_in_params* p,
 extern "C" kvt_emu_report kvt_emu_planted_cluster(const kvt_planted_params* p, unsigned grid, unsigned block,
                                                   unsigned cluster, const kvt_emu_range* loads, size_t n_loads,
                                                   const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_planted_params, kvt_planted_cluster>(p, grid, block, 0, loads, n_loads, stores, n_stores,
+    return run<kvt_planted_params, kvt_planted_cluster>(p, grid, block, 4 * block, loads, n_loads, stores, n_stores,
                                                         cluster);
 }
 

@@ -164,6 +164,12 @@ extern "C" __global__ void kvt_planted(const kvt_planted_params p) {
 #define KVT_PLANTED_CLUSTER_SYNC 20       // a cluster barrier between (correct)
 #define KVT_PLANTED_CLUSTER_NO_SYNC 21    // none: a race between the blocks
 #define KVT_PLANTED_CLUSTER_DIVERGENT 22  // the last rank's blocks end before the barrier
+// The same exchange through distributed shared memory (kvt::cluster_map):
+// each thread writes its word of its block's shared memory, and reads the
+// next block's word through the mapping.
+#define KVT_PLANTED_DSMEM 23              // a cluster barrier before the read, another before exiting (correct)
+#define KVT_PLANTED_DSMEM_NO_SYNC 24      // no barrier before the read: a race between the blocks
+#define KVT_PLANTED_DSMEM_EXIT 25         // rank 0 exits after the first barrier: the others read a block gone
 
 extern "C" __global__ void kvt_planted_cluster(const kvt_planted_params p) {
     using namespace kvt;
@@ -172,6 +178,15 @@ extern "C" __global__ void kvt_planted_cluster(const kvt_planted_params p) {
     const uint32_t next = b - rank + (rank + 1) % size;
     st(p.out + b * n + t, 7 * b + t + 1);
     if (t == 0) st(p.out + 2 * gridDim.x * n + b, 100 * rank + size);
+    if (p.variant >= KVT_PLANTED_DSMEM) {
+        uint32_t* mine = reinterpret_cast<uint32_t*>(kvt_dynamic_smem) + t;
+        *mine = 7 * b + t + 1;
+        if (p.variant != KVT_PLANTED_DSMEM_NO_SYNC) cluster_sync();
+        if (p.variant == KVT_PLANTED_DSMEM_EXIT && rank == 0) return;
+        st(p.out + (gridDim.x + b) * n + t, *cluster_map(mine, (rank + 1) % size));
+        if (p.variant != KVT_PLANTED_DSMEM_EXIT) cluster_sync();
+        return;
+    }
     if (p.variant == KVT_PLANTED_CLUSTER_DIVERGENT && rank == size - 1) return;
     if (p.variant != KVT_PLANTED_CLUSTER_NO_SYNC) cluster_sync();
     st(p.out + (gridDim.x + b) * n + t, ld(p.out + next * n + t));

@@ -292,12 +292,14 @@ struct State {
 
 /// How a timed swap-in runs beside its strategy: with a copy method, or one
 /// of the few-miss planner's builds the benchmark times (hidden from the
-/// API docs: `SwapInEngine::run_fixed_shape`, `run_cluster_copy`).
+/// API docs: `SwapInEngine::run_fixed_shape`, `run_cluster_copy`,
+/// `run_cluster_plan`).
 #[derive(Clone, Copy)]
 enum Build {
     Copy(CopyMethod),
     FixedShape,
     Cluster,
+    Split,
 }
 
 /// One batch's queries and its row metadata.
@@ -821,6 +823,7 @@ impl State {
                         Build::Copy(copy) => self.tier.swap_in_with_copy(&a, strategy, copy, s),
                         Build::FixedShape => self.tier.swap_in_fixed_shape(&a, strategy, s),
                         Build::Cluster => self.tier.swap_in_cluster_copy(&a, s),
+                        Build::Split => self.tier.swap_in_cluster_plan(&a, s),
                     }
                 })?;
                 self.tier.check(clock.stream())?;
@@ -962,6 +965,23 @@ impl State {
                 Build::Cluster,
                 "few-miss planner, cluster build",
             )?),
+            _ => None,
+        };
+        // The split planner (a cluster of blocks plans each row, each block
+        // copying its share of the misses), where the GPU launches clusters
+        // and a block's state fits.
+        let split = match exec {
+            Executor::Cuda(dev)
+                if dev.cluster_launch()
+                    && kvtier::swap_in::split_smem_bytes(self.entries() as u32, self.hot)
+                        <= dev.max_dynamic_smem() =>
+            {
+                Some(other_build(
+                    SwapInStrategy::FewMiss,
+                    Build::Split,
+                    "split planner",
+                )?)
+            }
             _ => None,
         };
         // Where the copy kernel is a programmatic dependent of the plan
@@ -1199,6 +1219,14 @@ impl State {
             rows.push(row(
                 "",
                 "kvtier swap-in, few-miss planner, cluster build (one launch)",
+                t,
+                false,
+            ));
+        }
+        if let Some(t) = split {
+            rows.push(row(
+                "",
+                "kvtier swap-in, split planner (a cluster a row, one launch)",
                 t,
                 false,
             ));

@@ -52,21 +52,33 @@ pub(super) fn check(dut: &Executor, seed: u64) -> Row {
         ] {
             checks.push((
                 "swap-in",
-                swap_in(dut, clean, strategy, plan, Some(CopyMethod::WarpVectors))?,
+                swap_in(
+                    dut,
+                    clean,
+                    strategy,
+                    plan,
+                    Run::Copy(CopyMethod::WarpVectors),
+                )?,
             ));
         }
         // the few-miss planner's cluster build: one launch in clusters
         // (sm_90 and later), its blocks ordered by a cluster barrier
         checks.push((
             "swap-in, the few-miss planner's cluster build",
-            swap_in(dut, clean, SwapInStrategy::FewMiss, false, None)?,
+            swap_in(dut, clean, SwapInStrategy::FewMiss, false, Run::Cluster)?,
+        ));
+        // the split planner: one launch in clusters (sm_90 and later), its
+        // blocks exchanging counts through distributed shared memory
+        checks.push((
+            "swap-in, the split planner",
+            swap_in(dut, clean, SwapInStrategy::FewMiss, false, Run::Split)?,
         ));
         // the copy kernels of the other methods (the bulk one stages in
         // shared memory and waits on barriers)
         for copy in [CopyMethod::LineAligned, CopyMethod::BulkRuns] {
             checks.push((
                 "swap-in, copy method",
-                swap_in(dut, clean, SwapInStrategy::FewMiss, false, Some(copy))?,
+                swap_in(dut, clean, SwapInStrategy::FewMiss, false, Run::Copy(copy))?,
             ));
         }
         for all_layers in [false, true] {
@@ -159,14 +171,23 @@ fn gather(dut: &Executor, seed: u64, method: Option<CopyMethod>) -> kvtier::Resu
     Ok(Verdict::Same { note: None })
 }
 
-/// `copy` None: the few-miss planner's cluster build
-/// (`SwapInEngine::run_cluster_copy`, `strategy` FewMiss).
+/// How a checked swap-in runs: `strategy` with a copy method, or (with
+/// `strategy` FewMiss) the few-miss planner's cluster build
+/// (`SwapInEngine::run_cluster_copy`) or the split planner
+/// (`run_cluster_plan`).
+#[derive(Clone, Copy, Debug)]
+enum Run {
+    Copy(CopyMethod),
+    Cluster,
+    Split,
+}
+
 fn swap_in(
     dut: &Executor,
     seed: u64,
     strategy: SwapInStrategy,
     plan: bool,
-    copy: Option<CopyMethod>,
+    run: Run,
 ) -> kvtier::Result<Verdict> {
     let mut case = SwapCase::random(Path::Dsa, seed);
     // Every real row copies: no timing probe, no padding row count.
@@ -179,9 +200,10 @@ fn swap_in(
         engines.push(e);
     }
     let (on_cpu, under_test) = (Loaded::new(&cpu, &case)?, Loaded::new(dut, &case)?);
-    let recorded = Recorded::record(dut, |s| match copy {
-        Some(copy) => engines[1].run_with_copy(&under_test.args(&case), strategy, copy, s),
-        None => engines[1].run_cluster_copy(&under_test.args(&case), s),
+    let recorded = Recorded::record(dut, |s| match run {
+        Run::Copy(copy) => engines[1].run_with_copy(&under_test.args(&case), strategy, copy, s),
+        Run::Cluster => engines[1].run_cluster_copy(&under_test.args(&case), s),
+        Run::Split => engines[1].run_cluster_plan(&under_test.args(&case), s),
     })?;
     for replay in 0..REPLAYS {
         // New queries against the state the earlier replays left.
@@ -201,7 +223,11 @@ fn swap_in(
             let plan = if plan { ", caller's miss plan" } else { "" };
             return Ok(Verdict::Differ(format!(
                 "{strategy:?} ({}){plan}: {d}",
-                copy.map_or("cluster build".into(), |c| format!("{c:?}"))
+                match run {
+                    Run::Copy(c) => format!("{c:?}"),
+                    Run::Cluster => "cluster build".into(),
+                    Run::Split => "split planner".into(),
+                }
             )));
         }
     }
