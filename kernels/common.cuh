@@ -629,7 +629,7 @@ __device__ __forceinline__ void cluster_wait() {
 template <class T>
 __device__ __forceinline__ T* cluster_map(T* p, uint32_t rank) {
 #if defined(KVT_HOST_EMULATION)
-    return static_cast<T*>(kvt_emu_cluster_map(p, rank));
+    return static_cast<T*>(kvt_emu_cluster_map(p, rank, sizeof(T)));
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     uint64_t r;
     asm("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));

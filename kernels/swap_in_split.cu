@@ -156,9 +156,10 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
     // row's outputs, the plan count, the counters.
     const bool lead = rank == 0;
     const uint32_t E = p.entries, H = p.hot;
-    const PlanRow row(p, b);
-    const Reporter& err = row.err;
-    const uint32_t row_pos = row.pos;
+    // The row's output and plan pointers (PlanRow) are built where they are
+    // used: held from here to the end they spilled 88 bytes a thread on sm_90.
+    const Reporter err(p);
+    const uint32_t row_pos = b << 16;  // PlanRow::pos
     // The launcher's clusters (src/swap_in/cuda.rs): any other size would
     // leave entries unresolved.
     if (cluster_size() != kSize) return;
@@ -170,11 +171,11 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
     const uint32_t real = real_rows(p, err, true);
     count_call(p, real);
     if (b >= real) {  // padding: outputs -1, state and plan row untouched
-        if (lead) row.pad();
+        if (lead) PlanRow(p, b).pad();
         return;
     }
     if (rid < 0 || rid >= (int64_t)p.num_requests) {
-        if (lead) row.refuse(KVT_ERR_SWAP_REQ, rid);
+        if (lead) PlanRow(p, b).refuse(KVT_ERR_SWAP_REQ, rid);
         return;
     }
 
@@ -192,16 +193,16 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
         if (tid == 0) s.duplicates()[0] = 0;
     }
     if (__syncthreads_or(named)) {
-        if (lead) row.refuse(KVT_ERR_SWAP_DUP_REQ, rid);
+        if (lead) PlanRow(p, b).refuse(KVT_ERR_SWAP_DUP_REQ, rid);
         return;
     }
     if (seq < 0 || seq > (int64_t)p.max_tokens) {
-        if (lead) row.refuse(KVT_ERR_SWAP_SEQ_LEN, seq);
+        if (lead) PlanRow(p, b).refuse(KVT_ERR_SWAP_SEQ_LEN, seq);
         return;
     }
     const RequestRows rq(p, b, rid);
     if (!long_row) {
-        if (lead) short_row(p, row, rq, seq);
+        if (lead) short_row(p, PlanRow(p, b), rq, seq);
         return;
     }
 
@@ -307,7 +308,7 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
     // Every block's counts, slot bits and hits' values are in place.
     cluster_sync();
     if (cluster_count(s.xchg(), kXBad, rank, size).total != 0) {  // lru_slots is not a permutation of [0, hot)
-        if (lead) row.refuse(KVT_ERR_SWAP_LRU, 0);
+        if (lead) PlanRow(p, b).refuse(KVT_ERR_SWAP_LRU, 0);
         return;
     }
     // This warp's first ranks in the row: of its hits, evictables and
@@ -390,6 +391,7 @@ __device__ __forceinline__ void plan(const kvt_swap_in_params& p) {
     const uint32_t n_load = min(row_miss.total, cluster_count(s.xchg(), kXUsable, rank, size).total);
     const bool skip_io = p.flags & KVT_SWAP_SKIP_IO;
 
+    const PlanRow row(p, b);
     // The m-th miss (query order) takes the m-th usable evictable slot, read
     // from the block that ranked it; the rest have no slot (reported).
     // Outputs of all but duplicates.

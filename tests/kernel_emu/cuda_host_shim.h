@@ -177,7 +177,7 @@ extern "C" unsigned kvt_emu_cluster_size();
 extern "C" void kvt_emu_cluster_arrive();
 extern "C" void kvt_emu_cluster_arrive_relaxed();
 extern "C" void kvt_emu_cluster_wait();
-extern "C" void* kvt_emu_cluster_map(const void* p, unsigned rank);
+extern "C" void* kvt_emu_cluster_map(const void* p, unsigned rank, unsigned bytes);
 
 // The bulk-copy engine and its barriers (kernels/bulk.cuh). A bulk load is
 // performed when a thread waits on its barrier's phase, a bulk store's read

@@ -769,14 +769,14 @@ static void thread_ended() {
         }
 }
 
-// Distributed shared memory (mapa): `p`, in the calling block's shared
-// memory, at the same offset in block `rank`'s. A block that has exited
+// Distributed shared memory (mapa): `p`, an object of `bytes` in the
+// calling block's shared memory, at the same offset in block `rank`'s. A block that has exited
 // keeps no shared memory: mapping it is a misuse, and its bytes are
 // overwritten when it exits (reads through an earlier mapping get garbage).
-extern "C" void* kvt_emu_cluster_map(const void* p, unsigned rank) {
+extern "C" void* kvt_emu_cluster_map(const void* p, unsigned rank, unsigned bytes) {
     Bookkeeping b;
     const unsigned char* c = static_cast<const unsigned char*>(p);
-    if (rank >= g_cluster_size || c < kvt_emu_smem || c >= kvt_emu_smem + g_smem_bytes) {
+    if (rank >= g_cluster_size || c < kvt_emu_smem || c + bytes > kvt_emu_smem + g_smem_bytes) {
         g_report.cluster_misuse++;
         return const_cast<void*>(p);
     }
