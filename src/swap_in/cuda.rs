@@ -260,25 +260,37 @@ pub(super) unsafe fn launch(
     if p.batch == 0 {
         return Ok(());
     }
-    // The few-miss planner's cluster build (KVT_SWAP_CLUSTER_COPY, asked
-    // for with the plain few-miss planner only): one launch where the GPU
-    // launches clusters; elsewhere the flag goes and the planner and the
-    // copy kernel run.
     let plain_few_miss = p.flags & KVT_SWAP_SKIP_INLINE != 0
         && p.flags & (KVT_SWAP_FEW_MISS_512 | KVT_SWAP_COMPACT_PLAN | KVT_SWAP_COPY_IN_PLAN) == 0;
-    if p.flags & KVT_SWAP_CLUSTER_PLAN != 0 {
-        // The split planner (KVT_SWAP_CLUSTER_PLAN, asked for with the plain
-        // few-miss planner only): one launch where the GPU launches
-        // clusters and a block's state fits; elsewhere the flag goes and
-        // the few-miss planner and the copy kernel run.
+    // The one-launch cluster builds of the plain few-miss planner (asked
+    // for with its flags only; their misses move as warp vectors, so no
+    // copy method's flags): the split planner (KVT_SWAP_CLUSTER_PLAN) and
+    // the few-miss planner's cluster build (KVT_SWAP_CLUSTER_COPY). Each
+    // runs where the GPU launches clusters and a block's state fits;
+    // elsewhere its flag goes and the few-miss planner and the copy kernel
+    // run (which refuse a state that does not fit).
+    for (flag, kernel, smem) in [
+        (
+            KVT_SWAP_CLUSTER_PLAN,
+            Kernel::SwapInSplitPlan,
+            split_smem_bytes(p.entries, p.hot),
+        ),
+        (
+            KVT_SWAP_CLUSTER_COPY,
+            Kernel::SwapInFewMissClusterPlan,
+            few_miss_smem_bytes(p.entries, p.hot),
+        ),
+    ] {
+        if p.flags & flag == 0 {
+            continue;
+        }
         debug_assert_eq!(p.flags & (KVT_SWAP_COPY_LINES | KVT_SWAP_COPY_BULK), 0);
-        let smem = split_smem_bytes(p.entries, p.hot);
         if plain_few_miss && dev.cluster_launch() && smem <= dev.max_dynamic_smem() {
-            // SAFETY: per this function's contract; the kernel is written
+            // SAFETY: per this function's contract; both kernels are written
             // for clusters of KVT_SWAP_CLUSTER blocks, a cluster a row.
             return unsafe {
                 dev.launch_clustered(
-                    Kernel::SwapInSplitPlan,
+                    kernel,
                     (p.batch, KVT_SWAP_CLUSTER),
                     KVT_SWAP_FEW_MISS_THREADS,
                     smem as u32,
@@ -288,34 +300,7 @@ pub(super) unsafe fn launch(
             };
         }
         let mut q = *p;
-        q.flags &= !KVT_SWAP_CLUSTER_PLAN;
-        // SAFETY: per this function's contract (the same call without the flag).
-        return unsafe { launch(dev, &q, dependent, stream) };
-    }
-    if p.flags & KVT_SWAP_CLUSTER_COPY != 0 {
-        // its misses move as warp vectors: run_cluster_copy asks for no
-        // copy method's flags
-        debug_assert_eq!(p.flags & (KVT_SWAP_COPY_LINES | KVT_SWAP_COPY_BULK), 0);
-        if plain_few_miss && dev.cluster_launch() {
-            let smem = few_miss_smem_bytes(p.entries, p.hot);
-            fits(dev, smem, || {
-                format!("{} entries with a hot buffer of {}", p.entries, p.hot)
-            })?;
-            // SAFETY: per this function's contract; the kernel is written
-            // for clusters of KVT_SWAP_CLUSTER blocks, a cluster a row.
-            return unsafe {
-                dev.launch_clustered(
-                    Kernel::SwapInFewMissClusterPlan,
-                    (p.batch, KVT_SWAP_CLUSTER),
-                    KVT_SWAP_FEW_MISS_THREADS,
-                    smem as u32,
-                    p,
-                    stream,
-                )
-            };
-        }
-        let mut q = *p;
-        q.flags &= !KVT_SWAP_CLUSTER_COPY;
+        q.flags &= !flag;
         // SAFETY: per this function's contract (the same call without the flag).
         return unsafe { launch(dev, &q, dependent, stream) };
     }

@@ -1051,21 +1051,16 @@ KVT_EMU_SWAP_PLAN(swap_in_few_miss_k2048_h4096_plan)
 KVT_EMU_SWAP_PLAN(swap_in_few_miss_k2048_h8192_plan)
 KVT_EMU_SWAP_PLAN(swap_in_compact_plan)
 
-extern "C" kvt_emu_report kvt_emu_swap_in_few_miss_cluster_plan(const kvt_swap_in_params* p, unsigned grid,
-                                                               unsigned block, size_t smem_bytes, unsigned cluster,
-                                                               const kvt_emu_range* loads, size_t n_loads,
-                                                               const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_swap_in_params, kvt_swap_in_few_miss_cluster_plan>(p, grid, block, smem_bytes, loads, n_loads,
-                                                                      stores, n_stores, cluster);
-}
-
-extern "C" kvt_emu_report kvt_emu_swap_in_split_plan(const kvt_swap_in_params* p, unsigned grid,
-                                                               unsigned block, size_t smem_bytes, unsigned cluster,
-                                                               const kvt_emu_range* loads, size_t n_loads,
-                                                               const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_swap_in_params, kvt_swap_in_split_plan>(p, grid, block, smem_bytes, loads, n_loads,
-                                                                      stores, n_stores, cluster);
-}
+// The plan kernels launched in clusters of `cluster` blocks.
+#define KVT_EMU_CLUSTER_PLAN(name)                                                                           \
+    extern "C" kvt_emu_report kvt_emu_##name(const kvt_swap_in_params* p, unsigned grid, unsigned block,    \
+                                             size_t smem_bytes, unsigned cluster, const kvt_emu_range* loads, \
+                                             size_t n_loads, const kvt_emu_range* stores, size_t n_stores) {  \
+        return run<kvt_swap_in_params, kvt_##name>(p, grid, block, smem_bytes, loads, n_loads, stores, n_stores, \
+                                                   cluster);                                                 \
+    }
+KVT_EMU_CLUSTER_PLAN(swap_in_few_miss_cluster_plan)
+KVT_EMU_CLUSTER_PLAN(swap_in_split_plan)
 
 // The split planner in clusters of 2, for the race detector (a cluster of
 // KVT_SWAP_CLUSTER blocks of 1024 threads is more fibers than
@@ -1073,13 +1068,7 @@ extern "C" kvt_emu_report kvt_emu_swap_in_split_plan(const kvt_swap_in_params* p
 extern "C" __global__ void kvt_swap_in_split_c2_plan(const kvt_swap_in_params p) {
     kvt::swap::split::plan<2>(p);
 }
-extern "C" kvt_emu_report kvt_emu_swap_in_split_c2_plan(const kvt_swap_in_params* p, unsigned grid,
-                                                               unsigned block, size_t smem_bytes, unsigned cluster,
-                                                               const kvt_emu_range* loads, size_t n_loads,
-                                                               const kvt_emu_range* stores, size_t n_stores) {
-    return run<kvt_swap_in_params, kvt_swap_in_split_c2_plan>(p, grid, block, smem_bytes, loads, n_loads,
-                                                                      stores, n_stores, cluster);
-}
+KVT_EMU_CLUSTER_PLAN(swap_in_split_c2_plan)
 
 // The bulk kernels' shared memory, as they carve it (the launchers' figure,
 // CopyMethod::bulk_smem_bytes, is held equal to it by a test).
