@@ -503,6 +503,20 @@ pub fn create_output(path: &Path, arg: &'static str) -> Result<File> {
     Ok(file)
 }
 
+/// Opens an output file to read and add to, made if missing and kept if
+/// not (the bench's record of builds that hung, which later runs read and
+/// extend): by [`create_output`]'s rule, without emptying it.
+pub fn open_output_kept(path: &Path, arg: &'static str) -> Result<File> {
+    let rule = FileRule {
+        owner: Owner::Me,
+        forbidden_mode: 0,
+        devices: Devices::None,
+        single_link: true,
+    };
+    let (file, _) = open_file(path, Access::Create { mode: 0o644 }, &rule, arg)?;
+    Ok(file)
+}
+
 /// Reads all of `file` from where it stands, but never more than `max`
 /// bytes: None when there is more (a file that grows, `/dev/zero`, a size
 /// that `st_size` does not tell).

@@ -416,6 +416,16 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor, pairs: Pairs) {
     }
 }
 
+/// One line on stderr a passed case of a long test, with the time since the
+/// test began: the GPU suite runs each test with `--nocapture` under a time
+/// limit, so a test cut by it still shows how far it got.
+fn passed(test: &str, case: impl std::fmt::Display, began: std::time::Instant) {
+    eprintln!(
+        "{test}: case {case} passed ({:.1} s)",
+        began.elapsed().as_secs_f64()
+    );
+}
+
 /// How many random seeds a test of many cases runs: `full`, or fewer where
 /// `KVTIER_GPU_TEST_SEEDS` says (the sanitizers, at tens of times the
 /// speed cost, run a few seeds of every strategy and copy method within a
@@ -435,6 +445,8 @@ fn seeds(full: u64) -> u64 {
 fn swap_in_matches_cpu_on_random_cases() {
     use common::swap::*;
     let gpu = cuda();
+    let began = std::time::Instant::now();
+    let test = "swap_in_matches_cpu_on_random_cases";
     for seed in 0..seeds(100) {
         for h in [CLEAN, PADDED, HOSTILE] {
             swap_agrees(
@@ -443,6 +455,7 @@ fn swap_in_matches_cpu_on_random_cases() {
                 Pairs::All,
             );
         }
+        passed(test, format_args!("small seed {seed}"), began);
     }
     for seed in 1000..1000 + seeds(20) {
         swap_agrees(
@@ -450,6 +463,7 @@ fn swap_in_matches_cpu_on_random_cases() {
             &gpu,
             Pairs::All,
         );
+        passed(test, format_args!("medium seed {seed}"), began);
     }
 }
 
@@ -479,6 +493,7 @@ fn replays_match_cpu_on_random_cases() {
 fn swap_in_production_shapes() {
     use common::swap::*;
     let gpu = cuda();
+    let began = std::time::Instant::now();
     let few_bad = Hostility {
         bad: 0.002,
         padding: 0.01,
@@ -498,6 +513,11 @@ fn swap_in_production_shapes() {
         };
         let case = SwapCase::shaped(seed, shape, Some(misses)).spoiled(seed, h);
         swap_agrees(&case, &gpu, Pairs::Each);
+        passed(
+            "swap_in_production_shapes",
+            format_args!("{seed} (HOT {hot}, {misses} misses, batch {batch})"),
+            began,
+        );
     }
 }
 

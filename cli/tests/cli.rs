@@ -68,6 +68,9 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
     let dir = std::env::temp_dir().join(format!("kvtier-cli-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (json, figures) = (dir.join("bench.jsonl"), dir.join("figures"));
+    // a hung-builds file naming the split planner: made by an earlier run
+    let hung = dir.join("hung-builds.txt");
+    std::fs::write(&hung, "split planner\n").unwrap();
     let (ok, out, err) = kvtier(&[
         "bench",
         "--quick",
@@ -81,8 +84,19 @@ fn quick_bench_runs_every_scenario_and_method_and_writes_json_and_figures() {
         json.to_str().unwrap(),
         "--plot",
         figures.to_str().unwrap(),
+        "--hung-builds",
+        hung.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
+    // kept as it was (no build hung), and on a GPU the split planner skipped
+    assert_eq!(std::fs::read_to_string(&hung).unwrap(), "split planner\n");
+    assert!(!out.contains("split planner (a cluster a row"), "{out}");
+    if out.contains("executor: CUDA") {
+        assert!(
+            out.contains("split planner skipped: an earlier run found it hung"),
+            "{out}"
+        );
+    }
     assert!(
         out.contains("wrote 7 figures to") && out.contains("headline.png, gather.png"),
         "{out}"

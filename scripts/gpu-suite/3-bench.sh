@@ -25,10 +25,14 @@
 # nvcc build, and on the other two paths).
 source "$(dirname "$0")/common.sh"
 export KVTIER_SGLANG_KERNELS="$bundle/lib/libkvt_sglang_kernels.so"
-# bench NAME SECONDS ARGS...: with the bundle's kvtier, or the one `bin=` names
+# bench NAME SECONDS ARGS...: with the bundle's kvtier, or the one `bin=` names;
+# each point's lines reach NAME.jsonl as it completes, and a swap-in build no
+# GPU had run before that hangs is named in $hung_builds and skipped by the
+# benches after (see common.sh)
 bench() {
   local name=$1 secs=$2; shift 2
-  run "$name" "$secs" "${bin:-$bundle/bin/kvtier}" bench "$@" --json "$logs/$name.jsonl"
+  run "$name" "$secs" "${bin:-$bundle/bin/kvtier}" bench "$@" --json "$logs/$name.jsonl" \
+    --hung-builds "$hung_builds"
 }
 nvcc_build=$bundle/bin/kvtier-nvcc
 # DeepSeek-V4-Flash's C4 layers (top-k 512 C4 entries, HOT 4096: 8x top-k)

@@ -10,6 +10,11 @@ out_dir=${1:?usage: $0 OUT_DIR}
 # The bench records it in every JSON line (the binary cannot know it).
 KVTIER_COMMIT=$(cat "$bundle/COMMIT")
 export KVTIER_COMMIT
+# Swap-in builds no GPU had run before that hung in a bench of this pass
+# (kvtier bench --hung-builds): the later benches skip them. Kept beside the
+# carried bundle, so every stage of one device command shares it, and packed
+# into each stage's archive.
+hung_builds=${GPU_SUITE_HUNG_BUILDS:-$bundle/hung-builds.txt}
 stage=$(basename "$0" .sh)
 logs=$(mktemp -d)
 dry=${GPU_SUITE_DRY_RUN:-0}
@@ -43,6 +48,7 @@ run() {
 }
 pack() {
   cp "$bundle/COMMIT" "$logs/COMMIT"
+  [ -s "$hung_builds" ] && cp "$hung_builds" "$logs/hung-builds.txt"
   (nvidia-smi -L 2>/dev/null || echo "no nvidia-smi") >"$logs/gpu.txt"
   tar czf "$out_dir/$stage.tar.gz" -C "$logs" .
   echo "$stage: packed $(ls "$logs" | wc -l) files into $out_dir/$stage.tar.gz"

@@ -271,8 +271,9 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
     for source in Source::chosen(b)? {
         b.progress
             .set_message(format!("decode-step: {}", source.name()));
-        rows.extend(Replay::run(b, &source, sglang.as_ref())?);
-        b.progress.inc(1);
+        let point = Replay::run(b, &source, sglang.as_ref())?;
+        b.point_done(&point)?;
+        rows.extend(point);
     }
     Ok(rows)
 }

@@ -177,7 +177,7 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
         let row = |cpu, cuda, t, limit| {
             Measurement::new(SCENARIO, named(exec, cpu, cuda), &params, useful, t, limit)
         };
-        out.extend([
+        let point = [
             row(
                 "kvtier Engram gather (CPU executor)",
                 "kvtier Engram gather",
@@ -202,8 +202,9 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
                 staged,
                 false,
             ),
-        ]);
-        b.progress.inc(1);
+        ];
+        b.point_done(&point)?;
+        out.extend(point);
     }
     Ok(out)
 }

@@ -142,8 +142,9 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
                         indices.name()
                     ));
                     let inp = Inputs::draw(batch, k, context, indices, &mut rng);
-                    rows.extend(setup.measure(b, &inp)?);
-                    b.progress.inc(1);
+                    let point = setup.measure(b, &inp)?;
+                    b.point_done(&point)?;
+                    rows.extend(point);
                 }
             }
         }

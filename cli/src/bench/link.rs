@@ -17,7 +17,7 @@ struct Only {
     args: BenchArgs,
 }
 
-fn bench_args(extra: &[&str]) -> kvtier::Result<BenchArgs> {
+pub(super) fn bench_args(extra: &[&str]) -> kvtier::Result<BenchArgs> {
     let base = [
         "kvtier-bench",
         "--iters",
@@ -96,7 +96,9 @@ pub(crate) fn link_figures(exec: &Executor) -> kvtier::Result<Vec<(String, Strin
         against_limit(&rows, "goal >= 0.95 at >= 4 MB")? + cpu_note,
     ));
     let swap = bench_args(&["--batch", "16", "--hot", "4096", "--misses", "410"])?;
-    let rows = swap_in::run(&bench_on(exec, &swap))?;
+    let bench = bench_on(exec, &swap);
+    let rows = swap_in::run(&bench)?;
+    bench.no_failures()?;
     out.push((
         "swap-in vs the link (batch 16, HOT 4096, 410 misses)".into(),
         against_limit(
@@ -112,6 +114,10 @@ fn bench_on<'a>(exec: &Executor, args: &'a BenchArgs) -> Bench<'a> {
         args,
         exec: exec.clone(),
         progress: indicatif::ProgressBar::hidden(),
+        json: None,
+        failures: Default::default(),
+        watchdog: super::watchdog::Watchdog::new(None, args.untried_limit())
+            .expect("a watchdog without a file"),
     }
 }
 

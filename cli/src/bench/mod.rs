@@ -36,6 +36,7 @@ mod sglang;
 mod spec_swap_in;
 mod swap_in;
 mod swap_path;
+mod watchdog;
 mod writeback;
 
 use std::path::PathBuf;
@@ -212,6 +213,15 @@ pub struct BenchArgs {
     /// the committed runs' table, `kvtier::CopyMethodTable::measured`).
     #[arg(long, value_name = "FILE")]
     copy_choice: Option<PathBuf>,
+    /// A file naming swap-in builds no GPU had run before that hung (made
+    /// if missing; one a line): they are skipped, and one that does not
+    /// finish within --max-seconds + 30 s now is added to it before the
+    /// bench ends (exit status 75) with the points before it written. A
+    /// build no GPU has run that fails otherwise is left out of its point,
+    /// and the run ends with an error naming it. The GPU suite passes one
+    /// file to all its benches.
+    #[arg(long, value_name = "FILE")]
+    hung_builds: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -472,14 +482,85 @@ pub(super) fn named(exec: &Executor, cpu: &'static str, cuda: &'static str) -> &
     }
 }
 
-/// What every scenario needs: the arguments, the executor, the progress bar.
+/// What every scenario needs: the arguments, the executor, the progress bar,
+/// and where each point's measurements go as it completes (--json).
 pub(super) struct Bench<'a> {
     pub args: &'a BenchArgs,
     pub exec: Executor,
     pub progress: ProgressBar,
+    json: Option<report::JsonSink>,
+    /// Timings that failed and were left out (Bench::failed).
+    failures: std::cell::RefCell<Vec<String>>,
+    /// The time limit on timings of builds no GPU has run yet.
+    watchdog: watchdog::Watchdog,
 }
 
 impl Bench<'_> {
+    /// A grid point is done: `point` (its measurements) goes to the --json
+    /// file at once, and the progress bar moves on.
+    pub fn point_done(&self, point: &[Measurement]) -> kvtier::Result<()> {
+        if let Some(sink) = &self.json {
+            sink.append(point)?;
+        }
+        self.progress.inc(1);
+        Ok(())
+    }
+
+    /// `what` failed at the point under way and is left out of it: said at
+    /// once, and the run ends with an error naming every such failure, after
+    /// writing every point (a method no GPU has run yet must not cost the
+    /// others' timings).
+    pub fn failed(&self, what: &str, e: &kvtier::Error) {
+        let msg = format!("{what} failed at {}: {e}", self.progress.message());
+        self.progress
+            .suspend(|| println!("note: {msg}; left out of this point"));
+        self.failures.borrow_mut().push(msg);
+    }
+
+    /// Times build `what`, one no GPU had run before (see --hung-builds):
+    /// skipped where an earlier run found it hung, under the watchdog's
+    /// limit, and left out of the point ([`Bench::failed`]) if it fails.
+    pub fn untried(
+        &self,
+        what: &str,
+        time: impl FnOnce() -> kvtier::Result<Stats>,
+    ) -> Option<Stats> {
+        if self.watchdog.hung_before(what) {
+            self.progress.suspend(|| {
+                println!("note: {what} skipped: an earlier run found it hung (--hung-builds)")
+            });
+            return None;
+        }
+        match self.watchdog.guard(what, time) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.failed(what, &e);
+                None
+            }
+        }
+    }
+
+    /// An error naming the timings that failed ([`Bench::failed`]), if any.
+    pub fn no_failures(&self) -> kvtier::Result<()> {
+        let failures = self.failures.borrow();
+        match failures.first() {
+            None => Ok(()),
+            Some(first) => Err(kvtier::Error::Pool(format!(
+                "{} left out of the measurements: {first}{}",
+                count(
+                    failures.len() as u64,
+                    "timing failed and was",
+                    "timings failed and were"
+                ),
+                if failures.len() > 1 {
+                    " (and the others above)"
+                } else {
+                    ""
+                }
+            ))),
+        }
+    }
+
     /// Where pool memory comes from: bound to the GPU's NUMA node when the
     /// machine has several nodes and says which is the GPU's, else anonymous.
     pub fn pool_device(&self, bytes: u64) -> DeviceSpec {
@@ -628,6 +709,11 @@ impl BenchArgs {
 
     fn warmup(&self) -> u32 {
         self.warmup.unwrap_or(WARMUP)
+    }
+
+    /// How long a timing of a build no GPU has run may take.
+    fn untried_limit(&self) -> Duration {
+        Duration::from_secs_f64(self.max_seconds().max(0.0) + 30.0)
     }
 
     fn max_seconds(&self) -> f64 {
@@ -887,6 +973,9 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
         args: &args,
         exec,
         progress: ProgressBar::hidden(),
+        json: None,
+        failures: Default::default(),
+        watchdog: watchdog::Watchdog::new(args.hung_builds.as_deref(), args.untried_limit())?,
     };
     let scenarios: Vec<Scenario> = match args.scenario {
         Scenario::All => {
@@ -922,7 +1011,15 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} points {elapsed_precise} {msg}")
             .expect("a valid template"),
     );
-    let bench = Bench { progress, ..bench };
+    let json = match &args.json {
+        Some(path) => Some(report::JsonSink::create(path, env.clone())?),
+        None => None,
+    };
+    let bench = Bench {
+        progress,
+        json,
+        ..bench
+    };
     println!(
         "plan: {}, each method timed {} after {} (at most {} s per measurement); the gather pool \
          uses up to {}{}",
@@ -963,12 +1060,20 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
          limit)."
     );
     let lines = report::json_lines(&env, &all);
-    if let Some(path) = &args.json {
-        report::write_json(path, &lines)?;
+    if let Some(sink) = &bench.json {
+        // every measurement went to the file with its point (Bench::point_done)
+        if sink.written() != all.len() as u64 {
+            return Err(kvtier::Error::Pool(format!(
+                "internal: {} of {} measurements reached {}",
+                sink.written(),
+                all.len(),
+                sink.path().display()
+            )));
+        }
         println!(
             "wrote {} to {}",
             count(all.len() as u64, "measurement", "measurements"),
-            path.display()
+            sink.path().display()
         );
     }
     if args.plot.is_some() || args.copy_choice.is_some() {
@@ -987,7 +1092,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
         write_copy_choice(&args, &records)?;
         draw_figures(&args, &records)?;
     }
-    Ok(())
+    bench.no_failures()
 }
 
 /// --copy-choice FILE: the copy method table `records` decide.
@@ -1142,7 +1247,69 @@ pub(super) fn driver_text() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{P99_MIN_SAMPLES, Stats};
+    use super::{Bench, Measurement, P99_MIN_SAMPLES, Stats, report};
+
+    /// Each point reaches the --json file as it completes (a run cut later
+    /// keeps it), and a timing left out makes the run's result an error
+    /// naming it and the point.
+    #[test]
+    fn points_are_written_as_they_complete_and_failures_are_named() {
+        let dir = std::env::temp_dir().join(format!("kvtier-sink-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("points.jsonl");
+        let args = super::link::bench_args(&[]).unwrap();
+        let exec = kvtier::Executor::cpu();
+        let env = report::Environment::probe(&exec, Some("test"));
+        let b = Bench {
+            args: &args,
+            exec,
+            progress: indicatif::ProgressBar::hidden(),
+            json: Some(report::JsonSink::create(&path, env).unwrap()),
+            failures: Default::default(),
+            watchdog: super::watchdog::Watchdog::new(None, args.untried_limit()).unwrap(),
+        };
+        let lines = || std::fs::read_to_string(&path).unwrap().lines().count();
+        let m = |method| {
+            let t = Stats::of(vec![2.0, 1.0, 3.0]);
+            Measurement::new("swap-in", method, &[("batch", 1.into())], 64, t, false)
+        };
+        assert_eq!(lines(), 0);
+        b.point_done(&[m("a"), m("b")]).unwrap();
+        assert_eq!(lines(), 2, "the first point is on disk before the run ends");
+        b.point_done(&[m("c")]).unwrap();
+        assert_eq!(lines(), 3);
+        assert!(
+            std::fs::read_to_string(&path)
+                .unwrap()
+                .contains(r#""method":"c""#)
+        );
+        b.no_failures().unwrap();
+        b.progress
+            .set_message("swap-in: 656 B, hot 4096, batch 1, 2 misses");
+        b.failed(
+            "the kvtier swap-in, split planner",
+            &kvtier::Error::Pool("launch refused".into()),
+        );
+        let e = b.no_failures().unwrap_err().to_string();
+        for part in [
+            "1 timing failed",
+            "split planner",
+            "batch 1, 2 misses",
+            "launch refused",
+        ] {
+            assert!(e.contains(part), "{part:?} not in {e:?}");
+        }
+        // Bench::untried: a timing's result, or None with the failure named
+        let t = b.untried("the fixed-shape build", || Ok(Stats::of(vec![4.0])));
+        assert_eq!(t.map(|t| t.median_us), Some(4.0));
+        let t = b.untried("the cluster build", || {
+            Err(kvtier::Error::Pool("wrong page table".into()))
+        });
+        assert!(t.is_none());
+        let e = b.no_failures().unwrap_err().to_string();
+        assert!(e.contains("2 timings failed"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_p99_needs_enough_samples() {

@@ -13,6 +13,7 @@ use kvtier::Executor;
 use super::{Measurement, driver_text};
 
 /// What ran: the device, the driver, the executor, and why not the GPU.
+#[derive(Clone)]
 pub(super) struct Environment {
     pub device: String,
     pub driver: String,
@@ -232,17 +233,54 @@ pub(super) fn json_lines(env: &Environment, all: &[Measurement]) -> Vec<serde_js
 }
 
 /// One JSON object per line (JSON Lines).
-pub(super) fn write_json(path: &Path, lines: &[serde_json::Value]) -> kvtier::Result<()> {
-    let io = |source| kvtier::Error::Io {
-        context: format!("writing {}", path.display()),
-        source,
-    };
-    // never through a link planted at the path, never into a FIFO
-    let mut f = std::io::BufWriter::new(kvtier::shared_fs::create_output(path, "--json")?);
-    for line in lines {
-        writeln!(f, "{line}").map_err(io)?;
+/// The --json file, written a point at a time: each point's measurements are
+/// appended (and flushed) as the point completes, so a run cut by a time
+/// limit, or stopped by an error at a later point, keeps the points before
+/// it. The GPU suite runs each bench under a limit, and a kernel that has
+/// never run on a GPU may fail or hang at any point.
+pub(super) struct JsonSink {
+    env: Environment,
+    path: std::path::PathBuf,
+    file: std::cell::RefCell<std::io::BufWriter<std::fs::File>>,
+    written: std::cell::Cell<u64>,
+}
+
+impl JsonSink {
+    /// Creates (empties) `path`: never through a link planted there, never
+    /// into a FIFO.
+    pub fn create(path: &Path, env: Environment) -> kvtier::Result<Self> {
+        let file = kvtier::shared_fs::create_output(path, "--json")?;
+        Ok(JsonSink {
+            env,
+            path: path.to_path_buf(),
+            file: std::cell::RefCell::new(std::io::BufWriter::new(file)),
+            written: std::cell::Cell::new(0),
+        })
     }
-    f.flush().map_err(io)
+
+    /// Appends one point's measurements, one JSON line each.
+    pub fn append(&self, point: &[Measurement]) -> kvtier::Result<()> {
+        let io = |source| kvtier::Error::Io {
+            context: format!("writing {}", self.path.display()),
+            source,
+        };
+        let mut f = self.file.borrow_mut();
+        for line in json_lines(&self.env, point) {
+            writeln!(f, "{line}").map_err(io)?;
+        }
+        f.flush().map_err(io)?;
+        self.written.set(self.written.get() + point.len() as u64);
+        Ok(())
+    }
+
+    /// Measurements written so far.
+    pub fn written(&self) -> u64 {
+        self.written.get()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
 }
 
 /// Now as `2026-11-21T20:55:05Z`.

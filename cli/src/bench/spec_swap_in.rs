@@ -94,8 +94,9 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
                         count(misses, "miss", "misses")
                     ));
                     let q = state.query(misses, b.args.seed);
-                    rows.extend(state.measure(b, &q, sglang.as_ref())?);
-                    b.progress.inc(1);
+                    let point = state.measure(b, &q, sglang.as_ref())?;
+                    b.point_done(&point)?;
+                    rows.extend(point);
                 }
             }
         }

@@ -134,8 +134,9 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
                         count(misses, "miss", "misses")
                     ));
                     let q = state.queries(batch, misses, b.args.seed);
-                    rows.extend(state.measure(b, &q, sglang)?);
-                    b.progress.inc(1);
+                    let point = state.measure(b, &q, sglang)?;
+                    b.point_done(&point)?;
+                    rows.extend(point);
                 }
             }
         }
@@ -260,8 +261,9 @@ fn run_trace(b: &Bench, sglang: Option<&SglangKernels>) -> kvtier::Result<Vec<Me
         // kernel leaves unwritten where kvtier writes -1 (the page tables
         // would differ): its kernel is timed on unpadded calls only.
         let padded = call.rows.iter().any(|r| r.topk.len() < plan.k as usize);
-        rows.extend(state.measure(b, &q, if padded { None } else { sglang })?);
-        b.progress.inc(1);
+        let point = state.measure(b, &q, if padded { None } else { sglang })?;
+        b.point_done(&point)?;
+        rows.extend(point);
     }
     Ok(rows)
 }
@@ -937,34 +939,42 @@ impl State {
             )?),
             _ => None,
         };
+        // Builds no GPU has run yet (the fixed-shape builds, the cluster
+        // build, the split planner; no default takes them) go through
+        // Bench::untried: a failure leaves the build out of the point and a
+        // hang ends the run with the points before it written, so that a
+        // first GPU run of a new kernel does not cost the grid.
         // The few-miss planner's fixed-shape build (top-k and hot buffer
         // constants of the build), as the plan-and-copy default below batch
         // 8 and as the one-launch default from 8 on sm_90, at the shapes it
         // has builds of.
         let fixed_shape = (self.entries() as u32, self.hot);
         let fixed = match exec {
-            Executor::Cuda(_) if kvtier::swap_in::FIXED_SHAPES.contains(&fixed_shape) => Some((
-                other_build(
-                    SwapInStrategy::FewMiss,
-                    Build::FixedShape,
+            Executor::Cuda(_) if kvtier::swap_in::FIXED_SHAPES.contains(&fixed_shape) => {
+                let what = [
                     "few-miss planner, fixed-shape build",
-                )?,
-                other_build(
-                    SwapInStrategy::FewMissOneLaunch,
-                    Build::FixedShape,
                     "few-miss planner, one launch, fixed-shape build",
-                )?,
-            )),
-            _ => None,
+                ];
+                (
+                    b.untried(what[0], || {
+                        other_build(SwapInStrategy::FewMiss, Build::FixedShape, what[0])
+                    }),
+                    b.untried(what[1], || {
+                        other_build(SwapInStrategy::FewMissOneLaunch, Build::FixedShape, what[1])
+                    }),
+                )
+            }
+            _ => (None, None),
         };
         // The few-miss planner's cluster build (one launch, a cluster of
         // blocks a row copying its misses), where the GPU launches clusters.
         let cluster = match exec {
-            Executor::Cuda(dev) if dev.cluster_launch() => Some(other_build(
-                SwapInStrategy::FewMiss,
-                Build::Cluster,
-                "few-miss planner, cluster build",
-            )?),
+            Executor::Cuda(dev) if dev.cluster_launch() => {
+                let what = "few-miss planner, cluster build";
+                b.untried(what, || {
+                    other_build(SwapInStrategy::FewMiss, Build::Cluster, what)
+                })
+            }
             _ => None,
         };
         // The split planner (a cluster of blocks plans each row, each block
@@ -976,11 +986,10 @@ impl State {
                     && kvtier::swap_in::split_smem_bytes(self.entries() as u32, self.hot)
                         <= dev.max_dynamic_smem() =>
             {
-                Some(other_build(
-                    SwapInStrategy::FewMiss,
-                    Build::Split,
-                    "split planner",
-                )?)
+                let what = "split planner";
+                b.untried(what, || {
+                    other_build(SwapInStrategy::FewMiss, Build::Split, what)
+                })
             }
             _ => None,
         };
@@ -1231,17 +1240,19 @@ impl State {
                 false,
             ));
         }
-        if let Some((two, one)) = fixed {
+        if let Some(t) = fixed.0 {
             rows.push(row(
                 "",
                 "kvtier swap-in, few-miss planner, fixed-shape build",
-                two,
+                t,
                 false,
             ));
+        }
+        if let Some(t) = fixed.1 {
             rows.push(row(
                 "",
                 "kvtier swap-in, few-miss planner, one launch, fixed-shape build",
-                one,
+                t,
                 false,
             ));
         }

@@ -66,10 +66,10 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
                 "writeback: {entry} B, prefill of {}",
                 count(tokens, "token", "tokens")
             ));
-            for in_order in [false, true] {
-                rows.extend(prefill(b, entry, tokens, in_order)?);
-            }
-            b.progress.inc(1);
+            let mut point = prefill(b, entry, tokens, false)?;
+            point.extend(prefill(b, entry, tokens, true)?);
+            b.point_done(&point)?;
+            rows.extend(point);
         }
         let batches = b.batches(&[1, 8, 64]);
         let max_batch = *batches.iter().max().expect("non-empty");
@@ -93,8 +93,9 @@ pub(super) fn run(b: &Bench) -> kvtier::Result<Vec<Measurement>> {
                 "writeback: {entry} B, decode of batch {batch}, {}",
                 count(b.args.layers, "layer", "layers")
             ));
-            rows.extend(decode(b, &tier, &pool, &regions, entry, batch)?);
-            b.progress.inc(1);
+            let point = decode(b, &tier, &pool, &regions, entry, batch)?;
+            b.point_done(&point)?;
+            rows.extend(point);
         }
     }
     Ok(rows)
