@@ -374,7 +374,8 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor, pairs: Pairs) {
                 let got = case.run_with(gpu, strategy, opts);
                 assert!(
                     got == cpu,
-                    "CUDA ({strategy:?}, {opts:?}) and CPU differ for {case:?}"
+                    "CUDA ({strategy:?}, {opts:?}) and CPU differ for {case:?} (and in the builds \
+                     no GPU had run before: {untried:#?})"
                 );
             }
         }

@@ -10,11 +10,12 @@ out_dir=${1:?usage: $0 OUT_DIR}
 # The bench records it in every JSON line (the binary cannot know it).
 KVTIER_COMMIT=$(cat "$bundle/COMMIT")
 export KVTIER_COMMIT
-# Swap-in builds no GPU had run before that hung in a bench of this pass
-# (kvtier bench --hung-builds): the later benches skip them. Kept beside the
-# carried bundle, so every stage of one device command shares it, and packed
-# into each stage's archive.
-hung_builds=${GPU_SUITE_HUNG_BUILDS:-$bundle/hung-builds.txt}
+# Swap-in builds no GPU had run before that hung in a bench of this
+# bundle's commit (kvtier bench --hung-builds): the later benches skip them.
+# Kept beside the carried bundle, one file a commit (a machine kept warm
+# keeps it between device commands; a new commit starts afresh), so every
+# stage shares it, and packed into each stage's archive.
+hung_builds=${GPU_SUITE_HUNG_BUILDS:-$bundle/hung-builds-$KVTIER_COMMIT.txt}
 stage=$(basename "$0" .sh)
 logs=$(mktemp -d)
 dry=${GPU_SUITE_DRY_RUN:-0}

@@ -50,7 +50,7 @@ use kvtier::pool::{numa_nodes, parse_size};
 use kvtier::{DeviceSpec, EntryFormat, Executor, Stream};
 
 pub(crate) use decode_step::DECODE_STEP_KVTIER_METHOD;
-pub(crate) use link::link_figures;
+pub(crate) use link::{LinkFigures, link_figures};
 use swap_path::SwapPath;
 
 #[derive(Debug, Args)]
@@ -214,12 +214,13 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     copy_choice: Option<PathBuf>,
     /// A file naming swap-in builds no GPU had run before that hung (made
-    /// if missing; one a line): they are skipped, and one that does not
-    /// finish within --max-seconds + 30 s now is added to it before the
-    /// bench ends (exit status 75) with the points before it written. A
-    /// build no GPU has run that fails otherwise is left out of its point,
-    /// and the run ends with an error naming it. The GPU suite passes one
-    /// file to all its benches.
+    /// if missing; one a line): they are skipped (and the run ends with an
+    /// error saying so), and one that does not finish within 2 x
+    /// --max-seconds + 10 s now is added to it before the bench ends (exit
+    /// status 75) with the points before it written. A build no GPU has
+    /// run that fails otherwise is left out of its point, and the run ends
+    /// with an error naming it. The GPU suite passes one file a bundle to
+    /// all its benches.
     #[arg(long, value_name = "FILE")]
     hung_builds: Option<PathBuf>,
 }
@@ -519,23 +520,35 @@ impl Bench<'_> {
 
     /// Times build `what`, one no GPU had run before (see --hung-builds):
     /// skipped where an earlier run found it hung, under the watchdog's
-    /// limit, and left out of the point ([`Bench::failed`]) if it fails.
+    /// limit, and left out of the point ([`Bench::failed`]) if it fails. An
+    /// error is returned only when the failure broke the GPU's context
+    /// (every later call would fail, and be blamed): it names the build.
     pub fn untried(
         &self,
         what: &str,
         time: impl FnOnce() -> kvtier::Result<Stats>,
-    ) -> Option<Stats> {
+    ) -> kvtier::Result<Option<Stats>> {
         if self.watchdog.hung_before(what) {
-            self.progress.suspend(|| {
-                println!("note: {what} skipped: an earlier run found it hung (--hung-builds)")
-            });
-            return None;
+            self.failed(
+                what,
+                &kvtier::Error::Pool(
+                    "skipped: an earlier run found it hung (--hung-builds)".into(),
+                ),
+            );
+            return Ok(None);
         }
         match self.watchdog.guard(what, time) {
-            Ok(t) => Some(t),
+            Ok(t) => Ok(Some(t)),
             Err(e) => {
                 self.failed(what, &e);
-                None
+                if let Executor::Cuda(dev) = &self.exec
+                    && let Err(broken) = dev.synchronize_all()
+                {
+                    return Err(kvtier::Error::Pool(format!(
+                        "{what} failed ({e}) and left the GPU's context broken: {broken}"
+                    )));
+                }
+                Ok(None)
             }
         }
     }
@@ -543,22 +556,18 @@ impl Bench<'_> {
     /// An error naming the timings that failed ([`Bench::failed`]), if any.
     pub fn no_failures(&self) -> kvtier::Result<()> {
         let failures = self.failures.borrow();
-        match failures.first() {
-            None => Ok(()),
-            Some(first) => Err(kvtier::Error::Pool(format!(
-                "{} left out of the measurements: {first}{}",
-                count(
-                    failures.len() as u64,
-                    "timing failed and was",
-                    "timings failed and were"
-                ),
-                if failures.len() > 1 {
-                    " (and the others above)"
-                } else {
-                    ""
-                }
-            ))),
+        if failures.is_empty() {
+            return Ok(());
         }
+        Err(kvtier::Error::Pool(format!(
+            "{} left out of the measurements: {}",
+            count(
+                failures.len() as u64,
+                "timing failed and was",
+                "timings failed and were"
+            ),
+            failures.join("; ")
+        )))
     }
 
     /// Where pool memory comes from: bound to the GPU's NUMA node when the
@@ -711,9 +720,13 @@ impl BenchArgs {
         self.warmup.unwrap_or(WARMUP)
     }
 
-    /// How long a timing of a build no GPU has run may take.
+    /// How long a timing of a build no GPU has run may take: its warm-up
+    /// and its samples stop after --max-seconds each, and 10 s more covers
+    /// the calls that cross those limits, the state resets and the checks.
+    /// Short, so that a hang is caught well inside the GPU suite's limit
+    /// for the bench (its `timeout` would end it with the build unnamed).
     fn untried_limit(&self) -> Duration {
-        Duration::from_secs_f64(self.max_seconds().max(0.0) + 30.0)
+        Duration::from_secs_f64(2.0 * self.max_seconds().max(0.0) + 10.0)
     }
 
     fn max_seconds(&self) -> f64 {
@@ -1011,8 +1024,10 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} points {elapsed_precise} {msg}")
             .expect("a valid template"),
     );
+    // one timestamp for the run (its start), on every line
+    let timestamp = report::rfc3339_now();
     let json = match &args.json {
-        Some(path) => Some(report::JsonSink::create(path, env.clone())?),
+        Some(path) => Some(report::JsonSink::create(path, env.clone(), &timestamp)?),
         None => None,
     };
     let bench = Bench {
@@ -1059,7 +1074,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
          median time / this method's median time, for the same useful bytes (1.00 = as fast as the \
          limit)."
     );
-    let lines = report::json_lines(&env, &all);
+    let lines = report::json_lines(&env, &all, &timestamp);
     if let Some(sink) = &bench.json {
         // every measurement went to the file with its point (Bench::point_done)
         if sink.written() != all.len() as u64 {
@@ -1264,7 +1279,7 @@ mod tests {
             args: &args,
             exec,
             progress: indicatif::ProgressBar::hidden(),
-            json: Some(report::JsonSink::create(&path, env).unwrap()),
+            json: Some(report::JsonSink::create(&path, env, "2026-11-28T00:00:00Z").unwrap()),
             failures: Default::default(),
             watchdog: super::watchdog::Watchdog::new(None, args.untried_limit()).unwrap(),
         };
@@ -1301,13 +1316,27 @@ mod tests {
         }
         // Bench::untried: a timing's result, or None with the failure named
         let t = b.untried("the fixed-shape build", || Ok(Stats::of(vec![4.0])));
-        assert_eq!(t.map(|t| t.median_us), Some(4.0));
+        assert_eq!(t.unwrap().map(|t| t.median_us), Some(4.0));
         let t = b.untried("the cluster build", || {
             Err(kvtier::Error::Pool("wrong page table".into()))
         });
-        assert!(t.is_none());
+        assert!(t.unwrap().is_none());
         let e = b.no_failures().unwrap_err().to_string();
+        // every failure named, in order
         assert!(e.contains("2 timings failed"), "{e}");
+        let (split, cluster) = (e.find("launch refused"), e.find("wrong page table"));
+        assert!(
+            split.is_some() && cluster.is_some() && split < cluster,
+            "{e}"
+        );
+        // one timestamp for the run, on every line
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            text.matches(r#""timestamp":"2026-11-28T00:00:00Z""#)
+                .count(),
+            3,
+            "{text}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

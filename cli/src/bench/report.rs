@@ -191,8 +191,13 @@ fn format_bytes(bytes: u64) -> String {
 
 /// One JSON object per measurement: what `--json` writes and the figures
 /// read.
-pub(super) fn json_lines(env: &Environment, all: &[Measurement]) -> Vec<serde_json::Value> {
-    let timestamp = rfc3339_now();
+/// `timestamp`: the run's (one for all its lines: readers take a run's date
+/// from it), as [`rfc3339_now`] writes it.
+pub(super) fn json_lines(
+    env: &Environment,
+    all: &[Measurement],
+    timestamp: &str,
+) -> Vec<serde_json::Value> {
     // Set by the GPU suite and the test script (the binary cannot know it).
     let commit = std::env::var("KVTIER_COMMIT")
         .ok()
@@ -240,6 +245,8 @@ pub(super) fn json_lines(env: &Environment, all: &[Measurement]) -> Vec<serde_js
 /// never run on a GPU may fail or hang at any point.
 pub(super) struct JsonSink {
     env: Environment,
+    /// The run's, on every line.
+    timestamp: String,
     path: std::path::PathBuf,
     file: std::cell::RefCell<std::io::BufWriter<std::fs::File>>,
     written: std::cell::Cell<u64>,
@@ -248,10 +255,11 @@ pub(super) struct JsonSink {
 impl JsonSink {
     /// Creates (empties) `path`: never through a link planted there, never
     /// into a FIFO.
-    pub fn create(path: &Path, env: Environment) -> kvtier::Result<Self> {
+    pub fn create(path: &Path, env: Environment, timestamp: &str) -> kvtier::Result<Self> {
         let file = kvtier::shared_fs::create_output(path, "--json")?;
         Ok(JsonSink {
             env,
+            timestamp: timestamp.to_string(),
             path: path.to_path_buf(),
             file: std::cell::RefCell::new(std::io::BufWriter::new(file)),
             written: std::cell::Cell::new(0),
@@ -265,7 +273,7 @@ impl JsonSink {
             source,
         };
         let mut f = self.file.borrow_mut();
-        for line in json_lines(&self.env, point) {
+        for line in json_lines(&self.env, point, &self.timestamp) {
             writeln!(f, "{line}").map_err(io)?;
         }
         f.flush().map_err(io)?;
@@ -284,7 +292,7 @@ impl JsonSink {
 }
 
 /// Now as `2026-11-21T20:55:05Z`.
-fn rfc3339_now() -> String {
+pub(super) fn rfc3339_now() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -958,10 +958,10 @@ impl State {
                 (
                     b.untried(what[0], || {
                         other_build(SwapInStrategy::FewMiss, Build::FixedShape, what[0])
-                    }),
+                    })?,
                     b.untried(what[1], || {
                         other_build(SwapInStrategy::FewMissOneLaunch, Build::FixedShape, what[1])
-                    }),
+                    })?,
                 )
             }
             _ => (None, None),
@@ -973,7 +973,7 @@ impl State {
                 let what = "few-miss planner, cluster build";
                 b.untried(what, || {
                     other_build(SwapInStrategy::FewMiss, Build::Cluster, what)
-                })
+                })?
             }
             _ => None,
         };
@@ -989,7 +989,7 @@ impl State {
                 let what = "split planner";
                 b.untried(what, || {
                     other_build(SwapInStrategy::FewMiss, Build::Split, what)
-                })
+                })?
             }
             _ => None,
         };

@@ -84,7 +84,12 @@ impl Watchdog {
                 shown.unwrap_or_default()
             );
             let _ = std::io::stdout().flush();
-            std::process::exit(EXIT_HUNG);
+            // _exit, not exit: exit's handlers include the CUDA driver's
+            // teardown, which may wait on the very kernel that hangs (the
+            // main thread is blocked in a synchronization with it); the
+            // kernel ends with the process's context all the same.
+            // SAFETY: ends the process; nothing runs after it.
+            unsafe { libc::_exit(EXIT_HUNG) }
         });
         Ok(Self::with(limit, hung, on_expiry))
     }
@@ -221,6 +226,52 @@ mod tests {
         dog.guard("quick", || ());
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(fired.lock().unwrap().len(), 1);
+    }
+
+    /// The real expiry, in a child process (it ends the process): the
+    /// build named in the file, the message, exit status 75, at about the
+    /// limit.
+    #[test]
+    fn a_hung_timing_is_named_in_the_file_and_ends_the_process() {
+        const CHILD: &str = "KVTIER_WATCHDOG_TEST_FILE";
+        if let Some(path) = std::env::var_os(CHILD) {
+            let dog = Watchdog::new(Some(Path::new(&path)), Duration::from_millis(300)).unwrap();
+            dog.guard("split planner", || {
+                std::thread::sleep(Duration::from_secs(30))
+            });
+            unreachable!("the watchdog let a hung timing return");
+        }
+        let dir = std::env::temp_dir().join(format!("kvtier-watchdog-exit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("hung.txt");
+        std::fs::write(&path, "few-miss planner, cluster build\n").unwrap();
+        let began = Instant::now();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "bench::watchdog::tests::a_hung_timing_is_named_in_the_file_and_ends_the_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, &path)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(EXIT_HUNG), "{stdout}");
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            began.elapsed()
+        );
+        assert!(
+            stdout.contains("error: split planner did not finish within its time limit"),
+            "{stdout}"
+        );
+        assert_eq!(
+            read(&path),
+            "few-miss planner, cluster build\nsplit planner\n"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -238,7 +238,7 @@ pub fn run(args: SelftestArgs) -> kvtier::Result<ExitCode> {
     } else {
         let start = Instant::now();
         match bench::link_figures(&dut) {
-            Ok(figures) => {
+            Ok(bench::LinkFigures { figures, untried }) => {
                 let seconds = start.elapsed().as_secs_f64() / figures.len().max(1) as f64;
                 for (check, detail) in figures {
                     add(Row {
@@ -247,6 +247,15 @@ pub fn run(args: SelftestArgs) -> kvtier::Result<ExitCode> {
                         cases: 0,
                         detail,
                         seconds,
+                    });
+                }
+                if let Some(detail) = untried {
+                    add(Row {
+                        check: "swap-in builds no GPU had run, timed beside the link".into(),
+                        status: Status::Fail,
+                        cases: 0,
+                        detail,
+                        seconds: 0.0,
                     });
                 }
             }
