@@ -924,6 +924,39 @@ fn selftest_says_when_there_is_no_gpu_and_dry_runs_on_the_cpu() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A selftest cut short (a kernel that hangs, a time limit) keeps the JSON
+/// lines of the checks it finished: each is on disk before its row shows.
+#[test]
+fn a_selftest_cut_short_keeps_the_checks_it_finished() {
+    use std::io::BufRead;
+    let dir = std::env::temp_dir().join(format!("kvtier-cli-selftest-cut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("selftest.jsonl");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(["selftest", "--cpu", "--cases", "3", "--no-link", "--json"])
+        .arg(&json)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let first = std::io::BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(|l| l.unwrap())
+        .find(|l| l.starts_with("PASS"))
+        .expect("a first passing check");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!lines.is_empty(), "nothing written before {first:?}");
+    let check = lines[0]["check"].as_str().unwrap();
+    assert!(first.contains(check), "{first:?} against {check:?}");
+    assert_eq!(lines[0]["result"], "PASS", "{lines:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn the_operator_can_always_get_out() {
     let dir = std::env::temp_dir().join(format!("kvtier-cli-exits-{}", std::process::id()));

@@ -212,7 +212,21 @@ pub fn run(args: SelftestArgs) -> kvtier::Result<ExitCode> {
         table_line("result", "check", "cases", "time", "detail")
     );
     let mut rows = Vec::new();
+    // --json: a line as each check ends, so a selftest cut by a time limit
+    // (a kernel that hangs) keeps the checks before it.
+    let mut json = match &args.json {
+        Some(path) => Some(JsonLines::create(path, &dut)?),
+        None => None,
+    };
+    let mut json_error = None;
     let mut add = |row: Row| {
+        // on disk before it is shown
+        if let Some(j) = &mut json
+            && json_error.is_none()
+            && let Err(e) = j.append(&row)
+        {
+            json_error = Some(e);
+        }
         println!("{}", row.line());
         rows.push(row);
     };
@@ -270,8 +284,10 @@ pub fn run(args: SelftestArgs) -> kvtier::Result<ExitCode> {
     }
     println!();
 
+    if let Some(e) = json_error {
+        return Err(e);
+    }
     if let Some(path) = &args.json {
-        write_json(path, &dut, &rows)?;
         println!(
             "wrote {} to {}",
             bench::count(rows.len() as u64, "check", "checks"),
@@ -349,32 +365,50 @@ fn table_line(result: &str, check: &str, cases: &str, time: &str, detail: &str) 
     format!("{result:<8} {check:<52} {cases:>6} {time:>8}  {detail}")
 }
 
-fn write_json(path: &std::path::Path, dut: &Executor, rows: &[Row]) -> kvtier::Result<()> {
-    let device = match dut {
-        Executor::Cuda(dev) => json!({
-            "name": dev.name(),
-            "compute_capability": format!("{}.{}", dev.compute_capability().0, dev.compute_capability().1),
-            "loaded": loaded_code(dev)?,
-        }),
-        Executor::Cpu => json!("CPU executor (--cpu dry run)"),
-    };
-    let mut text = String::new();
-    for r in rows {
+/// The --json file, a line a check, written as each check ends.
+struct JsonLines {
+    path: std::path::PathBuf,
+    file: std::fs::File,
+    device: serde_json::Value,
+}
+
+impl JsonLines {
+    fn create(path: &std::path::Path, dut: &Executor) -> kvtier::Result<Self> {
+        let device = match dut {
+            Executor::Cuda(dev) => json!({
+                "name": dev.name(),
+                "compute_capability": format!("{}.{}", dev.compute_capability().0, dev.compute_capability().1),
+                "loaded": loaded_code(dev)?,
+            }),
+            Executor::Cpu => json!("CPU executor (--cpu dry run)"),
+        };
+        let file = std::fs::File::create(path).map_err(|source| kvtier::Error::Io {
+            context: format!("writing {}", path.display()),
+            source,
+        })?;
+        Ok(JsonLines {
+            path: path.to_path_buf(),
+            file,
+            device,
+        })
+    }
+
+    fn append(&mut self, r: &Row) -> kvtier::Result<()> {
+        use std::io::Write;
         let line = json!({
             "check": r.check,
             "result": r.status.label(),
             "cases": r.cases,
             "detail": r.detail,
             "seconds": r.seconds,
-            "device": device,
+            "device": self.device,
             "driver": bench::driver_text(),
             "kvtier": kvtier::VERSION,
         });
-        text.push_str(&line.to_string());
-        text.push('\n');
+        // one write a line, unbuffered: on disk when the check's row is shown
+        writeln!(self.file, "{line}").map_err(|source| kvtier::Error::Io {
+            context: format!("writing {}", self.path.display()),
+            source,
+        })
     }
-    std::fs::write(path, text).map_err(|source| kvtier::Error::Io {
-        context: format!("writing {}", path.display()),
-        source,
-    })
 }
