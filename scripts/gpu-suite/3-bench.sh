@@ -80,17 +80,25 @@ elif [ "$quick" = 1 ]; then
   # from in-order source rows (MergedRuns' runs), as many points as before
   bench writeback 60 --scenario writeback --prefill-tokens 8192 --max-seconds 0.5
 elif [ "$quick" = 2 ]; then
-  # The quick pass's second part, after the decode step: 2 MiB pool pages,
-  # the nvcc build, the realistic rows at a buffer of 1x top-k, the gather at
-  # 32K tokens of context
-  bench gather-host-pages 100 --scenario gather --context 131072 --entry fp8-dsa --batch 64 \
-    --k 2048 --indices uniform --host-pages base,transparent --pool-memory 8GiB --max-seconds 0.5
+  # The quick pass's second part, after the decode step: the uniform gather
+  # at rows of 640, 656 and 768 bytes, the nvcc build, the realistic rows at
+  # a buffer of 1x top-k, the gather at 32K tokens of context, 2 MiB pool
+  # pages (twice measured on the H100: no gain).
+  # Whether a scattered 656-byte row (5 x 128 + 16) costs the link six
+  # 128-byte lines, as a 768-byte one does: at batch 64 x k 2048, uniform,
+  # the best kvtier 656-byte gather's share of the link was 0.79-0.93 of
+  # the best 1152-byte one's in the five committed GPU runs of it, and
+  # 656 / 768 = 0.854. Same rows a call (131072), same spread.
+  bench gather-entry-sizes 60 --scenario gather --context 32768 --entry 640,656,768 --batch 64 \
+    --k 2048 --indices uniform --max-seconds 0.5
   bin=$nvcc_build bench swap-in-production-nvcc 100 --scenario swap-in --max-seconds 1
   bench swap-in-realistic-h2048 100 --scenario swap-in --entry 656 --hot 2048 --misses 614 \
     --batch 1,8,64,256 --max-seconds 1
   # the 32K-context half of the gather grid, which no GPU has run (each copy
   # method, the bulk-copy one included, at the production batch sizes)
   bench gather-32k 60 --scenario gather --context 32768 --entry fp8-dsa --batch 8,64 --k 2048 --max-seconds 0.5
+  bench gather-host-pages 100 --scenario gather --context 131072 --entry fp8-dsa --batch 64 \
+    --k 2048 --indices uniform --host-pages base,transparent --pool-memory 8GiB --max-seconds 0.5
 else
   bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 2
   bench swap-in-production 120 --scenario swap-in --max-seconds 2

@@ -2,8 +2,9 @@
 # The GPU truth pass in one device command: stage 1 (the selftest and every
 # GPU test), then each stage's quick grid (GPU_SUITE_QUICK=1): the swap-in
 # and the copy methods (3), the decode step (6), and with what is left the
-# rest of stage 3 (GPU_SUITE_QUICK=2: 2 MiB pool pages, the nvcc build, a
-# buffer of 1x top-k) and the sanitizers over the kernels that never ran
+# rest of stage 3 (GPU_SUITE_QUICK=2: the gather at rows of 640, 656 and 768
+# bytes, the nvcc build, a buffer of 1x top-k, 32K contexts, 2 MiB pool
+# pages) and the sanitizers over the kernels that never ran
 # under them (2). Every command
 # is cut to end before the deadline, so every stage packs its archive into
 # OUT_DIR even when time runs short. It needs gpu-bundle/bin, lib and
