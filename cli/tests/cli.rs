@@ -2614,3 +2614,44 @@ fn the_shipped_copy_method_table_is_the_committed_runs_decision() {
             .all(|&(_, m)| m == WarpVectors)
     );
 }
+
+/// `--swap-in-report` on the committed H200 run of 2026-11-28: the figures
+/// the README and the swap-in issue quote from it (the default at median
+/// 1.02x SGLang's kernel over 46 points, clearly faster at 21, slower at 7,
+/// the slowest 0.78x at batch 256), each row against the default, and both
+/// regimes.
+#[test]
+fn the_swap_in_report_reads_a_runs_verdict_from_its_json() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../bench/results/h200-2026-11-28/3-bench"
+    );
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path().display().to_string())
+        .filter(|p| p.contains("/swap-in-") && p.ends_with(".jsonl"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 7, "{files:?}");
+    let (ok, out, err) = kvtier(&["bench", "--from-json", &files.join(","), "--swap-in-report"]);
+    assert!(ok, "{err}");
+    for line in [
+        "swap-in report: NVIDIA H200 (sm_90), commit 4e141c1: 46 points with SGLang's kernel",
+        "median 1.02x (SGLang's time over the default's); clearly faster at 21, level at 18, \
+         clearly slower at 7",
+        "  slower: batch 256, entry 656, hot 4096, k 2048, misses 2: 0.78x",
+        "  kvtier swap-in, few-miss planner, one launch, fused loads: 5 / 31 / 10; behind SGLang at 5",
+        "  batch 256, entry 656, hot 4096, k 2048, misses 2: 0.78x; 0.78x",
+        "  batch 100, entry 512, hot 4096, k 2048, misses 410: 0.89; 0.89",
+    ] {
+        assert!(out.contains(line), "{line:?} not in:\n{out}");
+    }
+    assert_eq!(out.matches("  slower: ").count(), 7, "{out}");
+    // files of no swap-in point beside SGLang's kernel are refused
+    let gather = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../bench/results/h100-2026-11-27b/3-bench/gather.jsonl"
+    );
+    let (ok, _, err) = kvtier(&["bench", "--from-json", gather, "--swap-in-report"]);
+    assert!(!ok && err.contains("no swap-in point"), "{err}");
+}

@@ -130,3 +130,10 @@ rows=$(ls "$logs"/*.jsonl 2>/dev/null | paste -sd, -)
 if [ -n "$rows" ]; then
   run copy-choice 30 "$bundle/bin/kvtier" bench --from-json "$rows" --copy-choice "$logs/copy-choice.json"
 fi
+# Where the swap-in rows leave the swap-in's goals (the default and every
+# build against SGLang's kernel, by the quartile rule): on a GPU only, where
+# SGLang's kernel is timed beside kvtier's.
+swap_rows=$(ls "$logs"/swap-in-*.jsonl 2>/dev/null | paste -sd, -)
+if [ -n "$swap_rows" ] && [ "$dry" != 1 ]; then
+  run swap-in-report 30 "$bundle/bin/kvtier" bench --from-json "$swap_rows" --swap-in-report
+fi

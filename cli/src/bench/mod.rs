@@ -35,6 +35,7 @@ pub(crate) use report::{find_font, register_font};
 mod sglang;
 mod spec_swap_in;
 mod swap_in;
+mod swap_in_report;
 mod swap_path;
 mod watchdog;
 mod writeback;
@@ -213,6 +214,12 @@ pub struct BenchArgs {
     /// the committed runs' table, `kvtier::CopyMethodTable::measured`).
     #[arg(long, value_name = "FILE")]
     copy_choice: Option<PathBuf>,
+    /// With --from-json: print where the files' swap-in rows leave the
+    /// swap-in's goals (the default against SGLang's kernel at every point,
+    /// every other kvtier row against the default, the latency-bound and
+    /// link-bound regimes), by the quartile rule the defaults are decided by.
+    #[arg(long, requires = "from_json")]
+    swap_in_report: bool,
     /// A file naming swap-in builds no GPU had run before that hung (made
     /// if missing; one a line): they are skipped (and the run ends with an
     /// error saying so), and one that does not finish within 2 x
@@ -949,13 +956,17 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
     // A typo in an output path or a missing font must not cost the run.
     check_outputs(&args)?;
     if !args.from_json.is_empty() {
-        if args.plot.is_none() && args.copy_choice.is_none() {
+        if args.plot.is_none() && args.copy_choice.is_none() && !args.swap_in_report {
             return Err(invalid(
                 "--from-json",
-                "measures nothing: give --plot DIR, --copy-choice FILE or both",
+                "measures nothing: give --plot DIR, --copy-choice FILE, --swap-in-report or \
+                 several",
             ));
         }
         let records = figures::read(&args.from_json)?;
+        if args.swap_in_report {
+            print!("{}", swap_in_report::report(&records)?);
+        }
         write_copy_choice(&args, &records)?;
         return draw_figures(&args, &records);
     }

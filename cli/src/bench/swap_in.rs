@@ -68,6 +68,14 @@ use super::swap_path::SwapPath;
 
 const SCENARIO: &str = "swap-in";
 
+/// Rows the swap-in report reads (`swap_in_report`): the few-miss planner,
+/// its one-launch build (the defaults, `SwapInStrategy::default_for`),
+/// SGLang's own kernel and the limit.
+pub(super) const FEW_MISS_ROW: &str = "kvtier swap-in, few-miss planner";
+pub(super) const ONE_LAUNCH_ROW: &str = "kvtier swap-in, few-miss planner, one launch";
+pub(super) const SGLANG_ROW: &str = "SGLang 0.5.23's swap-in kernel";
+pub(super) const LIMIT_ROW: &str = "contiguous H2D copy of the misses (limit)";
+
 /// Every miss of a call in row order (host row, device row), and each row's
 /// count of them.
 type RecordedMisses = (Vec<(i64, i32)>, Vec<i32>);
@@ -1184,7 +1192,7 @@ impl State {
             false,
         )];
         if let Some(t) = few_miss {
-            rows.push(row("", "kvtier swap-in, few-miss planner", t, false));
+            rows.push(row("", FEW_MISS_ROW, t, false));
         }
         if let Some(t) = few_miss_lines {
             rows.push(row(
@@ -1211,12 +1219,7 @@ impl State {
             ));
         }
         if let Some((one, one_512)) = one_launch {
-            rows.push(row(
-                "",
-                "kvtier swap-in, few-miss planner, one launch",
-                one,
-                false,
-            ));
+            rows.push(row("", ONE_LAUNCH_ROW, one, false));
             rows.push(row(
                 "",
                 "kvtier swap-in, few-miss planner, blocks of 512 threads, one launch",
@@ -1285,12 +1288,12 @@ impl State {
             rows.push(row("", "one block per request (SGLang's design)", t, false));
         }
         if let Some(t) = theirs {
-            rows.push(row("", "SGLang 0.5.23's swap-in kernel", t, false));
+            rows.push(row("", SGLANG_ROW, t, false));
         }
         rows.extend([
             row(
                 "contiguous memcpy of the misses (limit)",
-                "contiguous H2D copy of the misses (limit)",
+                LIMIT_ROW,
                 limit,
                 true,
             ),
