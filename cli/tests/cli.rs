@@ -2647,6 +2647,13 @@ fn the_swap_in_report_reads_a_runs_verdict_from_its_json() {
         assert!(out.contains(line), "{line:?} not in:\n{out}");
     }
     assert_eq!(out.matches("  slower: ").count(), 7, "{out}");
+    // a file given twice (or two builds of one commit) is refused
+    let twice = format!("{},{}", files[0], files[0]);
+    let (ok, _, err) = kvtier(&["bench", "--from-json", &twice, "--swap-in-report"]);
+    assert!(
+        !ok && err.contains("give one build's files at a time"),
+        "{err}"
+    );
     // files of no swap-in point beside SGLang's kernel are refused
     let gather = concat!(
         env!("CARGO_MANIFEST_DIR"),

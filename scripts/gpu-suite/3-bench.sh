@@ -132,8 +132,9 @@ if [ -n "$rows" ]; then
 fi
 # Where the swap-in rows leave the swap-in's goals (the default and every
 # build against SGLang's kernel, by the quartile rule): on a GPU only, where
-# SGLang's kernel is timed beside kvtier's.
-swap_rows=$(ls "$logs"/swap-in-*.jsonl 2>/dev/null | paste -sd, -)
+# SGLang's kernel is timed beside kvtier's; the NVRTC build's rows only (the
+# report takes one build's files at a time).
+swap_rows=$(ls "$logs"/swap-in-*.jsonl 2>/dev/null | grep -v -- '-nvcc\.jsonl$' | paste -sd, - || true)
 if [ -n "$swap_rows" ] && [ "$dry" != 1 ]; then
   run swap-in-report 30 "$bundle/bin/kvtier" bench --from-json "$swap_rows" --swap-in-report
 fi

@@ -98,11 +98,25 @@ pub(super) fn report(records: &[Record]) -> kvtier::Result<String> {
                 .clone()
                 .unwrap_or_else(|| "(no commit)".into()),
         );
-        runs.entry(run)
+        let point = point_label(r);
+        let rows = runs
+            .entry(run)
             .or_default()
-            .entry(point_label(r))
-            .or_default()
-            .insert(r.method.as_str(), r);
+            .entry(point.clone())
+            .or_default();
+        if rows.insert(r.method.as_str(), r).is_some() {
+            // two builds of one commit (NVRTC's and nvcc's), or one file twice
+            return Err(super::invalid(
+                "--swap-in-report",
+                format!(
+                    "two rows of \"{}\" at {point} on {} (commit {}): give one build's files \
+                     at a time",
+                    r.method,
+                    r.meta.device,
+                    r.meta.commit.as_deref().unwrap_or("none")
+                ),
+            ));
+        }
     }
     let mut out = String::new();
     for ((device, commit), points) in &runs {
