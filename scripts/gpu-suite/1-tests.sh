@@ -52,7 +52,10 @@ else
     budget_end=$(($(date +%s) + ${GPU_SUITE_TESTS_SECONDS:-150}))
     first=${GPU_SUITE_TESTS_FIRST:-swap_in_largest_shape swap_in_matches_cpu_on_random_cases}
     last=${GPU_SUITE_TESTS_LAST:-swap_in_production_shapes}
-    listed() { for t in $1; do printf '%s\n' $tests | grep -x "$t" >/dev/null && echo "$t"; done; }
+    # the names of $1 the binary listed (a name it did not list is left out)
+    listed() {
+      for t in $1; do if printf '%s\n' $tests | grep -x "$t" >/dev/null; then echo "$t"; fi; done
+    }
     tests=$(
       listed "$first"
       printf '%s\n' $tests | grep -vxF -f <(printf '%s\n' $first $last) || true

@@ -126,7 +126,9 @@ else
 fi
 # The copy method table this run's gather and writeback rows decide (the
 # library embeds the committed runs'; see kvtier bench --copy-choice).
-rows=$(ls "$logs"/*.jsonl 2>/dev/null | paste -sd, -)
+# (An empty file is a bench stopped in its first point: left out.)
+nonempty() { for f in "$@"; do if [ -s "$f" ]; then echo "$f"; fi; done; }
+rows=$(nonempty "$logs"/*.jsonl | paste -sd, -)
 if [ -n "$rows" ]; then
   run copy-choice 30 "$bundle/bin/kvtier" bench --from-json "$rows" --copy-choice "$logs/copy-choice.json"
 fi
@@ -134,7 +136,7 @@ fi
 # build against SGLang's kernel, by the quartile rule): on a GPU only, where
 # SGLang's kernel is timed beside kvtier's; the NVRTC build's rows only (the
 # report takes one build's files at a time).
-swap_rows=$(ls "$logs"/swap-in-*.jsonl 2>/dev/null | grep -v -- '-nvcc\.jsonl$' | paste -sd, - || true)
+swap_rows=$(nonempty "$logs"/swap-in-*.jsonl | grep -v -- '-nvcc\.jsonl$' | paste -sd, - || true)
 if [ -n "$swap_rows" ] && [ "$dry" != 1 ]; then
   run swap-in-report 30 "$bundle/bin/kvtier" bench --from-json "$swap_rows" --swap-in-report
 fi

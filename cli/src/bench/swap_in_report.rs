@@ -5,7 +5,9 @@
 //! lines, so that a GPU run's verdict is a command, not an afternoon:
 //!
 //! - the default ([`SwapInStrategy::default_for`] the run's GPU and each
-//!   point's batch) against SGLang's kernel at every point that timed it:
+//!   point's batch; where the few-miss planner's state does not fit a
+//!   block the library takes `FewMiss` instead, which the report cannot
+//!   know) against SGLang's kernel at every point that timed it:
 //!   the median of SGLang's time over the default's, and where it is
 //!   clearly faster or slower;
 //! - every other kvtier row against the default at the same points, and
@@ -123,26 +125,35 @@ pub(super) fn report(records: &[Record]) -> kvtier::Result<String> {
         let arch = arch_of(device);
         // the points with SGLang's kernel and the default's row
         let mut calls = Vec::new();
+        // points with SGLang's kernel left out: a trace's calls (no batch
+        // in their point), or no row of the default
+        let mut left_out = 0;
         for (label, rows) in points {
             let Some(theirs) = rows.get(SGLANG_ROW) else {
                 continue;
             };
             let any = *rows.values().next().expect("a point has rows");
-            let batch = param(any, "batch").unwrap_or(1) as usize;
-            let Some(ours) =
-                default_row(SwapInStrategy::default_for(arch, batch)).and_then(|m| rows.get(m))
-            else {
-                continue;
-            };
-            calls.push((label, rows, *ours, *theirs));
+            let ours = param(any, "batch").and_then(|batch| {
+                default_row(SwapInStrategy::default_for(arch, batch as usize))
+                    .and_then(|m| rows.get(m))
+            });
+            match ours {
+                Some(ours) => calls.push((label, rows, *ours, *theirs)),
+                None => left_out += 1,
+            }
         }
         if calls.is_empty() {
             continue;
         }
         let _ = writeln!(
             out,
-            "swap-in report: {device}, commit {commit}: {} points with SGLang's kernel",
-            calls.len()
+            "swap-in report: {device}, commit {commit}: {} points with SGLang's kernel{}",
+            calls.len(),
+            if left_out > 0 {
+                format!(" ({left_out} more left out: a trace's calls, or no row of the default)")
+            } else {
+                String::new()
+            }
         );
         // the default against SGLang's kernel
         let speeds: Vec<f64> = calls
