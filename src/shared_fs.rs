@@ -487,13 +487,7 @@ pub fn open_dax(path: &Path, arg: &'static str) -> Result<(File, Metadata)> {
 pub fn create_output(path: &Path, arg: &'static str) -> Result<File> {
     // a character device named itself (/dev/null) is written as it is; the
     // links in /dev (/dev/stdout) are refused with every other link
-    let rule = FileRule {
-        owner: Owner::Me,
-        forbidden_mode: 0,
-        devices: Devices::Char,
-        single_link: true,
-    };
-    let (file, meta) = open_file(path, Access::Create { mode: 0o644 }, &rule, arg)?;
+    let (file, meta) = open_output(path, Devices::Char, arg)?;
     if meta.file_type().is_file() {
         file.set_len(0).map_err(|source| Error::Io {
             context: format!("emptying {}", path.display()),
@@ -505,16 +499,22 @@ pub fn create_output(path: &Path, arg: &'static str) -> Result<File> {
 
 /// Opens an output file to read and add to, made if missing and kept if
 /// not (the bench's record of builds that hung, which later runs read and
-/// extend): by [`create_output`]'s rule, without emptying it.
+/// extend): by [`create_output`]'s rule, without emptying it, and a
+/// regular file only.
 pub fn open_output_kept(path: &Path, arg: &'static str) -> Result<File> {
+    Ok(open_output(path, Devices::None, arg)?.0)
+}
+
+/// The outputs' rule: made if missing, never through a link, a FIFO,
+/// another user's file or one with other hard links; `devices` as allowed.
+fn open_output(path: &Path, devices: Devices, arg: &'static str) -> Result<(File, Metadata)> {
     let rule = FileRule {
         owner: Owner::Me,
         forbidden_mode: 0,
-        devices: Devices::None,
+        devices,
         single_link: true,
     };
-    let (file, _) = open_file(path, Access::Create { mode: 0o644 }, &rule, arg)?;
-    Ok(file)
+    open_file(path, Access::Create { mode: 0o644 }, &rule, arg)
 }
 
 /// Reads all of `file` from where it stands, but never more than `max`

@@ -379,41 +379,50 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor, pairs: Pairs) {
                 );
             }
         }
-        // The builds no GPU has run yet (the few-miss planner's cluster
-        // build, the split planner, the fixed-shape builds): each is checked
-        // even when another differs, and the case fails after all of them
-        // with every difference named, so that one GPU run says which hold.
-        // The few-miss planner's cluster build: one launch in clusters of
-        // KVT_SWAP_CLUSTER blocks a row.
-        let clustered = SwapOptions {
-            cluster_copy: true,
-            ..opts
-        };
-        let got = case.run_with(gpu, SwapInStrategy::FewMiss, clustered);
-        if got != cpu {
-            untried.push(format!("the cluster build, {clustered:?}"));
-        }
-        // the split planner (a cluster of KVT_SWAP_CLUSTER blocks plans each
-        // row; the few-miss planner and its copy kernel where a block's
-        // state does not fit)
-        let split = SwapOptions {
-            cluster_plan: true,
-            ..opts
-        };
-        let got = case.run_with(gpu, SwapInStrategy::FewMiss, split);
-        if got != cpu {
-            untried.push(format!("the split planner, {split:?}"));
-        }
-        // the few-miss planner's fixed-shape builds (the plain build at
-        // other shapes)
-        for strategy in [SwapInStrategy::FewMiss, SwapInStrategy::FewMissOneLaunch] {
-            let opts = SwapOptions {
-                fixed_shape: true,
-                ..opts
-            };
-            let got = case.run_with(gpu, strategy, opts);
-            if got != cpu {
-                untried.push(format!("{strategy:?}, {opts:?}"));
+        // The builds no GPU has run yet: each is checked even when another
+        // differs, and the case fails after all of them with every
+        // difference named, so that one GPU run says which hold. The
+        // few-miss planner's cluster build (one launch in clusters of
+        // KVT_SWAP_CLUSTER blocks a row); the split planner (a cluster plans
+        // each row; the few-miss planner and its copy kernel where a
+        // block's state does not fit); the few-miss planner's fixed-shape
+        // builds (the plain build at other shapes).
+        for (build, strategy, opts) in [
+            (
+                "the cluster build",
+                SwapInStrategy::FewMiss,
+                SwapOptions {
+                    cluster_copy: true,
+                    ..opts
+                },
+            ),
+            (
+                "the split planner",
+                SwapInStrategy::FewMiss,
+                SwapOptions {
+                    cluster_plan: true,
+                    ..opts
+                },
+            ),
+            (
+                "the fixed-shape build",
+                SwapInStrategy::FewMiss,
+                SwapOptions {
+                    fixed_shape: true,
+                    ..opts
+                },
+            ),
+            (
+                "the fixed-shape build",
+                SwapInStrategy::FewMissOneLaunch,
+                SwapOptions {
+                    fixed_shape: true,
+                    ..opts
+                },
+            ),
+        ] {
+            if case.run_with(gpu, strategy, opts) != cpu {
+                untried.push(format!("{build}, {strategy:?}, {opts:?}"));
             }
         }
     }

@@ -55,7 +55,7 @@ pub(crate) fn link_figures(exec: &Executor) -> kvtier::Result<LinkFigures> {
         Executor::Cuda(_) => 256 << 20,
     };
     let args = bench_args(&[])?;
-    let b = bench_on(exec, &args);
+    let b = Bench::new(&args, exec.clone())?;
     let clock = Clock::new(exec)?;
     let mut host = Staging::new(exec, bytes)?;
     let dev = ExecVec::<u8>::zeroed(exec, bytes)?;
@@ -97,13 +97,13 @@ pub(crate) fn link_figures(exec: &Executor) -> kvtier::Result<LinkFigures> {
         "--indices",
         "uniform",
     ])?;
-    let rows = gather::run(&bench_on(exec, &gather))?;
+    let rows = gather::run(&Bench::new(&gather, exec.clone())?)?;
     out.push((
         "gather vs the link (batch 8, k 2048, 656 B)".into(),
         against_limit(&rows, "goal >= 0.95 at >= 4 MB")? + cpu_note,
     ));
     let swap = bench_args(&["--batch", "16", "--hot", "4096", "--misses", "410"])?;
-    let bench = bench_on(exec, &swap);
+    let bench = Bench::new(&swap, exec.clone())?;
     let rows = swap_in::run(&bench)?;
     out.push((
         "swap-in vs the link (batch 16, HOT 4096, 410 misses)".into(),
@@ -119,18 +119,6 @@ pub(crate) fn link_figures(exec: &Executor) -> kvtier::Result<LinkFigures> {
         figures: out,
         untried,
     })
-}
-
-fn bench_on<'a>(exec: &Executor, args: &'a BenchArgs) -> Bench<'a> {
-    Bench {
-        args,
-        exec: exec.clone(),
-        progress: indicatif::ProgressBar::hidden(),
-        json: None,
-        failures: Default::default(),
-        watchdog: super::watchdog::Watchdog::new(None, args.untried_limit())
-            .expect("a watchdog without a file"),
-    }
 }
 
 /// kvtier's time and the limit's, for the same bytes, as a ratio.

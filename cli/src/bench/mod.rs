@@ -503,7 +503,20 @@ pub(super) struct Bench<'a> {
     watchdog: watchdog::Watchdog,
 }
 
-impl Bench<'_> {
+impl<'a> Bench<'a> {
+    /// A bench of `args` on `exec`: no progress bar, no --json file yet, the
+    /// watchdog on --hung-builds.
+    pub fn new(args: &'a BenchArgs, exec: Executor) -> kvtier::Result<Self> {
+        Ok(Bench {
+            args,
+            exec,
+            progress: ProgressBar::hidden(),
+            json: None,
+            failures: Default::default(),
+            watchdog: watchdog::Watchdog::new(args.hung_builds.as_deref(), args.untried_limit())?,
+        })
+    }
+
     /// A grid point is done: `point` (its measurements) goes to the --json
     /// file at once, and the progress bar moves on.
     pub fn point_done(&self, point: &[Measurement]) -> kvtier::Result<()> {
@@ -993,14 +1006,7 @@ pub fn run(mut args: BenchArgs) -> kvtier::Result<()> {
     let env = report::Environment::probe(&exec, why_cpu.as_deref());
     println!("{}", env.banner());
 
-    let bench = Bench {
-        args: &args,
-        exec,
-        progress: ProgressBar::hidden(),
-        json: None,
-        failures: Default::default(),
-        watchdog: watchdog::Watchdog::new(args.hung_builds.as_deref(), args.untried_limit())?,
-    };
+    let bench = Bench::new(&args, exec)?;
     let scenarios: Vec<Scenario> = match args.scenario {
         Scenario::All => {
             let mut all = vec![Scenario::Gather, Scenario::SwapIn];
@@ -1287,12 +1293,8 @@ mod tests {
         let exec = kvtier::Executor::cpu();
         let env = report::Environment::probe(&exec, Some("test"));
         let b = Bench {
-            args: &args,
-            exec,
-            progress: indicatif::ProgressBar::hidden(),
             json: Some(report::JsonSink::create(&path, env, "2026-11-28T00:00:00Z").unwrap()),
-            failures: Default::default(),
-            watchdog: super::watchdog::Watchdog::new(None, args.untried_limit()).unwrap(),
+            ..Bench::new(&args, exec).unwrap()
         };
         let lines = || std::fs::read_to_string(&path).unwrap().lines().count();
         let m = |method| {
