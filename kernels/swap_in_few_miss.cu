@@ -554,6 +554,30 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     kvt::swap::few::plan<kvt::swap::few::Fixed2048, false, 2048, 8192>(p);
 }
 
+// kvt_swap_in_few_miss_k2048_h4096_lines_plan, _k2048_h8192_lines_plan — the
+// fixed-shape builds above with every miss the block copies moved as
+// KVT_COPY_LINE_ALIGNED (as kvt_swap_in_few_miss_lines_plan is the plain
+// build's): the launcher's choice under KVT_SWAP_FIXED_SHAPE with
+// KVT_SWAP_COPY_IN_PLAN and KVT_SWAP_COPY_LINES at those shapes. The same
+// contract, reads, writes and reports. Why: on the H200 of 2026-11-28
+// (bench/results/h200-2026-11-28b) the fixed-shape build was the fastest
+// one-launch planner with 2 misses a row (33.4 against 35.4 us at batch 256,
+// HOT 4096) and level with hundreds, where the line-aligned copies were
+// 4-5 % faster (batch 64-256, 137-410 misses of 656 bytes) and 2-5 %
+// slower with 2 misses; the miss count is the device's to know, so one
+// build should keep both. Timed beside them by the benchmark; no default
+// takes it until a GPU run says so.
+// Assumes: as the fixed-shape build of its shape.
+extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
+    kvt_swap_in_few_miss_k2048_h4096_lines_plan(const kvt_swap_in_params p) {
+    kvt::swap::few::plan<kvt::swap::few::Fixed2048, true, 2048, 4096>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
+    kvt_swap_in_few_miss_k2048_h8192_lines_plan(const kvt_swap_in_params p) {
+    kvt::swap::few::plan<kvt::swap::few::Fixed2048, true, 2048, 8192>(p);
+}
+
 namespace kvt {
 namespace swap {
 namespace few {

@@ -22,7 +22,7 @@ threads_of() {  # the kernel's block size (src/cuda/kernels.rs)
   case "$1" in
     kvt_swap_in_compact_plan) grep -oP 'KVT_SWAP_COMPACT_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_swap_in_plan) grep -oP 'KVT_SWAP_PLAN_THREADS \K[0-9]+' kernels/abi.h ;;
-    kvt_swap_in_few_miss_plan|kvt_swap_in_few_miss_lines_plan|kvt_swap_in_few_miss_k2048_h4096_plan|kvt_swap_in_few_miss_k2048_h8192_plan|kvt_swap_in_few_miss_cluster_plan|kvt_swap_in_split_plan) grep -oP 'KVT_SWAP_FEW_MISS_THREADS \K[0-9]+' kernels/abi.h ;;
+    kvt_swap_in_few_miss_plan|kvt_swap_in_few_miss_lines_plan|kvt_swap_in_few_miss_k2048_h4096_plan|kvt_swap_in_few_miss_k2048_h8192_plan|kvt_swap_in_few_miss_k2048_h4096_lines_plan|kvt_swap_in_few_miss_k2048_h8192_lines_plan|kvt_swap_in_few_miss_cluster_plan|kvt_swap_in_split_plan) grep -oP 'KVT_SWAP_FEW_MISS_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_swap_in_few_miss_512_plan) grep -oP 'KVT_SWAP_FEW_MISS_512_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_spec_swap_in) grep -oP 'KVT_SPEC_THREADS \K[0-9]+' kernels/abi.h ;;
     kvt_error_take) echo 32 ;;

@@ -60,8 +60,8 @@ pub use layout::{EntryFormat, ItemLayout, LayerFirstLayout};
 pub use mem::{Buf, BufMut, Location};
 pub use pool::{DeviceSpec, HostPages, Pool, PoolOptions, Region, RegionTicket};
 pub use swap_in::{
-    IndexBuf, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, QueryKind, SpecState, SpecSwapInArgs,
-    SwapInArgs, SwapInCounters, SwapInEngine, SwapInStrategy,
+    IndexBuf, KvBuffers, KvPlane, MissPlan, PlannedCopyArgs, PlannerBuild, QueryKind, SpecState,
+    SpecSwapInArgs, SwapInArgs, SwapInChoice, SwapInCounters, SwapInEngine, SwapInStrategy,
 };
 pub use tier::{KvLayers, Tier};
 pub use writeback::WritebackItems;

@@ -428,9 +428,9 @@ impl Tier {
     }
 
     /// LRU device-buffer swap-in with page-table update for one layer and a
-    /// whole batch, SGLang HiSparse semantics (see [`crate::swap_in`]), with
-    /// the strategy [`crate::SwapInEngine::default_strategy`] picks for the
-    /// call's batch and this GPU. On the caller's stream, no allocation, no
+    /// whole batch, SGLang HiSparse semantics (see [`crate::swap_in`]), as
+    /// [`crate::SwapInEngine::default_choice`] picks for the call's batch and
+    /// this GPU. On the caller's stream, no allocation, no
     /// host synchronisation; bad indices are refused and reported (CPU: now;
     /// CUDA: at the next [`Tier::check`]). The plan scratch belongs to the
     /// tier: swap-ins of one tier must run one after the other (one stream,
@@ -443,6 +443,12 @@ impl Tier {
     /// ([`crate::SwapInEngine::default_strategy`]).
     pub fn default_swap_in_strategy(&self, args: &SwapInArgs<'_>) -> Result<SwapInStrategy> {
         Ok(self.swap_in_engine()?.default_strategy(args))
+    }
+
+    /// What [`Tier::swap_in`] launches for `args`: its strategy, planner
+    /// build and copy method ([`crate::SwapInEngine::default_choice`]).
+    pub fn default_swap_in_choice(&self, args: &SwapInArgs<'_>) -> Result<crate::SwapInChoice> {
+        Ok(self.swap_in_engine()?.default_choice(args))
     }
 
     fn swap_in_engine(&self) -> Result<&crate::SwapInEngine> {
@@ -486,10 +492,11 @@ impl Tier {
         &self,
         args: &SwapInArgs<'_>,
         strategy: SwapInStrategy,
+        copy: CopyMethod,
         stream: Stream,
     ) -> Result<()> {
         self.swap_in_engine()?
-            .run_fixed_shape(args, strategy, CopyMethod::WarpVectors, stream)
+            .run_fixed_shape(args, strategy, copy, stream)
     }
 
     /// The few-miss planner's cluster build

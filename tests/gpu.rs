@@ -386,7 +386,8 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor, pairs: Pairs) {
         // KVT_SWAP_CLUSTER blocks a row); the split planner (a cluster plans
         // each row; the few-miss planner and its copy kernel where a
         // block's state does not fit); the few-miss planner's fixed-shape
-        // builds (the plain build at other shapes).
+        // builds (the plain build at other shapes), the one-launch one also
+        // with line-aligned copies.
         for (build, strategy, opts) in [
             (
                 "the cluster build",
@@ -417,6 +418,15 @@ fn swap_agrees(case: &common::swap::SwapCase, gpu: &Executor, pairs: Pairs) {
                 SwapInStrategy::FewMissOneLaunch,
                 SwapOptions {
                     fixed_shape: true,
+                    ..opts
+                },
+            ),
+            (
+                "the fixed-shape build with line-aligned copies",
+                SwapInStrategy::FewMissOneLaunch,
+                SwapOptions {
+                    fixed_shape: true,
+                    copy: CopyMethod::LineAligned,
                     ..opts
                 },
             ),

@@ -2317,7 +2317,8 @@ fn the_race_detector_catches_planted_races_and_the_kernels_have_none() {
 
 /// The few-miss planner's fixed-shape builds at their shapes, K 2048 over
 /// HOT 4096 and 8192 (the only shapes that take them: elsewhere the flag
-/// runs the plain build), with 2 and 410 misses, on valid rows and on rows
+/// runs the plain build), the one-launch planner's with warp-vector and
+/// line-aligned copies, with 2 and 410 misses, on valid rows and on rows
 /// with a few bad entries or wholly hostile ones; recording the plan and
 /// probing; outputs, state, plan, bytes and reports the CPU executor's, five
 /// barriers a block as the plain build.
@@ -2353,9 +2354,14 @@ fn fixed_shape_builds_match_at_their_shapes() {
         for opts in [SwapOptions::default(), record, probe] {
             let want = case.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, opts);
             set_schedule(2 + seed as u64 % 2);
-            for strategy in [SwapInStrategy::FewMiss, SwapInStrategy::FewMissOneLaunch] {
+            for (strategy, copy) in [
+                (SwapInStrategy::FewMiss, CopyMethod::WarpVectors),
+                (SwapInStrategy::FewMissOneLaunch, CopyMethod::WarpVectors),
+                (SwapInStrategy::FewMissOneLaunch, CopyMethod::LineAligned),
+            ] {
                 let fixed = SwapOptions {
                     fixed_shape: true,
+                    copy,
                     ..opts
                 };
                 let (got, reports) = emulate_swap(&case, strategy, 4, fixed);

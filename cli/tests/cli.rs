@@ -2595,9 +2595,9 @@ fn the_shipped_copy_method_table_is_the_committed_runs_decision() {
     );
     let table = kvtier::CopyMethodTable::from_json(&shipped).unwrap();
     assert_eq!(&table, kvtier::CopyMethodTable::measured());
-    // the measured runs' sm_90 656-byte gather takes the line-aligned copy,
-    // and MergedRuns at 16384 rows (the H100 run of 8f21590: faster where
-    // neighbouring rows are selected together, level elsewhere there); the
+    // the measured runs' sm_90 656-byte gather takes the line-aligned copy
+    // at every size (MergedRuns, chosen at 16384 rows by the H100 runs alone,
+    // was slower than it at one point of the H200 run of acb1aac); the
     // 656-byte prefill writeback MergedRuns
     use kvtier::CopyMethod::{LineAligned, MergedRuns, WarpVectors};
     let gather = table.choices_for(kvtier::CopyPath::Gather, 90, 656);
@@ -2606,7 +2606,8 @@ fn the_shipped_copy_method_table_is_the_committed_runs_decision() {
         [
             (256, LineAligned),
             (2048, LineAligned),
-            (16384, MergedRuns),
+            (16384, LineAligned),
+            (65536, LineAligned),
             (131072, LineAligned)
         ]
     );
@@ -2619,38 +2620,65 @@ fn the_shipped_copy_method_table_is_the_committed_runs_decision() {
     );
 }
 
-/// `--swap-in-report` on the committed H200 run of 2026-11-28: the figures
-/// the README and the swap-in issue quote from it (the default at median
-/// 1.02x SGLang's kernel over 46 points, clearly faster at 21, slower at 7,
-/// the slowest 0.78x at batch 256), each row against the default, and both
-/// regimes.
+/// `--swap-in-report` on the committed H200 runs of 2026-11-28: the figures
+/// the README and the swap-in issue quote from the second (the default, the
+/// split planner to batch 10 and the one-launch fixed-shape build above, at
+/// median 1.12x SGLang's kernel over 46 points, clearly faster at 31,
+/// slower at 5, the slowest 0.83x at batch 256), each row against the
+/// default, and both regimes; the first, which timed neither build, read
+/// through their strategies' plain rows and said so.
 #[test]
 fn the_swap_in_report_reads_a_runs_verdict_from_its_json() {
-    let dir = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../bench/results/h200-2026-11-28/3-bench"
-    );
-    let mut files: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path().display().to_string())
-        .filter(|p| p.contains("/swap-in-") && p.ends_with(".jsonl"))
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), 7, "{files:?}");
+    let swap_in_files = |run: &str| {
+        let dir = format!(
+            "{}/../bench/results/{run}/3-bench",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path().display().to_string())
+            .filter(|p| p.contains("/swap-in-") && p.ends_with(".jsonl"))
+            .collect();
+        files.sort();
+        assert_eq!(files.len(), 7, "{files:?}");
+        files
+    };
+    let files = swap_in_files("h200-2026-11-28b");
     let (ok, out, err) = kvtier(&["bench", "--from-json", &files.join(","), "--swap-in-report"]);
     assert!(ok, "{err}");
     for line in [
-        "swap-in report: NVIDIA H200 (sm_90), commit 4e141c1: 46 points with SGLang's kernel",
-        "median 1.02x (SGLang's time over the default's); clearly faster at 21, level at 18, \
-         clearly slower at 7",
-        "  slower: batch 256, entry 656, hot 4096, k 2048, misses 2: 0.78x",
-        "  kvtier swap-in, few-miss planner, one launch, fused loads: 5 / 31 / 10; behind SGLang at 5",
-        "  batch 256, entry 656, hot 4096, k 2048, misses 2: 0.78x; 0.78x",
-        "  batch 100, entry 512, hot 4096, k 2048, misses 410: 0.89; 0.89",
+        "swap-in report: NVIDIA H200 (sm_90), commit acb1aac: 46 points with SGLang's kernel\n\
+         the default against SGLang's kernel",
+        "median 1.12x (SGLang's time over the default's); clearly faster at 31, level at 10, \
+         clearly slower at 5",
+        "  slower: batch 256, entry 656, hot 4096, k 2048, misses 2: 0.83x",
+        "  kvtier swap-in, few-miss planner, one launch, line-aligned copy: 7 / 8 / 31; behind \
+         SGLang at 6",
+        "  batch 10, entry 656, hot 8192, k 2048, misses 2: 1.55x; 1.55x (kvtier swap-in, split \
+         planner (a cluster a row, one launch))",
+        "  batch 256, entry 656, hot 4096, k 2048, misses 410: 0.82; 0.86 (kvtier swap-in, \
+         few-miss planner, one launch, line-aligned copy); 0.79",
     ] {
         assert!(out.contains(line), "{line:?} not in:\n{out}");
     }
-    assert_eq!(out.matches("  slower: ").count(), 7, "{out}");
+    assert_eq!(out.matches("  slower: ").count(), 5, "{out}");
+    assert!(!out.contains("not timed in this run"), "{out}");
+    let (ok, old, err) = kvtier(&[
+        "bench",
+        "--from-json",
+        &swap_in_files("h200-2026-11-28").join(","),
+        "--swap-in-report",
+    ]);
+    assert!(ok, "{err}");
+    for line in [
+        "commit 4e141c1: 46 points with SGLang's kernel",
+        "not timed in this run, so the default's points read its strategy's plain row: kvtier \
+         swap-in, split planner (a cluster a row, one launch)",
+        "plain row: kvtier swap-in, few-miss planner, one launch, fixed-shape build",
+        "clearly faster at 19, level at 17, clearly slower at 10",
+    ] {
+        assert!(old.contains(line), "{line:?} not in:\n{old}");
+    }
     // a file given twice (or two builds of one commit) is refused
     let twice = format!("{},{}", files[0], files[0]);
     let (ok, _, err) = kvtier(&["bench", "--from-json", &twice, "--swap-in-report"]);

@@ -99,6 +99,24 @@ elif [ "$quick" = 2 ]; then
   bench gather-32k 60 --scenario gather --context 32768 --entry fp8-dsa --batch 8,64 --k 2048 --max-seconds 0.5
   bench gather-host-pages 100 --scenario gather --context 131072 --entry fp8-dsa --batch 64 \
     --k 2048 --indices uniform --host-pages base,transparent --pool-memory 8GiB --max-seconds 0.5
+elif [ "$quick" = 3 ]; then
+  # A follow-up of the quick pass (GPU_SUITE_STAGES="1-tests 3-bench:3
+  # 6-decode-step"): its swap-in grids alone, for a change of the swap-in's
+  # default or a new build, and batch 16 and 32 at the production shapes,
+  # between the batches where the split planner was ahead (up to 10) and
+  # where it was behind (32 on DeepSeek-V4's C4 path, 100)
+  bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 1
+  bench swap-in-production 120 --scenario swap-in --max-seconds 1
+  for hm in 4096:274 8192:137; do
+    bench "swap-in-realistic-h${hm%%:*}" 120 --scenario swap-in --entry 656 --hot "${hm%%:*}" \
+      --misses "${hm##*:}" --batch 1,8,64,256 --max-seconds 1
+  done
+  bench swap-in-small-batch 45 --scenario swap-in --entry 656 --hot 4096 --misses 2,274 --batch 2,4 \
+    --max-seconds 0.5
+  bench swap-in-mid-batch 60 --scenario swap-in --entry 656 --hot 4096,8192 --misses 2,274 --batch 16,32 \
+    --max-seconds 0.5
+  bench swap-in-dsv4-c4 60 "${dsv4_c4[@]}" --batch 1,32,128 --max-seconds 0.5
+  bench swap-in-m3-kv 60 "${m3_kv[@]}" --batch 1,32,128 --max-seconds 0.5
 else
   bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 2
   bench swap-in-production 120 --scenario swap-in --max-seconds 2

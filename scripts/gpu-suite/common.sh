@@ -21,8 +21,9 @@ logs=$(mktemp -d)
 dry=${GPU_SUITE_DRY_RUN:-0}
 # GPU_SUITE_QUICK=1: each stage's quick grid (scripts/gpu-suite/quick-pass.sh)
 quick=${GPU_SUITE_QUICK:-0}
-# the quick pass's second part of a stage packs an archive of its own
-[ "$quick" = 2 ] && stage=$stage-part2
+# the quick pass's second part of a stage (and a follow-up's third) packs an
+# archive of its own
+case $quick in 2 | 3) stage=$stage-part$quick ;; esac
 log() { echo "$*" | tee -a "$logs/$stage.log"; }
 # run NAME SECONDS CMD...: runs CMD with a time limit, its output in NAME.log;
 # a failure is recorded, and the stage goes on.

@@ -18,7 +18,10 @@ out_dir=${1:?usage: $0 OUT_DIR [SECONDS]}
 export GPU_SUITE_DEADLINE=$(($(date +%s) + ${2:-540}))
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,pcie.link.gen.current,pcie.link.width.current \
   --format=csv >"$out_dir/machine.txt" 2>&1 || true
-for stage in 1-tests 3-bench 6-decode-step 3-bench:2 2-sanitizer; do
+# GPU_SUITE_STAGES: another list of stages (STAGE or STAGE:PART), for a
+# follow-up pass, e.g. "1-tests 3-bench:3 6-decode-step": the swap-in grids
+# alone, then the decode step
+for stage in ${GPU_SUITE_STAGES:-1-tests 3-bench 6-decode-step 3-bench:2 2-sanitizer}; do
   echo "quick-pass: $stage at $(date -u +%H:%M:%S)"
   part=${stage#*:}; [ "$part" = "$stage" ] && part=1
   GPU_SUITE_QUICK=$part "$here/${stage%:*}.sh" "$out_dir" || echo "quick-pass: $stage exited $?"

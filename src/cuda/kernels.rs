@@ -229,9 +229,11 @@ pub enum Kernel {
     SwapInFewMissK2048H8192Plan = 20,
     SwapInFewMissClusterPlan = 21,
     SwapInSplitPlan = 22,
+    SwapInFewMissK2048H4096LinesPlan = 23,
+    SwapInFewMissK2048H8192LinesPlan = 24,
 }
 
-const KERNELS: usize = 23;
+const KERNELS: usize = 25;
 
 impl Kernel {
     const ALL: [Kernel; KERNELS] = [
@@ -258,6 +260,8 @@ impl Kernel {
         Kernel::SwapInFewMissK2048H8192Plan,
         Kernel::SwapInFewMissClusterPlan,
         Kernel::SwapInSplitPlan,
+        Kernel::SwapInFewMissK2048H4096LinesPlan,
+        Kernel::SwapInFewMissK2048H8192LinesPlan,
     ];
 
     /// The kernel's symbol in the fatbin.
@@ -286,6 +290,12 @@ impl Kernel {
             Kernel::SwapInFewMissK2048H8192Plan => "kvt_swap_in_few_miss_k2048_h8192_plan",
             Kernel::SwapInFewMissClusterPlan => "kvt_swap_in_few_miss_cluster_plan",
             Kernel::SwapInSplitPlan => "kvt_swap_in_split_plan",
+            Kernel::SwapInFewMissK2048H4096LinesPlan => {
+                "kvt_swap_in_few_miss_k2048_h4096_lines_plan"
+            }
+            Kernel::SwapInFewMissK2048H8192LinesPlan => {
+                "kvt_swap_in_few_miss_k2048_h8192_lines_plan"
+            }
         }
     }
 
@@ -298,6 +308,8 @@ impl Kernel {
             | Kernel::SwapInFewMissLinesPlan
             | Kernel::SwapInFewMissK2048H4096Plan
             | Kernel::SwapInFewMissK2048H8192Plan
+            | Kernel::SwapInFewMissK2048H4096LinesPlan
+            | Kernel::SwapInFewMissK2048H8192LinesPlan
             | Kernel::SwapInFewMissClusterPlan
             | Kernel::SwapInSplitPlan => crate::abi::KVT_SWAP_FEW_MISS_THREADS,
             Kernel::SwapInCompactPlan => crate::abi::KVT_SWAP_COMPACT_THREADS,
@@ -320,6 +332,8 @@ impl Kernel {
                 | Kernel::SwapInFewMissLinesPlan
                 | Kernel::SwapInFewMissK2048H4096Plan
                 | Kernel::SwapInFewMissK2048H8192Plan
+                | Kernel::SwapInFewMissK2048H4096LinesPlan
+                | Kernel::SwapInFewMissK2048H8192LinesPlan
                 | Kernel::SwapInFewMissClusterPlan
                 | Kernel::SwapInSplitPlan
                 | Kernel::GatherBulkRuns

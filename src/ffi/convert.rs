@@ -392,7 +392,7 @@ pub(super) unsafe fn planned_copy_args<'a>(
 }
 
 /// The strategy `s` names; `None` for `KVT_SWAP_IN_DEFAULT` (the engine's
-/// choice for the call, `SwapInEngine::default_strategy`).
+/// choice for the call, `SwapInEngine::run`: `default_choice`).
 pub(super) fn strategy(s: u32) -> Result<Option<SwapInStrategy>> {
     if s == KVT_SWAP_IN_DEFAULT {
         return Ok(None);

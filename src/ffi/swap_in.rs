@@ -99,8 +99,10 @@ pub unsafe extern "C" fn kvt_swap_in_run(
         let s = strategy(strategy_)?;
         let engine = lock(&e.engine);
         let args = unsafe { swap_in_args(a, engine.executor().location())? };
-        let s = s.unwrap_or_else(|| engine.default_strategy(&args));
-        engine.run_with(&args, s, stream(stream_))
+        match s {
+            Some(s) => engine.run_with(&args, s, stream(stream_)),
+            None => engine.run(&args, stream(stream_)),
+        }
     })
 }
 

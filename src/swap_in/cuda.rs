@@ -165,22 +165,32 @@ fn copy_params(dev: &CudaDevice, p: &kvt_swap_in_params) -> kvt_swap_in_params {
     q
 }
 
-/// The 1024-thread few-miss planner's build for `p`: with
-/// `KVT_SWAP_FIXED_SHAPE`, the fixed-shape build of its shape where there is
-/// one ([`super::FIXED_SHAPES`]), else the plain build.
-fn few_miss_build(p: &kvt_swap_in_params) -> Kernel {
-    if p.flags & KVT_SWAP_FIXED_SHAPE == 0 {
-        return Kernel::SwapInFewMissPlan;
-    }
+/// The 1024-thread few-miss planner's build for `p`, its copies moved as
+/// `KVT_COPY_LINE_ALIGNED` where `lines`: with `KVT_SWAP_FIXED_SHAPE`, the
+/// fixed-shape build of its shape where there is one
+/// ([`super::FIXED_SHAPES`]), else the plain build.
+fn few_miss_build(p: &kvt_swap_in_params, lines: bool) -> Kernel {
     // in the order of FIXED_SHAPES
     const BUILDS: [Kernel; super::FIXED_SHAPES.len()] = [
         Kernel::SwapInFewMissK2048H4096Plan,
         Kernel::SwapInFewMissK2048H8192Plan,
     ];
+    const LINES_BUILDS: [Kernel; super::FIXED_SHAPES.len()] = [
+        Kernel::SwapInFewMissK2048H4096LinesPlan,
+        Kernel::SwapInFewMissK2048H8192LinesPlan,
+    ];
+    let (plain, fixed) = if lines {
+        (Kernel::SwapInFewMissLinesPlan, LINES_BUILDS)
+    } else {
+        (Kernel::SwapInFewMissPlan, BUILDS)
+    };
+    if p.flags & KVT_SWAP_FIXED_SHAPE == 0 {
+        return plain;
+    }
     super::FIXED_SHAPES
         .iter()
         .position(|&shape| shape == (p.entries, p.hot))
-        .map_or(Kernel::SwapInFewMissPlan, |i| BUILDS[i])
+        .map_or(plain, |i| fixed[i])
 }
 
 fn fits(dev: &CudaDevice, smem: usize, what: impl FnOnce() -> String) -> Result<()> {
@@ -224,11 +234,7 @@ pub fn plan_kernel(p: &kvt_swap_in_params) -> (Kernel, u32, usize) {
         )
     } else if p.flags & KVT_SWAP_SKIP_INLINE != 0 {
         (
-            if lines {
-                Kernel::SwapInFewMissLinesPlan
-            } else {
-                few_miss_build(p)
-            },
+            few_miss_build(p, lines),
             KVT_SWAP_FEW_MISS_THREADS,
             few_miss_smem_bytes(p.entries, p.hot),
         )

@@ -219,8 +219,9 @@ pub enum SwapInStrategy {
     /// not measured). Where the few-miss planner's state does not fit the GPU's
     /// shared memory, the block-scan planner copies its own misses
     /// (`OneBlockPerRequest`). Exact on the CPU (the kernel emulator) and on
-    /// an H100, where it became the default from batch 8 on sm_90
-    /// ([`SwapInStrategy::default_for`]).
+    /// an H100, where it became the default from batch 8 on sm_90; on the
+    /// H200 of 2026-11-28, with its fixed-shape build, the default above
+    /// [`SPLIT_UP_TO_BATCH`] rows on sm_90 ([`SwapInChoice::default_for`]).
     FewMissOneLaunch,
     /// `FewMiss512` with every miss copied by its request's planning block
     /// (as `FewMissOneLaunch`): at batch 256 one wave of two blocks an SM
@@ -234,34 +235,19 @@ pub enum SwapInStrategy {
 
 impl SwapInStrategy {
     /// The few-miss planner: what [`SwapInEngine::run`] and
-    /// [`crate::Tier::swap_in`] take below [`ONE_LAUNCH_FROM_BATCH`] rows, and
-    /// at every batch on GPUs other than sm_90 and on the CPU executor
-    /// ([`SwapInStrategy::default_for`]). Same results as `PlanThenCopy`; on
-    /// an H100 (2026-11-25) 1.9-2.6x as fast with 2 misses per request,
-    /// 1.0-2.2x with 410.
+    /// [`crate::Tier::swap_in`] take on GPUs other than sm_90 and on the CPU
+    /// executor, and (as its split-planner build) up to
+    /// [`SPLIT_UP_TO_BATCH`] rows on sm_90 ([`SwapInChoice::default_for`]).
+    /// Same results as `PlanThenCopy`; on an H100 (2026-11-25) 1.9-2.6x as
+    /// fast with 2 misses per request, 1.0-2.2x with 410.
     pub const DEFAULT: SwapInStrategy = SwapInStrategy::FewMiss;
 
     /// The strategy [`SwapInEngine::run`] and [`crate::Tier::swap_in`] take
     /// for a call of `batch` rows on a GPU of compute capability `arch`
     /// (major × 10 + minor; `None`: the CPU executor, which has one way):
-    /// `FewMissOneLaunch` from [`ONE_LAUNCH_FROM_BATCH`] rows on sm_90, else
-    /// [`SwapInStrategy::DEFAULT`]. The batch is the host's to know (a CUDA
-    /// graph is captured per batch size), the miss count is not.
-    ///
-    /// Why: on an H100 (`bench/results/h100-2026-11-27b`, every strategy and
-    /// SGLang's kernel side by side), `FewMissOneLaunch` was faster than
-    /// `FewMiss` with the samples' quartile ranges apart at 16 of the 30
-    /// points of batch 8 to 256 and slower at none, and took 1.6-5.7 % less
-    /// time over the decode steps of DeepSeek-V3.2 (batch 8 and 64),
-    /// DeepSeek-V4 and MiniMax-M3 (batch 64); at batch 1 it was up to
-    /// 1.9x slower with hundreds of misses (one block copies them all). sm_80,
-    /// sm_86/89, sm_100 and sm_120 keep `FewMiss` until a run of theirs says
-    /// otherwise (the H200, also sm_90, has not timed it either).
+    /// [`SwapInChoice::default_for`]'s strategy.
     pub fn default_for(arch: Option<u32>, batch: usize) -> SwapInStrategy {
-        match arch {
-            Some(90) if batch >= ONE_LAUNCH_FROM_BATCH => SwapInStrategy::FewMissOneLaunch,
-            _ => SwapInStrategy::DEFAULT,
-        }
+        SwapInChoice::default_for(arch, batch).strategy
     }
 
     /// Every strategy, for the selftest, the tests and the benchmark: one
@@ -279,20 +265,111 @@ impl SwapInStrategy {
     ];
 }
 
-/// [`SwapInEngine::default_strategy`]'s choice: [`SwapInStrategy::default_for`]
-/// `arch` and `batch`, `FewMiss` for one launch where the few-miss planner's
-/// state does not fit (`few_miss_fits` false).
-fn default_of(arch: Option<u32>, batch: usize, few_miss_fits: bool) -> SwapInStrategy {
-    match SwapInStrategy::default_for(arch, batch) {
-        SwapInStrategy::FewMissOneLaunch if !few_miss_fits => SwapInStrategy::FewMiss,
-        s => s,
+/// Which build of the 1024-thread few-miss planner a call of `FewMiss` or
+/// `FewMissOneLaunch` runs. Every build has the same contract: the same
+/// outputs, state, plan and reports; each falls back to the plain build
+/// where it cannot run (below), so a choice never refuses a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlannerBuild {
+    /// One block of 1024 threads plans a row (`kvt_swap_in_few_miss_plan`).
+    Plain,
+    /// `FewMiss` in one launch, a thread-block cluster of
+    /// `KVT_SWAP_CLUSTER` blocks a row, each resolving a share of the row's
+    /// LRU positions and entries and copying the misses among its entries
+    /// (`kvt_swap_in_split_plan`, [`SwapInEngine::run_cluster_plan`]). Where
+    /// the GPU launches no clusters (before sm_90) or a block's state does
+    /// not fit, the plain build and its copy kernel.
+    Split,
+    /// The build for rows of exactly a shape of [`FIXED_SHAPES`] (top-k
+    /// 2048 over 4096 or 8192 slots), its shapes and threads constants
+    /// ([`SwapInEngine::run_fixed_shape`]); the plain build at other shapes.
+    FixedShape,
+}
+
+/// What [`SwapInEngine::run`] launches for a call: a strategy, the build of
+/// its planner and the method of its planner's copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwapInChoice {
+    pub strategy: SwapInStrategy,
+    pub build: PlannerBuild,
+    pub copy: CopyMethod,
+}
+
+impl SwapInChoice {
+    /// The default for a call of `batch` rows on a GPU of compute capability
+    /// `arch` (major × 10 + minor; `None`: the CPU executor, which has one
+    /// way). The batch and the row shape are the host's to know (a CUDA
+    /// graph is captured per batch size); the miss count is not.
+    ///
+    /// On sm_90: up to [`SPLIT_UP_TO_BATCH`] rows the split planner
+    /// (`FewMiss`, [`PlannerBuild::Split`]); above, `FewMissOneLaunch` with
+    /// the fixed-shape build where the rows have one
+    /// ([`PlannerBuild::FixedShape`]). Elsewhere `FewMiss`, plain.
+    ///
+    /// Why: on an H200 (`bench/results/h200-2026-11-28b`, every build and
+    /// SGLang 0.5.23's kernel side by side, 50 CUDA-event samples each, 50
+    /// swap-in points), against the previous default (`FewMissOneLaunch`
+    /// from batch 8, `FewMiss` below), this choice was faster with the
+    /// samples' interquartile ranges apart at 29 points and slower at none;
+    /// against SGLang's kernel (46 of the points) the median point went
+    /// from 1.04x to 1.12x its speed. The split planner was 1.00-1.39x the
+    /// previous default at batch 1 to 10, and slower from batch 32 (a
+    /// cluster of blocks a row takes several waves): 1.1-1.9x at batch 32
+    /// and 128 (DeepSeek-V4's C4 and MiniMax-M3's paths), 4.5-6.2x at batch
+    /// 100 and 256 with 2 misses a row. The fixed-shape build
+    /// was 1.06-1.10x the plain one-launch planner with 2 misses a row at
+    /// batch 100 and 256, level with hundreds. The H100 (also sm_90) has
+    /// not timed the split planner or the fixed-shape builds. sm_80, sm_86/89
+    /// (no clusters), sm_100 and sm_120 keep `FewMiss` until a run of
+    /// theirs says otherwise.
+    pub fn default_for(arch: Option<u32>, batch: usize) -> SwapInChoice {
+        let (strategy, build) = match arch {
+            Some(90) if batch <= SPLIT_UP_TO_BATCH => {
+                (SwapInStrategy::FewMiss, PlannerBuild::Split)
+            }
+            Some(90) => (SwapInStrategy::FewMissOneLaunch, PlannerBuild::FixedShape),
+            _ => (SwapInStrategy::DEFAULT, PlannerBuild::Plain),
+        };
+        SwapInChoice {
+            strategy,
+            build,
+            copy: CopyMethod::WarpVectors,
+        }
+    }
+
+    /// The launcher's flags for this choice's build and copy method.
+    fn flags(self) -> u32 {
+        let build = match self.build {
+            PlannerBuild::Plain => 0,
+            PlannerBuild::Split => crate::abi::KVT_SWAP_CLUSTER_PLAN,
+            PlannerBuild::FixedShape => crate::abi::KVT_SWAP_FIXED_SHAPE,
+        };
+        build | self.copy.swap_in_flags()
     }
 }
 
-/// The smallest batch [`SwapInStrategy::default_for`] runs
-/// `FewMissOneLaunch` at on sm_90: the smallest batch of the H100 run that
-/// chose it (batches 2 to 7 were not timed).
-pub const ONE_LAUNCH_FROM_BATCH: usize = 8;
+/// [`SwapInEngine::default_choice`]: [`SwapInChoice::default_for`] `arch`
+/// and `batch`, `FewMiss` (plain) where the few-miss planner's state does
+/// not fit (`few_miss_fits` false): its stand-in, the block-scan planner
+/// and a copy kernel, copies hundreds of misses faster than the block-scan
+/// planner alone.
+fn default_of(arch: Option<u32>, batch: usize, few_miss_fits: bool) -> SwapInChoice {
+    let choice = SwapInChoice::default_for(arch, batch);
+    if few_miss_fits {
+        return choice;
+    }
+    SwapInChoice {
+        strategy: SwapInStrategy::FewMiss,
+        build: PlannerBuild::Plain,
+        copy: CopyMethod::WarpVectors,
+    }
+}
+
+/// The largest batch [`SwapInChoice::default_for`] runs the split planner
+/// at on sm_90: the largest batch of the H200 run that chose it (batch 10;
+/// batches 11 to 31 were not timed, batch 32 was 1.5x slower than the
+/// one-launch planner on DeepSeek-V4's C4 path).
+pub const SPLIT_UP_TO_BATCH: usize = 10;
 
 /// The row shapes (entries, hot slots) the 1024-thread few-miss planner has
 /// fixed-shape builds of ([`SwapInEngine::run_fixed_shape`]): top-k 2048
@@ -530,17 +607,18 @@ impl SwapInEngine {
     /// allocation, no host synchronisation; bad indices are refused and
     /// reported (CPU: now; CUDA: at the next [`SwapInEngine::check`]).
     pub fn run(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
-        self.run_with(args, self.default_strategy(args), stream)
+        let choice = self.default_choice(args);
+        self.run_flagged(args, choice.strategy, choice.flags(), stream)
     }
 
-    /// The strategy [`SwapInEngine::run`] takes for `args`:
-    /// [`SwapInStrategy::default_for`] this engine's GPU and the call's batch,
+    /// What [`SwapInEngine::run`] launches for `args`:
+    /// [`SwapInChoice::default_for`] this engine's GPU and the call's batch,
     /// except that where the few-miss planner's state does not fit the GPU's
-    /// shared memory it is `FewMiss` (whose stand-in, the block-scan planner
-    /// and a copy kernel, copies hundreds of misses faster than the
+    /// shared memory it is `FewMiss`, plain (whose stand-in, the block-scan
+    /// planner and a copy kernel, copies hundreds of misses faster than the
     /// block-scan planner alone). Host arithmetic on the arguments' shapes
     /// only.
-    pub fn default_strategy(&self, args: &SwapInArgs<'_>) -> SwapInStrategy {
+    pub fn default_choice(&self, args: &SwapInArgs<'_>) -> SwapInChoice {
         let arch = match &self.exec {
             Executor::Cuda(dev) => {
                 let (major, minor) = dev.compute_capability();
@@ -552,6 +630,12 @@ impl SwapInEngine {
         let fits =
             args::few_miss_fits(&self.target(), args::entries_of(args), args.hot_buffer_size);
         default_of(arch, batch, fits)
+    }
+
+    /// The strategy [`SwapInEngine::run`] takes for `args`
+    /// ([`SwapInEngine::default_choice`]'s).
+    pub fn default_strategy(&self, args: &SwapInArgs<'_>) -> SwapInStrategy {
+        self.default_choice(args).strategy
     }
 
     /// [`SwapInEngine::run`] with an explicit strategy for the CUDA executor
@@ -927,38 +1011,59 @@ pub fn emulation_replay_params(
 mod tests {
     use super::*;
 
-    /// The default is the measured choice: one launch from batch 8 on sm_90
-    /// (the H100 run that chose it), the few-miss planner and its copy
-    /// kernel below it, on every other GPU and on the CPU executor.
+    /// The default is the measured choice on sm_90: the split planner up to
+    /// SPLIT_UP_TO_BATCH rows, the one-launch planner's fixed-shape build
+    /// above (the H200 run that chose them); the plain few-miss planner and
+    /// its copy kernel on every other GPU and on the CPU executor.
     #[test]
-    fn the_default_strategy_is_one_launch_from_batch_8_on_sm_90_only() {
-        let at = |arch, batch| SwapInStrategy::default_for(arch, batch);
-        for batch in [ONE_LAUNCH_FROM_BATCH, 64, 256, 16384] {
+    fn the_default_is_split_then_one_launch_fixed_shape_on_sm_90_only() {
+        let at = |arch, batch| SwapInChoice::default_for(arch, batch);
+        let choice = |strategy, build| SwapInChoice {
+            strategy,
+            build,
+            copy: CopyMethod::WarpVectors,
+        };
+        let split = choice(SwapInStrategy::FewMiss, PlannerBuild::Split);
+        let fixed = choice(SwapInStrategy::FewMissOneLaunch, PlannerBuild::FixedShape);
+        let plain = choice(SwapInStrategy::FewMiss, PlannerBuild::Plain);
+        for batch in [0, 1, 8, SPLIT_UP_TO_BATCH] {
+            assert_eq!(at(Some(90), batch), split, "{batch}");
+        }
+        for batch in [SPLIT_UP_TO_BATCH + 1, 64, 256, 16384] {
+            assert_eq!(at(Some(90), batch), fixed, "{batch}");
             assert_eq!(
-                at(Some(90), batch),
-                SwapInStrategy::FewMissOneLaunch,
-                "{batch}"
+                SwapInStrategy::default_for(Some(90), batch),
+                SwapInStrategy::FewMissOneLaunch
             );
         }
-        for batch in [0, 1, ONE_LAUNCH_FROM_BATCH - 1] {
-            assert_eq!(at(Some(90), batch), SwapInStrategy::FewMiss, "{batch}");
-        }
         for arch in [None, Some(80), Some(86), Some(89), Some(100), Some(120)] {
-            assert_eq!(at(arch, 256), SwapInStrategy::FewMiss, "{arch:?}");
+            for batch in [1, 256] {
+                assert_eq!(at(arch, batch), plain, "{arch:?} {batch}");
+            }
         }
+        assert_eq!(split.flags(), crate::abi::KVT_SWAP_CLUSTER_PLAN);
+        assert_eq!(fixed.flags(), crate::abi::KVT_SWAP_FIXED_SHAPE);
+        assert_eq!(plain.flags(), 0);
     }
 
     /// Where the few-miss planner's state does not fit the GPU's shared
-    /// memory the default is `FewMiss` (which then runs the block-scan
-    /// planner and a copy kernel), not the block-scan planner copying alone.
+    /// memory the default is `FewMiss`, plain (which then runs the
+    /// block-scan planner and a copy kernel), not the block-scan planner
+    /// copying alone nor a build of the few-miss planner.
     #[test]
-    fn the_default_leaves_one_launch_where_the_few_miss_planner_does_not_fit() {
+    fn the_default_leaves_the_few_miss_builds_where_the_planner_does_not_fit() {
+        let plain = SwapInChoice {
+            strategy: SwapInStrategy::FewMiss,
+            build: PlannerBuild::Plain,
+            copy: CopyMethod::WarpVectors,
+        };
         assert_eq!(
-            default_of(Some(90), 64, true),
+            default_of(Some(90), 64, true).strategy,
             SwapInStrategy::FewMissOneLaunch
         );
-        assert_eq!(default_of(Some(90), 64, false), SwapInStrategy::FewMiss);
-        assert_eq!(default_of(Some(90), 1, true), SwapInStrategy::FewMiss);
-        assert_eq!(default_of(None, 64, true), SwapInStrategy::FewMiss);
+        assert_eq!(default_of(Some(90), 64, false), plain);
+        assert_eq!(default_of(Some(90), 1, false), plain);
+        assert_eq!(default_of(Some(90), 1, true).build, PlannerBuild::Split);
+        assert_eq!(default_of(None, 64, true), plain);
     }
 }

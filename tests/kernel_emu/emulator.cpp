@@ -1049,6 +1049,8 @@ KVT_EMU_SWAP_PLAN(swap_in_few_miss_512_plan)
 KVT_EMU_SWAP_PLAN(swap_in_few_miss_lines_plan)
 KVT_EMU_SWAP_PLAN(swap_in_few_miss_k2048_h4096_plan)
 KVT_EMU_SWAP_PLAN(swap_in_few_miss_k2048_h8192_plan)
+KVT_EMU_SWAP_PLAN(swap_in_few_miss_k2048_h4096_lines_plan)
+KVT_EMU_SWAP_PLAN(swap_in_few_miss_k2048_h8192_lines_plan)
 KVT_EMU_SWAP_PLAN(swap_in_compact_plan)
 
 // The plan kernels launched in clusters of `cluster` blocks.

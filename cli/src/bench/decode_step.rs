@@ -8,10 +8,12 @@
 //! graph runner fills them). Per measured step, from the same state
 //! restored untimed before every replay:
 //!
-//! 1. kvtier's swap-ins of the step ([`DECODE_STEP_KVTIER_METHOD`]) with the
-//!    strategy `Tier::swap_in` takes for the batch and GPU (the JSON's
-//!    `strategy`), and on a GPU the same with the other of the two it
-//!    chooses between (`FewMiss`, `FewMissOneLaunch`);
+//! 1. kvtier's swap-ins of the step ([`DECODE_STEP_KVTIER_METHOD`]) as
+//!    `Tier::swap_in` runs them for the batch and GPU (the JSON's
+//!    `strategy` and `build`), and on a GPU the plain builds of the two
+//!    strategies it chooses between (`FewMiss`, `FewMissOneLaunch`: the
+//!    defaults before the H200 run of 2026-11-28 chose the split planner
+//!    and the fixed-shape build);
 //! 2. SGLang 0.5.23's own kernel for the trace's path on identical inputs
 //!    (CUDA executor, with `KVTIER_SGLANG_KERNELS`, where its harness is
 //!    built for the shape: [`SglangKernels::serves_swap_in`]), its page
@@ -60,11 +62,11 @@ pub(super) const SCENARIO: &str = "decode-step";
 pub(crate) const DECODE_STEP_KVTIER_METHOD: &str = "kvtier: the step's swap-ins";
 const KVTIER_GRAPH: &str = "kvtier: the step's swap-ins (CUDA graph)";
 const KVTIER_CPU: &str = "kvtier: the step's swap-ins (CPU executor)";
-/// Beside the default's graph (`Tier::default_swap_in_strategy`: the GPU
-/// and the bucket), the other of the two the default chooses between: the
-/// few-miss planner copying every miss itself (one launch a layer; each
-/// request's copy starts when its own plan is done), or the few-miss planner
-/// and its copy kernel.
+/// Beside the default's graph (`Tier::default_swap_in_choice`: the GPU and
+/// the bucket), the plain builds of the two strategies the default chooses
+/// between: the few-miss planner copying every miss itself (one launch a
+/// layer; each request's copy starts when its own plan is done), and the
+/// few-miss planner and its copy kernel.
 const KVTIER_ONE_LAUNCH: &str = "kvtier few_miss_one_launch: the step's swap-ins (CUDA graph)";
 const KVTIER_FEW_MISS: &str = "kvtier few_miss: the step's swap-ins (CUDA graph)";
 const SGLANG_METHOD: &str = "SGLang 0.5.23's kernel: the step's swap-ins (CUDA graph)";
@@ -1007,13 +1009,17 @@ impl<'b> Replay<'b> {
         };
         // each call's swap-in, and the replays of its plan by the
         // shared-index layers after it, one after the other
-        let calls_with = |strategy: SwapInStrategy, st: Stream| -> kvtier::Result<()> {
+        // (None: the default, Tier::swap_in)
+        let calls_with = |strategy: Option<SwapInStrategy>, st: Stream| -> kvtier::Result<()> {
             for c in calls {
                 let l = c.layer as usize;
                 let shared = this.shared_after(l);
                 // SAFETY: the replay's buffers, alive until after the timing.
                 let a = unsafe { this.args(l, host_cache, !shared.is_empty()) };
-                this.tier.swap_in_with(&a, strategy, st)?;
+                match strategy {
+                    Some(strategy) => this.tier.swap_in_with(&a, strategy, st)?,
+                    None => this.tier.swap_in(&a, st)?,
+                }
                 for sh in shared {
                     // SAFETY: as above.
                     let a = unsafe { this.planned_args(sh, l, host_cache) };
@@ -1034,7 +1040,7 @@ impl<'b> Replay<'b> {
         };
         // a strategy's swap-ins of the step, captured once and replayed
         let time_graph = |dev: &Arc<kvtier::CudaDevice>,
-                          strategy: SwapInStrategy,
+                          strategy: Option<SwapInStrategy>,
                           what: &str|
          -> kvtier::Result<Stats> {
             let graph = kvtier::cuda::CudaGraph::capture(dev, graph_stream(&clock), |st| {
@@ -1045,33 +1051,35 @@ impl<'b> Replay<'b> {
             same_tables(what)?;
             Ok(t)
         };
-        // the strategy Tier::swap_in takes for these calls (one batch size
-        // and shape for every layer of the trace)
+        // what Tier::swap_in runs for these calls (one batch size and shape
+        // for every layer of the trace)
         let chosen = {
             let first = calls.first().map_or(0, |c| c.layer as usize);
             // SAFETY: the replay's buffers, alive for the call.
             let a = unsafe { this.args(first, host_cache, false) };
-            this.tier.default_swap_in_strategy(&a)?
+            this.tier.default_swap_in_choice(&a)?
         };
-        let (kv, kv_method, one_launch) = match exec {
+        let (kv, kv_method, plain) = match exec {
             Executor::Cuda(dev) => {
-                let (other, label) = if chosen == SwapInStrategy::FewMissOneLaunch {
-                    (SwapInStrategy::FewMiss, KVTIER_FEW_MISS)
-                } else {
-                    (SwapInStrategy::FewMissOneLaunch, KVTIER_ONE_LAUNCH)
-                };
+                let mut plain = Vec::new();
+                for (strategy, label) in [
+                    (SwapInStrategy::FewMiss, KVTIER_FEW_MISS),
+                    (SwapInStrategy::FewMissOneLaunch, KVTIER_ONE_LAUNCH),
+                ] {
+                    plain.push((time_graph(dev, Some(strategy), label)?, label));
+                }
                 (
-                    time_graph(dev, chosen, "kvtier's graph")?,
+                    time_graph(dev, None, "kvtier's graph")?,
                     KVTIER_GRAPH,
-                    Some((time_graph(dev, other, label)?, label)),
+                    plain,
                 )
             }
             Executor::Cpu => {
-                let calls = |st| calls_with(chosen, st);
+                let calls = |st| calls_with(None, st);
                 let t = b.time(&clock, Timing::Device, reset, calls)?;
                 this.tier.check(clock.stream())?;
                 same_tables("kvtier's graph")?;
-                (t, KVTIER_CPU, None)
+                (t, KVTIER_CPU, Vec::new())
             }
         };
         // SGLang's kernel, where its harness takes the shape
@@ -1178,7 +1186,8 @@ impl<'b> Replay<'b> {
         let batch = outcome.calls.iter().map(|c| c.1).max().unwrap_or(0);
         let mut params = self.params(json!(s), 1, calls.len(), batch, rows, misses);
         // what kvtier's row ran: the default for this batch and GPU
-        params.push(("strategy", json!(format!("{chosen:?}"))));
+        params.push(("strategy", json!(format!("{:?}", chosen.strategy))));
+        params.push(("build", json!(format!("{:?}", chosen.build))));
         // the bytes moved: every call's misses (every plane's piece of each),
         // and its shared layers' again
         let moved: u64 = outcome
@@ -1189,7 +1198,7 @@ impl<'b> Replay<'b> {
         let bytes = moved as usize * self.item;
         let row = |method, t, limit| Measurement::new(SCENARIO, method, &params, bytes, t, limit);
         let mut out = vec![row(kv_method, kv, false)];
-        if let Some((t, method)) = one_launch {
+        for (t, method) in plain {
             out.push(row(method, t, false));
         }
         if let Some((t, method)) = theirs {

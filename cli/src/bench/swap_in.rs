@@ -73,6 +73,12 @@ const SCENARIO: &str = "swap-in";
 /// SGLang's own kernel and the limit.
 pub(super) const FEW_MISS_ROW: &str = "kvtier swap-in, few-miss planner";
 pub(super) const ONE_LAUNCH_ROW: &str = "kvtier swap-in, few-miss planner, one launch";
+/// The rows of the few-miss planner's builds a default may take
+/// (`SwapInChoice::default_for`): the split planner, and the one-launch
+/// planner's fixed-shape build.
+pub(super) const SPLIT_ROW: &str = "kvtier swap-in, split planner (a cluster a row, one launch)";
+pub(super) const ONE_LAUNCH_FIXED_ROW: &str =
+    "kvtier swap-in, few-miss planner, one launch, fixed-shape build";
 pub(super) const SGLANG_ROW: &str = "SGLang 0.5.23's swap-in kernel";
 pub(super) const LIMIT_ROW: &str = "contiguous H2D copy of the misses (limit)";
 
@@ -307,7 +313,7 @@ struct State {
 #[derive(Clone, Copy)]
 enum Build {
     Copy(CopyMethod),
-    FixedShape,
+    FixedShape(CopyMethod),
     Cluster,
     Split,
 }
@@ -823,22 +829,23 @@ impl State {
             Ok(())
         };
         let loc = exec.location();
-        let time_strategy =
-            |strategy: SwapInStrategy, copy: Build| -> kvtier::Result<(Stats, Vec<i32>)> {
-                spoil()?;
-                let t = b.time(&clock, Timing::Device, reset, |s| {
-                    // SAFETY: the buffers above live until after the timing.
-                    let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
-                    match copy {
-                        Build::Copy(copy) => self.tier.swap_in_with_copy(&a, strategy, copy, s),
-                        Build::FixedShape => self.tier.swap_in_fixed_shape(&a, strategy, s),
-                        Build::Cluster => self.tier.swap_in_cluster_copy(&a, s),
-                        Build::Split => self.tier.swap_in_cluster_plan(&a, s),
-                    }
-                })?;
-                self.tier.check(clock.stream())?;
-                Ok((t, out.to_vec()?))
-            };
+        let time_strategy = |strategy: SwapInStrategy,
+                             copy: Build|
+         -> kvtier::Result<(Stats, Vec<i32>)> {
+            spoil()?;
+            let t = b.time(&clock, Timing::Device, reset, |s| {
+                // SAFETY: the buffers above live until after the timing.
+                let a = unsafe { self.args(q, loc, addrs, host_cache, None) };
+                match copy {
+                    Build::Copy(copy) => self.tier.swap_in_with_copy(&a, strategy, copy, s),
+                    Build::FixedShape(copy) => self.tier.swap_in_fixed_shape(&a, strategy, copy, s),
+                    Build::Cluster => self.tier.swap_in_cluster_copy(&a, s),
+                    Build::Split => self.tier.swap_in_cluster_plan(&a, s),
+                }
+            })?;
+            self.tier.check(clock.stream())?;
+            Ok((t, out.to_vec()?))
+        };
         let (kv, out_kvtier) = time_strategy(
             SwapInStrategy::PlanThenCopy,
             Build::Copy(CopyMethod::WarpVectors),
@@ -962,17 +969,23 @@ impl State {
                 let what = [
                     "few-miss planner, fixed-shape build",
                     "few-miss planner, one launch, fixed-shape build",
+                    "few-miss planner, one launch, fixed-shape build, line-aligned copy",
                 ];
+                let warp = Build::FixedShape(CopyMethod::WarpVectors);
+                let lines = Build::FixedShape(CopyMethod::LineAligned);
                 (
                     b.untried(what[0], || {
-                        other_build(SwapInStrategy::FewMiss, Build::FixedShape, what[0])
+                        other_build(SwapInStrategy::FewMiss, warp, what[0])
                     })?,
                     b.untried(what[1], || {
-                        other_build(SwapInStrategy::FewMissOneLaunch, Build::FixedShape, what[1])
+                        other_build(SwapInStrategy::FewMissOneLaunch, warp, what[1])
+                    })?,
+                    b.untried(what[2], || {
+                        other_build(SwapInStrategy::FewMissOneLaunch, lines, what[2])
                     })?,
                 )
             }
-            _ => (None, None),
+            _ => (None, None, None),
         };
         // The few-miss planner's cluster build (one launch, a cluster of
         // blocks a row copying its misses), where the GPU launches clusters.
@@ -1236,12 +1249,7 @@ impl State {
             ));
         }
         if let Some(t) = split {
-            rows.push(row(
-                "",
-                "kvtier swap-in, split planner (a cluster a row, one launch)",
-                t,
-                false,
-            ));
+            rows.push(row("", SPLIT_ROW, t, false));
         }
         if let Some(t) = fixed.0 {
             rows.push(row(
@@ -1252,9 +1260,12 @@ impl State {
             ));
         }
         if let Some(t) = fixed.1 {
+            rows.push(row("", ONE_LAUNCH_FIXED_ROW, t, false));
+        }
+        if let Some(t) = fixed.2 {
             rows.push(row(
                 "",
-                "kvtier swap-in, few-miss planner, one launch, fixed-shape build",
+                "kvtier swap-in, few-miss planner, one launch, fixed-shape build, line-aligned copy",
                 t,
                 false,
             ));

@@ -4,10 +4,14 @@
 //! ranges of their samples are apart. Read from committed or fresh JSON
 //! lines, so that a GPU run's verdict is a command, not an afternoon:
 //!
-//! - the default ([`SwapInStrategy::default_for`] the run's GPU and each
-//!   point's batch; where the few-miss planner's state does not fit a
-//!   block the library takes `FewMiss` instead, which the report cannot
-//!   know) against SGLang's kernel at every point that timed it:
+//! - the default ([`SwapInChoice::default_for`] the run's GPU and each
+//!   point's batch: its build's row where the run timed it; the plain
+//!   row of its strategy where the bench left the build out, as the
+//!   launcher falls back, and everywhere in a run that never timed the
+//!   build, which the report then says; where the few-miss planner's state
+//!   does not fit a block the library takes `FewMiss` instead, which the
+//!   report cannot know) against SGLang's kernel at every point that timed
+//!   it:
 //!   the median of SGLang's time over the default's, and where it is
 //!   clearly faster or slower;
 //! - every other kvtier row against the default at the same points, and
@@ -22,18 +26,29 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use kvtier::SwapInStrategy;
+use kvtier::{PlannerBuild, SwapInChoice, SwapInStrategy};
 
 use super::figures::Record;
-use super::swap_in::{FEW_MISS_ROW, LIMIT_ROW, ONE_LAUNCH_ROW, SGLANG_ROW};
+use super::swap_in::{
+    FEW_MISS_ROW, LIMIT_ROW, ONE_LAUNCH_FIXED_ROW, ONE_LAUNCH_ROW, SGLANG_ROW, SPLIT_ROW,
+};
 
-/// The bench's row of a strategy the default may be.
-fn default_row(s: SwapInStrategy) -> Option<&'static str> {
-    match s {
-        SwapInStrategy::FewMiss => Some(FEW_MISS_ROW),
-        SwapInStrategy::FewMissOneLaunch => Some(ONE_LAUNCH_ROW),
-        _ => None,
-    }
+/// The bench's rows of a choice the default may be: its build's row (None
+/// for the plain build) and its strategy's plain row, the launcher's
+/// fallback.
+fn default_rows(c: SwapInChoice) -> Option<(Option<&'static str>, &'static str)> {
+    let plain = match c.strategy {
+        SwapInStrategy::FewMiss => FEW_MISS_ROW,
+        SwapInStrategy::FewMissOneLaunch => ONE_LAUNCH_ROW,
+        _ => return None,
+    };
+    let build = match (c.build, c.strategy) {
+        (PlannerBuild::Plain, _) => None,
+        (PlannerBuild::Split, SwapInStrategy::FewMiss) => Some(SPLIT_ROW),
+        (PlannerBuild::FixedShape, SwapInStrategy::FewMissOneLaunch) => Some(ONE_LAUNCH_FIXED_ROW),
+        _ => return None,
+    };
+    Some((build, plain))
 }
 
 /// -1, 0 or 1: `a` clearly slower than `b`, level, clearly faster (their
@@ -123,6 +138,11 @@ pub(super) fn report(records: &[Record]) -> kvtier::Result<String> {
     let mut out = String::new();
     for ((device, commit), points) in &runs {
         let arch = arch_of(device);
+        // the builds' rows this run timed somewhere: a build it never timed
+        // (a run before the build, or a GPU without it) is read as its
+        // plain row everywhere, and said
+        let timed = |row: &str| points.values().any(|rows| rows.contains_key(row));
+        let mut untimed = Vec::new();
         // the points with SGLang's kernel and the default's row
         let mut calls = Vec::new();
         // points with SGLang's kernel left out: a trace's calls (no batch
@@ -134,8 +154,17 @@ pub(super) fn report(records: &[Record]) -> kvtier::Result<String> {
             };
             let any = *rows.values().next().expect("a point has rows");
             let ours = param(any, "batch").and_then(|batch| {
-                default_row(SwapInStrategy::default_for(arch, batch as usize))
-                    .and_then(|m| rows.get(m))
+                let (build, plain) = default_rows(SwapInChoice::default_for(arch, batch as usize))?;
+                match build {
+                    Some(b) if timed(b) => rows.get(b).or_else(|| rows.get(plain)),
+                    Some(b) => {
+                        if !untimed.contains(&b) {
+                            untimed.push(b);
+                        }
+                        rows.get(plain)
+                    }
+                    None => rows.get(plain),
+                }
             });
             match ours {
                 Some(ours) => calls.push((label, rows, *ours, *theirs)),
@@ -155,6 +184,13 @@ pub(super) fn report(records: &[Record]) -> kvtier::Result<String> {
                 String::new()
             }
         );
+        for b in &untimed {
+            let _ = writeln!(
+                out,
+                "not timed in this run, so the default's points read its strategy's plain row: \
+                 {b}"
+            );
+        }
         // the default against SGLang's kernel
         let speeds: Vec<f64> = calls
             .iter()
