@@ -313,7 +313,7 @@ kvt_status kvt_region_free(kvt_region *region);
 #define KVT_SWAP_IN_FEW_MISS_512 5          /* KVT_SWAP_IN_FEW_MISS in blocks of 512 threads: two blocks an SM */
 #define KVT_SWAP_IN_FEW_MISS_ONE_LAUNCH 6   /* KVT_SWAP_IN_FEW_MISS copying every miss itself: one launch */
 #define KVT_SWAP_IN_FEW_MISS_512_ONE_LAUNCH 7 /* KVT_SWAP_IN_FEW_MISS_512 copying every miss itself: one launch */
-#define KVT_SWAP_IN_DEFAULT 8               /* kvtier's choice for the batch and GPU: FEW_MISS_ONE_LAUNCH from batch 8 on sm_90, else FEW_MISS */
+#define KVT_SWAP_IN_DEFAULT 8               /* kvtier's choice for the batch and GPU (SwapInChoice::default_for): on sm_90 FEW_MISS planned by a thread-block cluster a row up to batch 10, FEW_MISS_ONE_LAUNCH with line-aligned copies above; else FEW_MISS */
 
 /* How a row of a KV buffer is addressed: pages of rows_per_page rows (a power
  * of two), page_bytes apart; within a page the rows' values (value_bytes

@@ -220,8 +220,9 @@ pub enum SwapInStrategy {
     /// shared memory, the block-scan planner copies its own misses
     /// (`OneBlockPerRequest`). Exact on the CPU (the kernel emulator) and on
     /// an H100, where it became the default from batch 8 on sm_90; on the
-    /// H200 of 2026-11-28, with its fixed-shape build, the default above
-    /// [`SPLIT_UP_TO_BATCH`] rows on sm_90 ([`SwapInChoice::default_for`]).
+    /// H200 of 2026-11-28, with its fixed-shape build and line-aligned
+    /// copies, the default above [`SPLIT_UP_TO_BATCH`] rows on sm_90
+    /// ([`SwapInChoice::default_for`]).
     FewMissOneLaunch,
     /// `FewMiss512` with every miss copied by its request's planning block
     /// (as `FewMissOneLaunch`): at batch 256 one wave of two blocks an SM
@@ -303,37 +304,52 @@ impl SwapInChoice {
     ///
     /// On sm_90: up to [`SPLIT_UP_TO_BATCH`] rows the split planner
     /// (`FewMiss`, [`PlannerBuild::Split`]); above, `FewMissOneLaunch` with
-    /// the fixed-shape build where the rows have one
-    /// ([`PlannerBuild::FixedShape`]). Elsewhere `FewMiss`, plain.
+    /// line-aligned copies ([`CopyMethod::LineAligned`]), in the fixed-shape
+    /// build where the rows have one ([`PlannerBuild::FixedShape`]).
+    /// Elsewhere `FewMiss`, plain.
     ///
-    /// Why: on an H200 (`bench/results/h200-2026-11-28b`, every build and
-    /// SGLang 0.5.23's kernel side by side, 50 CUDA-event samples each, 50
-    /// swap-in points), against the previous default (`FewMissOneLaunch`
-    /// from batch 8, `FewMiss` below), this choice was faster with the
-    /// samples' interquartile ranges apart at 29 points and slower at none;
-    /// against SGLang's kernel (46 of the points) the median point went
-    /// from 1.04x to 1.12x its speed. The split planner was 1.00-1.39x the
-    /// previous default at batch 1 to 10, and slower from batch 32 (a
-    /// cluster of blocks a row takes several waves): 1.1-1.9x at batch 32
-    /// and 128 (DeepSeek-V4's C4 and MiniMax-M3's paths), 4.5-6.2x at batch
-    /// 100 and 256 with 2 misses a row. The fixed-shape build
-    /// was 1.06-1.10x the plain one-launch planner with 2 misses a row at
-    /// batch 100 and 256, level with hundreds. The H100 (also sm_90) has
-    /// not timed the split planner or the fixed-shape builds. sm_80, sm_86/89
-    /// (no clusters), sm_100 and sm_120 keep `FewMiss` until a run of
-    /// theirs says otherwise.
+    /// Why: two H200 runs of 2026-11-28 (`bench/results/h200-2026-11-28b`
+    /// and `-28c`, every build and SGLang 0.5.23's kernel side by side, 50
+    /// CUDA-event samples each). Against the previous default
+    /// (`FewMissOneLaunch` from batch 8, `FewMiss` below, both plain), this
+    /// choice was faster with the samples' interquartile ranges apart at 37
+    /// of the second run's 54 points and slower at none; against SGLang's
+    /// kernel its median point was 1.10x SGLang's speed (the previous
+    /// default's 1.03x, clearly slower at 12 points), clearly slower at 4 (2
+    /// misses a row at batch 256: 0.77x and 0.94x; batch 32 on DeepSeek-V4's
+    /// C4 and MiniMax-M3's paths: 0.95x and 0.98x).
+    /// - The split planner was 1.00-1.39x the previous default at batch 1
+    ///   to 10 in the first run, and slower from batch 16 (a cluster of
+    ///   blocks a row takes several waves): up to 1.6x at batch 16 with 2
+    ///   misses a row, 4-6x at batch 100 and 256.
+    /// - Above batch 10 the one-launch planner's line-aligned copies were
+    ///   2-8 % faster than its warp-vector copies (fixed-shape builds both)
+    ///   at 10 of 28 points, every one with hundreds of misses a row (the
+    ///   regime the HiSparse paper's miss rates put a server in), and 4-7 %
+    ///   slower at 4, every one with 2 misses a row: a 656-byte row takes
+    ///   two line-aligned passes of a warp where warp vectors take one, which
+    ///   a row of 2 misses waits for.
+    ///
+    /// The H100 (also sm_90) has not timed the split planner or the
+    /// fixed-shape builds. sm_80, sm_86/89 (no clusters), sm_100 and sm_120
+    /// keep `FewMiss` until a run of theirs says otherwise.
     pub fn default_for(arch: Option<u32>, batch: usize) -> SwapInChoice {
-        let (strategy, build) = match arch {
+        let warp = CopyMethod::WarpVectors;
+        let (strategy, build, copy) = match arch {
             Some(90) if batch <= SPLIT_UP_TO_BATCH => {
-                (SwapInStrategy::FewMiss, PlannerBuild::Split)
+                (SwapInStrategy::FewMiss, PlannerBuild::Split, warp)
             }
-            Some(90) => (SwapInStrategy::FewMissOneLaunch, PlannerBuild::FixedShape),
-            _ => (SwapInStrategy::DEFAULT, PlannerBuild::Plain),
+            Some(90) => (
+                SwapInStrategy::FewMissOneLaunch,
+                PlannerBuild::FixedShape,
+                CopyMethod::LineAligned,
+            ),
+            _ => (SwapInStrategy::DEFAULT, PlannerBuild::Plain, warp),
         };
         SwapInChoice {
             strategy,
             build,
-            copy: CopyMethod::WarpVectors,
+            copy,
         }
     }
 
@@ -366,9 +382,11 @@ fn default_of(arch: Option<u32>, batch: usize, few_miss_fits: bool) -> SwapInCho
 }
 
 /// The largest batch [`SwapInChoice::default_for`] runs the split planner
-/// at on sm_90: the largest batch of the H200 run that chose it (batch 10;
-/// batches 11 to 31 were not timed, batch 32 was 1.5x slower than the
-/// one-launch planner on DeepSeek-V4's C4 path).
+/// at on sm_90: the largest batch of the H200 runs that chose it (at batch
+/// 10 it was ahead of the one-launch planner's fixed-shape build with a hot
+/// buffer of 8192 and behind it with 4096, 2 misses a row: medians 20.8-21.5
+/// against 23.3-24.2 µs and 17.6-19.2 against 16.4-17.9; batches 11 to 15
+/// were not timed; at 16 it was up to 1.6x slower).
 pub const SPLIT_UP_TO_BATCH: usize = 10;
 
 /// The row shapes (entries, hot slots) the 1024-thread few-miss planner has
@@ -1013,10 +1031,10 @@ mod tests {
 
     /// The default is the measured choice on sm_90: the split planner up to
     /// SPLIT_UP_TO_BATCH rows, the one-launch planner's fixed-shape build
-    /// above (the H200 run that chose them); the plain few-miss planner and
+    /// with line-aligned copies above (the H200 runs that chose them); the plain few-miss planner and
     /// its copy kernel on every other GPU and on the CPU executor.
     #[test]
-    fn the_default_is_split_then_one_launch_fixed_shape_on_sm_90_only() {
+    fn the_default_is_split_then_one_launch_fixed_shape_lines_on_sm_90_only() {
         let at = |arch, batch| SwapInChoice::default_for(arch, batch);
         let choice = |strategy, build| SwapInChoice {
             strategy,
@@ -1024,7 +1042,10 @@ mod tests {
             copy: CopyMethod::WarpVectors,
         };
         let split = choice(SwapInStrategy::FewMiss, PlannerBuild::Split);
-        let fixed = choice(SwapInStrategy::FewMissOneLaunch, PlannerBuild::FixedShape);
+        let fixed = SwapInChoice {
+            copy: CopyMethod::LineAligned,
+            ..choice(SwapInStrategy::FewMissOneLaunch, PlannerBuild::FixedShape)
+        };
         let plain = choice(SwapInStrategy::FewMiss, PlannerBuild::Plain);
         for batch in [0, 1, 8, SPLIT_UP_TO_BATCH] {
             assert_eq!(at(Some(90), batch), split, "{batch}");
@@ -1042,7 +1063,10 @@ mod tests {
             }
         }
         assert_eq!(split.flags(), crate::abi::KVT_SWAP_CLUSTER_PLAN);
-        assert_eq!(fixed.flags(), crate::abi::KVT_SWAP_FIXED_SHAPE);
+        assert_eq!(
+            fixed.flags(),
+            crate::abi::KVT_SWAP_FIXED_SHAPE | crate::abi::KVT_SWAP_COPY_LINES
+        );
         assert_eq!(plain.flags(), 0);
     }
 

@@ -2,11 +2,11 @@
 measurements: each range quoted in ``compat.MEASURED``, ``SPEC_LEFT`` and
 ``ENGRAM_GATHER_LEFT`` is recomputed here from the JSON lines of the runs
 under ``bench/results/`` that the text names (H200 and H100, 2026-11-26;
-H100, 2026-11-27), and so is every figure of the README's paragraph on the
-latest run, of its first screen, and of docs/measurements.md (its table and
-ranges), docs/rust-api.md and docs/tables.md, so that a new run, or an
-edited sentence, cannot leave the report or a page quoting figures no one
-measured."""
+H100, 2026-11-27; H200, 2026-11-28), and so is every figure of the README's
+paragraph on the latest runs, of its first screen, and of
+docs/measurements.md (its tables and ranges), docs/rust-api.md and
+docs/tables.md, so that a new run, or an edited sentence, cannot leave the
+report or a page quoting figures no one measured."""
 
 from __future__ import annotations
 
@@ -84,13 +84,12 @@ def test_the_engram_gather_figures_are_the_measured_ones():
     assert f"{span(slower, 2)} at {len(slower)} of {len(host_sorted)} points reading a host table" in text, text
 
 
-# The second quick pass of 2026-11-27 (H100, commit 8f21590): the README's
-# "latest run" paragraph and table, the first screen's decode-step range and
-# the launcher's sentence (compat.MEASURED).
+# The second quick pass of 2026-11-27 (H100, commit 8f21590): its paragraph
+# and table in docs/measurements.md.
 LATEST = "h100-2026-11-27b"
 README = RESULTS.parent.parent / "README.md"
 KVTIER_STEP = "kvtier: the step's swap-ins (CUDA graph)"
-# the default at batch 8 and 64 on sm_90 since this run (SwapInStrategy::default_for)
+# the default at batch 8 and 64 on sm_90 from this run to the H200 runs of 2026-11-28
 ONE_LAUNCH_STEP = "kvtier few_miss_one_launch: the step's swap-ins (CUDA graph)"
 SGLANG_STEP = "SGLang 0.5.23's kernel: the step's swap-ins (CUDA graph)"
 FLOOR_STEP = "link floor: each call's misses in one contiguous copy"
@@ -105,15 +104,16 @@ def times(values) -> str:
     return f"{low}×" if low == high else f"{low}-{high}×"
 
 
-def latest_paragraph() -> str:
-    text = README.read_text()
-    start = text.index("**The latest run**")
-    return text[start:text.index("![The H200 run", start)]
+def h100_paragraph() -> str:
+    """docs/measurements.md on the H100 run of 2026-11-27 and the H200's first pass of 2026-11-28."""
+    text = (README.parent / "docs" / "measurements.md").read_text()
+    start = text.index("**The H100 run of 2026-11-27**")
+    return text[start:text.index("## The runs of 2026-11-26", start)]
 
 
-def decode_steps(trace: str) -> dict:
+def decode_steps(trace: str, run: str = LATEST) -> dict:
     """{method: median µs} of a trace's three measured steps in all."""
-    return {r["method"]: r["median_us"] for r in lines(LATEST, f"6-decode-step/decode-step-{trace}.jsonl")
+    return {r["method"]: r["median_us"] for r in lines(run, f"6-decode-step/decode-step-{trace}.jsonl")
             if r["params"]["step"] == "all"}
 
 
@@ -155,8 +155,8 @@ def test_the_latest_run_is_one_commit_on_an_h100():
                     stage == "3-bench-part2" and line.endswith("skipped")), line
 
 
-def test_the_readme_decode_step_table_is_the_measured_one():
-    text = latest_paragraph()
+def test_the_h100_decode_step_table_is_the_measured_one():
+    text = h100_paragraph()
     for trace in ("dsv32-128k-b8", "dsv32-128k-b64"):
         m = decode_steps(trace)
         row = (f"| {m[ONE_LAUNCH_STEP] / 1000:.2f} | {m[SGLANG_STEP] / 1000:.2f} | "
@@ -164,12 +164,10 @@ def test_the_readme_decode_step_table_is_the_measured_one():
         assert f"(`{trace}`) {row}" in text, (trace, row)
     b8, b64 = (decode_steps(t) for t in ("dsv32-128k-b8", "dsv32-128k-b64"))
     assert f"took {b8[KVTIER_STEP] / 1000:.2f} and {b64[KVTIER_STEP] / 1000:.2f} ms" in " ".join(text.split())
-    speeds = [f"{m[SGLANG_STEP] / m[ONE_LAUNCH_STEP]:.2f}x at batch {b}" for b, m in ((8, b8), (64, b64))]
-    assert ", ".join(speeds) in compat.MEASURED["load_cache_to_device_buffer_mla"], speeds
 
 
-def test_the_readme_single_call_figures_are_the_measured_ones():
-    text = " ".join(latest_paragraph().split())
+def test_the_h100_single_call_figures_are_the_measured_ones():
+    text = " ".join(h100_paragraph().split())
     calls = default_calls()
     assert len(calls) == 42
     speeds = sorted(v for _, v, _ in calls)
@@ -192,8 +190,8 @@ def test_the_readme_single_call_figures_are_the_measured_ones():
 H200_RUN = "h200-2026-11-28"
 
 
-def test_the_readme_h200_swap_in_figures_are_the_measured_ones():
-    text = " ".join(latest_paragraph().split())
+def test_the_first_h200_pass_swap_in_figures_are_the_measured_ones():
+    text = " ".join(h100_paragraph().split())
     pts: dict = defaultdict(dict)
     for name in ("sglang-grid", "production", "realistic-h4096", "realistic-h8192", "small-batch",
                  "dsv4-c4", "m3-kv"):
@@ -209,7 +207,7 @@ def test_the_readme_h200_swap_in_figures_are_the_measured_ones():
     speeds = sorted(v for v, _ in calls.values())
     median = (speeds[22] + speeds[23]) / 2
     faster, slower = sum(a == 1 for _, a in calls.values()), sum(a == -1 for _, a in calls.values())
-    assert f"the default is at median {median:.2f}× SGLang's kernel (faster at {faster}, slower at {slower})" in text
+    assert f"the default then is at median {median:.2f}× SGLang's kernel (faster at {faster}, slower at {slower})" in text
     two = {(p[2], p[3]): v for p, (v, _) in calls.items() if p[0] == "production" and p[4] == 2}
     assert (f"({two[(4096, 256)]:.2f}× at HOT 4096, {two[(8192, 256)]:.2f}× at 8192) and at batch 1 with 2 "
             f"misses ({two[(4096, 1)]:.2f}× at HOT 4096)") in text
@@ -217,8 +215,8 @@ def test_the_readme_h200_swap_in_figures_are_the_measured_ones():
     assert speeds[:3] == sorted([two[(4096, 256)], two[(8192, 256)], two[(4096, 1)]])
 
 
-def test_the_readme_copy_findings_are_the_measured_ones():
-    text = " ".join(latest_paragraph().split())
+def test_the_h100_copy_findings_are_the_measured_ones():
+    text = " ".join(h100_paragraph().split())
     gather: dict = defaultdict(dict)
     for r in lines(LATEST, "3-bench/gather.jsonl"):
         gather[json.dumps(r["params"], sort_keys=True)][r["method"]] = r["ratio_to_limit"]
@@ -235,25 +233,144 @@ def test_the_readme_copy_findings_are_the_measured_ones():
     assert f"({pages['base']:.2f} to {pages['transparent']:.2f} of the link)" in text
 
 
-def test_the_first_screens_decode_step_range_is_the_measured_one():
+# The H200 passes of 2026-11-28 that chose today's swap-in default
+# (SwapInChoice::default_for): the README's "latest runs" paragraph and
+# table, its first screen, and the launcher's sentence (compat.MEASURED).
+H200_B, H200_C = "h200-2026-11-28b", "h200-2026-11-28c"
+SPLIT = "kvtier swap-in, split planner (a cluster a row, one launch)"
+FIXED_LINES = "kvtier swap-in, few-miss planner, one launch, fixed-shape build, line-aligned copy"
+ONE_LAUNCH_LINES = "kvtier swap-in, few-miss planner, one launch, line-aligned copy"
+SPLIT_UP_TO_BATCH = 10
+
+
+def latest_paragraph() -> str:
+    text = README.read_text()
+    start = text.index("**The latest runs**")
+    return text[start:text.index("![The H200 run", start)]
+
+
+def h200_points(run: str = H200_C, stage: str = "3-bench-part3") -> dict:
+    """{(file, entry, hot, batch, misses): {method: record}} over a run's swap-in points with SGLang's kernel."""
+    pts: dict = defaultdict(dict)
+    for f in sorted((RESULTS / run / stage).glob("swap-in-*.jsonl")):
+        for r in lines(run, f"{stage}/{f.name}"):
+            pts[(f.stem[len("swap-in-"):], *(r["params"][k] for k in ("entry", "hot", "batch", "misses")))][
+                r["method"]] = r
+    return {p: m for p, m in pts.items() if SGLANG in m}
+
+
+def apart(a: dict, b: dict) -> int:
+    return 1 if a["q3_us"] < b["q1_us"] else -1 if a["q1_us"] > b["q3_us"] else 0
+
+
+def h200_default_calls(old: bool = False) -> list:
+    """[(point, SGLang's time over the default's, apart)]: today's default (the split planner to batch 10,
+    the fixed-shape build with line-aligned copies above, their plain builds where the bench left them
+    out), or with ``old`` the previous one (one launch from batch 8, few_miss below)."""
+    out = []
+    for p, m in h200_points().items():
+        if old:
+            ours = m[ONE_LAUNCH if p[3] >= ONE_LAUNCH_FROM_BATCH else FEW_MISS]
+        elif p[3] <= SPLIT_UP_TO_BATCH:
+            ours = m.get(SPLIT, m[FEW_MISS])
+        else:
+            ours = m.get(FIXED_LINES, m[ONE_LAUNCH_LINES])
+        out.append((p, m[SGLANG]["median_us"] / ours["median_us"], apart(ours, m[SGLANG]), ours, m))
+    return out
+
+
+def median_of(values) -> float:
+    return statistics.median(values)
+
+
+def test_the_h200_runs_are_their_commits_on_an_h200():
+    for run, stage, commit in ((H200_B, "3-bench", "acb1aac"), (H200_C, "3-bench-part3", "2a671a0")):
+        records = [r for f in (RESULTS / run / stage).glob("swap-in-*.jsonl") for r in lines(run, f"{stage}/{f.name}")]
+        assert {r["commit"][:7] for r in records} == {commit}
+        assert {r["device"] for r in records} == {"NVIDIA H200 (sm_90)"}
+        assert (RESULTS / run / stage / "COMMIT").read_text().startswith(commit)
+
+
+def test_the_readme_single_call_figures_are_the_measured_ones():
+    text = " ".join(latest_paragraph().split())
+    calls = h200_default_calls()
+    assert len(calls) == 54
+    speeds = [v for _, v, *_ in calls]
+    faster, slower = sum(c[2] == 1 for c in calls), sum(c[2] == -1 for c in calls)
+    old = h200_default_calls(old=True)
+    assert (f"the default is at median {median_of(speeds):.2f}× SGLang's kernel (faster at {faster}, slower at "
+            f"{slower}, the quartile ranges apart; the previous default, read from the same files: "
+            f"{median_of([v for _, v, *_ in old]):.2f}×, slower at {sum(c[2] == -1 for c in old)})") in text, text
+    latency = [v for p, v, *_ in calls if p[4] == 2 and p[3] <= 10]
+    many = [v for p, v, *_ in calls if p[3] == 1 and p[4] >= 100]
+    two = {p[2]: v for p, v, *_ in calls if p[0] == "production" and p[3:] == (256, 2)}
+    assert (f"{times(latency)} with 2 misses a request at batch 1-10, {times(many)} at batch 1 with hundreds of "
+            f"misses, and slower by the most at batch 256 with 2 misses a request ({two[4096]:.2f}× at HOT "
+            f"4096, {two[8192]:.2f}× at 8192)") in text, text
+    assert min(speeds) == two[4096]
+    # the link's share from batch 64 with hundreds of misses (SGLang's paths), both kernels
+    link = [(m[LIMIT]["median_us"] / ours["median_us"], m[LIMIT]["median_us"] / m[SGLANG]["median_us"])
+            for p, _, _, ours, m in calls if p[3] >= 64 and p[4] >= 100 and p[0] not in ("dsv4-c4", "m3-kv")]
+    ours_, theirs_ = [a for a, _ in link], [b for _, b in link]
+    assert (f"moves {min(ours_):.2f}-{max(ours_):.2f} of one contiguous copy of the same bytes (SGLang's kernel "
+            f"{min(theirs_):.2f}-{max(theirs_):.2f})") in text, text
+
+
+def test_the_readme_decode_step_table_is_the_measured_one():
+    text = latest_paragraph()
+    for trace in ("dsv32-128k-b8", "dsv32-128k-b64", "dsv4flash-128k-b64", "m3-128k-b64"):
+        m = decode_steps(trace, H200_C)
+        row = (f"| {m[KVTIER_STEP] / 1000:.2f} | {m[SGLANG_STEP] / 1000:.2f} | "
+               f"{m[SGLANG_STEP] / m[KVTIER_STEP]:.2f}× | {m[FLOOR_STEP] / 1000:.2f} |")
+        assert f"(`{trace}`) {row}" in text, (trace, row)
+    # kvtier's row ran 2a671a0's default: the split planner at batch 8, the fixed-shape build at 64
+    for trace, strategy, build in (("dsv32-128k-b8", "FewMiss", "Split"),
+                                   ("dsv32-128k-b64", "FewMissOneLaunch", "FixedShape")):
+        params = {(r["params"]["strategy"], r["params"]["build"])
+                  for r in lines(H200_C, f"6-decode-step/decode-step-{trace}.jsonl")}
+        assert params == {(strategy, build)}, params
+
+
+def test_the_readme_gather_findings_are_the_measured_ones():
+    text = " ".join(latest_paragraph().split())
+    by_entry: dict = defaultdict(list)
+    for r in lines(H200_B, "3-bench-part2/gather-entry-sizes.jsonl"):
+        if r["method"].startswith("kvtier gather") and "bulk-copy" not in r["method"]:
+            by_entry[r["params"]["entry"]].append(r["ratio_to_limit"])
+    whole = {f"{v:.2f}" for e in (640, 768) for v in by_entry[e]}
+    assert len(whole) == 1, whole
+    assert (f"moves {whole.pop()} of the link at rows of 640 and 768 bytes (whole 128-byte lines), "
+            f"{min(by_entry[656]):.2f}-{max(by_entry[656]):.2f} at 656") in text, text
+    pages = [r["ratio_to_limit"] for r in lines(H200_B, "3-bench-part2/gather-host-pages.jsonl")
+             if r["method"] in ("kvtier gather", "kvtier gather, passes aligned to 128-byte host lines")]
+    assert f"lift the 128K-context one ({min(pages):.2f}-{max(pages):.2f})" in text, text
+
+
+def test_the_first_screens_figures_are_the_measured_ones():
     glance = " ".join(README.read_text().split("**At a glance.**", 1)[1].split("**Contents:**", 1)[0].split())
-    speeds = [m[SGLANG_STEP] / m[ONE_LAUNCH_STEP]
-              for m in (decode_steps(t) for t in ("dsv32-128k-b8", "dsv32-128k-b64"))]
-    assert f"is {times(speeds)} SGLang's (H100, 2026-11-27)" in glance, glance
+    speeds = [m[SGLANG_STEP] / m[KVTIER_STEP]
+              for m in (decode_steps(t, H200_C) for t in ("dsv32-128k-b8", "dsv32-128k-b64"))]
+    assert f"is {times(speeds)} SGLang's (H200, 2026-11-28)" in glance, glance
+    calls = h200_default_calls()
+    two = min(v for _, v, *_ in calls)
+    assert (f"is at median {median_of([v for _, v, *_ in calls]):.2f}× over {len(calls)} points and {two:.2f}× at "
+            f"batch 256 with 2 misses (H200, 2026-11-28)") in glance, glance
 
 
 def test_the_launchers_single_call_sentence_is_the_measured_one():
     text = compat.MEASURED["load_cache_to_device_buffer_mla"]
-    calls = default_calls()
-    speeds = sorted(v for _, v, _ in calls)
-    median = (speeds[20] + speeds[21]) / 2
-    slower = [(p, v) for p, v, a in calls if a == -1]
-    wide = [v for p, v, _ in calls if p[3] == 1 and p[4] >= 100]
-    two = {p[2]: v for p, v, _ in calls if p[0] == "production" and p[3:] == (256, 2)}
-    assert (f"{median:.2f}x its speed at the median of {len(calls)} single calls "
+    calls = h200_default_calls()
+    speeds = [v for _, v, *_ in calls]
+    slower = [c for c in calls if c[2] == -1]
+    wide = [v for p, v, *_ in calls if p[3] == 1 and p[4] >= 100]
+    two = {p[2]: v for p, v, *_ in calls if p[0] == "production" and p[3:] == (256, 2)}
+    assert (f"{median_of(speeds):.2f}x its speed at the median of {len(calls)} single calls "
             f"({min(speeds):.2f}-{max(speeds):.2f}x; {span(wide, 1)} at batch 1 with hundreds of misses), "
             f"slower at {len(slower)} of them, by the most at batch 256 with 2 misses per request "
             f"({two[4096]:.2f}x at HOT 4096, {two[8192]:.2f}x at 8192)") in text, text
+    steps = [f"{m[SGLANG_STEP] / m[KVTIER_STEP]:.2f}x at batch {b}"
+             for b, m in ((8, decode_steps("dsv32-128k-b8", H200_C)), (64, decode_steps("dsv32-128k-b64", H200_C)))]
+    assert ", ".join(steps) in text, steps
 
 
 # The HiCache backend beside SGLang's file backend (CPU, 2026-11-27):

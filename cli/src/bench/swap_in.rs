@@ -73,12 +73,17 @@ const SCENARIO: &str = "swap-in";
 /// SGLang's own kernel and the limit.
 pub(super) const FEW_MISS_ROW: &str = "kvtier swap-in, few-miss planner";
 pub(super) const ONE_LAUNCH_ROW: &str = "kvtier swap-in, few-miss planner, one launch";
-/// The rows of the few-miss planner's builds a default may take
+/// The rows of the builds and copy methods a default may take
 /// (`SwapInChoice::default_for`): the split planner, and the one-launch
-/// planner's fixed-shape build.
+/// planner's line-aligned copies in its plain and fixed-shape builds (and
+/// the fixed-shape build's warp-vector copies, a default of no release).
 pub(super) const SPLIT_ROW: &str = "kvtier swap-in, split planner (a cluster a row, one launch)";
+pub(super) const ONE_LAUNCH_LINES_ROW: &str =
+    "kvtier swap-in, few-miss planner, one launch, line-aligned copy";
 pub(super) const ONE_LAUNCH_FIXED_ROW: &str =
     "kvtier swap-in, few-miss planner, one launch, fixed-shape build";
+pub(super) const ONE_LAUNCH_FIXED_LINES_ROW: &str =
+    "kvtier swap-in, few-miss planner, one launch, fixed-shape build, line-aligned copy";
 pub(super) const SGLANG_ROW: &str = "SGLang 0.5.23's swap-in kernel";
 pub(super) const LIMIT_ROW: &str = "contiguous H2D copy of the misses (limit)";
 
@@ -1224,12 +1229,7 @@ impl State {
             ));
         }
         if let Some(t) = one_launch_lines {
-            rows.push(row(
-                "",
-                "kvtier swap-in, few-miss planner, one launch, line-aligned copy",
-                t,
-                false,
-            ));
+            rows.push(row("", ONE_LAUNCH_LINES_ROW, t, false));
         }
         if let Some((one, one_512)) = one_launch {
             rows.push(row("", ONE_LAUNCH_ROW, one, false));
@@ -1263,12 +1263,7 @@ impl State {
             rows.push(row("", ONE_LAUNCH_FIXED_ROW, t, false));
         }
         if let Some(t) = fixed.2 {
-            rows.push(row(
-                "",
-                "kvtier swap-in, few-miss planner, one launch, fixed-shape build, line-aligned copy",
-                t,
-                false,
-            ));
+            rows.push(row("", ONE_LAUNCH_FIXED_LINES_ROW, t, false));
         }
         if let Some(t) = few_miss_512 {
             rows.push(row(

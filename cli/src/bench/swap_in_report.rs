@@ -6,7 +6,8 @@
 //!
 //! - the default ([`SwapInChoice::default_for`] the run's GPU and each
 //!   point's batch: its build's row where the run timed it; the plain
-//!   row of its strategy where the bench left the build out, as the
+//!   build's row of its strategy and copy method where the bench left the
+//!   build out, as the
 //!   launcher falls back, and everywhere in a run that never timed the
 //!   build, which the report then says; where the few-miss planner's state
 //!   does not fit a block the library takes `FewMiss` instead, which the
@@ -26,26 +27,33 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use kvtier::{PlannerBuild, SwapInChoice, SwapInStrategy};
+use kvtier::{CopyMethod, PlannerBuild, SwapInChoice, SwapInStrategy};
 
 use super::figures::Record;
 use super::swap_in::{
-    FEW_MISS_ROW, LIMIT_ROW, ONE_LAUNCH_FIXED_ROW, ONE_LAUNCH_ROW, SGLANG_ROW, SPLIT_ROW,
+    FEW_MISS_ROW, LIMIT_ROW, ONE_LAUNCH_FIXED_LINES_ROW, ONE_LAUNCH_FIXED_ROW,
+    ONE_LAUNCH_LINES_ROW, ONE_LAUNCH_ROW, SGLANG_ROW, SPLIT_ROW,
 };
 
 /// The bench's rows of a choice the default may be: its build's row (None
-/// for the plain build) and its strategy's plain row, the launcher's
-/// fallback.
+/// for the plain build) and the plain build's row of its strategy and copy
+/// method, the launcher's fallback.
 fn default_rows(c: SwapInChoice) -> Option<(Option<&'static str>, &'static str)> {
-    let plain = match c.strategy {
-        SwapInStrategy::FewMiss => FEW_MISS_ROW,
-        SwapInStrategy::FewMissOneLaunch => ONE_LAUNCH_ROW,
+    use CopyMethod::{LineAligned, WarpVectors};
+    use SwapInStrategy::{FewMiss, FewMissOneLaunch};
+    let plain = match (c.strategy, c.copy) {
+        (FewMiss, WarpVectors) => FEW_MISS_ROW,
+        (FewMissOneLaunch, WarpVectors) => ONE_LAUNCH_ROW,
+        (FewMissOneLaunch, LineAligned) => ONE_LAUNCH_LINES_ROW,
         _ => return None,
     };
-    let build = match (c.build, c.strategy) {
-        (PlannerBuild::Plain, _) => None,
-        (PlannerBuild::Split, SwapInStrategy::FewMiss) => Some(SPLIT_ROW),
-        (PlannerBuild::FixedShape, SwapInStrategy::FewMissOneLaunch) => Some(ONE_LAUNCH_FIXED_ROW),
+    let build = match (c.build, c.strategy, c.copy) {
+        (PlannerBuild::Plain, _, _) => None,
+        (PlannerBuild::Split, FewMiss, WarpVectors) => Some(SPLIT_ROW),
+        (PlannerBuild::FixedShape, FewMissOneLaunch, WarpVectors) => Some(ONE_LAUNCH_FIXED_ROW),
+        (PlannerBuild::FixedShape, FewMissOneLaunch, LineAligned) => {
+            Some(ONE_LAUNCH_FIXED_LINES_ROW)
+        }
         _ => return None,
     };
     Some((build, plain))
@@ -187,7 +195,7 @@ pub(super) fn report(records: &[Record]) -> kvtier::Result<String> {
         for b in &untimed {
             let _ = writeln!(
                 out,
-                "not timed in this run, so the default's points read its strategy's plain row: \
+                "not timed in this run, so the default's points read its plain build's row: \
                  {b}"
             );
         }

@@ -48,8 +48,9 @@ class KvtierConfig:
       ``--enable-hierarchical-cache``; every ``--hicache-mem-layout``) in the
       kvtier pool.
     - ``strategy``: ``default`` (kvtier's choice for the call's batch and
-      the GPU: ``few_miss_one_launch`` from batch 8 on sm_90, ``few_miss``
-      otherwise; what an H100 measured fastest), ``few_miss`` (the
+      the GPU: on sm_90 the split planner up to batch 10 and
+      ``few_miss_one_launch`` with line-aligned copies above, ``few_miss``
+      elsewhere; what an H200 measured fastest), ``few_miss`` (the
       warp-vote planner that copies a request's few misses itself),
       ``plan_then_copy`` (the block-scan planner and a wide copy),
       ``one_block_per_request`` (SGLang's design, for comparison) or another

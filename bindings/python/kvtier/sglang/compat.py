@@ -49,17 +49,18 @@ SPEC_LEFT = (
     "SGLang's kernel serves it"
 )
 # What the single-step swap-in measured against SGLang 0.5.23's own kernel
-# (H100, 2026-11-27, commit 8f21590, bench/results/h100-2026-11-27b: the
-# default strategy, composed from its few_miss and few_miss_one_launch rows),
-# printed under the route it concerns so that a user sees where kvtier is
-# slower.
+# (H200, 2026-11-28, bench/results/h200-2026-11-28c: the default, composed
+# from its split-planner and fixed-shape line-aligned rows), printed under
+# the route it concerns so that a user sees where kvtier is slower.
 MEASURED = {
     "load_cache_to_device_buffer_mla": (
-        "with the default strategy (few_miss below batch 8, few_miss_one_launch from batch 8 on sm_90), measured "
-        "on an H100 against SGLang 0.5.23's kernel (2026-11-27): 1.03x its speed at the median of 42 single calls "
-        "(0.80-2.24x; 1.4-2.2x at batch 1 with hundreds of misses), slower at 6 of them, by the most at batch 256 "
-        "with 2 misses per request (0.80x at HOT 4096, 0.91x at 8192); a whole DeepSeek-V3.2 decode step at 128K "
-        "context, every layer's swap-in in a CUDA graph at 13.4 % misses: 1.09x at batch 8, 0.97x at batch 64"
+        "with the default strategy (on sm_90 the split planner up to batch 10, the one-launch few-miss planner's "
+        "fixed-shape build with line-aligned copies above), measured on an H200 against SGLang 0.5.23's kernel "
+        "(2026-11-28): 1.10x its speed at the median of 54 single calls (0.77-2.49x; 1.8-2.5x at batch 1 with "
+        "hundreds of misses), slower at 4 of them, by the most at batch 256 with 2 misses per request (0.77x at "
+        "HOT 4096, 0.94x at 8192); a whole DeepSeek-V3.2 decode step at 128K context, every layer's swap-in in a "
+        "CUDA graph at 13.4 % misses: 1.13x at batch 8, 0.97x at batch 64 (there with the fixed-shape build's "
+        "warp-vector copies, the default of the commit that ran it)"
     ),
 }
 HOST_POOLS = ("MLATokenToKVPoolHost", "DeepSeekV4PagedHostPool", "HiSparseMHATokenToKVPoolHost")
