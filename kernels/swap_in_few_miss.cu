@@ -533,7 +533,9 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
 // memory, the hash table's size and mask, the chunk ranges and the loops'
 // trip counts are no longer computed per thread, and a lane keeps two
 // chunks of entries in registers instead of four. Timed beside the plain
-// build by the benchmark; no default takes it until a GPU run says so.
+// build by the benchmark; no default takes the warp-vector copies' build
+// (the line-aligned copies' one below is the default's above batch 10 on
+// sm_90: SwapInChoice::default_for).
 // Assumes: entries == 2048, hot == 4096 or 8192 (the kernel's name), and as
 //          kvt_swap_in_few_miss_plan.
 namespace kvt {
@@ -563,10 +565,12 @@ extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
 // (bench/results/h200-2026-11-28b) the fixed-shape build was the fastest
 // one-launch planner with 2 misses a row (33.4 against 35.4 us at batch 256,
 // HOT 4096) and level with hundreds, where the line-aligned copies were
-// 4-5 % faster (batch 64-256, 137-410 misses of 656 bytes) and 2-5 %
+// 2-5 % faster (batch 64-256, 137-410 misses of 656 bytes) and 2-5 %
 // slower with 2 misses; the miss count is the device's to know, so one
-// build should keep both. Timed beside them by the benchmark; no default
-// takes it until a GPU run says so.
+// build should keep both. On the next H200 run (h200-2026-11-28c) it was
+// 2-8 % faster than the warp-vector copies' fixed-shape build at 10 of 28
+// points above batch 10 (hundreds of misses) and 4-7 % slower at 4 (2
+// misses): the default above batch 10 on sm_90 (SwapInChoice::default_for).
 // Assumes: as the fixed-shape build of its shape.
 extern "C" __global__ void __launch_bounds__(KVT_SWAP_FEW_MISS_THREADS, 1)
     kvt_swap_in_few_miss_k2048_h4096_lines_plan(const kvt_swap_in_params p) {

@@ -65,8 +65,8 @@ elif [ "$quick" = 1 ]; then
       --misses "${hm##*:}" --batch 1,8,64,256 --max-seconds 1
   done
   # batch 2 and 4, between the batch-1 rows (where one launch was up to 1.9x
-  # slower with hundreds of misses) and batch 8, where the default turns to
-  # it (SwapInStrategy::default_for): whether 8 is the right threshold
+  # slower with hundreds of misses) and batch 8, where the default turned to
+  # it until the H200 runs of 2026-11-28 (SwapInChoice::default_for)
   bench swap-in-small-batch 45 --scenario swap-in --entry 656 --hot 4096 --misses 2,274 --batch 2,4 \
     --max-seconds 0.5
   bench swap-in-dsv4-c4 60 "${dsv4_c4[@]}" --batch 1,32,128 --max-seconds 0.5

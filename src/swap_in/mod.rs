@@ -320,8 +320,8 @@ impl SwapInChoice {
     /// C4 and MiniMax-M3's paths: 0.95x and 0.98x).
     /// - The split planner was 1.00-1.39x the previous default at batch 1
     ///   to 10 in the first run, and slower from batch 16 (a cluster of
-    ///   blocks a row takes several waves): up to 1.6x at batch 16 with 2
-    ///   misses a row, 4-6x at batch 100 and 256.
+    ///   blocks a row takes several waves): with 2 misses a row up to 1.6x
+    ///   at batch 16 and 4-6x at batch 100 and 256 (level with 410).
     /// - Above batch 10 the one-launch planner's line-aligned copies were
     ///   2-8 % faster than its warp-vector copies (fixed-shape builds both)
     ///   at 10 of 28 points, every one with hundreds of misses a row (the
@@ -620,8 +620,8 @@ impl SwapInEngine {
         }
     }
 
-    /// One layer's swap-in for a whole batch (see the module docs) with
-    /// [`SwapInEngine::default_strategy`]'s strategy. On `stream`, no
+    /// One layer's swap-in for a whole batch (see the module docs) as
+    /// [`SwapInEngine::default_choice`] picks it. On `stream`, no
     /// allocation, no host synchronisation; bad indices are refused and
     /// reported (CPU: now; CUDA: at the next [`SwapInEngine::check`]).
     pub fn run(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
@@ -698,8 +698,9 @@ impl SwapInEngine {
     /// the shapes and the block's threads are constants of the build, so
     /// the planner computes no carve-up, hash size or loop bound per
     /// thread. The same outputs, state, plan and reports. For the benchmark,
-    /// which times it beside the plain build; no default takes it before a
-    /// GPU run has. The CPU executor has one way.
+    /// which times it beside the plain build; the default takes it with
+    /// line-aligned copies above [`SPLIT_UP_TO_BATCH`] rows on sm_90
+    /// ([`SwapInChoice::default_for`]). The CPU executor has one way.
     #[doc(hidden)]
     pub fn run_fixed_shape(
         &self,
@@ -742,8 +743,9 @@ impl SwapInEngine {
     /// through distributed shared memory. Elsewhere, or where a block's
     /// state ([`split_smem_bytes`]) does not fit, the few-miss planner and
     /// its copy kernel. The same outputs, state, plan and reports. For the
-    /// benchmark, which times it beside `FewMiss`: no default takes it
-    /// before a GPU has timed it. The CPU executor has one way.
+    /// benchmark, which times it beside `FewMiss`; the default takes it up
+    /// to [`SPLIT_UP_TO_BATCH`] rows on sm_90 ([`SwapInChoice::default_for`]).
+    /// The CPU executor has one way.
     #[doc(hidden)]
     pub fn run_cluster_plan(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
         self.run_flagged(

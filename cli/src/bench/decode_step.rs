@@ -10,7 +10,7 @@
 //!
 //! 1. kvtier's swap-ins of the step ([`DECODE_STEP_KVTIER_METHOD`]) as
 //!    `Tier::swap_in` runs them for the batch and GPU (the JSON's
-//!    `strategy` and `build`), and on a GPU the plain builds of the two
+//!    `strategy`, `build` and `copy`), and on a GPU the plain builds of the two
 //!    strategies it chooses between (`FewMiss`, `FewMissOneLaunch`: the
 //!    defaults before the H200 run of 2026-11-28 chose the split planner
 //!    and the fixed-shape build);
@@ -1185,9 +1185,12 @@ impl<'b> Replay<'b> {
         let rows: usize = outcome.calls.iter().map(|c| c.1).sum();
         let batch = outcome.calls.iter().map(|c| c.1).max().unwrap_or(0);
         let mut params = self.params(json!(s), 1, calls.len(), batch, rows, misses);
-        // what kvtier's row ran: the default for this batch and GPU
+        // what kvtier's row ran: the default for this batch and GPU (the
+        // build the choice names; the launcher runs the plain build where
+        // the rows have none, as at a shape without a fixed-shape build)
         params.push(("strategy", json!(format!("{:?}", chosen.strategy))));
         params.push(("build", json!(format!("{:?}", chosen.build))));
+        params.push(("copy", json!(kvtier::copy_choice::method_name(chosen.copy))));
         // the bytes moved: every call's misses (every plane's piece of each),
         // and its shared layers' again
         let moved: u64 = outcome

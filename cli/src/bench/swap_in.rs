@@ -68,9 +68,9 @@ use super::swap_path::SwapPath;
 
 const SCENARIO: &str = "swap-in";
 
-/// Rows the swap-in report reads (`swap_in_report`): the few-miss planner,
-/// its one-launch build (the defaults, `SwapInStrategy::default_for`),
-/// SGLang's own kernel and the limit.
+/// Rows the swap-in report reads (`swap_in_report`): the few-miss planner
+/// and its one-launch build (the plain builds of the default's strategies,
+/// `SwapInChoice::default_for`), SGLang's own kernel and the limit.
 pub(super) const FEW_MISS_ROW: &str = "kvtier swap-in, few-miss planner";
 pub(super) const ONE_LAUNCH_ROW: &str = "kvtier swap-in, few-miss planner, one launch";
 /// The rows of the builds and copy methods a default may take
@@ -959,15 +959,15 @@ impl State {
             )?),
             _ => None,
         };
-        // Builds no GPU has run yet (the fixed-shape builds, the cluster
-        // build, the split planner; no default takes them) go through
-        // Bench::untried: a failure leaves the build out of the point and a
-        // hang ends the run with the points before it written, so that a
-        // first GPU run of a new kernel does not cost the grid.
+        // Builds few GPU runs have timed (the fixed-shape builds, the
+        // cluster build, the split planner) go through Bench::untried: a
+        // failure leaves the build out of the point and a hang ends the run
+        // with the points before it written, so that a new GPU or driver
+        // does not cost the grid.
         // The few-miss planner's fixed-shape build (top-k and hot buffer
-        // constants of the build), as the plan-and-copy default below batch
-        // 8 and as the one-launch default from 8 on sm_90, at the shapes it
-        // has builds of.
+        // constants of the build), with its copy kernel and in one launch
+        // (warp-vector and line-aligned copies: the default's above batch 10
+        // on sm_90), at the shapes it has builds of.
         let fixed_shape = (self.entries() as u32, self.hot);
         let fixed = match exec {
             Executor::Cuda(_) if kvtier::swap_in::FIXED_SHAPES.contains(&fixed_shape) => {
