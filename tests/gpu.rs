@@ -547,6 +547,95 @@ fn swap_in_production_shapes() {
     }
 }
 
+/// The default's two sm_90 builds (`SwapInChoice::default_for`: the split
+/// planner up to `SPLIT_UP_TO_BATCH` rows, the one-launch fixed-shape build
+/// with line-aligned copies above) at the production shapes they serve, K
+/// 2048 over HOT 4096 and 8192, 656-byte items, valid and with bad input,
+/// plain, recording the plan and probing, against the CPU executor: only
+/// these builds, so that a short test budget reaches them (the quick pass
+/// runs it first); `swap_in_production_shapes` runs every strategy there.
+/// Every difference is named before the test fails.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn swap_in_default_builds_at_production_shapes() {
+    use common::swap::*;
+    use kvtier::swap_in::SPLIT_UP_TO_BATCH;
+    use kvtier::{CopyMethod, PlannerBuild, SwapInChoice, SwapInStrategy};
+    let gpu = cuda();
+    let began = std::time::Instant::now();
+    let few_bad = Hostility {
+        bad: 0.002,
+        padding: 0.01,
+    };
+    let mut differ = Vec::new();
+    for (seed, hot, misses, batch, h) in [
+        (11, 4096, 2, 4, CLEAN),
+        (12, 8192, 410, 8, CLEAN),
+        (13, 4096, 274, 12, CLEAN),
+        (14, 8192, 2, 16, CLEAN),
+        (15, 4096, 410, 16, few_bad),
+        (16, 8192, 2, 10, HOSTILE),
+    ] {
+        let shape = SwapShape {
+            batch: Some(batch),
+            short_share: 0.1,
+            ..SwapShape::tokens(hot, 2048, 656, batch, hot + 4096)
+        };
+        let case = SwapCase::shaped(seed, shape, Some(misses)).spoiled(seed, h);
+        // what the default takes at this batch on sm_90, run with the
+        // options that launch the same kernels (SwapInEngine::run's flags)
+        let choice = SwapInChoice::default_for(Some(90), batch);
+        let split = batch <= SPLIT_UP_TO_BATCH;
+        assert_eq!(
+            choice.build,
+            if split {
+                PlannerBuild::Split
+            } else {
+                PlannerBuild::FixedShape
+            }
+        );
+        for base in [
+            SwapOptions::default(),
+            SwapOptions {
+                record_plan: true,
+                ..SwapOptions::default()
+            },
+            SwapOptions {
+                record_plan: true,
+                skip_io: true,
+                ..SwapOptions::default()
+            },
+        ] {
+            let opts = if split {
+                SwapOptions {
+                    cluster_plan: true,
+                    ..base
+                }
+            } else {
+                assert_eq!(choice.strategy, SwapInStrategy::FewMissOneLaunch);
+                assert_eq!(choice.copy, CopyMethod::LineAligned);
+                SwapOptions {
+                    fixed_shape: true,
+                    copy: CopyMethod::LineAligned,
+                    ..base
+                }
+            };
+            let cpu = case.run_with(&Executor::cpu(), SwapInStrategy::PlanThenCopy, base);
+            if case.run_with(&gpu, choice.strategy, opts) != cpu {
+                differ.push(format!(
+                    "seed {seed}: HOT {hot}, {misses} misses, batch {batch}, {opts:?}"
+                ));
+            }
+        }
+        passed(
+            "swap_in_default_builds_at_production_shapes",
+            format_args!("{seed} (HOT {hot}, {misses} misses, batch {batch})"),
+            began,
+        );
+    }
+    assert!(differ.is_empty(), "CUDA and CPU differ in: {differ:#?}");
+}
+
 /// The largest accepted shape needs 144 KiB of shared memory per planning
 /// block (within the opt-in limit of sm_80 and sm_90).
 #[test]

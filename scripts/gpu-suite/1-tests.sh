@@ -35,9 +35,11 @@ else
   # H200 pass of 2026-11-28 took 300 s and left them none), and runs the
   # random-case tests on 10 seeds (every strategy and copy method still runs
   # on each). The tests of the kernels changed since the last GPU run come
-  # first (GPU_SUITE_TESTS_FIRST: since 4e141c1, the swap-in's fixed-shape
-  # builds, its cluster build and the split planner; the largest shape is
-  # one case, the random cases are small), then the others (kernels that
+  # first (GPU_SUITE_TESTS_FIRST: the default's two sm_90 builds at the
+  # production shapes, which the H200 runs of 2026-11-28 chose and no GPU
+  # test has yet compared with the CPU executor at their shapes for the
+  # fixed-shape build with line-aligned copies; the largest shape is one
+  # case, the random cases are small), then the others (kernels that
   # passed on both GPUs since their last change; per-test times are not
   # yet measured), and last the production shapes (GPU_SUITE_TESTS_LAST:
   # cases of up to 258 MB each; still running when the 300 s limit of all
@@ -50,7 +52,7 @@ else
   if [ "$quick" = 1 ]; then
     export KVTIER_GPU_TEST_SEEDS=${KVTIER_GPU_TEST_SEEDS:-10}
     budget_end=$(($(date +%s) + ${GPU_SUITE_TESTS_SECONDS:-150}))
-    first=${GPU_SUITE_TESTS_FIRST:-swap_in_largest_shape swap_in_matches_cpu_on_random_cases}
+    first=${GPU_SUITE_TESTS_FIRST:-swap_in_default_builds_at_production_shapes swap_in_largest_shape swap_in_matches_cpu_on_random_cases}
     last=${GPU_SUITE_TESTS_LAST:-swap_in_production_shapes}
     # the names of $1 the binary listed (a name it did not list is left out)
     listed() {
