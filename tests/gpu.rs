@@ -511,33 +511,48 @@ fn replays_match_cpu_on_random_cases() {
     }
 }
 
+/// A case at a production shape: top-k 2048 over a hot buffer of `hot`
+/// slots (the fixed-shape builds' shapes at 4096 and 8192), 656-byte items,
+/// `misses` a request, a tenth of the rows short, spoiled by `h`.
+fn production_case(
+    seed: u64,
+    hot: usize,
+    misses: usize,
+    batch: usize,
+    h: common::Hostility,
+) -> common::swap::SwapCase {
+    use common::swap::*;
+    let shape = SwapShape {
+        batch: Some(batch),
+        short_share: 0.1,
+        ..SwapShape::tokens(hot, 2048, 656, batch, hot + 4096)
+    };
+    SwapCase::shaped(seed, shape, Some(misses)).spoiled(seed, h)
+}
+
+/// Bad entries and padding mixed into valid rows.
+const FEW_BAD: common::Hostility = common::Hostility {
+    bad: 0.002,
+    padding: 0.01,
+};
+
 /// The benchmark's grid: HOT 4096 and 8192, K = 2048, 2 and 410 misses per
 /// request, 656-byte items (the fixed-shape builds' shapes), valid and with
 /// bad input mixed in.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn swap_in_production_shapes() {
-    use common::swap::*;
     let gpu = cuda();
     let began = std::time::Instant::now();
-    let few_bad = Hostility {
-        bad: 0.002,
-        padding: 0.01,
-    };
     for (seed, hot, misses, batch, h) in [
         (1, 4096, 2, 4, CLEAN),
         (2, 4096, 410, 16, CLEAN),
         (3, 8192, 410, 8, CLEAN),
         (4, 8192, 2, 32, CLEAN),
-        (6, 4096, 410, 4, few_bad),
+        (6, 4096, 410, 4, FEW_BAD),
         (7, 8192, 2, 4, HOSTILE),
     ] {
-        let shape = SwapShape {
-            batch: Some(batch),
-            short_share: 0.1,
-            ..SwapShape::tokens(hot, 2048, 656, batch, hot + 4096)
-        };
-        let case = SwapCase::shaped(seed, shape, Some(misses)).spoiled(seed, h);
+        let case = production_case(seed, hot, misses, batch, h);
         swap_agrees(&case, &gpu, Pairs::Each);
         passed(
             "swap_in_production_shapes",
@@ -563,25 +578,16 @@ fn swap_in_default_builds_at_production_shapes() {
     use kvtier::{CopyMethod, PlannerBuild, SwapInChoice, SwapInStrategy};
     let gpu = cuda();
     let began = std::time::Instant::now();
-    let few_bad = Hostility {
-        bad: 0.002,
-        padding: 0.01,
-    };
     let mut differ = Vec::new();
     for (seed, hot, misses, batch, h) in [
         (11, 4096, 2, 4, CLEAN),
         (12, 8192, 410, 8, CLEAN),
         (13, 4096, 274, 12, CLEAN),
         (14, 8192, 2, 16, CLEAN),
-        (15, 4096, 410, 16, few_bad),
+        (15, 4096, 410, 16, FEW_BAD),
         (16, 8192, 2, 10, HOSTILE),
     ] {
-        let shape = SwapShape {
-            batch: Some(batch),
-            short_share: 0.1,
-            ..SwapShape::tokens(hot, 2048, 656, batch, hot + 4096)
-        };
-        let case = SwapCase::shaped(seed, shape, Some(misses)).spoiled(seed, h);
+        let case = production_case(seed, hot, misses, batch, h);
         // what the default takes at this batch on sm_90, run with the
         // options that launch the same kernels (SwapInEngine::run's flags)
         let choice = SwapInChoice::default_for(Some(90), batch);

@@ -42,6 +42,29 @@ nvcc_build=$bundle/bin/kvtier-nvcc
 # rank's one head (256 B each)
 dsv4_c4=(--scenario swap-in --swap-path dsv4-c4 --hot 4096 --misses 34)
 m3_kv=(--scenario swap-in --swap-path m3-kv --hot 4096 --misses 274)
+# The quick pass's swap-in grids (GPU_SUITE_QUICK=1 and 3): SGLang's grid,
+# the production rows, the realistic-miss rows at HOT 4096 and 8192, batch 2
+# and 4 (with "mid-batch", batch 16 and 32 too), DeepSeek-V4's C4 path and
+# MiniMax-M3's K/V path.
+quick_swap_in_grids() {
+  bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 1
+  bench swap-in-production 120 --scenario swap-in --max-seconds 1
+  for hm in 4096:274 8192:137; do
+    bench "swap-in-realistic-h${hm%%:*}" 120 --scenario swap-in --entry 656 --hot "${hm%%:*}" \
+      --misses "${hm##*:}" --batch 1,8,64,256 --max-seconds 1
+  done
+  # batch 2 and 4, between the batch-1 rows (where one launch was up to 1.9x
+  # slower with hundreds of misses) and batch 8, where the default turned to
+  # it until the H200 runs of 2026-11-28 (SwapInChoice::default_for)
+  bench swap-in-small-batch 45 --scenario swap-in --entry 656 --hot 4096 --misses 2,274 --batch 2,4 \
+    --max-seconds 0.5
+  if [ "${1:-}" = mid-batch ]; then
+    bench swap-in-mid-batch 60 --scenario swap-in --entry 656 --hot 4096,8192 --misses 2,274 \
+      --batch 16,32 --max-seconds 0.5
+  fi
+  bench swap-in-dsv4-c4 60 "${dsv4_c4[@]}" --batch 1,32,128 --max-seconds 0.5
+  bench swap-in-m3-kv 60 "${m3_kv[@]}" --batch 1,32,128 --max-seconds 0.5
+}
 # whether transparent huge pages can be had here (the gather's --host-pages)
 { echo "transparent_hugepage/enabled: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>&1)"
   grep -i huge /proc/meminfo; } > "$logs/host-pages.txt" 2>&1 || true
@@ -58,19 +81,7 @@ elif [ "$quick" = 1 ]; then
   # C4 path and MiniMax-M3's K/V path at their realistic misses; every copy
   # method of the gather at the points of the copy-path goals, and the
   # writeback; the rest (GPU_SUITE_QUICK=2) after the decode step.
-  bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 1
-  bench swap-in-production 120 --scenario swap-in --max-seconds 1
-  for hm in 4096:274 8192:137; do
-    bench "swap-in-realistic-h${hm%%:*}" 120 --scenario swap-in --entry 656 --hot "${hm%%:*}" \
-      --misses "${hm##*:}" --batch 1,8,64,256 --max-seconds 1
-  done
-  # batch 2 and 4, between the batch-1 rows (where one launch was up to 1.9x
-  # slower with hundreds of misses) and batch 8, where the default turned to
-  # it until the H200 runs of 2026-11-28 (SwapInChoice::default_for)
-  bench swap-in-small-batch 45 --scenario swap-in --entry 656 --hot 4096 --misses 2,274 --batch 2,4 \
-    --max-seconds 0.5
-  bench swap-in-dsv4-c4 60 "${dsv4_c4[@]}" --batch 1,32,128 --max-seconds 0.5
-  bench swap-in-m3-kv 60 "${m3_kv[@]}" --batch 1,32,128 --max-seconds 0.5
+  quick_swap_in_grids
   bench gather 120 --scenario gather --context 131072 --batch 1,8,64 --k 256,2048 --max-seconds 0.5
   # 65536 rows of 656 bytes, between the sizes where the H100 run of
   # 2026-11-27 (8f21590) found MergedRuns ahead (16384) and far behind with
@@ -105,18 +116,7 @@ elif [ "$quick" = 3 ]; then
   # default or a new build, and batch 16 and 32 at the production shapes,
   # between the batches where the split planner was ahead (up to 10) and
   # where it was behind (32 on DeepSeek-V4's C4 path, 100)
-  bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 1
-  bench swap-in-production 120 --scenario swap-in --max-seconds 1
-  for hm in 4096:274 8192:137; do
-    bench "swap-in-realistic-h${hm%%:*}" 120 --scenario swap-in --entry 656 --hot "${hm%%:*}" \
-      --misses "${hm##*:}" --batch 1,8,64,256 --max-seconds 1
-  done
-  bench swap-in-small-batch 45 --scenario swap-in --entry 656 --hot 4096 --misses 2,274 --batch 2,4 \
-    --max-seconds 0.5
-  bench swap-in-mid-batch 60 --scenario swap-in --entry 656 --hot 4096,8192 --misses 2,274 --batch 16,32 \
-    --max-seconds 0.5
-  bench swap-in-dsv4-c4 60 "${dsv4_c4[@]}" --batch 1,32,128 --max-seconds 0.5
-  bench swap-in-m3-kv 60 "${m3_kv[@]}" --batch 1,32,128 --max-seconds 0.5
+  quick_swap_in_grids mid-batch
 else
   bench swap-in-sglang-grid 120 --scenario swap-in --entry 512 --batch 1,10,100 --max-seconds 2
   bench swap-in-production 120 --scenario swap-in --max-seconds 2

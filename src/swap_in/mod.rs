@@ -625,8 +625,7 @@ impl SwapInEngine {
     /// allocation, no host synchronisation; bad indices are refused and
     /// reported (CPU: now; CUDA: at the next [`SwapInEngine::check`]).
     pub fn run(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
-        let choice = self.default_choice(args);
-        self.run_flagged(args, choice.strategy, choice.flags(), stream)
+        self.run_choice(args, self.default_choice(args), stream)
     }
 
     /// What [`SwapInEngine::run`] launches for `args`:
@@ -688,7 +687,16 @@ impl SwapInEngine {
         copy: CopyMethod,
         stream: Stream,
     ) -> Result<()> {
-        self.run_flagged(args, strategy, copy.swap_in_flags(), stream)
+        let build = PlannerBuild::Plain;
+        self.run_choice(
+            args,
+            SwapInChoice {
+                strategy,
+                build,
+                copy,
+            },
+            stream,
+        )
     }
 
     /// [`SwapInEngine::run_with_copy`] with the 1024-thread few-miss
@@ -709,8 +717,16 @@ impl SwapInEngine {
         copy: CopyMethod,
         stream: Stream,
     ) -> Result<()> {
-        let flags = copy.swap_in_flags() | crate::abi::KVT_SWAP_FIXED_SHAPE;
-        self.run_flagged(args, strategy, flags, stream)
+        let build = PlannerBuild::FixedShape;
+        self.run_choice(
+            args,
+            SwapInChoice {
+                strategy,
+                build,
+                copy,
+            },
+            stream,
+        )
     }
 
     /// [`SwapInStrategy::FewMiss`] in one launch on GPUs that launch
@@ -748,12 +764,23 @@ impl SwapInEngine {
     /// The CPU executor has one way.
     #[doc(hidden)]
     pub fn run_cluster_plan(&self, args: &SwapInArgs<'_>, stream: Stream) -> Result<()> {
-        self.run_flagged(
-            args,
-            SwapInStrategy::FewMiss,
-            crate::abi::KVT_SWAP_CLUSTER_PLAN,
-            stream,
-        )
+        let choice = SwapInChoice {
+            strategy: SwapInStrategy::FewMiss,
+            build: PlannerBuild::Split,
+            copy: CopyMethod::WarpVectors,
+        };
+        self.run_choice(args, choice, stream)
+    }
+
+    /// `choice`'s strategy with the launcher's flags of its build and copy
+    /// method ([`SwapInChoice`]'s one mapping of them).
+    fn run_choice(
+        &self,
+        args: &SwapInArgs<'_>,
+        choice: SwapInChoice,
+        stream: Stream,
+    ) -> Result<()> {
+        self.run_flagged(args, choice.strategy, choice.flags(), stream)
     }
 
     /// Checks `args` for `strategy`, adds `flags` (the launcher's choices of
