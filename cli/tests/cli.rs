@@ -437,11 +437,20 @@ fn the_swap_in_times_deepseek_v4s_c4_path_and_minimax_m3s_kv_path() {
             .map(String::from)
             .collect()
     };
-    let quick = script
+    // the quick grid: its branch, and the swap-in grids it runs through
+    // quick_swap_in_grids (shared with the follow-up's part 3)
+    let branch = script
         .split("elif [ \"$quick\" = 1 ]")
         .nth(1)
         .and_then(|rest| rest.split("elif").next())
         .expect("3-bench.sh has a quick grid");
+    assert!(branch.contains("  quick_swap_in_grids\n"), "{branch}");
+    let grids = script
+        .split("quick_swap_in_grids() {")
+        .nth(1)
+        .and_then(|rest| rest.split("\n}").next())
+        .expect("3-bench.sh defines quick_swap_in_grids");
+    let quick = format!("{branch}{grids}");
     // (path, k, entry, misses, block tokens, planes)
     for (name, path, k, entry, misses, block, planes) in [
         ("dsv4_c4", "dsv4-c4", 512, 584, 34, None, 1),
